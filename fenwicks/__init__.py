@@ -1,0 +1,47 @@
+"""Fenwicks: train TensorFlow models on a TPU, GPUs or the CPU with the same code.
+
+    import fenwicks as fw
+    fw.info()
+
+Importing Fenwicks imports TensorFlow and Keras but probes no device, opens no
+connection and imports nothing of Colab or Kaggle: detection runs on first use.
+"""
+
+from fenwicks import _tf_check
+
+_tf_check.require_tensorflow()
+
+from fenwicks import (  # noqa: E402  (after the TensorFlow check, on purpose)
+    accel,
+    bench,
+    colab_utils,
+    data,
+    gcs,
+    io,
+    layers,
+    models,
+    plt,
+    train,
+    transform,
+)
+from fenwicks.layers import Sequential  # noqa: E402
+from fenwicks.report import info  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Sequential",
+    "__version__",
+    "accel",
+    "bench",
+    "colab_utils",
+    "data",
+    "gcs",
+    "info",
+    "io",
+    "layers",
+    "models",
+    "plt",
+    "train",
+    "transform",
+]

@@ -1,0 +1,412 @@
+"""Accelerator detection: which device, which `tf.distribute` strategy, which precision.
+
+Detection runs on first use of `current()` and is cached for the process. The order is
+TPU VM, TPU node over the network, multi-worker cluster, GPUs, CPU. `configure()` or the
+environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``, ``cpu``, ``cpu:8``) override it.
+``cpu:N`` splits the CPU into N logical devices under `MirroredStrategy`: the TPU-like test
+mode, since it behaves like N cores sharing one global batch.
+
+This module imports nothing of fenwicks; every higher layer builds on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+logger = logging.getLogger("fenwicks")
+
+KINDS = ("tpu", "gpu", "cpu")
+PRECISIONS = ("auto", "float32", "bfloat16", "float16")
+DEVICE_ENV = "FENWICKS_DEVICE"
+_DEVICE_RE = re.compile(r"^(auto|tpu|gpu|cpu)(?::([0-9]+))?$")
+
+
+class AcceleratorError(RuntimeError):
+    """The requested accelerator is absent, or configuration came too late."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+    """What `current()` found.
+
+    Attributes:
+        kind: ``'tpu'``, ``'gpu'`` or ``'cpu'``.
+        strategy: the `tf.distribute.Strategy` every model and loop runs under.
+        num_replicas: replicas in sync over all workers (8 on a TPU v2/v3-8).
+        precision: resolved compute precision: ``'float32'``, ``'bfloat16'`` or
+            ``'float16'`` (float16 implies loss scaling). Variables stay float32.
+        is_remote: True for a TPU node reached over the network; such a TPU can only
+            read and write ``gs://`` paths.
+        devices: device names the replicas run on.
+        memory: bytes of memory per device where known, else None.
+        num_workers: hosts in the cluster (1 unless multi-worker or a TPU pod).
+        simulated: True under ``cpu:N`` with N > 1 (logical CPU devices).
+        reason: how the choice was made, for `fw.info()` and logs.
+    """
+
+    kind: str
+    strategy: Any
+    num_replicas: int
+    precision: str
+    is_remote: bool = False
+    devices: tuple[str, ...] = ()
+    memory: tuple[int | None, ...] = ()
+    num_workers: int = 1
+    simulated: bool = False
+    reason: str = ""
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype layers compute in under `precision`."""
+        return self.precision
+
+    @property
+    def keras_policy(self) -> str:
+        """The Keras mixed-precision policy name for `precision`."""
+        return "float32" if self.precision == "float32" else f"mixed_{self.precision}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What the user asked for: `configure()` arguments merged with FENWICKS_DEVICE."""
+
+    device: str = "auto"
+    replicas: int | None = None
+    precision: str = "auto"
+
+
+_request = _Request()
+_current: Accelerator | None = None
+
+
+def parse_device(value: str) -> tuple[str, int | None]:
+    """Parses a device spec such as ``'cpu:8'`` into ``('cpu', 8)``.
+
+    Args:
+        value: ``'auto'``, ``'tpu'``, ``'gpu'``, ``'cpu'``, optionally ``':N'`` replicas.
+
+    Returns:
+        The kind and the replica count (None when not given).
+
+    Raises:
+        ValueError: if the spec is malformed.
+
+    Example:
+        >>> parse_device('cpu:8')
+        ('cpu', 8)
+    """
+    match = _DEVICE_RE.match(str(value).strip().lower())
+    if not match or match.group(2) == "0":
+        raise ValueError(
+            f"device={value!r} is not a device spec; use 'auto', 'tpu', 'gpu', 'cpu' "
+            "or 'cpu:N' with N >= 1 logical CPU replicas, e.g. FENWICKS_DEVICE=cpu:8"
+        )
+    replicas = int(match.group(2)) if match.group(2) else None
+    return match.group(1), replicas
+
+
+def configure(device: str = "auto", replicas: int | None = None,
+              precision: str = "auto") -> None:
+    """Overrides detection. Call before the first use of the accelerator.
+
+    Args:
+        device: ``'auto'``, ``'tpu'``, ``'gpu'``, ``'cpu'`` or ``'cpu:N'``. Defaults to
+            ``'auto'`` (detect; ``FENWICKS_DEVICE`` still applies).
+        replicas: number of replicas; only meaningful for ``'cpu'`` (logical devices)
+            and ``'gpu'`` (use the first N GPUs). Defaults to all available.
+        precision: ``'auto'``, ``'float32'``, ``'bfloat16'`` or ``'float16'``.
+            Defaults to ``'auto'``: bfloat16 on TPU, float16 on GPUs of compute
+            capability >= 7.0, float32 otherwise.
+
+    Raises:
+        ValueError: for an unknown device or precision, or replicas < 1.
+        AcceleratorError: if the accelerator was already initialised differently.
+
+    Example:
+        >>> fw.accel.configure(device='cpu', replicas=8)   # 8 TPU-like replicas on a CPU
+    """
+    global _request
+    kind, spec_replicas = parse_device(device)
+    if replicas is not None and spec_replicas is not None and replicas != spec_replicas:
+        raise ValueError(f"device={device!r} and replicas={replicas} disagree; give one")
+    replicas = replicas if replicas is not None else spec_replicas
+    if replicas is not None and (not isinstance(replicas, int) or replicas < 1):
+        raise ValueError(f"replicas={replicas!r} must be a positive integer")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
+    new = _Request(kind, replicas, precision)
+    if _current is not None and new != _request:
+        raise AcceleratorError(
+            f"the accelerator is already initialised as {_current.kind} with "
+            f"{_current.num_replicas} replicas; call fw.accel.configure() before anything "
+            "that uses it (TensorFlow fixes its devices at start-up), or restart the runtime"
+        )
+    _request = new
+
+
+def current() -> Accelerator:
+    """Returns the accelerator, detecting it on first call.
+
+    Example:
+        >>> acc = fw.accel.current()
+        >>> acc.kind, acc.num_replicas
+        ('cpu', 1)
+    """
+    global _current
+    if _current is None:
+        _current = detect(_effective_request(os.environ), _TFProbe())
+        logger.info("fenwicks: using %s with %d replica(s), %s (%s)", _current.kind,
+                    _current.num_replicas, _current.precision, _current.reason)
+    return _current
+
+
+def is_initialized() -> bool:
+    """True once `current()` has run (devices are then fixed for the process)."""
+    return _current is not None
+
+
+def _effective_request(env: Mapping[str, str]) -> _Request:
+    """configure() wins over FENWICKS_DEVICE, which wins over auto-detection."""
+    if _request.device != "auto" or DEVICE_ENV not in env:
+        return _request
+    kind, replicas = parse_device(env[DEVICE_ENV])
+    return dataclasses.replace(_request, device=kind,
+                               replicas=_request.replicas or replicas)
+
+
+# --------------------------------------------------------------------------- detection
+
+
+class _TFProbe:
+    """The side-effecting half of detection. Tests substitute a fake with the same methods."""
+
+    def has_libtpu(self) -> bool:
+        if importlib.util.find_spec("libtpu") is not None:
+            return True
+        return os.path.exists("/lib/libtpu.so") or os.path.exists("/usr/lib/libtpu.so")
+
+    def tpu_strategy(self, tpu: str) -> tuple[Any, Any]:
+        """Connects to a TPU ('local' or a gRPC address); returns (resolver, strategy)."""
+        import tensorflow as tf
+
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+        if tpu != "local":
+            tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return resolver, tf.distribute.TPUStrategy(resolver)
+
+    def multi_worker_strategy(self) -> Any:
+        import tensorflow as tf
+
+        return tf.distribute.MultiWorkerMirroredStrategy()
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """Physical GPUs as dicts with name, compute_capability and memory (bytes)."""
+        import tensorflow as tf
+
+        found = []
+        for gpu in tf.config.list_physical_devices("GPU"):
+            details = tf.config.experimental.get_device_details(gpu)
+            found.append({"name": details.get("device_name", gpu.name),
+                          "compute_capability": details.get("compute_capability"),
+                          "memory": None})
+        return found
+
+    def gpu_strategy(self, count: int) -> Any:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")[:count]
+        for gpu in gpus:  # grow instead of grabbing all memory: notebooks share GPUs
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if count == 1:
+            return tf.distribute.OneDeviceStrategy("/gpu:0")
+        return tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(count)])
+
+    def cpu_strategy(self, replicas: int) -> Any:
+        import tensorflow as tf
+
+        if replicas == 1:
+            return tf.distribute.OneDeviceStrategy("/cpu:0")
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+        except RuntimeError as err:  # devices already initialised by earlier TF use
+            have = len(tf.config.list_logical_devices("CPU"))
+            if have < replicas:
+                raise AcceleratorError(
+                    f"cannot split the CPU into {replicas} replicas: TensorFlow already "
+                    f"initialised {have} CPU device(s). Set FENWICKS_DEVICE=cpu:{replicas} "
+                    "or call fw.accel.configure() before any TensorFlow op runs") from err
+        devices = [f"/cpu:{i}" for i in range(replicas)]
+        # ReductionToOneDevice: NCCL all-reduce does not exist for CPU devices.
+        return tf.distribute.MirroredStrategy(
+            devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+    def host_memory(self) -> int | None:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+
+    def cpu_name(self) -> str:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        import platform
+
+        return platform.processor() or platform.machine()
+
+
+def detect(request: _Request, probe: Any, env: Mapping[str, str] | None = None) -> Accelerator:
+    """Chooses the accelerator for `request` using `probe` for every side effect.
+
+    Public for tests and diagnostics; users call `current()`.
+    """
+    env = os.environ if env is None else env
+    wanted = request.device
+    steps: list[Callable[[], Accelerator | None]] = []
+    if wanted in ("auto", "tpu"):
+        steps += [lambda: _try_tpu_vm(probe), lambda: _try_tpu_node(probe, env)]
+    if wanted == "auto":
+        steps.append(lambda: _try_multi_worker(probe, env))
+    if wanted in ("auto", "gpu"):
+        steps.append(lambda: _try_gpu(probe, request.replicas))
+    if wanted in ("auto", "cpu"):
+        steps.append(lambda: _cpu(probe, request.replicas or 1))
+    for step in steps:
+        found = step()
+        if found is not None:
+            return _with_precision(found, request.precision, probe)
+    raise AcceleratorError(
+        f"device={wanted!r} was requested but no {wanted.upper()} was found; "
+        f"check the runtime type (Colab: Runtime > Change runtime type), or use "
+        f"{DEVICE_ENV}=auto to fall back to what is present")
+
+
+def _try_tpu_vm(probe: Any) -> Accelerator | None:
+    if not probe.has_libtpu():
+        return None
+    try:
+        resolver, strategy = probe.tpu_strategy("local")
+    except Exception as err:  # noqa: BLE001 - libtpu without a TPU, or a busy TPU
+        logger.info("fenwicks: libtpu is installed but no local TPU answered: %s", err)
+        return None
+    return _tpu(strategy, resolver, remote=False, reason="TPU VM (libtpu)")
+
+
+def _try_tpu_node(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
+    if env.get("TPU_NAME"):
+        address, source = env["TPU_NAME"], "TPU_NAME"
+    elif env.get("COLAB_TPU_ADDR"):
+        address, source = "grpc://" + env["COLAB_TPU_ADDR"], "COLAB_TPU_ADDR"
+    else:
+        return None
+    try:
+        resolver, strategy = probe.tpu_strategy(address)
+    except Exception as err:  # noqa: BLE001
+        raise AcceleratorError(
+            f"{source}={env[source]!r} is set but the TPU there did not answer ({err}); "
+            f"check the address, or unset {source} to use another device") from err
+    return _tpu(strategy, resolver, remote=True, reason=f"TPU node via {source}")
+
+
+def _tpu(strategy: Any, resolver: Any, remote: bool, reason: str) -> Accelerator:
+    replicas = int(strategy.num_replicas_in_sync)
+    try:
+        workers = max(1, len(resolver.cluster_spec().as_dict().get("worker", [])))
+    except Exception:  # noqa: BLE001 - a resolver without a cluster spec
+        workers = 1
+    devices = tuple(f"TPU:{i}" for i in range(replicas))
+    return Accelerator("tpu", strategy, replicas, "auto", is_remote=remote, devices=devices,
+                       memory=(None,) * replicas, num_workers=workers, reason=reason)
+
+
+def _try_multi_worker(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
+    raw = env.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise AcceleratorError(f"TF_CONFIG is not valid JSON: {err}") from err
+    workers = config.get("cluster", {}).get("worker", [])
+    if len(workers) < 2:
+        return None
+    strategy = probe.multi_worker_strategy()
+    replicas = int(strategy.num_replicas_in_sync)
+    gpus = probe.gpus()
+    kind = "gpu" if gpus else "cpu"
+    task = config.get("task", {})
+    return Accelerator(kind, strategy, replicas, "auto", devices=tuple(workers),
+                       memory=(None,) * len(workers), num_workers=len(workers),
+                       reason=f"multi-worker TF_CONFIG, task {task.get('type')}:"
+                              f"{task.get('index')} of {len(workers)} workers")
+
+
+def _try_gpu(probe: Any, replicas: int | None) -> Accelerator | None:
+    gpus = probe.gpus()
+    if not gpus:
+        return None
+    if replicas is not None and replicas > len(gpus):
+        raise AcceleratorError(
+            f"replicas={replicas} GPUs were requested but only {len(gpus)} are present")
+    gpus = gpus[: replicas or len(gpus)]
+    strategy = probe.gpu_strategy(len(gpus))
+    kind = "one GPU" if len(gpus) == 1 else f"{len(gpus)} GPUs"
+    return Accelerator("gpu", strategy, len(gpus), "auto",
+                       devices=tuple(g["name"] for g in gpus),
+                       memory=tuple(g.get("memory") for g in gpus),
+                       reason=f"{kind} ({'OneDevice' if len(gpus) == 1 else 'Mirrored'}"
+                              "Strategy)")
+
+
+def _cpu(probe: Any, replicas: int) -> Accelerator:
+    strategy = probe.cpu_strategy(replicas)
+    name = probe.cpu_name()
+    reason = ("CPU" if replicas == 1 else
+              f"CPU split into {replicas} logical devices (simulating {replicas} replicas)")
+    return Accelerator("cpu", strategy, replicas, "auto",
+                       devices=tuple(f"{name} (logical {i})" if replicas > 1 else name
+                                     for i in range(replicas)),
+                       memory=(probe.host_memory(),) * replicas, simulated=replicas > 1,
+                       reason=reason)
+
+
+def _with_precision(acc: Accelerator, precision: str, probe: Any) -> Accelerator:
+    if precision != "auto":
+        return dataclasses.replace(acc, precision=precision)
+    return dataclasses.replace(acc, precision=auto_precision(acc.kind, probe))
+
+
+def auto_precision(kind: str, probe: Any = None) -> str:
+    """bfloat16 on TPU, float16 on GPUs with compute capability >= 7.0, else float32.
+
+    float16 on older GPUs (Pascal and before) has no tensor cores and runs slower than
+    float32, so it is not worth the loss-scaling bookkeeping there.
+    """
+    if kind == "tpu":
+        return "bfloat16"
+    if kind == "gpu":
+        gpus = (probe or _TFProbe()).gpus()
+        capabilities = [g.get("compute_capability") or (0, 0) for g in gpus]
+        if capabilities and all(tuple(c) >= (7, 0) for c in capabilities):
+            return "float16"
+    return "float32"
+
+
+def _reset_for_tests() -> None:
+    """Forgets the cached accelerator and request (devices already set stay set)."""
+    global _current, _request
+    _current, _request = None, _Request()

@@ -1,0 +1,1 @@
+"""Colab helpers kept for ports of original-Fenwicks notebooks. (Being built.)"""

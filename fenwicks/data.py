@@ -1,0 +1,1 @@
+"""Input pipelines: numpy, TFRecord, tfds into tf.data. (Being built: input issue.)"""

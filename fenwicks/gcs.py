@@ -1,0 +1,1 @@
+"""Google Cloud Storage credentials. (Being built: foundation issue.)"""

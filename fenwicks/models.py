@@ -1,0 +1,1 @@
+"""Ready-made networks. (Being built: building-blocks issue.)"""

@@ -1,0 +1,1 @@
+"""Plots for notebooks (matplotlib imported on use). (Being built: tutorials issue.)"""

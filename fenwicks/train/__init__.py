@@ -1,0 +1,1 @@
+"""Training: optimizers, schedules, the LR finder and the estimator. (Being built.)"""

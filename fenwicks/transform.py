@@ -1,0 +1,1 @@
+"""Augmentations, per example and vectorised over a batch. (Being built: input issue.)"""

@@ -1,0 +1,55 @@
+"""Packaging for Fenwicks.
+
+TensorFlow is deliberately *not* in ``install_requires``: Colab ships ``tensorflow``,
+TPU VMs ship ``tensorflow-tpu``, and pip would happily install a second distribution
+over the one that is there (they share the ``tensorflow`` import name). Pick one with
+an extra on a machine that has none; ``import fenwicks`` says what to install if no
+TensorFlow is present.
+"""
+
+from setuptools import find_packages, setup
+
+TF = "tensorflow>=2.16"  # 2.16 is the first release with Keras 3
+
+setup(
+    name="fenwicks",
+    version="0.1.0",
+    description="Train TensorFlow models on TPU, GPU or CPU with the same code.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["fenwicks", "fenwicks.*"]),
+    install_requires=[
+        "keras>=3.0",
+        "tensorflow-datasets>=4.9",
+        "numpy>=1.24",
+        "gcsfs>=2024.2",
+        "tensorboard>=2.16",
+        "tqdm>=4.60",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        # Exactly one of these on a machine without TensorFlow; none on Colab / TPU VMs.
+        "tensorflow": [TF],
+        "cpu": ["tensorflow-cpu>=2.16"],
+        "gpu": ["tensorflow[and-cuda]>=2.16"],
+        "demo": ["scikit-learn>=1.2"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.2",
+            "scikit-learn>=1.2",
+            "gcp-storage-emulator>=2024.8",
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6",
+            "ruff>=0.5",
+        ],
+    },
+    entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
