@@ -1,0 +1,309 @@
+"""A real GCS server for tests: `gcp-storage-emulator` inside a private network namespace.
+
+TensorFlow's own ``gs://`` client has a fixed endpoint (``https://www.googleapis.com``), so
+the emulator and the code under test run in a network namespace whose hosts file maps
+``www.googleapis.com`` and ``storage.googleapis.com`` to 127.0.0.1. There the emulator
+serves TLS on 443 (a self-signed certificate that ``CURL_CA_BUNDLE`` trusts) and plain
+HTTP on 80 (resumable uploads are continued at the ``http://`` Location the emulator
+returns; gcsfs talks to it through ``STORAGE_EMULATOR_HOST``). Both ports share one store.
+
+Two parts:
+
+* `start()` (used by the ``gcs_emulator`` fixture in conftest.py) builds the namespace,
+  the certificate and the server, and returns a `GcsEmulator` whose ``run_python`` /
+  ``run_json`` run a snippet inside the namespace with every variable it needs.
+* Run as a script, this file is the server: it patches two gaps of the emulator (see
+  `_patch_emulator`) and serves ports 80 and 443 until terminated.
+
+Needs root (``ip netns``). `EmulatorUnavailable` says why it could not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTNAMES = ("www.googleapis.com", "storage.googleapis.com")
+READY = "gcs-emulator-ready"
+REQUIRE_ENV = "FENWICKS_REQUIRE_GCS_EMULATOR"
+
+
+class EmulatorUnavailable(RuntimeError):
+    """The namespace or the server could not be set up here (the message says why)."""
+
+
+# --------------------------------------------------------------------------- test side
+
+
+class GcsEmulator:
+    """A running emulator. Code that touches ``gs://`` runs through `run_python`.
+
+    Attributes:
+        bucket: a bucket that exists on the server (tests share it: use `unique_url`).
+        namespace: the network namespace the server and the snippets run in.
+        env: the variables every snippet gets (CA bundle, test token, emulator host...).
+    """
+
+    def __init__(self, namespace: str, bucket: str, workdir: Path, cert: Path,
+                 process: subprocess.Popen, log_path: Path) -> None:
+        self.namespace = namespace
+        self.bucket = bucket
+        self.workdir = workdir
+        self.process = process
+        self.log_path = log_path
+        self.env = {
+            "PYTHONPATH": ROOT,
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            # TensorFlow's gs:// client: trust our certificate, skip OAuth and GCE probing.
+            "CURL_CA_BUNDLE": str(cert),
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fenwicks-emulator",
+            "NO_GCE_CHECK": "true",
+            # gcsfs (and so fw.io transfers): talk plain HTTP to the emulator, anonymously.
+            "STORAGE_EMULATOR_HOST": "http://127.0.0.1:80",
+            # Otherwise gcsfs waits 60 s per bucket on a gRPC bucket-type probe.
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            "FENWICKS_BUCKET": bucket,
+        }
+
+    def url(self, *parts: str) -> str:
+        """``gs://BUCKET/part/part``."""
+        return "/".join([f"gs://{self.bucket}", *(p.strip("/") for p in parts)])
+
+    def unique_url(self, name: str = "t") -> str:
+        """A fresh ``gs://`` prefix, so tests sharing the bucket never collide."""
+        return self.url(f"{name}-{secrets.token_hex(4)}")
+
+    def run_python(self, code: str, env: dict[str, str] | None = None, timeout: float = 300,
+                   cwd: str | None = None) -> subprocess.CompletedProcess:
+        """Runs `code` in a fresh interpreter inside the namespace; raises on failure."""
+        full_env = {**os.environ, **self.env, **(env or {})}
+        command = ["ip", "netns", "exec", self.namespace, sys.executable, "-c",
+                   textwrap.dedent(code)]
+        proc = subprocess.run(command, env=full_env, capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd)
+        if proc.returncode != 0:
+            raise AssertionError(f"subprocess in {self.namespace} failed ({proc.returncode}):"
+                                 f"\n{proc.stdout}\n{proc.stderr[-6000:]}"
+                                 f"\n--- emulator log tail ---\n{self.log_tail()}")
+        return proc
+
+    def run_json(self, code: str, env: dict[str, str] | None = None, timeout: float = 300,
+                 cwd: str | None = None):
+        """Like `run_python`; `code` must print one JSON document as its last stdout line."""
+        proc = self.run_python(code, env=env, timeout=timeout, cwd=cwd)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Stops the server (the process this object started) and removes the namespace."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        _remove_namespace(self.namespace)
+
+
+def start(workdir: Path, bucket: str = "fenwicks-test", timeout: float = 30) -> GcsEmulator:
+    """Creates a namespace, a certificate and a server in it; returns when it answers.
+
+    Raises:
+        EmulatorUnavailable: not root, no ``ip``/``openssl``, or the server did not start.
+    """
+    _check_prerequisites()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    cert, key = _make_certificate(workdir)
+    namespace = f"fwgcs-{os.getpid()}-{secrets.token_hex(3)}"
+    _create_namespace(namespace)
+    log_path = workdir / "emulator.log"
+    try:
+        process = _launch_server(namespace, cert, key, bucket, log_path, timeout)
+    except BaseException:
+        _remove_namespace(namespace)
+        raise
+    return GcsEmulator(namespace, bucket, workdir, cert, process, log_path)
+
+
+def _check_prerequisites() -> None:
+    if os.geteuid() != 0:
+        raise EmulatorUnavailable("needs root to create a network namespace (ip netns add)")
+    for tool in ("ip", "openssl"):
+        if shutil.which(tool) is None:
+            raise EmulatorUnavailable(f"the {tool!r} command is not installed")
+    try:
+        import gcp_storage_emulator  # noqa: F401
+    except ImportError as err:
+        raise EmulatorUnavailable("pip install gcp-storage-emulator") from err
+
+
+def _make_certificate(workdir: Path) -> tuple[Path, Path]:
+    cert, key = workdir / "cert.pem", workdir / "key.pem"
+    names = ",".join(f"DNS:{name}" for name in HOSTNAMES) + ",IP:127.0.0.1"
+    _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+          "-subj", f"/CN={HOSTNAMES[0]}", "-addext", f"subjectAltName={names}",
+          "-keyout", str(key), "-out", str(cert)])
+    return cert, key
+
+
+def _create_namespace(namespace: str) -> None:
+    hosts_dir = Path("/etc/netns") / namespace
+    hosts_dir.mkdir(parents=True, exist_ok=True)
+    # `ip netns exec` bind-mounts this file over /etc/hosts for what it runs.
+    (hosts_dir / "hosts").write_text("127.0.0.1 localhost " + " ".join(HOSTNAMES) + "\n"
+                                     "::1 localhost\n")
+    try:
+        _run(["ip", "netns", "add", namespace])
+        _run(["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"])
+    except EmulatorUnavailable:
+        _remove_namespace(namespace)
+        raise
+
+
+def _remove_namespace(namespace: str) -> None:
+    subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, check=False)
+    shutil.rmtree(Path("/etc/netns") / namespace, ignore_errors=True)
+
+
+def _launch_server(namespace: str, cert: Path, key: Path, bucket: str, log_path: Path,
+                   timeout: float) -> subprocess.Popen:
+    command = ["ip", "netns", "exec", namespace, sys.executable, os.path.abspath(__file__),
+               "--cert", str(cert), "--key", str(key), "--bucket", bucket]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if READY in log_path.read_text(errors="replace"):
+            return process
+        if process.poll() is not None:
+            break
+        time.sleep(0.1)
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=10)
+    raise EmulatorUnavailable(f"the emulator did not start within {timeout:.0f} s:\n"
+                              + log_path.read_text(errors="replace")[-3000:])
+
+
+def _run(command: list[str]) -> None:
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise EmulatorUnavailable(f"{' '.join(command[:4])} failed: {proc.stderr.strip()}")
+
+
+# --------------------------------------------------------------------------- server side
+
+
+def _read_chunked(rfile) -> bytes:
+    """Decodes an HTTP/1.1 chunked body, trailers included."""
+    body = bytearray()
+    while True:
+        size_line = rfile.readline()
+        if not size_line:
+            break
+        size = int(size_line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            while rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            break
+        body += rfile.read(size)
+        rfile.readline()  # the CRLF after each chunk
+    return bytes(body)
+
+
+def _patch_emulator() -> None:
+    """Bridges the two gaps between gcp-storage-emulator and TensorFlow's client.
+
+    1. TensorFlow's upload PUT carries both ``Transfer-Encoding: chunked`` and a
+       ``Content-Length``; the emulator trusts the length and stores the chunk framing.
+       HTTP (RFC 9112, section 6.3) says chunked wins.
+    2. An empty media upload (TensorFlow's ``dir/`` marker objects) reaches the handler
+       as None and crashes it on ``len(None)``; it is an empty object.
+    Requests are also serialised: the emulator's store is not written for threads.
+    """
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+
+    def read_raw_data(handler):
+        if "chunked" in (handler.headers.get("Transfer-Encoding") or "").lower():
+            return _read_chunked(handler.rfile)
+        length = handler.headers.get("Content-Length")
+        return handler.rfile.read(int(length)) if length else None
+
+    media_upload = objects._media_upload
+
+    def media_upload_empty_ok(request, response, storage):
+        if request.data is None:
+            request._data = b""
+        return media_upload(request, response, storage)
+
+    lock = threading.Lock()
+    handle = server.Router.handle
+
+    def handle_serialised(self, method):
+        with lock:
+            return handle(self, method)
+
+    server._read_raw_data = read_raw_data
+    objects._media_upload = media_upload_empty_ok
+    server.Router.handle = handle_serialised
+
+
+def serve(cert: str, key: str, bucket: str, http_port: int = 80,
+          https_port: int = 443) -> None:
+    """Serves one in-memory store on `http_port` and, with TLS, on `https_port`."""
+    import ssl
+    from functools import partial
+    from http.server import ThreadingHTTPServer
+
+    from gcp_storage_emulator.handlers.buckets import create_bucket
+    from gcp_storage_emulator.server import RequestHandler
+    from gcp_storage_emulator.storage import Storage
+
+    _patch_emulator()
+    storage = Storage(use_memory_fs=True, data_dir=os.path.abspath("."))
+    create_bucket(bucket, storage)
+    handler = partial(RequestHandler, storage)
+    plain = ThreadingHTTPServer(("127.0.0.1", http_port), handler)
+    secure = ThreadingHTTPServer(("127.0.0.1", https_port), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    secure.socket = context.wrap_socket(secure.socket, server_side=True)
+    for httpd in (plain, secure):
+        httpd.daemon_threads = True
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    print(READY, flush=True)
+    threading.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cert", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--http-port", type=int, default=80)
+    parser.add_argument("--https-port", type=int, default=443)
+    args = parser.parse_args()
+    serve(args.cert, args.key, args.bucket, args.http_port, args.https_port)
+
+
+if __name__ == "__main__":
+    main()
