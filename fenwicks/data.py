@@ -1,1 +1,0 @@
-"""Input pipelines: numpy, TFRecord, tfds into tf.data. (Being built: input issue.)"""
