@@ -1,0 +1,46 @@
+"""Input pipelines: numpy arrays, TFRecord files and tensorflow-datasets into `tf.data`.
+
+An estimator input function returns one of these datasets; ``params['batch_size']`` is
+the per-replica batch size::
+
+    train_input_func = lambda params: fw.data.numpy_ds(
+        X, y, batch_size=params['batch_size'], training=True,
+        input_context=params.get('input_context'))
+
+Training datasets are shuffled, repeated and have a static batch size; evaluation
+datasets are one exact pass that keeps the last partial batch.
+
+Modules: `arrays` (numpy_ds), `records` (writing TFRecords), `parsers`, `readers`
+(tfrecord_ds, tfds_ds), `scan` (checking files), `pipeline` (the shared tail).
+"""
+
+from fenwicks.data._checks import RecordError
+from fenwicks.data.arrays import numpy_ds
+from fenwicks.data.parsers import tfexample_image_parser, tfexample_numpy_image_parser
+from fenwicks.data.readers import count_records, match_files, tfds_ds, tfrecord_ds
+from fenwicks.data.records import (
+    data_dir_tfrecord,
+    files_tfrecord,
+    image_example,
+    numpy_tfrecord,
+    shard_paths,
+)
+from fenwicks.data.scan import FileScan, scan_tfrecord
+
+__all__ = [
+    "FileScan",
+    "RecordError",
+    "count_records",
+    "data_dir_tfrecord",
+    "files_tfrecord",
+    "image_example",
+    "match_files",
+    "numpy_ds",
+    "numpy_tfrecord",
+    "scan_tfrecord",
+    "shard_paths",
+    "tfds_ds",
+    "tfexample_image_parser",
+    "tfexample_numpy_image_parser",
+    "tfrecord_ds",
+]

@@ -1,0 +1,141 @@
+"""`numpy_ds`: numpy arrays to a tf.data pipeline, without copying them into the graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from fenwicks import accel
+from fenwicks.data import pipeline
+from fenwicks.data._checks import (
+    check_batch_size,
+    check_features,
+    check_labels,
+    label_dtype,
+    pipeline_shard,
+)
+
+# from_tensor_slices embeds the arrays as graph constants: a protobuf cannot exceed 2 GB.
+_GRAPH_CONSTANT_LIMIT = 2**31 - 2**26
+
+
+def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: bool = True,
+             shuffle_buf_sz: int | None = None, seed: int | None = None, *,
+             input_context: tf.distribute.InputContext | None = None,
+             batch_transform: pipeline.Transform | None = None,
+             deterministic: bool | None = None) -> tf.data.Dataset:
+    """A dataset of ``(features, labels)`` batches drawn from numpy arrays.
+
+    Only example *indices* flow through tf.data; each batch is gathered from the arrays
+    with one numpy fancy-index, so arrays of any size (also > 2 GB, also `np.memmap`)
+    are used in place: nothing is copied except the batch being built.
+
+    Training data is shuffled (every epoch is a permutation of the examples), repeated
+    forever and batched with ``drop_remainder`` (static shapes for TPUs). Evaluation data
+    is one pass in order, the last partial batch kept, so every example is seen once.
+
+    Args:
+        xs: features, ``[N, ...]``, any numeric dtype (uint8 images stay uint8).
+        ys: labels ``[N]`` (integer class ids, yielded as int32) or float targets, or
+            None for prediction (then the dataset yields features only).
+        batch_size: examples per batch (per replica inside an estimator input_fn).
+        training: training (shuffle, repeat, drop remainder) or evaluation pass.
+        shuffle_buf_sz: shuffle buffer in examples. Defaults to None: all examples,
+            an exact permutation (it holds indices, 8 bytes each, not the data).
+        seed: makes the shuffle order and ``batch_transform`` randomness reproducible.
+        input_context: a `tf.distribute.InputContext`; with several input pipelines each
+            takes every ``num_input_pipelines``-th example.
+        batch_transform: a function applied to each features batch, e.g. a vectorised
+            augmentation from `fw.transform`.
+        deterministic: keep element order under parallelism. Defaults to True when
+            ``seed`` is given or ``training`` is False, else False (faster).
+
+    Returns:
+        A `tf.data.Dataset` of ``(features, labels)`` (or ``features``) batches.
+
+    Raises:
+        ValueError: for arrays of different lengths, bad labels or a bad batch size.
+
+    Example:
+        >>> train_input_func = lambda params: fw.data.numpy_ds(
+        ...     X_train, y_train, batch_size=params['batch_size'], training=True)
+    """
+    xs = check_features(xs)
+    ys = None if ys is None else check_labels(ys, len(xs))
+    batch_size = check_batch_size(batch_size)
+    pipeline.check_shuffle_buffer(shuffle_buf_sz)
+    num_pipelines, pipeline_id = pipeline_shard(input_context)
+    local = len(range(pipeline_id, len(xs), num_pipelines))
+    if training and local < batch_size:
+        raise ValueError(
+            f"batch_size={batch_size} is larger than the {local} training examples of this "
+            f"input pipeline; a training batch must be full (drop_remainder), so use "
+            f"batch_size <= {local}")
+    deterministic = (seed is not None or not training) if deterministic is None \
+        else deterministic
+    if _needs_graph_constants():
+        batches = _constant_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed,
+                                    num_pipelines, pipeline_id)
+    else:
+        batches = _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz or local,
+                                    seed, num_pipelines, pipeline_id, deterministic)
+    return pipeline.finish(batches, batch_size=batch_size, training=training,
+                           shuffle_buf_sz=None, batch_transform=batch_transform, seed=seed,
+                           deterministic=deterministic, batched=True)
+
+
+def _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed, num_pipelines,
+                      pipeline_id, deterministic) -> tf.data.Dataset:
+    indices = tf.data.Dataset.range(len(xs)).shard(num_pipelines, pipeline_id)
+    if training:
+        indices = indices.shuffle(shuffle_buf_sz, seed=seed, reshuffle_each_iteration=True)
+        indices = indices.repeat()
+    indices = indices.batch(batch_size, drop_remainder=training)
+    static_batch = batch_size if training else None
+    return indices.map(_gather_fn(xs, ys, static_batch), num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=deterministic)
+
+
+def _gather_fn(xs: np.ndarray, ys: np.ndarray | None, static_batch: int | None):
+    """A tf function: batch of indices -> batch of examples, gathered by numpy in place."""
+    y_dtype = None if ys is None else label_dtype(ys)
+
+    def gather(index: np.ndarray):
+        if ys is None:
+            return (xs[index],)
+        return xs[index], ys[index].astype(y_dtype, copy=False)
+
+    def gather_tf(index: tf.Tensor):
+        dtypes = [tf.as_dtype(xs.dtype)] + ([] if ys is None else [tf.as_dtype(y_dtype)])
+        out = list(tf.numpy_function(gather, [index], dtypes, stateful=False))
+        out[0].set_shape([static_batch, *xs.shape[1:]])
+        if ys is not None:
+            out[1].set_shape([static_batch, *ys.shape[1:]])
+        return out[0] if ys is None else (out[0], out[1])
+
+    return gather_tf
+
+
+def _needs_graph_constants() -> bool:
+    """A TPU reached over the network runs the input pipeline on its own host, where
+    Python (numpy_function) is not available: the arrays must travel in the graph."""
+    return accel.is_initialized() and accel.current().is_remote
+
+
+def _constant_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed, num_pipelines,
+                      pipeline_id) -> tf.data.Dataset:
+    size = xs.nbytes + (0 if ys is None else ys.nbytes)
+    if size > _GRAPH_CONSTANT_LIMIT:
+        raise ValueError(
+            f"xs and ys take {size / 2**30:.1f} GB; a TPU reached over the network can "
+            "only receive arrays under 2 GB in the graph. Write them to gs:// with "
+            "fw.data.numpy_tfrecord(...) and read them with fw.data.tfrecord_ds(...)")
+    ys = None if ys is None else ys.astype(label_dtype(ys), copy=False)
+    ds = tf.data.Dataset.from_tensor_slices(xs if ys is None else (xs, ys))
+    ds = ds.shard(num_pipelines, pipeline_id)
+    if training:
+        n = len(range(pipeline_id, len(xs), num_pipelines))
+        ds = ds.shuffle(shuffle_buf_sz or n, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.repeat()
+    return ds.batch(batch_size, drop_remainder=training)
+

@@ -1,0 +1,259 @@
+"""`tfrecord_ds` and `tfds_ds`: files to batches fast enough that training never waits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from fenwicks import accel
+from fenwicks.data import pipeline
+from fenwicks.data._checks import RecordError, check_batch_size, pipeline_shard
+from fenwicks.data.scan import FileScan, scan_tfrecord
+
+logger = logging.getLogger("fenwicks")
+
+Parser = Callable[[tf.Tensor], Any]
+_PARSER_CHECKS = 16  # files whose first record is parsed eagerly before the pipeline runs
+
+
+def match_files(file_pattern: str | Sequence[str]) -> list[str]:
+    """Sorted files matching a glob pattern (or a list of them), local or ``gs://``.
+
+    Raises:
+        FileNotFoundError: naming the pattern, if nothing matches.
+    """
+    patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
+    files = sorted({f for p in patterns for f in tf.io.gfile.glob(p)})
+    if not files:
+        raise FileNotFoundError(
+            f"file_pattern={file_pattern!r} matches no file; check the path (a sharded "
+            "write to fn is read with fn + '*') and, for gs://, the bucket and credentials")
+    return files
+
+
+def count_records(file_pattern: str | Sequence[str]) -> int:
+    """Readable records in the files matching ``file_pattern`` (e.g. for steps_per_epoch).
+
+    Example:
+        >>> steps_per_epoch = fw.data.count_records('/tmp/cifar/train*') // 512
+    """
+    return sum(scan_tfrecord(f).records for f in match_files(file_pattern))
+
+
+def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: int,
+                training: bool = True, shuffle_buf_sz: int = 10_000,
+                cache: bool | str = False, transform: pipeline.Transform | None = None,
+                batch_transform: pipeline.Transform | None = None, *,
+                augmented_epochs: int = 0, seed: int | None = None,
+                deterministic: bool | None = None,
+                input_context: tf.distribute.InputContext | None = None,
+                skip_corrupt: bool = False, verify: bool = True,
+                cycle_length: int = 16) -> tf.data.Dataset:
+    """A dataset of ``(features, labels)`` batches from TFRecord files.
+
+    Shards are read in parallel and interleaved, records parsed in parallel, decoded
+    records optionally cached, then shuffled and repeated (training), augmented, batched
+    (``drop_remainder`` when training) and prefetched. Evaluation is one pass that keeps
+    the last partial batch.
+
+    Args:
+        file_pattern: glob pattern(s), local or ``gs://``.
+        parser: serialized record -> ``(features, label)``, e.g. a lambda around
+            `tfexample_numpy_image_parser`.
+        batch_size: examples per batch (per replica inside an estimator input_fn).
+        training: training or a single evaluation pass.
+        shuffle_buf_sz: shuffle buffer in examples. Defaults to 10,000.
+        cache: cache parsed records before augmentation: True (memory) or a file path
+            (local or ``gs://``). Defaults to False. A file cache is reused by later runs:
+            delete it when the data changes.
+        transform: per-example augmentation of the features, mapped before batching.
+        batch_transform: vectorised augmentation of a features batch (much cheaper).
+        augmented_epochs: K > 0 augments K epochs once, caches them (as ``cache``) and
+            cycles through them, for hosts too slow to augment live. Defaults to 0.
+        seed: makes file order, shuffling and augmentation reproducible.
+        deterministic: keep order under parallelism. Defaults to True with a seed or
+            for evaluation (predictions stay in file order), else False (faster).
+        input_context: a `tf.distribute.InputContext`; each input pipeline reads its own
+            files (or every N-th record when there are fewer files than pipelines).
+        skip_corrupt: drop damaged records (logged and counted) instead of raising.
+        verify: check every file's framing and checksums up front (one sequential read,
+            cached) so damage is reported with the file name. Defaults to True.
+        cycle_length: files read concurrently. Defaults to 16.
+
+    Returns:
+        A `tf.data.Dataset`.
+
+    Raises:
+        FileNotFoundError: if ``file_pattern`` matches nothing.
+        RecordError: for a corrupt or truncated file (without ``skip_corrupt``), or
+            records the parser cannot read; the message names the file.
+        ValueError: for bad arguments or labels of the wrong dtype or shape.
+
+    Example:
+        >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
+        >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128,
+        ...                          batch_transform=augment, cache=True)
+    """
+    batch_size = check_batch_size(batch_size)
+    pipeline.check_shuffle_buffer(shuffle_buf_sz)
+    cache = pipeline.check_cache(cache)
+    augmented_epochs = pipeline.check_augmented_epochs(augmented_epochs, training)
+    if not callable(parser):
+        raise ValueError(f"parser={parser!r} must be a function: record -> (features, label)")
+    num_pipelines, pipeline_id = pipeline_shard(input_context)
+    files = match_files(file_pattern)
+    by_file = len(files) >= num_pipelines
+    if by_file:
+        files = files[pipeline_id::num_pipelines]
+    takes = _usable_records(files, skip_corrupt) if verify else [-1] * len(files)
+    _check_parser(parser, files, verify)
+    deterministic = (seed is not None or not training) if deterministic is None \
+        else deterministic
+    records = _interleave(files, takes, training, seed, deterministic, cycle_length,
+                          skip_corrupt and not verify)
+    if not by_file:
+        records = records.shard(num_pipelines, pipeline_id)
+    parsed = records.map(parser, num_parallel_calls=pipeline.AUTOTUNE,
+                         deterministic=deterministic)
+    suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
+    return pipeline.finish(parsed, batch_size=batch_size, training=training,
+                           shuffle_buf_sz=shuffle_buf_sz, cache=cache, transform=transform,
+                           batch_transform=batch_transform, augmented_epochs=augmented_epochs,
+                           seed=seed, deterministic=deterministic, cache_suffix=suffix)
+
+
+def _usable_records(files: list[str], skip_corrupt: bool) -> list[int]:
+    """Records to take from each file (-1 = all); raises or logs for damaged files."""
+    scans = [scan_tfrecord(f) for f in files]
+    damaged = [s for s in scans if s.problem]
+    if damaged and not skip_corrupt:
+        s = damaged[0]
+        raise RecordError(
+            f"{s.path} is damaged: {s.problem} (TensorFlow would fail there mid-training). "
+            f"{len(damaged)} of {len(files)} file(s) are damaged. Re-create the file, or "
+            f"pass skip_corrupt=True to read the {s.records} good records before the damage")
+    for s in damaged:
+        logger.warning("fenwicks: skipping %d record(s) of %s: %s; reading its first %d",
+                       s.skipped, s.path, s.problem, s.records)
+    if damaged:
+        logger.warning("fenwicks: skip_corrupt skipped %d record(s) in %d file(s)",
+                       sum(s.skipped for s in damaged), len(damaged))
+    return [s.records if s.problem else -1 for s in scans]
+
+
+def _first_records(files: list[str], verify: bool) -> list[tuple[str, bytes]]:
+    if verify:
+        scans: list[FileScan] = [scan_tfrecord(f) for f in files[:_PARSER_CHECKS]]
+        return [(s.path, s.first_record) for s in scans if s.first_record is not None]
+    for record in tf.data.TFRecordDataset(files[:1]).take(1):
+        return [(files[0], record.numpy())]
+    return []
+
+
+def _check_parser(parser: Parser, files: list[str], verify: bool) -> None:
+    """Parses the first record of the first files eagerly: a mismatch (wrong size, wrong
+    feature names, not an image) fails here, naming the file, not deep inside training."""
+    for path, record in _first_records(files, verify):
+        try:
+            element = parser(tf.constant(record))
+        except Exception as err:  # noqa: BLE001 - any parser failure is reported the same way
+            message = str(err).strip().splitlines()[0][:300]
+            raise RecordError(f"the records of {path} do not fit parser={_name(parser)}: "
+                              f"{type(err).__name__}: {message}") from err
+        check_element(element, f"parser={_name(parser)} on {path}")
+
+
+def check_element(element: Any, source: str) -> None:
+    """An element must be ``(features, label)`` with a scalar numeric label per example."""
+    if not isinstance(element, (tuple, list)) or len(element) != 2:
+        return  # features only (prediction data): nothing to check
+    label = tf.convert_to_tensor(element[1])
+    if not (label.dtype.is_integer or label.dtype.is_floating or label.dtype == tf.bool):
+        raise ValueError(f"{source} gives labels of dtype {label.dtype.name}; labels must be "
+                         "integer class ids (int32/int64) or floats")
+    if label.dtype.is_integer and label.shape.rank != 0:
+        raise ValueError(f"{source} gives integer labels of shape {label.shape}; each "
+                         "example's class id must be a scalar (tf.reshape(label, []))")
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _interleave(files: list[str], takes: list[int], training: bool, seed: int | None,
+                deterministic: bool, cycle_length: int, ignore_errors: bool) -> tf.data.Dataset:
+    def read(path, take):
+        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).take(take)
+        # Without the up-front scan, skip_corrupt falls back to TensorFlow's own skipping
+        # (it stops the file at the damage and logs it, but cannot count what it lost).
+        return records.ignore_errors(log_warning=True) if ignore_errors else records
+
+    names = tf.data.Dataset.from_tensor_slices((files, tf.constant(takes, tf.int64)))
+    if training:
+        names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    return names.interleave(read, cycle_length=max(1, min(cycle_length, len(files))),
+                            num_parallel_calls=pipeline.AUTOTUNE, deterministic=deterministic)
+
+
+def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
+            data_dir: str | None = None, shuffle_buf_sz: int = 10_000,
+            cache: bool | str = False, transform: pipeline.Transform | None = None,
+            batch_transform: pipeline.Transform | None = None, *,
+            augmented_epochs: int = 0, seed: int | None = None,
+            deterministic: bool | None = None,
+            input_context: tf.distribute.InputContext | None = None,
+            download: bool = True) -> tf.data.Dataset:
+    """A dataset of ``(image, label)`` batches from tensorflow-datasets.
+
+    The same pipeline as `tfrecord_ds` after reading: cache, shuffle, repeat, augment,
+    batch, prefetch.
+
+    Args:
+        name: a tfds name, e.g. ``'cifar10'``.
+        split: e.g. ``'train'``, ``'test'``, ``'train[:90%]'``.
+        batch_size: examples per batch (per replica inside an estimator input_fn).
+        training: training or a single evaluation pass.
+        data_dir: where tfds keeps its files. Defaults to None: tfds' default locally; a
+            TPU reached over the network reads only gs://, so there it must be gs://.
+        download: let tfds download and prepare the data if absent. Defaults to True.
+        shuffle_buf_sz, cache, transform, batch_transform, augmented_epochs, seed,
+            deterministic, input_context: as in `tfrecord_ds`.
+
+    Returns:
+        A `tf.data.Dataset` of ``(image, label)`` batches (labels int64 as tfds gives them).
+
+    Example:
+        >>> ds = fw.data.tfds_ds('cifar10', 'train', 128, data_dir='gs://bucket/tfds')
+    """
+    import tensorflow_datasets as tfds
+
+    batch_size = check_batch_size(batch_size)
+    pipeline.check_shuffle_buffer(shuffle_buf_sz)
+    cache = pipeline.check_cache(cache)
+    augmented_epochs = pipeline.check_augmented_epochs(augmented_epochs, training)
+    _check_tfds_dir(data_dir)
+    deterministic = (seed is not None or not training) if deterministic is None \
+        else deterministic
+    read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=seed,
+                                  interleave_cycle_length=16,
+                                  try_autocache=False)
+    ds = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
+                   shuffle_files=training, read_config=read_config, download=download)
+    num_pipelines, pipeline_id = pipeline_shard(input_context)
+    suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
+    return pipeline.finish(ds, batch_size=batch_size, training=training,
+                           shuffle_buf_sz=shuffle_buf_sz, cache=cache, transform=transform,
+                           batch_transform=batch_transform, augmented_epochs=augmented_epochs,
+                           seed=seed, deterministic=deterministic, cache_suffix=suffix)
+
+
+def _check_tfds_dir(data_dir: str | None) -> None:
+    """A TPU node (reached over the network) cannot read the notebook's local disk."""
+    remote = accel.is_initialized() and accel.current().is_remote
+    if remote and not (data_dir or "").startswith("gs://"):
+        raise ValueError(f"data_dir={data_dir!r}: this TPU is reached over the network and "
+                         "reads only Google Cloud Storage; pass data_dir='gs://<bucket>/"
+                         "tensorflow_datasets'")

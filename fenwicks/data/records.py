@@ -1,0 +1,277 @@
+"""Writing TFRecord files: numpy arrays, encoded image files, one-folder-per-class trees.
+
+Records stream to disk one at a time (constant memory) into a hidden temporary file
+beside the target, which is renamed to its final name only after every shard closed
+cleanly: a failed or interrupted write never leaves a half-written file under the name a
+`tfrecord_ds` pattern would pick up. Works for local paths and ``gs://``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import random
+import uuid
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from fenwicks.data._checks import check_features, check_labels
+
+logger = logging.getLogger("fenwicks")
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+_MAGIC = {b"\xff\xd8\xff": "jpeg", b"\x89PNG": "png", b"GIF8": "gif", b"BM": "bmp"}
+
+
+def _bytes_feature(value: bytes) -> tf.train.Feature:
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+
+def _int64_feature(value: int) -> tf.train.Feature:
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+
+
+def image_example(image: bytes, label: int) -> bytes:
+    """A serialized `tf.train.Example` with features ``image`` (bytes) and ``label``."""
+    features = {"image": _bytes_feature(image), "label": _int64_feature(label)}
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def shard_paths(fn: str, num_shards: int) -> list[str]:
+    """The files a write to ``fn`` produces: ``fn`` itself, or ``fn-00000-of-00004``..."""
+    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"num_shards={num_shards!r} must be a positive integer")
+    if num_shards == 1:
+        return [fn]
+    return [f"{fn}-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
+
+
+def _existing_outputs(fn: str) -> list[str]:
+    """Files a previous write to ``fn`` left, whatever its shard count."""
+    found = tf.io.gfile.glob(f"{fn}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]")
+    return sorted(found + ([fn] if tf.io.gfile.exists(fn) else []))
+
+
+def check_writable(fn: str, overwrite: bool) -> list[str]:
+    """Returns earlier output of ``fn``; raises FileExistsError if any and not overwrite."""
+    previous = _existing_outputs(fn)
+    if previous and not overwrite:
+        raise FileExistsError(f"{previous[0]} already exists ({len(previous)} file(s) from "
+                              f"an earlier write to fn={fn!r}); pass overwrite=True to "
+                              "replace them, or choose another fn")
+    return previous
+
+
+def _temp_path(path: str) -> str:
+    # Hidden and prefixed, so a pattern such as `fn*` never matches a half-written file.
+    head, tail = posixpath.split(path) if "://" in path else os.path.split(path)
+    name = f".tmp-{uuid.uuid4().hex[:12]}-{tail}"
+    return posixpath.join(head, name) if "://" in path else os.path.join(head, name)
+
+
+def write_records(fn: str, records: Iterable[bytes], num_shards: int = 1,
+                  overwrite: bool = False) -> list[str]:
+    """Streams serialized records round-robin into ``num_shards`` files named from ``fn``.
+
+    Returns:
+        The paths written, in shard order.
+
+    Raises:
+        FileExistsError: if output of an earlier write to ``fn`` exists and not ``overwrite``.
+    """
+    paths = shard_paths(fn, num_shards)
+    previous = check_writable(fn, overwrite)
+    parent = posixpath.dirname(fn) if "://" in fn else os.path.dirname(fn)
+    if parent and not tf.io.gfile.exists(parent):
+        tf.io.gfile.makedirs(parent)
+    temps = [_temp_path(p) for p in paths]
+    try:
+        count = _write_round_robin(temps, records)
+    except BaseException:
+        for temp in temps:
+            if tf.io.gfile.exists(temp):
+                tf.io.gfile.remove(temp)
+        raise
+    for temp, path in zip(temps, paths, strict=True):
+        tf.io.gfile.rename(temp, path, overwrite=True)
+    for stale in set(previous) - set(paths):  # shards of an earlier, different shard count
+        tf.io.gfile.remove(stale)
+    logger.info("fenwicks: wrote %d records to %d file(s) at %s", count, len(paths), fn)
+    return paths
+
+
+def _write_round_robin(paths: Sequence[str], records: Iterable[bytes]) -> int:
+    # Round robin, not blocks, so every shard is a uniform sample even when the input is
+    # sorted by class: interleaving a few shards then still mixes classes.
+    with contextlib.ExitStack() as stack:
+        writers = [stack.enter_context(tf.io.TFRecordWriter(p)) for p in paths]
+        count = 0
+        for count, record in enumerate(records, start=1):
+            writers[(count - 1) % len(writers)].write(record)
+    return count
+
+
+def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
+                   overwrite: bool = False) -> list[str]:
+    """Writes arrays as TFRecords: each example's raw bytes as ``image``, its ``label``.
+
+    Read them back with `tfexample_numpy_image_parser` (give the dtype of ``X`` if it is
+    not uint8). ``X`` may be an `np.memmap`: examples stream one at a time.
+
+    Args:
+        fn: output path, local or ``gs://``. With ``num_shards > 1`` the files are
+            ``fn-00000-of-0000N``...; read them all with the pattern ``fn + '*'``.
+        X: examples ``[N, ...]`` (e.g. uint8 images ``[N, H, W, C]``).
+        y: integer class ids ``[N]``.
+        num_shards: files to spread the examples over, round robin. Defaults to 1.
+        overwrite: replace an earlier write to ``fn``. Defaults to False (refuse).
+
+    Returns:
+        The paths written.
+
+    Raises:
+        ValueError: for ``X`` and ``y`` of different lengths or non-integer labels.
+        FileExistsError: if ``fn`` was written before and ``overwrite`` is False.
+
+    Example:
+        >>> fw.data.numpy_tfrecord('gs://bucket/cifar/train', X_train, y_train, num_shards=16)
+        >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128)
+    """
+    X = check_features(X, "X")
+    y = check_labels(y, len(X), "y")
+    if y.dtype.kind == "f":
+        raise ValueError(f"y has dtype {y.dtype}; numpy_tfrecord stores integer class ids")
+    records = (image_example(np.ascontiguousarray(x).tobytes(), label)
+               for x, label in zip(X, y, strict=True))
+    return write_records(fn, records, num_shards, overwrite)
+
+
+def image_format(data: bytes) -> str | None:
+    """``'jpeg'``, ``'png'``, ``'gif'`` or ``'bmp'`` from the file's first bytes, else None."""
+    for magic, name in _MAGIC.items():
+        if data.startswith(magic):
+            return name
+    return None
+
+
+def _read_image(path: str) -> bytes:
+    with tf.io.gfile.GFile(path, "rb") as f:
+        data = f.read()
+    if image_format(data) is None:
+        raise ValueError(f"{path} is not a JPEG, PNG, GIF or BMP image (first bytes "
+                         f"{data[:8]!r}); remove it from paths")
+    return data
+
+
+def files_tfrecord(fn: str, paths: Sequence[str], labels: Sequence[int], num_shards: int = 1,
+                   overwrite: bool = False) -> list[str]:
+    """Writes encoded image files as TFRecords, their bytes kept as they are.
+
+    Re-encoding would lose quality and time; decode at read time with
+    `tfexample_image_parser`.
+
+    Args:
+        fn: output path, local or ``gs://`` (sharded as in `numpy_tfrecord`).
+        paths: image files (JPEG, PNG, GIF or BMP), local or ``gs://``.
+        labels: one integer class id per path.
+        num_shards: files to spread the examples over. Defaults to 1.
+        overwrite: replace an earlier write to ``fn``. Defaults to False (refuse).
+
+    Returns:
+        The paths written.
+
+    Example:
+        >>> fw.data.files_tfrecord('/tmp/pets/train', image_paths, class_ids, num_shards=8)
+    """
+    paths = list(paths)
+    if not paths:
+        raise ValueError("paths is empty; give at least one image file")
+    labels = check_labels(labels, len(paths), "labels")
+    if labels.dtype.kind == "f":
+        raise ValueError(f"labels has dtype {labels.dtype}; give integer class ids")
+    records = (image_example(_read_image(p), label) for p, label in zip(paths, labels, strict=True))
+    return write_records(fn, records, num_shards, overwrite)
+
+
+def _class_files(data_dir: str) -> tuple[list[str], list[list[str]]]:
+    """Class names (sorted sub-folder names) and the image files in each."""
+    if not tf.io.gfile.isdir(data_dir):
+        raise FileNotFoundError(f"data_dir={data_dir!r} is not a directory")
+    names = sorted(d.rstrip("/") for d in tf.io.gfile.listdir(data_dir)
+                   if tf.io.gfile.isdir(posixpath.join(data_dir, d)))
+    if not names:
+        raise ValueError(f"data_dir={data_dir!r} has no sub-folders; expected one folder "
+                         "of images per class, e.g. data_dir/cat/1.jpg, data_dir/dog/2.jpg")
+    files = []
+    for name in names:
+        folder = posixpath.join(data_dir, name)
+        files.append(sorted(posixpath.join(folder, f) for f in tf.io.gfile.listdir(folder)
+                            if f.lower().endswith(IMAGE_EXTENSIONS)))
+    return names, files
+
+
+def data_dir_tfrecord(data_dir: str, fn: str, valid_fraction: float = 0.0,
+                      valid_fn: str | None = None, num_shards: int = 1,
+                      overwrite: bool = False, seed: int = 0) -> list[str]:
+    """Writes a one-folder-per-class image tree (the Kaggle layout) as TFRecords.
+
+    Class ids follow the sorted folder names. Examples are shuffled (seeded) before
+    writing, so shards mix classes. With ``valid_fraction``, that fraction of each class
+    (rounded) goes to ``valid_fn`` instead: a stratified split.
+
+    Args:
+        data_dir: folder holding one sub-folder of images per class.
+        fn: output path for the (training) records.
+        valid_fraction: fraction of each class held out for validation. Defaults to 0.
+        valid_fn: output path for the validation records; required with a split.
+        num_shards: files per output. Defaults to 1.
+        overwrite: replace earlier writes. Defaults to False (refuse).
+        seed: seeds the shuffle and the split. Defaults to 0.
+
+    Returns:
+        The class names, index = class id.
+
+    Example:
+        >>> classes = fw.data.data_dir_tfrecord('/kaggle/input/flowers', 'gs://b/train',
+        ...                                     valid_fraction=0.1, valid_fn='gs://b/valid')
+    """
+    _check_split(fn, valid_fraction, valid_fn)
+    for out in (fn, valid_fn):  # check both before writing either: fail without side effects
+        if out is not None:
+            check_writable(out, overwrite)
+    names, files = _class_files(data_dir)
+    rng = random.Random(seed)
+    train, valid = [], []
+    for label, class_files in enumerate(files):
+        class_files = list(class_files)
+        rng.shuffle(class_files)
+        n_valid = int(round(valid_fraction * len(class_files)))
+        valid += [(p, label) for p in class_files[:n_valid]]
+        train += [(p, label) for p in class_files[n_valid:]]
+    for name, pairs in (("training", train), ("validation", valid)):
+        if not pairs and (name == "training" or valid_fraction > 0):
+            raise ValueError(f"the {name} split of data_dir={data_dir!r} is empty: no "
+                             f"{', '.join(IMAGE_EXTENSIONS)} files, or valid_fraction="
+                             f"{valid_fraction} leaves none")
+    for out, pairs in ((fn, train), (valid_fn, valid)):
+        if out is not None and pairs:
+            rng.shuffle(pairs)
+            files_tfrecord(out, [p for p, _ in pairs], [label for _, label in pairs],
+                           num_shards, overwrite)
+    return names
+
+
+def _check_split(fn: str, valid_fraction: float, valid_fn: str | None) -> None:
+    if not 0 <= valid_fraction < 1:
+        raise ValueError(f"valid_fraction={valid_fraction!r} must be in [0, 1)")
+    if valid_fraction > 0 and valid_fn is None:
+        raise ValueError(f"valid_fraction={valid_fraction} needs valid_fn, the path for the "
+                         "validation records")
+    if valid_fn is not None and (valid_fn.startswith(fn) or fn.startswith(valid_fn)):
+        raise ValueError(f"fn={fn!r} and valid_fn={valid_fn!r}: one is a prefix of the "
+                         "other, so the pattern fn + '*' would read both splits; use e.g. "
+                         "'.../train' and '.../valid'")
