@@ -1,0 +1,42 @@
+"""fw.info() and `python -m fenwicks info`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import keras
+import tensorflow as tf
+
+from fenwicks import report
+from tests.conftest import ROOT
+
+
+def _info_table(device: str) -> dict[str, str]:
+    env = {"PYTHONPATH": ROOT, "FENWICKS_DEVICE": device, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PATH": "/usr/bin:/bin", "HOME": "/tmp", "FENWICKS_ROOT": "/tmp/fw-info-root"}
+    out = subprocess.run([sys.executable, "-m", "fenwicks", "info"], env=env, text=True,
+                         capture_output=True, timeout=300, check=True).stdout
+    table = {}
+    for line in out.splitlines():
+        field, _, value = line.partition("  ")
+        table[field.strip()] = value.strip()
+    return table
+
+
+def test_info_under_cpu8_simulation():
+    table = _info_table("cpu:8")
+    assert table["tensorflow"] == tf.__version__
+    assert table["keras"] == keras.__version__
+    assert table["accelerator"] == "cpu (simulated)"
+    assert table["strategy"] == "MirroredStrategy"
+    assert table["replicas"] == "8"
+    assert table["precision"] == "float32"
+    assert [k for k in table if k.startswith("device ")] == [f"device {i}" for i in range(8)]
+    assert "storage root" in table
+
+
+def test_format_bytes():
+    assert report._format_bytes(None) == "unknown"
+    assert report._format_bytes(512) == "512 B"
+    assert report._format_bytes(3 * 2**30 // 2) == "1.5 GiB"
