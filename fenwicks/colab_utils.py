@@ -1,1 +1,36 @@
-"""Colab helpers kept for ports of original-Fenwicks notebooks. (Being built.)"""
+"""Colab helpers kept for ports of original-Fenwicks notebooks.
+
+New code calls `fw.gcs.setup()`, which also covers Kaggle and plain machines. Nothing
+of Colab is imported until a function here is called.
+"""
+
+from __future__ import annotations
+
+from fenwicks import gcs
+
+
+def setup_gcs(project: str | None = None) -> str:
+    """Alias of `fw.gcs.setup()`: authenticates for ``gs://`` paths and says how.
+
+    Args:
+        project: Google Cloud project. Defaults to the credentials' own project.
+
+    Returns:
+        Where the credentials came from (``'colab'`` on Colab).
+
+    Example:
+        >>> fw.colab_utils.setup_gcs()
+        fenwicks: Google Cloud Storage via Colab (google.colab.auth)
+        'colab'
+    """
+    return gcs.setup(project)
+
+
+def on_colab() -> bool:
+    """True inside a Colab runtime (judged without importing ``google.colab``).
+
+    Example:
+        >>> fw.colab_utils.on_colab()
+        False
+    """
+    return gcs.environment() == "colab"

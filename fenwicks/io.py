@@ -1,8 +1,585 @@
-"""Storage: local and gs:// paths behave alike. (Being built: foundation issue.)"""
+"""Storage: local and ``gs://`` paths behave alike.
 
+Directory operations go through ``tf.io.gfile``, which speaks both; bulk transfers go
+through gcsfs (parallel, with a progress bar, skipping files already there). A TPU node
+reached over the network can only read and write ``gs://``, so `get_project_dirs` and
+`stage` pick a bucket for it and local disk for everything else.
+
+    import fenwicks as fw
+    data_dir, work_dir = fw.io.get_project_dirs(None, 'cifar10')
+    fw.io.upload('/content/cifar10.tfrec', data_dir)
+
+Every ``gs://`` operation first checks that credentials exist (`fw.gcs.check_credentials`)
+so that a machine without them gets a clear error at once instead of minutes of retries.
+With ``STORAGE_EMULATOR_HOST`` set, gcsfs talks to that emulator anonymously.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
 import os
+import posixpath
+import shutil
+from typing import Any
+
+from fenwicks import gcs
+
+GCS_PREFIX = "gs://"
+ROOT_ENV = "FENWICKS_ROOT"
+BUCKET_ENV = "FENWICKS_BUCKET"
+_GLOB_CHARS = frozenset("*?[")
+_HASH_BLOCK = 1 << 20  # bytes read at a time when hashing local files
+
+
+# --------------------------------------------------------------------------- roots
 
 
 def default_root() -> str:
-    """The storage root `get_project_dirs(None, ...)` uses."""
+    """The storage root `get_project_dirs(None, ...)` uses.
+
+    ``FENWICKS_ROOT`` if set. Otherwise ``gs://$FENWICKS_BUCKET`` on a TPU node reached
+    over the network (it cannot read local disk), else a local directory:
+    ``/content/fenwicks`` on Colab, ``/kaggle/working/fenwicks`` on Kaggle, else
+    ``~/fenwicks``. Detects the accelerator if nothing has yet.
+
+    Raises:
+        ValueError: on a remote TPU with no bucket configured, or a local FENWICKS_ROOT.
+
+    Example:
+        >>> fw.io.default_root()
+        '/root/fenwicks'
+    """
+    remote = _accelerator_is_remote(detect=True)
+    root = os.environ.get(ROOT_ENV)
+    if root:
+        return _reachable(root, remote, ROOT_ENV)
+    if remote:
+        return _bucket_root()
+    if gcs.environment() == "colab":
+        return "/content/fenwicks"
+    if gcs.environment() == "kaggle":
+        return "/kaggle/working/fenwicks"
     return os.path.expanduser("~/fenwicks")
+
+
+def get_project_dirs(root_dir: str | None, project: str) -> tuple[str, str]:
+    """Returns ``(data_dir, work_dir)`` for `project`, creating both if missing.
+
+    ``data_dir = root_dir/data/project`` holds datasets; ``work_dir =
+    root_dir/work/project`` holds checkpoints and logs, so a run resumes when given the
+    same `work_dir`.
+
+    Args:
+        root_dir: ``'gs://bucket[/prefix]'``, a local directory, or None to pick by the
+            accelerator (see `default_root`).
+        project: a name such as ``'cifar10'``; may contain ``/`` but not ``..``.
+
+    Returns:
+        The data and work directories, as strings.
+
+    Raises:
+        ValueError: bad `project` or `root_dir`, a local `root_dir` for a TPU reached
+            over the network, or no bucket configured for one.
+        fw.gcs.GCSCredentialsError: a ``gs://`` root without credentials.
+
+    Example:
+        >>> data_dir, work_dir = fw.io.get_project_dirs('gs://my-bucket', 'cifar10')
+        >>> data_dir, work_dir
+        ('gs://my-bucket/data/cifar10', 'gs://my-bucket/work/cifar10')
+    """
+    _check_project(project)
+    if root_dir is None:
+        root = default_root()
+    else:
+        root = _reachable(_check_path(root_dir, "root_dir"), _accelerator_is_remote(False),
+                          "root_dir")
+    root = _normalise(root)
+    data_dir, work_dir = join(root, "data", project), join(root, "work", project)
+    makedirs(data_dir)
+    makedirs(work_dir)
+    return data_dir, work_dir
+
+
+def _accelerator_is_remote(detect: bool) -> bool:
+    """Whether the accelerator is a TPU node that only reads ``gs://``.
+
+    fw.accel sits above fw.io in the layers but imports nothing of fenwicks, so this
+    lazy import cannot cycle. Without `detect`, an accelerator nobody has initialised
+    counts as local: detection fixes TensorFlow's devices, and merely naming a local
+    directory should not do that before `fw.accel.configure()`.
+    """
+    from fenwicks import accel
+
+    if not detect and not accel.is_initialized():
+        return False
+    return bool(accel.current().is_remote)
+
+
+def _bucket_root() -> str:
+    bucket = os.environ.get(BUCKET_ENV, "").strip()
+    if not bucket:
+        raise ValueError(
+            f"the accelerator is a TPU reached over the network, which can only read and "
+            f"write gs:// paths, and {BUCKET_ENV} is not set; set "
+            f"os.environ['{BUCKET_ENV}'] = 'my-bucket' or pass root_dir='gs://my-bucket'")
+    return _check_path(GCS_PREFIX + bucket.removeprefix(GCS_PREFIX), BUCKET_ENV)
+
+
+def _reachable(root: str, remote: bool, name: str) -> str:
+    if remote and not is_gcs(root):
+        raise ValueError(
+            f"{name}={root!r} is local, but the accelerator is a TPU reached over the "
+            f"network and can only read and write gs:// paths; use 'gs://my-bucket' or "
+            f"set {BUCKET_ENV} and pass None")
+    return root
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def is_gcs(path: str | os.PathLike) -> bool:
+    """True for a ``gs://`` path.
+
+    Example:
+        >>> fw.io.is_gcs('gs://bucket/x'), fw.io.is_gcs('/tmp/x')
+        (True, False)
+    """
+    return os.fspath(path).startswith(GCS_PREFIX)
+
+
+def join(path: str, *parts: str) -> str:
+    """Joins path parts with ``/`` for ``gs://`` and the OS separator otherwise.
+
+    Example:
+        >>> fw.io.join('gs://bucket', 'data', 'mnist')
+        'gs://bucket/data/mnist'
+    """
+    path = os.fspath(path)
+    if is_gcs(path):
+        return posixpath.join(path, *parts)
+    return os.path.join(path, *parts)
+
+
+def _check_path(path: Any, name: str) -> str:
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path).strip():
+        raise ValueError(f"{name}={path!r} must be a non-empty path such as "
+                         "'gs://my-bucket/data' or '/tmp/data'")
+    path = os.fspath(path)
+    if is_gcs(path):
+        bucket = path[len(GCS_PREFIX):].split("/", 1)[0]
+        if not bucket or not bucket[0].isalnum():
+            raise ValueError(f"{name}={path!r} names no bucket; use 'gs://BUCKET/path'")
+    return path
+
+
+def _check_project(project: Any) -> None:
+    parts = project.split("/") if isinstance(project, str) else []
+    if (not parts or not project.strip() or project.startswith("/") or "://" in project
+            or ".." in parts or "" in parts or _GLOB_CHARS & set(project)):
+        raise ValueError(f"project={project!r} must be a relative name such as 'cifar10' "
+                         "(letters, digits, '-', '_' or nested 'a/b'; no '..' or globs)")
+
+
+def _normalise(path: str) -> str:
+    if is_gcs(path):
+        return path.rstrip("/") if path.rstrip("/") != "gs:" else path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _gfile(path: str):
+    """``tf.io.gfile``, after checking credentials when `path` is on GCS."""
+    if is_gcs(path):
+        gcs.check_credentials(path)
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+# --------------------------------------------------------------------------- gfile ops
+
+
+def exists(path: str) -> bool:
+    """True if `path` (a local or ``gs://`` file or directory) exists.
+
+    Example:
+        >>> fw.io.exists('gs://my-bucket/data/cifar10/train.tfrec')
+        True
+    """
+    path = _check_path(path, "path")
+    return bool(_gfile(path).exists(path))
+
+
+def makedirs(path: str) -> str:
+    """Creates directory `path` and its parents if missing; returns `path`.
+
+    Example:
+        >>> fw.io.makedirs('/tmp/fenwicks/work')
+        '/tmp/fenwicks/work'
+    """
+    path = _check_path(path, "path")
+    _gfile(path).makedirs(path)
+    return path
+
+
+def glob(pattern: str) -> list[str]:
+    """Paths matching `pattern` (``*``, ``?``, ``[...]``), sorted.
+
+    Example:
+        >>> fw.io.glob('gs://my-bucket/data/cifar10/*.tfrec')
+        ['gs://my-bucket/data/cifar10/train-0.tfrec', 'gs://my-bucket/data/cifar10/train-1.tfrec']
+    """
+    pattern = _check_path(pattern, "pattern")
+    return sorted(_gfile(pattern).glob(pattern))
+
+
+def listdir(path: str) -> list[str]:
+    """Names of the entries of directory `path`, sorted, without a trailing ``/``.
+
+    Raises:
+        FileNotFoundError: if `path` is not a directory.
+
+    Example:
+        >>> fw.io.listdir('gs://my-bucket/data')
+        ['cifar10', 'mnist']
+    """
+    path = _check_path(path, "path")
+    gfile = _gfile(path)
+    if not gfile.isdir(path):
+        raise FileNotFoundError(f"path={path!r} is not a directory")
+    return sorted({name.rstrip("/") for name in gfile.listdir(path)})
+
+
+def copy(src: str, dst: str, overwrite: bool = False) -> list[str]:
+    """Copies file or directory `src` to `dst` (either may be ``gs://``).
+
+    A directory is copied recursively: ``dst`` becomes its copy. Every target is
+    checked before anything is written, so a refused copy changes nothing.
+
+    Args:
+        src: the file or directory to copy.
+        dst: the path of the copy (not the directory to put it in).
+        overwrite: replace files already at the targets. Defaults to False.
+
+    Returns:
+        The files written, sorted.
+
+    Raises:
+        FileNotFoundError: if `src` does not exist.
+        FileExistsError: if a target exists and `overwrite` is False.
+
+    Example:
+        >>> fw.io.copy('/content/model.keras', 'gs://my-bucket/work/model.keras')
+        ['gs://my-bucket/work/model.keras']
+    """
+    src, dst = _check_path(src, "src"), _check_path(dst, "dst")
+    src_gfile, dst_gfile = _gfile(src), _gfile(dst)
+    if not src_gfile.exists(src):
+        raise FileNotFoundError(f"src={src!r} does not exist")
+    pairs = _copy_pairs(src_gfile, src, dst)
+    clashes = [target for _, target in pairs if dst_gfile.exists(target)]
+    if clashes and not overwrite:
+        raise FileExistsError(f"dst={dst!r}: {len(clashes)} target(s) exist, e.g. "
+                              f"{clashes[0]!r}; pass overwrite=True to replace them")
+    for source, target in pairs:
+        dst_gfile.makedirs(_dirname(target))
+        src_gfile.copy(source, target, overwrite=overwrite)
+    return sorted(target for _, target in pairs)
+
+
+def _copy_pairs(gfile: Any, src: str, dst: str) -> list[tuple[str, str]]:
+    if not gfile.isdir(src):
+        return [(src, dst)]
+    pairs = []
+    for folder, _, files in gfile.walk(src):
+        relative = folder[len(src):].strip("/")
+        for name in files:
+            target = join(dst, relative, name) if relative else join(dst, name)
+            pairs.append((join(folder, name), target))
+    return pairs
+
+
+def _dirname(path: str) -> str:
+    return posixpath.dirname(path) if is_gcs(path) else os.path.dirname(path)
+
+
+# --------------------------------------------------------------------------- clean dirs
+
+
+def create_clean_dir(path: str) -> str:
+    """Makes `path` an empty directory, deleting what is inside it and nothing else.
+
+    Only `path` itself is touched: a ``gs://`` sibling sharing its prefix
+    (``run`` vs ``run2``) survives, and a symlink is refused rather than followed.
+    Refused outright: a bucket root, ``/``, and any directory holding the home or the
+    current directory.
+
+    Args:
+        path: a local or ``gs://`` directory.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: for a refused path or a path that is a file; nothing is deleted.
+
+    Example:
+        >>> fw.io.create_clean_dir('gs://my-bucket/work/scratch')
+        'gs://my-bucket/work/scratch'
+    """
+    path = _check_path(path, "path")
+    if is_gcs(path):
+        _check_cleanable_gcs(path)
+    else:
+        _check_cleanable_local(path)
+    gfile = _gfile(path)
+    if gfile.exists(path):
+        if not gfile.isdir(path):
+            raise ValueError(f"path={path!r} is a file, not a directory; delete it "
+                             "yourself or choose another path")
+        if is_gcs(path):
+            gfile.rmtree(path)
+        else:
+            shutil.rmtree(path)  # unlike a generic rmtree, never follows symlinks inside
+    gfile.makedirs(path)
+    return path
+
+
+def _check_cleanable_gcs(path: str) -> None:
+    key = path[len(GCS_PREFIX):].split("/", 1)[1:]
+    if not key or not key[0].strip("/"):
+        raise ValueError(f"path={path!r} is a whole bucket; create_clean_dir would empty "
+                         "it. Pass a folder inside it, e.g. 'gs://bucket/work/run1'")
+    if ".." in key[0].split("/") or _GLOB_CHARS & set(key[0]):
+        raise ValueError(f"path={path!r} contains '..' or a glob character; pass the exact "
+                         "folder to clean")
+
+
+def _check_cleanable_local(path: str) -> None:
+    if os.path.islink(path):
+        raise ValueError(f"path={path!r} is a symlink; create_clean_dir will not empty the "
+                         "directory it points to. Pass the real directory")
+    real = os.path.realpath(path)
+    for protected in (os.path.expanduser("~"), os.getcwd()):
+        if os.path.commonpath([real, os.path.realpath(protected)]) == real:
+            raise ValueError(f"path={path!r} is {protected!r} or contains it; refusing to "
+                             "delete it. Pass a dedicated sub-directory")
+
+
+# --------------------------------------------------------------------------- transfers
+
+
+def upload(local_path: str, remote_dir: str, *, workers: int = 16,
+           progress: bool = True) -> list[str]:
+    """Copies a local file or directory into `remote_dir`, skipping what is already there.
+
+    ``upload('/data/cifar', 'gs://b/data')`` writes ``gs://b/data/cifar/...``. A file
+    already at its target with the same size and checksum (GCS's md5, or crc32c) is
+    skipped, so a repeated call transfers nothing. Files go up in parallel through gcsfs.
+
+    Args:
+        local_path: a local file or directory.
+        remote_dir: the ``gs://`` (or local) directory to put it in.
+        workers: files transferred at once. Defaults to 16.
+        progress: show a tqdm progress bar. Defaults to True.
+
+    Returns:
+        The destination paths written, sorted (empty if everything was there).
+
+    Raises:
+        ValueError: `local_path` is a ``gs://`` path, or `workers` < 1.
+        FileNotFoundError: `local_path` does not exist.
+
+    Example:
+        >>> fw.io.upload('/content/cifar10', 'gs://my-bucket/data')
+        ['gs://my-bucket/data/cifar10/test.tfrec', 'gs://my-bucket/data/cifar10/train.tfrec']
+        >>> fw.io.upload('/content/cifar10', 'gs://my-bucket/data')
+        []
+    """
+    local_path = _check_path(local_path, "local_path")
+    if is_gcs(local_path):
+        raise ValueError(f"local_path={local_path!r} is on GCS; upload() sends local files "
+                         "up. Use fw.io.copy() between buckets")
+    return _transfer(local_path, _check_path(remote_dir, "remote_dir"), workers, progress,
+                     "upload")
+
+
+def download(remote_path: str, local_dir: str, *, workers: int = 16,
+             progress: bool = True) -> list[str]:
+    """Copies a ``gs://`` (or local) file or directory into local directory `local_dir`.
+
+    The mirror of `upload`: ``download('gs://b/data/cifar', '/tmp')`` writes
+    ``/tmp/cifar/...``, skipping local files with the same size and checksum.
+
+    Args:
+        remote_path: the ``gs://`` file or directory to fetch.
+        local_dir: the local directory to put it in (created if missing).
+        workers: files transferred at once. Defaults to 16.
+        progress: show a tqdm progress bar. Defaults to True.
+
+    Returns:
+        The local paths written, sorted (empty if everything was there).
+
+    Raises:
+        ValueError: `local_dir` is a ``gs://`` path, or `workers` < 1.
+        FileNotFoundError: `remote_path` does not exist.
+
+    Example:
+        >>> fw.io.download('gs://my-bucket/work/cifar10/export', '/content')
+        ['/content/export/saved_model.pb', ...]
+    """
+    local_dir = _check_path(local_dir, "local_dir")
+    if is_gcs(local_dir):
+        raise ValueError(f"local_dir={local_dir!r} is on GCS; download() fetches to local "
+                         "disk. Use fw.io.copy() between buckets")
+    return _transfer(_check_path(remote_path, "remote_path"), local_dir, workers, progress,
+                     "download")
+
+
+def stage(local_path: str, project: str, root_dir: str | None = None) -> str:
+    """Returns where the accelerator should read `local_path`, uploading it if needed.
+
+    A TPU reached over the network cannot read local disk: there the file or directory
+    is uploaded (idempotently) to the project's ``data_dir`` on the bucket and that
+    path returned. Anywhere else, and for a path already on ``gs://``, `local_path` is
+    returned unchanged.
+
+    Args:
+        local_path: a local file or directory (or a ``gs://`` path).
+        project: the project whose ``data_dir`` receives it (see `get_project_dirs`).
+        root_dir: the storage root. Defaults to None (`default_root`).
+
+    Returns:
+        The path to hand to the input pipeline.
+
+    Example:
+        >>> fw.io.stage('/content/digits.tfrec', 'digits')   # on a Colab TPU node
+        'gs://my-bucket/data/digits/digits.tfrec'
+    """
+    local_path = _check_path(local_path, "local_path")
+    if is_gcs(local_path):
+        return local_path
+    if not os.path.exists(local_path):
+        raise FileNotFoundError(f"local_path={local_path!r} does not exist")
+    if not _accelerator_is_remote(detect=True):
+        return local_path
+    data_dir, _ = get_project_dirs(root_dir, project)
+    upload(local_path, data_dir)
+    return join(data_dir, os.path.basename(os.path.normpath(local_path)))
+
+
+def _transfer(source: str, dest_dir: str, workers: int, progress: bool,
+              verb: str) -> list[str]:
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} must be a positive integer, e.g. 16")
+    src = _Side(source)
+    if not src.fs.exists(src.path):
+        raise FileNotFoundError(f"{verb}: {source!r} does not exist")
+    name = posixpath.basename(src.path.rstrip("/"))
+    dst = _Side(join(dest_dir, name))
+    wanted = src.listing()
+    present = dst.listing()
+    todo = [rel for rel in sorted(wanted)
+            if rel not in present or not _same(src, wanted[rel], dst, present[rel])]
+    pairs = [(src.child(rel), dst.child(rel)) for rel in todo]
+    if pairs:
+        _copy_files(src, dst, pairs, workers, progress, f"{verb} {name}")
+    return [dst.url(target) for _, target in pairs]
+
+
+class _Side:
+    """One end of a transfer: an fsspec filesystem (gcsfs or local) and a root path."""
+
+    def __init__(self, path: str) -> None:
+        self.is_gcs = is_gcs(path)
+        self.fs = _filesystem(path)
+        self.path = path[len(GCS_PREFIX):].rstrip("/") if self.is_gcs else _normalise(path)
+
+    def child(self, relative: str) -> str:
+        return self.path if not relative else posixpath.join(self.path, relative)
+
+    def url(self, path: str) -> str:
+        return GCS_PREFIX + path if self.is_gcs else path
+
+    def listing(self) -> dict[str, dict[str, Any]]:
+        """Files under the root, by path relative to it ('' when the root is a file)."""
+        if self.is_gcs:
+            self.fs.invalidate_cache(self.path)  # the listing cache outlives our writes
+        if not self.fs.exists(self.path):
+            return {}
+        if not self.fs.isdir(self.path):
+            return {"": self.fs.info(self.path)}
+        found = self.fs.find(self.path, detail=True)
+        prefix = self.path + "/"
+        return {key[len(prefix):]: info for key, info in found.items()
+                if key.startswith(prefix) and info.get("type") != "directory"
+                and not key.endswith("/")}
+
+
+def _filesystem(path: str):
+    if is_gcs(path):
+        gcs.check_credentials(path)
+        import gcsfs
+
+        # An emulator takes no credentials; real GCS uses google.auth's defaults only,
+        # never gcsfs's silent fall-back to anonymous access.
+        token = "anon" if os.environ.get(gcs.EMULATOR_ENV) else "google_default"
+        return gcsfs.GCSFileSystem(token=token)
+    from fsspec.implementations.local import LocalFileSystem
+
+    return LocalFileSystem(auto_mkdir=True)
+
+
+def _same(src: _Side, src_info: dict, dst: _Side, dst_info: dict) -> bool:
+    """Same size and same checksum; GCS reports md5 (or only crc32c for composites)."""
+    if int(src_info["size"]) != int(dst_info["size"]):
+        return False
+    for kind in ("md5Hash", "crc32c"):
+        ours, theirs = _checksum(src, src_info, kind), _checksum(dst, dst_info, kind)
+        if ours is not None and theirs is not None:
+            return ours == theirs
+    return False
+
+
+def _checksum(side: _Side, info: dict, kind: str) -> str | None:
+    if side.is_gcs:
+        return info.get(kind)
+    return _local_checksum(info["name"], kind)
+
+
+def _local_checksum(path: str, kind: str) -> str | None:
+    """Base64 digest of a local file, as GCS spells it (md5Hash / big-endian crc32c)."""
+    if kind == "md5Hash":
+        digest: Any = hashlib.md5(usedforsecurity=False)
+    else:
+        try:
+            import google_crc32c
+        except ImportError:
+            return None
+        digest = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_HASH_BLOCK), b""):
+            digest.update(block)
+    return base64.b64encode(digest.digest()).decode("ascii")
+
+
+def _copy_files(src: _Side, dst: _Side, pairs: list[tuple[str, str]], workers: int,
+                progress: bool, label: str) -> None:
+    callback = _progress_callback(progress, label)
+    sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+    if src.is_gcs:
+        for target in targets:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+        src.fs.get(sources, targets, callback=callback, batch_size=workers)
+    else:
+        dst.fs.put(sources, targets, callback=callback, batch_size=workers)
+    if dst.is_gcs:
+        dst.fs.invalidate_cache(dst.path)
+
+
+def _progress_callback(progress: bool, label: str) -> Any:
+    from fsspec.callbacks import NoOpCallback, TqdmCallback
+
+    if not progress:
+        return NoOpCallback()
+    return TqdmCallback(tqdm_kwargs={"desc": label, "unit": "file"})

@@ -85,12 +85,16 @@ class GcsEmulator:
 
     def run_python(self, code: str, env: dict[str, str] | None = None, timeout: float = 300,
                    cwd: str | None = None) -> subprocess.CompletedProcess:
-        """Runs `code` in a fresh interpreter inside the namespace; raises on failure."""
+        """Runs `code` in a fresh interpreter inside the namespace; raises on failure.
+
+        The working directory defaults to the emulator's private temp dir, so that stray
+        modules in the caller's directory cannot shadow real ones.
+        """
         full_env = {**os.environ, **self.env, **(env or {})}
         command = ["ip", "netns", "exec", self.namespace, sys.executable, "-c",
                    textwrap.dedent(code)]
         proc = subprocess.run(command, env=full_env, capture_output=True, text=True,
-                              timeout=timeout, cwd=cwd)
+                              timeout=timeout, cwd=cwd or str(self.workdir))
         if proc.returncode != 0:
             raise AssertionError(f"subprocess in {self.namespace} failed ({proc.returncode}):"
                                  f"\n{proc.stdout}\n{proc.stderr[-6000:]}"
