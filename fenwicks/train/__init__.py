@@ -1,5 +1,14 @@
 """Training: optimizers, schedules, the LR finder and the estimator. (Being built.)"""
 
+from fenwicks.train.checkpoints import CheckpointMismatchError  # noqa: E402, F401
+from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
+    Estimator,
+    EstimatorConfig,
+    History,
+    NonFiniteLossError,
+    get_tpu_estimator,
+    train_and_evaluate,
+)
 from fenwicks.train.model_func import (  # noqa: E402, F401  (public names)
     ModelSpec,
     absolute_error,

@@ -1,0 +1,186 @@
+"""Checkpoints: what is saved, safe resume, and warm start from another run.
+
+The checkpoint holds the model (TF's object graph under ``model/``), the optimizer's own
+slots (``optimizer_state/0000``...: a flat list, so the model's variables are always saved
+under ``model/`` and never under the optimizer's references to them), the random-number
+state of layers such as Dropout (Keras seed generators, which TF's object graph does not
+reach), ``global_step`` and ``input_steps`` (how far the training input has been read).
+
+Before anything is restored the checkpoint is compared with the model, so a work_dir that
+holds another model's checkpoint gives an error that names the variables, and nothing in
+it is overwritten.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import tempfile
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+logger = logging.getLogger("fenwicks")
+
+_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+# Bookkeeping entries that differ between any two checkpoints and say nothing about the model.
+_IGNORED_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter" + _VALUE_SUFFIX)
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's variables do not match the model being trained."""
+
+
+def _seed_states(model: keras.Model) -> list[Any]:
+    return [v for v in model.variables if v.path.endswith("seed_generator_state")]
+
+
+def make_checkpoint(model: keras.Model, optimizer: Any, global_step: tf.Variable,
+                    input_steps: tf.Variable) -> tf.train.Checkpoint:
+    """The root object every Fenwicks checkpoint saves and restores."""
+    return tf.train.Checkpoint(
+        model=model,
+        optimizer_state={f"{i:04d}": v for i, v in enumerate(optimizer.variables)},
+        rng={f"{i:04d}": v for i, v in enumerate(_seed_states(model))},
+        global_step=global_step, input_steps=input_steps)
+
+
+def latest(directory: str) -> str | None:
+    """The newest checkpoint prefix in `directory` (local or gs://), or None."""
+    if not tf.io.gfile.exists(directory):
+        return None
+    return tf.train.latest_checkpoint(directory)
+
+
+def resolve(path: str) -> str:
+    """A checkpoint prefix from a prefix or a directory holding checkpoints.
+
+    Raises:
+        ValueError: if `path` holds no checkpoint.
+    """
+    if tf.io.gfile.isdir(path):
+        found = tf.train.latest_checkpoint(path)
+        if found:
+            return found
+    elif tf.io.gfile.exists(path + ".index"):
+        return path
+    raise ValueError(f"warm_start_from={path!r} is neither a checkpoint prefix nor a "
+                     "directory holding checkpoints; give a work_dir of a finished run or "
+                     "a path such as work_dir/ckpt-100")
+
+
+def _shapes(prefix: str) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(shape) for name, shape in tf.train.list_variables(prefix)
+            if name not in _IGNORED_KEYS}
+
+
+def expected_shapes(root: tf.train.Checkpoint,
+                    scratch_dir: str | None = None) -> dict[str, tuple[int, ...]]:
+    """Keys and shapes `root` would save, found by writing it once to a scratch dir.
+
+    Writing is the only public way to get TF's exact key for every variable. `write`
+    (unlike `save`) leaves the save counter alone. A TPU reached over the network cannot
+    write local files, so the estimator passes a gs:// scratch dir there.
+    """
+    if scratch_dir is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return _shapes(root.write(os.path.join(tmp, "probe")))
+    try:
+        return _shapes(root.write(scratch_dir + "/probe"))
+    finally:
+        tf.io.gfile.rmtree(scratch_dir)
+
+
+def check_compatible(root: tf.train.Checkpoint, prefix: str, work_dir: str,
+                     scratch_dir: str | None = None) -> None:
+    """Raises CheckpointMismatchError naming what differs between `prefix` and `root`."""
+    have, want = _shapes(prefix), expected_shapes(root, scratch_dir)
+    missing = sorted(set(want) - set(have))
+    unexpected = sorted(set(have) - set(want))
+    reshaped = sorted(k for k in set(have) & set(want) if have[k] != want[k])
+    if not (missing or unexpected or reshaped):
+        return
+    lines = [f"  {_short(k)}: checkpoint {list(have[k])} vs model {list(want[k])}"
+             for k in reshaped[:10]]
+    lines += [f"  {_short(k)}: in the model, not in the checkpoint" for k in missing[:10]]
+    lines += [f"  {_short(k)}: in the checkpoint, not in the model" for k in unexpected[:10]]
+    raise CheckpointMismatchError(
+        f"work_dir={work_dir!r} holds a checkpoint ({os.path.basename(prefix)}) of a "
+        f"different model; {len(reshaped)} variable(s) differ in shape, {len(missing)} are "
+        f"missing and {len(unexpected)} unexpected:\n" + "\n".join(lines) +
+        "\nNothing was restored or overwritten. Use a new work_dir for a new model, or "
+        "warm_start_from=<that work_dir> to load only the variables that match.")
+
+
+def _short(key: str) -> str:
+    return key[: -len(_VALUE_SUFFIX)] if key.endswith(_VALUE_SUFFIX) else key
+
+
+def restore(root: tf.train.Checkpoint, prefix: str, work_dir: str,
+            scratch_dir: str | None = None) -> None:
+    """Restores `root` from `prefix` after checking that the two match."""
+    check_compatible(root, prefix, work_dir, scratch_dir)
+    root.read(prefix).assert_existing_objects_matched()
+    logger.info("fenwicks: resumed from %s", prefix)
+
+
+# --------------------------------------------------------------------------- warm start
+
+
+def model_variable_keys(model: keras.Model) -> dict[str, Any]:
+    """Checkpoint key -> variable for every model variable, as in `make_checkpoint`.
+
+    Walks TF's object graph breadth-first from the same root, as the saver does, so the
+    first path that reaches a variable is its key.
+    """
+    root = tf.train.Checkpoint(model=model)
+    wanted = {id(v): v for v in model.variables}
+    wanted.update({id(v.value): v for v in model.variables if hasattr(v, "value")})
+    keys: dict[str, Any] = {}
+    seen, queue = {id(root)}, collections.deque([(root, "")])
+    while queue:
+        parent, path = queue.popleft()
+        for name, child in tf.train.TrackableView(parent).children(parent).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = f"{path}/{_escape(name)}" if path else _escape(name)
+            if id(child) in wanted:
+                keys[child_path + _VALUE_SUFFIX] = wanted[id(child)]
+            queue.append((child, child_path))
+    return keys
+
+
+def _escape(name: str) -> str:
+    """TF's escaping of object names inside checkpoint keys."""
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
+    """Loads every model variable whose key and shape match a variable in `source`.
+
+    Args:
+        model: the (built) model to initialise.
+        source: a checkpoint prefix, or a directory (another run's work_dir).
+
+    Returns:
+        ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths.
+
+    Example:
+        >>> report = warm_start(model, 'gs://bucket/pretrain/work')
+    """
+    prefix = resolve(source)
+    reader = tf.train.load_checkpoint(prefix)
+    available = reader.get_variable_to_shape_map()
+    report: dict[str, list[str]] = {"loaded": [], "not_loaded": []}
+    for key, variable in model_variable_keys(model).items():
+        if key in available and tuple(available[key]) == tuple(variable.shape):
+            variable.assign(reader.get_tensor(key))
+            report["loaded"].append(variable.path)
+        else:
+            report["not_loaded"].append(variable.path)
+    logger.warning("fenwicks: warm start from %s loaded %d variable(s); not loaded: %s",
+                   prefix, len(report["loaded"]), report["not_loaded"] or "none")
+    return report

@@ -1,0 +1,160 @@
+"""Compiled loops: many steps per `tf.function` call, as on a TPU.
+
+`make_train_loop` returns ``loop(iterator, num_steps) -> per-step losses``: a
+`tf.while_loop` over a tensor step count, so calling it with another count does not
+retrace. It stops early after a non-finite loss, so the caller can name the step.
+Each replica's step (`strategy.run`) is XLA-compiled when ``jit_compile`` is set: that is
+what a TPU runs, and on the CPU it proves every shape is static.
+
+Loss scaling across replicas: each replica contributes ``sum(per-example loss) /
+global batch`` (``'mean'``) or the plain sum (``'sum'``) and the optimizer all-reduces
+gradients with SUM, so the update equals the single-device one for any replica count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from fenwicks.train.model_func import ModelSpec
+
+
+def _float32(outputs: Any) -> Any:
+    """Mixed-precision models may emit bfloat16/float16; losses are computed in float32."""
+    return tf.nest.map_structure(
+        lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
+
+
+def _train_step(spec: ModelSpec, optimizer: Any, global_batch_size: int,
+                num_replicas: int) -> Callable[[Any], tf.Tensor]:
+    model = spec.model
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+    def step(batch: Any) -> tf.Tensor:
+        features, labels = batch
+        with tf.GradientTape() as tape:
+            outputs = _float32(model(features, training=True))
+            loss_sum = tf.reduce_sum(spec.loss_fn(labels, outputs))
+            loss = loss_sum / global_batch_size if spec.reduction == "mean" else loss_sum
+            if model.losses:  # regularisers: gradients are summed over replicas, so / R
+                loss += tf.add_n([tf.cast(x, tf.float32) for x in model.losses]) / num_replicas
+            if scaled:
+                loss = optimizer.scale_loss(loss)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss_sum
+
+    return step
+
+
+def make_train_loop(strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer: Any,
+                    global_step: tf.Variable, global_batch_size: int,
+                    jit_compile: bool) -> Callable[[Any, tf.Tensor], tf.Tensor]:
+    """Builds the compiled training loop.
+
+    Returns:
+        ``loop(iterator, num_steps)`` returning a float32 vector of the mean loss of each
+        step run (shorter than `num_steps` if a loss was not finite).
+    """
+    step = tf.function(_train_step(spec, optimizer, global_batch_size,
+                                   strategy.num_replicas_in_sync), jit_compile=jit_compile)
+
+    @tf.function
+    def loop(iterator: Any, num_steps: tf.Tensor) -> tf.Tensor:
+        def cond(i, last, losses):
+            return tf.logical_and(i < num_steps, tf.math.is_finite(last))
+
+        def body(i, last, losses):
+            per_replica = strategy.run(step, args=(next(iterator),))
+            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            loss = loss / global_batch_size
+            global_step.assign_add(1)
+            return i + 1, loss, losses.write(tf.cast(i, tf.int32), loss)
+
+        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        _, _, losses = tf.while_loop(
+            cond, body, (tf.constant(0, num_steps.dtype), tf.constant(0.0), losses))
+        return losses.stack()
+
+    return loop
+
+
+def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
+    names = list(spec.metric_fns)
+
+    def step(batch: Any) -> tf.Tensor:
+        (features, labels), mask = batch
+        outputs = _float32(spec.model(features, training=False))
+        values = [spec.loss_fn(labels, outputs)]
+        values += [spec.metric_fns[name](labels, outputs) for name in names]
+        # where, not multiply: a NaN on a padding row must not leak into the sum.
+        sums = [tf.reduce_sum(tf.where(mask, tf.cast(v, tf.float32), 0.0)) for v in values]
+        return tf.stack(sums + [tf.reduce_sum(tf.cast(mask, tf.float32))])
+
+    return step
+
+
+def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
+                   jit_compile: bool) -> Callable[[Any], tf.Tensor]:
+    """Builds ``loop(dist_dataset) -> [steps, 2 + metrics]`` masked per-step sums.
+
+    Columns: loss sum, one sum per metric (in `spec.metric_fns` order), example count.
+    Per-step sums leave the device in float32 and are added up on the host in float64,
+    so rounding does not grow with the number of steps.
+    """
+    step = tf.function(_eval_step(spec), jit_compile=jit_compile)
+
+    @tf.function
+    def loop(dataset: Any) -> tf.Tensor:
+        sums = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        i = tf.constant(0)
+        for batch in dataset:
+            per_replica = strategy.run(step, args=(batch,))
+            sums = sums.write(i, strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
+                                                 axis=None))
+            i += 1
+        return sums.stack()
+
+    return loop
+
+
+def _predict_step(spec: ModelSpec) -> Callable[[Any], Any]:
+    def step(batch: Any) -> Any:
+        features, mask = batch
+        if isinstance(features, tuple) and len(features) == 2:
+            features = features[0]  # (features, labels) datasets: labels are not needed
+        predictions = spec.predict_fn(_float32(spec.model(features, training=False)))
+        return predictions, mask
+
+    return step
+
+
+def make_predict_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
+                      jit_compile: bool) -> Callable[[Any], list[Any]]:
+    """Builds ``loop(iterator) -> [(predictions, mask) per step]`` in input order.
+
+    Each step's replica results are concatenated in replica order, which is input order
+    because the pipeline deals batches to replicas round-robin. One call per step: the
+    output structure is the user's, so it is collected on the host rather than in a
+    compiled loop.
+    """
+    step = tf.function(_predict_step(spec), jit_compile=jit_compile)
+
+    @tf.function
+    def predict_step(iterator: Any) -> Any:
+        out = strategy.run(step, args=(next(iterator),))
+        return tf.nest.map_structure(
+            lambda t: tf.concat(strategy.experimental_local_results(t), axis=0), out)
+
+    def loop(iterator: Any) -> list[Any]:
+        results = []
+        while True:
+            try:
+                results.append(predict_step(iterator))
+            except (tf.errors.OutOfRangeError, StopIteration):
+                return results
+
+    return loop

@@ -1,0 +1,78 @@
+"""Progress during training: a notebook-aware tqdm bar and TensorBoard scalars."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import tensorflow as tf
+
+
+class Progress:
+    """Reports each loop of `Estimator.train`: the bar and ``work_dir/train`` scalars.
+
+    Args:
+        work_dir: where the TensorBoard event files go (``<work_dir>/train``).
+        start: the global step training starts at.
+        target: the global step it stops at.
+        global_batch_size: examples per step, for examples/s.
+        verbose: show the tqdm bar. Defaults to True.
+
+    Example:
+        >>> with Progress(work_dir, 0, 100, 128) as progress:
+        ...     progress.update(step=10, losses=[0.7] * 10, learning_rate=0.1)
+    """
+
+    def __init__(self, work_dir: str, start: int, target: int, global_batch_size: int,
+                 verbose: bool = True) -> None:
+        self.global_batch_size = global_batch_size
+        self.step = start
+        self._time = time.perf_counter()
+        self._writer = tf.summary.create_file_writer(tf.io.gfile.join(work_dir, "train"))
+        self._bar = None
+        if verbose:
+            from tqdm.auto import tqdm  # picks the widget bar in notebooks
+
+            self._bar = tqdm(total=target, initial=start, unit="step", dynamic_ncols=True)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def restart_clock(self) -> None:
+        """Excludes compile time or checkpoint saving from the next examples/s."""
+        self._time = time.perf_counter()
+
+    def update(self, step: int, losses: Any, learning_rate: float | None) -> float:
+        """Records the loop that ended at `step`; returns its examples per second."""
+        now = time.perf_counter()
+        steps = step - self.step
+        rate = steps * self.global_batch_size / max(now - self._time, 1e-9)
+        loss = float(losses[-1]) if len(losses) else float("nan")
+        with self._writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("examples_per_sec", rate)
+            if learning_rate is not None:
+                tf.summary.scalar("learning_rate", learning_rate)
+        if self._bar is not None:
+            self._bar.update(steps)
+            self._bar.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:,.0f}")
+        self.step, self._time = step, now
+        return rate
+
+    def close(self) -> None:
+        self._writer.flush()
+        if self._bar is not None:
+            self._bar.close()
+
+
+def write_eval_summary(work_dir: str, step: int, result: dict[str, float]) -> None:
+    """Writes evaluation results as scalars under ``<work_dir>/eval``."""
+    writer = tf.summary.create_file_writer(tf.io.gfile.join(work_dir, "eval"))
+    with writer.as_default(step=step):
+        for name, value in result.items():
+            if name != "global_step":
+                tf.summary.scalar(name, value)
+    writer.flush()
