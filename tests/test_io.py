@@ -1,0 +1,262 @@
+"""fw.io on local disk (in this process) and its fail-fast gs:// credential check.
+
+The accelerator is always faked here (fw.accel's cached value, restored by monkeypatch):
+real detection would fix TensorFlow's devices for every later test in this process.
+gs:// round trips against a real server are in test_gcs.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+import fenwicks as fw
+from fenwicks.accel import Accelerator
+from tests.conftest import run_json
+
+
+@pytest.fixture
+def accelerator(monkeypatch):
+    """Sets the cached accelerator: `accelerator(remote=True)` fakes a TPU node."""
+    def set_accelerator(remote: bool = False) -> Accelerator:
+        acc = Accelerator("tpu" if remote else "cpu", None, 8 if remote else 1,
+                          "bfloat16" if remote else "float32", is_remote=remote)
+        monkeypatch.setattr(fw.accel, "_current", acc)
+        return acc
+    set_accelerator()
+    for name in ("FENWICKS_ROOT", "FENWICKS_BUCKET", "COLAB_RELEASE_TAG",
+                 "KAGGLE_KERNEL_RUN_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    return set_accelerator
+
+
+def make_tree(root, files: dict[str, bytes]) -> None:
+    for relative, content in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+
+
+def tree(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+# --------------------------------------------------------------------------- project dirs
+
+
+def test_get_project_dirs_local_root_creates_both(tmp_path, accelerator):
+    data_dir, work_dir = fw.io.get_project_dirs(str(tmp_path / "root"), "cifar10")
+    assert data_dir == os.path.join(str(tmp_path), "root", "data", "cifar10")
+    assert work_dir == os.path.join(str(tmp_path), "root", "work", "cifar10")
+    assert os.path.isdir(data_dir) and os.path.isdir(work_dir)
+    # Idempotent: a second call (a resumed notebook) finds them and changes nothing.
+    (tmp_path / "root" / "work" / "cifar10" / "ckpt").write_text("keep")
+    assert fw.io.get_project_dirs(str(tmp_path / "root"), "cifar10") == (data_dir, work_dir)
+    assert (tmp_path / "root" / "work" / "cifar10" / "ckpt").read_text() == "keep"
+
+
+def test_get_project_dirs_auto_root(tmp_path, accelerator, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert fw.io.get_project_dirs(None, "a/b")[1] == str(tmp_path / "home/fenwicks/work/a/b")
+    monkeypatch.setenv("FENWICKS_ROOT", str(tmp_path / "elsewhere"))
+    assert fw.io.get_project_dirs(None, "p")[0] == str(tmp_path / "elsewhere/data/p")
+    monkeypatch.delenv("FENWICKS_ROOT")
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
+    assert fw.io.default_root() == "/content/fenwicks"
+
+
+def test_remote_tpu_root_is_the_bucket(accelerator, monkeypatch):
+    accelerator(remote=True)
+    monkeypatch.setenv("FENWICKS_BUCKET", "my-bucket")
+    assert fw.io.default_root() == "gs://my-bucket"
+    monkeypatch.setenv("FENWICKS_BUCKET", "gs://my-bucket/team/")
+    assert fw.io.default_root() == "gs://my-bucket/team/"
+
+
+def test_remote_tpu_without_bucket_is_a_clear_error(tmp_path, accelerator, monkeypatch):
+    accelerator(remote=True)
+    with pytest.raises(ValueError, match="FENWICKS_BUCKET is not set"):
+        fw.io.get_project_dirs(None, "cifar10")
+    with pytest.raises(ValueError, match=r"root_dir=.*is local.*gs://"):
+        fw.io.get_project_dirs(str(tmp_path), "cifar10")
+    monkeypatch.setenv("FENWICKS_ROOT", str(tmp_path))
+    with pytest.raises(ValueError, match="FENWICKS_ROOT=.*is local"):
+        fw.io.get_project_dirs(None, "cifar10")
+    assert list(tmp_path.iterdir()) == []  # nothing was created on the way
+
+
+@pytest.mark.parametrize("project", ["", "  ", "../x", "a/../b", "/abs", "a//b", "gs://b",
+                                     "x*", None, 5])
+def test_get_project_dirs_rejects_bad_project(tmp_path, accelerator, project):
+    with pytest.raises(ValueError, match="project="):
+        fw.io.get_project_dirs(str(tmp_path), project)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("root_dir", ["", "gs://", "gs:///x", 3])
+def test_get_project_dirs_rejects_bad_root(accelerator, root_dir):
+    with pytest.raises(ValueError, match="root_dir="):
+        fw.io.get_project_dirs(root_dir, "p")
+
+
+# --------------------------------------------------------------------------- create_clean_dir
+
+
+def test_create_clean_dir_empties_only_that_dir(tmp_path):
+    make_tree(tmp_path, {"run/a": b"1", "run/sub/b": b"2", "run2/c": b"3", "run.txt": b"4"})
+    assert fw.io.create_clean_dir(str(tmp_path / "run")) == str(tmp_path / "run")
+    assert os.listdir(tmp_path / "run") == []
+    assert tree(tmp_path) == {"run2/c": b"3", "run.txt": b"4"}
+    fw.io.create_clean_dir(str(tmp_path / "new/deep"))  # missing: created
+    assert os.path.isdir(tmp_path / "new/deep")
+
+
+def test_create_clean_dir_never_follows_symlinks(tmp_path):
+    make_tree(tmp_path, {"precious/data": b"keep", "run/x": b"1"})
+    os.symlink(tmp_path / "precious", tmp_path / "run" / "link")
+    fw.io.create_clean_dir(str(tmp_path / "run"))
+    assert tree(tmp_path) == {"precious/data": b"keep"}
+    os.symlink(tmp_path / "precious", tmp_path / "alias")
+    with pytest.raises(ValueError, match=r"path=.*alias.*symlink"):
+        fw.io.create_clean_dir(str(tmp_path / "alias"))
+    assert tree(tmp_path) == {"precious/data": b"keep"}
+
+
+def test_create_clean_dir_refuses_dangerous_paths(tmp_path, monkeypatch):
+    make_tree(tmp_path, {"home/me/notes": b"n", "work/a/b/c": b"c", "file": b"f"})
+    monkeypatch.setenv("HOME", str(tmp_path / "home/me"))
+    monkeypatch.chdir(tmp_path / "work/a/b")
+    for path in (tmp_path / "home", tmp_path / "home/me", tmp_path / "work/a", "/", "."):
+        with pytest.raises(ValueError, match="refusing to delete"):
+            fw.io.create_clean_dir(str(path))
+    with pytest.raises(ValueError, match=r"path=.*file.*is a file"):
+        fw.io.create_clean_dir(str(tmp_path / "file"))
+    for path in ("gs://bucket", "gs://bucket/", "gs://bucket/a/../b", "gs://bucket/r*"):
+        with pytest.raises(ValueError, match="path="):
+            fw.io.create_clean_dir(path)
+    assert tree(tmp_path) == {"home/me/notes": b"n", "work/a/b/c": b"c", "file": b"f"}
+
+
+# --------------------------------------------------------------------------- gfile ops
+
+
+def test_exists_glob_listdir_copy(tmp_path):
+    make_tree(tmp_path, {"src/a.txt": b"alpha", "src/sub/b.bin": b"\x00\x01", "x.txt": b"x"})
+    src = str(tmp_path / "src")
+    assert fw.io.exists(src) and not fw.io.exists(str(tmp_path / "nope"))
+    assert fw.io.glob(str(tmp_path / "*.txt")) == [str(tmp_path / "x.txt")]
+    assert fw.io.listdir(src) == ["a.txt", "sub"]
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        fw.io.listdir(str(tmp_path / "x.txt"))
+    copied = fw.io.copy(src, str(tmp_path / "dst"))
+    assert copied == [str(tmp_path / "dst/a.txt"), str(tmp_path / "dst/sub/b.bin")]
+    assert tree(tmp_path / "dst") == tree(tmp_path / "src")
+    (tmp_path / "src/a.txt").write_bytes(b"changed")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        fw.io.copy(src, str(tmp_path / "dst"))
+    assert (tmp_path / "dst/a.txt").read_bytes() == b"alpha"  # a refused copy wrote nothing
+    fw.io.copy(src, str(tmp_path / "dst"), overwrite=True)
+    assert (tmp_path / "dst/a.txt").read_bytes() == b"changed"
+    with pytest.raises(FileNotFoundError, match="src="):
+        fw.io.copy(str(tmp_path / "missing"), str(tmp_path / "d2"))
+
+
+# --------------------------------------------------------------------------- transfers
+
+
+def test_upload_download_local_are_idempotent_and_checksum_based(tmp_path):
+    files = {"a.txt": b"alpha", "sub/b.bin": bytes(range(256)) * 40, "sub/deep/c": b""}
+    make_tree(tmp_path / "data", files)
+    sent = fw.io.upload(str(tmp_path / "data"), str(tmp_path / "remote"), progress=False)
+    assert sent == sorted(str(tmp_path / "remote/data" / name) for name in files)
+    assert fw.io.upload(str(tmp_path / "data"), str(tmp_path / "remote")) == []
+    # Same size, different bytes: only a checksum tells them apart.
+    (tmp_path / "data/a.txt").write_bytes(b"ALPHA")
+    assert fw.io.upload(str(tmp_path / "data"), str(tmp_path / "remote"), progress=False) == [
+        str(tmp_path / "remote/data/a.txt")]
+    got = fw.io.download(str(tmp_path / "remote/data"), str(tmp_path / "back"), progress=False)
+    assert len(got) == 3
+    assert tree(tmp_path / "back/data") == {**files, "a.txt": b"ALPHA"}
+    assert fw.io.download(str(tmp_path / "remote/data"), str(tmp_path / "back")) == []
+    single = fw.io.upload(str(tmp_path / "data/a.txt"), str(tmp_path / "one"), progress=False)
+    assert single == [str(tmp_path / "one/a.txt")]
+
+
+def test_local_checksum_matches_gcs_spelling(tmp_path):
+    import base64
+
+    import google_crc32c
+
+    content = b"The quick brown fox jumps over the lazy dog"
+    (tmp_path / "f").write_bytes(content)
+    md5 = base64.b64encode(hashlib.md5(content).digest()).decode()
+    assert fw.io._local_checksum(str(tmp_path / "f"), "md5Hash") == md5
+    crc = google_crc32c.value(content).to_bytes(4, "big")  # GCS: big-endian, base64
+    assert fw.io._local_checksum(str(tmp_path / "f"), "crc32c") == base64.b64encode(
+        crc).decode()
+    assert crc.hex() == "22620404"  # CRC-32C of this sentence (published check value)
+
+
+def test_transfer_bad_input(tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+    with pytest.raises(ValueError, match="local_path='gs://b/x' is on GCS"):
+        fw.io.upload("gs://b/x", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="missing"):
+        fw.io.upload(str(tmp_path / "missing"), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="workers=0"):
+        fw.io.upload(str(tmp_path / "f"), str(tmp_path / "out"), workers=0)
+    with pytest.raises(ValueError, match="local_dir='gs://b/d' is on GCS"):
+        fw.io.download(str(tmp_path / "f"), "gs://b/d")
+    with pytest.raises(ValueError, match="remote_dir="):
+        fw.io.upload(str(tmp_path / "f"), "")
+    assert not (tmp_path / "out").exists()
+
+
+def test_stage_is_a_no_op_off_remote_tpus(tmp_path, accelerator):
+    (tmp_path / "d.tfrec").write_bytes(b"r")
+    assert fw.io.stage(str(tmp_path / "d.tfrec"), "p") == str(tmp_path / "d.tfrec")
+    assert fw.io.stage("gs://b/data/d.tfrec", "p") == "gs://b/data/d.tfrec"
+    with pytest.raises(FileNotFoundError, match="local_path="):
+        fw.io.stage(str(tmp_path / "missing"), "p")
+
+
+# --------------------------------------------------------------------------- no credentials
+
+
+def test_gs_without_credentials_fails_fast_and_import_is_quiet(tmp_path):
+    """A machine with no Google credentials (the real google.auth lookup, no mocks): every
+    gs:// entry point fails at once with what to do. Also: importing fenwicks pulls in
+    none of gcsfs, Colab or Kaggle."""
+    env = {"HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+           "GOOGLE_APPLICATION_CREDENTIALS": "", "STORAGE_EMULATOR_HOST": "",
+           # A CI runner on GCE would otherwise get its VM's service account.
+           "NO_GCE_CHECK": "true"}
+    (tmp_path / "f").write_bytes(b"x")
+    out = run_json(f"""
+        import json, sys, time
+        import fenwicks as fw
+        quiet = [m for m in ("gcsfs", "google.colab", "kaggle_secrets") if m in sys.modules]
+        results = {{}}
+        calls = {{
+            "exists": lambda: fw.io.exists("gs://some-bucket/x"),
+            "upload": lambda: fw.io.upload({str(tmp_path / "f")!r}, "gs://some-bucket/d"),
+            "download": lambda: fw.io.download("gs://some-bucket/d", {str(tmp_path)!r}),
+            "dirs": lambda: fw.io.get_project_dirs("gs://some-bucket", "p"),
+            "clean": lambda: fw.io.create_clean_dir("gs://some-bucket/run"),
+        }}
+        for name, call in calls.items():
+            start = time.monotonic()
+            try:
+                call()
+                results[name] = ["no error", 0]
+            except fw.gcs.GCSCredentialsError as err:
+                results[name] = [str(err), time.monotonic() - start]
+        print(json.dumps(dict(quiet=quiet, results=results)))
+    """, env=env, timeout=120)
+    assert out["quiet"] == []
+    for name, (message, seconds) in out["results"].items():
+        assert "gs://some-bucket" in message, name
+        assert "fw.gcs.setup()" in message and "gcloud auth application-default login" in message
+        assert seconds < 10, (name, seconds)
