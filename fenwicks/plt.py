@@ -226,8 +226,7 @@ def _label_text(label: Any, class_names: Sequence[str] | None) -> str:
 
 
 def _history_columns(history: Any) -> dict[str, np.ndarray]:
-    """A history as columns: a dict of lists, a list of dicts, or a Keras History."""
-    history = getattr(history, "history", history)  # a keras.callbacks.History
+    """A dict of lists or a list of dicts as numeric columns of equal length."""
     if isinstance(history, Mapping):
         columns = {key: list(values) for key, values in history.items()}
     elif isinstance(history, Sequence) and all(isinstance(row, Mapping) for row in history):
@@ -237,7 +236,8 @@ def _history_columns(history: Any) -> dict[str, np.ndarray]:
     else:
         raise ValueError(
             f"history={type(history).__name__} must be a dict of lists like "
-            "{'step': [...], 'loss': [...]} or a list of dicts like [{'loss': 0.5}, ...]")
+            "{'step': [...], 'loss': [...]}, a list of dicts like [{'loss': 0.5}, ...], "
+            "an fw.train.History or the estimator that trained")
     if not columns or not any(len(values) for values in columns.values()):
         raise ValueError("history is empty; train first, then plot what train() returned")
     return {key: np.asarray(values, dtype=float) for key, values in columns.items()
@@ -252,50 +252,78 @@ def _is_numeric(values: list) -> bool:
     return True
 
 
+def _estimator_curves(history: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Curves of an `fw.train.History`: the loss per step, each evaluation metric."""
+    if not history.losses and not history.evals:
+        raise ValueError("history is empty; train first, then plot what train() returned")
+    curves = {"loss": (np.asarray(history.steps, float), np.asarray(history.losses, float))}
+    names = dict.fromkeys(key for result in history.evals for key in result)
+    for name in names:
+        if name == "global_step":
+            continue
+        rows = [result for result in history.evals if name in result]
+        label = name if name.startswith("val_") else f"val_{name}"
+        curves[label] = (np.array([row["global_step"] for row in rows], float),
+                         np.array([row[name] for row in rows], float))
+    return curves
+
+
+def _history_curves(history: Any, x: str | None) -> tuple[str, dict]:
+    """``(x label, {name: (xs, ys)})`` from any history `plot_history` accepts."""
+    history = getattr(history, "history", history)  # an Estimator or a keras History
+    if all(hasattr(history, name) for name in ("steps", "losses", "evals")):
+        return "step", _estimator_curves(history)
+    columns = _history_columns(history)
+    x_key = x or next((key for key in ("step", "epoch") if key in columns), None)
+    if x_key is not None and x_key not in columns:
+        raise ValueError(f"x={x!r} is not a column of history; columns: {sorted(columns)}")
+    length = max(len(values) for values in columns.values())
+    xs = columns[x_key] if x_key else np.arange(length, dtype=float)
+    return x_key or "point", {key: (xs, values) for key, values in columns.items()
+                              if key not in (x_key, "step", "epoch", "global_step")}
+
+
 def plot_history(history: Any, x: str | None = None):
     """Plots training curves: losses on the left, every other metric on the right.
 
     Args:
-        history: what training returned: a dict of lists such as
+        history: what training recorded: an `fw.train.History` (``est.history``, or
+            the estimator itself, which `est.train` returns), a dict of lists such as
             ``{'step': [...], 'loss': [...], 'val_accuracy': [...]}``, a list of dicts
-            (one per logged point), or a Keras `History`.
-        x: the column used as x axis. Defaults to ``'step'``, else ``'epoch'``, else
-            the point's index.
+            (one per logged point), or a Keras `History`. Evaluation results of an
+            `fw.train.History` are plotted as ``val_<metric>`` at their global step.
+        x: the column used as x axis for a dict or list history. Defaults to
+            ``'step'``, else ``'epoch'``, else the point's index.
 
     Returns:
-        The figure: axes 0 has one line per loss column (``loss``, ``val_loss``,
-        anything ending in ``loss``); axes 1, if there are other metrics, one line per
-        metric (``accuracy``, ``val_accuracy``, ...). Line labels are the column names.
+        The figure: axes 0 has one line per loss (``loss``, ``val_loss``, anything
+        ending in ``loss``); axes 1, if there are other metrics, one line per metric
+        (``val_accuracy``, ...). Line labels are the names.
 
     Raises:
         ValueError: for an empty history, an unknown `x`, or no loss or metric columns.
 
     Example:
-        >>> history = est.train(train_input_func, steps=total_steps)
-        >>> fw.plt.plot_history(history)
+        >>> est.train(train_input_func, steps=total_steps)
+        >>> fw.plt.plot_history(est.history)
     """
-    columns = _history_columns(history)
-    x_key = x or next((key for key in ("step", "epoch") if key in columns), None)
-    if x_key is not None and x_key not in columns:
-        raise ValueError(f"x={x!r} is not a column of history; columns: {sorted(columns)}")
-    curves = {key: values for key, values in columns.items()
-              if key not in (x_key, "step", "epoch", "global_step")}
+    x_label, curves = _history_curves(history, x)
+    if not curves:
+        raise ValueError("history has no loss or metric columns; record a 'loss' or a "
+                         "metric such as 'accuracy'")
     losses = [key for key in curves if key.endswith("loss")]
     metrics = [key for key in curves if key not in losses]
-    if not curves:
-        raise ValueError(f"history has no loss or metric columns; columns: {sorted(columns)}")
     groups = [group for group in (losses, metrics) if group]
     fig, axes = _new_figure(len(groups), figsize=(5.5 * len(groups), 4.0))
     for ax, group in zip(axes, groups, strict=True):
-        xs = columns[x_key] if x_key else np.arange(len(curves[group[0]]))
-        _plot_curves(ax, xs, {key: curves[key] for key in group})
-        ax.set_xlabel(x_key or "point")
+        _plot_curves(ax, {key: curves[key] for key in group})
+        ax.set_xlabel(x_label)
         ax.set_ylabel("loss" if group is losses else "metric")
     return fig
 
 
-def _plot_curves(ax, xs: np.ndarray, curves: dict[str, np.ndarray]) -> None:
-    for key, values in curves.items():
+def _plot_curves(ax, curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    for key, (xs, values) in curves.items():
         keep = ~np.isnan(values)  # a metric logged less often than the loss
         ax.plot(xs[keep], values[keep], marker="." if keep.sum() < 30 else None, label=key)
     ax.legend()

@@ -146,6 +146,29 @@ def test_plot_history_list_of_dicts_with_gaps_and_keras_history():
     np.testing.assert_array_equal(line.get_ydata(), [3.0, 2.0])
 
 
+def test_plot_history_of_the_estimator_per_step_loss_and_evaluations():
+    history = fw.train.History(
+        steps=[1, 2, 3, 4], losses=[2.0, 1.5, 1.2, 1.0],
+        evals=[{"global_step": 2, "loss": 1.6, "accuracy": 0.5},
+               {"global_step": 4, "loss": 1.1, "accuracy": 0.7}])
+
+    class FakeEstimator:  # est.train(...) returns the estimator; its .history is a History
+        pass
+
+    estimator = FakeEstimator()
+    estimator.history = history
+    for source in (history, estimator):
+        fig = fw.plt.plot_history(source)
+        losses, metrics = _lines(fig.axes[0]), _lines(fig.axes[1])
+        np.testing.assert_array_equal(losses["loss"].get_xdata(), [1, 2, 3, 4])
+        np.testing.assert_array_equal(losses["loss"].get_ydata(), [2.0, 1.5, 1.2, 1.0])
+        np.testing.assert_array_equal(losses["val_loss"].get_xdata(), [2, 4])
+        np.testing.assert_array_equal(losses["val_loss"].get_ydata(), [1.6, 1.1])
+        np.testing.assert_array_equal(metrics["val_accuracy"].get_ydata(), [0.5, 0.7])
+    with pytest.raises(ValueError, match="empty"):
+        fw.plt.plot_history(fw.train.History())
+
+
 def test_plot_history_bad_input():
     with pytest.raises(ValueError, match="empty"):
         fw.plt.plot_history({"loss": []})
