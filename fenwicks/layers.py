@@ -1,7 +1,410 @@
-"""Keras 3 building blocks. (Being built: building-blocks issue.)"""
+"""Keras 3 building blocks: conv/dense + BatchNorm + ReLU blocks, pooling, classifier head.
+
+Every block takes a BatchNorm mode `bn`:
+
+* ``'replica'`` (default): statistics over each replica's own batch, as Keras does.
+* ``'sync'``: statistics over the global batch, all-reduced across replicas.
+* an int ``G`` ("ghost" BatchNorm): statistics over fixed groups of ``G`` consecutive
+  examples. One GPU with batch 512 and ``bn=64`` computes exactly what an 8-core TPU
+  with 64 examples per core and ``bn='replica'`` computes, outputs and moving statistics.
+
+Moving statistics are created with ``aggregation='mean'``: plain Keras 3 BatchNormalization
+leaves them unaggregated, so under `MirroredStrategy`/`TPUStrategy` every replica keeps its
+own moving mean and only replica 0's is read and saved. With mean aggregation the replicas
+stay in sync and the saved value is the mean over replicas, the same as ghost groups give.
+
+    model = fw.Sequential()
+    model.add(fw.layers.ConvBN(64, kernel_size=3, **fw.layers.PYTORCH_PARAMS))
+    model.add(fw.layers.ConvResBlk(128, res_convs=2, bn=64))
+    model.add(fw.layers.GlobalPools2D())
+    model.add(fw.layers.Classifier(10, weight=0.125))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
 
 import keras
+import tensorflow as tf
+
+_PACKAGE = "fenwicks"
+_register = keras.saving.register_keras_serializable(package=_PACKAGE)
+BN_MODES = ("replica", "sync")
 
 
+def check_bn(bn: Any, name: str = "bn") -> str | int:
+    """Validates a BatchNorm mode: ``'replica'``, ``'sync'`` or a group size (int >= 1).
+
+    Example:
+        >>> check_bn(64)
+        64
+    """
+    if isinstance(bn, str) and bn in BN_MODES:
+        return bn
+    if isinstance(bn, int) and not isinstance(bn, bool) and bn >= 1:
+        return bn
+    raise ValueError(f"{name}={bn!r} is not a BatchNorm mode; use 'replica' (per-replica "
+                     "statistics), 'sync' (across replicas) or an int group size such as "
+                     "64 (ghost BatchNorm over groups of 64 examples)")
+
+
+def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+@_register
+def init_pytorch(shape: Any, dtype: Any = None) -> Any:
+    """PyTorch's default Conv2d/Linear weight initialisation: U(-1/sqrt(fan_in), +...).
+
+    PyTorch uses kaiming_uniform with a=sqrt(5), whose bound is 1/sqrt(fan_in), with
+    fan_in = kernel height * kernel width * input channels. A new Keras initializer is
+    drawn on every call so layers of the same shape get different weights (a shared seeded
+    instance would give them identical ones); `keras.utils.set_random_seed` still makes
+    the whole model reproducible.
+
+    Example:
+        >>> layer = keras.layers.Conv2D(64, 3, kernel_initializer=fw.layers.init_pytorch)
+    """
+    # VarianceScaling uniform has limit sqrt(3 * scale / fan_in): scale 1/3 gives 1/sqrt(fan_in).
+    initializer = keras.initializers.VarianceScaling(scale=1.0 / 3.0, mode="fan_in",
+                                                     distribution="uniform")
+    return initializer(shape, dtype=dtype)
+
+
+# PyTorch defaults: BatchNorm momentum 0.1 there is 0.9 here (Keras counts the other way).
+PYTORCH_PARAMS: dict[str, Any] = {"kernel_initializer": init_pytorch, "bn_mom": 0.9,
+                                  "bn_eps": 1e-5}
+
+
+def _initializer(value: Any) -> Any:
+    """A per-layer initializer: clones unseeded Keras instances (see `init_pytorch`)."""
+    if isinstance(value, keras.initializers.Initializer):
+        return value.__class__.from_config(value.get_config())
+    return value
+
+
+def _serialize_initializer(value: Any) -> Any:
+    return keras.saving.serialize_keras_object(value)
+
+
+def _deserialize_initializer(value: Any) -> Any:
+    return keras.saving.deserialize_keras_object(value) if isinstance(value, dict) else value
+
+
+@_register
+class BatchNorm(keras.layers.BatchNormalization):
+    """BatchNormalization with a replica / synchronized / ghost-group statistics mode.
+
+    Args:
+        mode: ``'replica'`` (statistics per replica, the Keras default), ``'sync'``
+            (statistics of the global batch, all-reduced across replicas) or an int ``G``
+            (ghost BatchNorm: statistics per group of ``G`` consecutive examples; the
+            per-replica batch must be a multiple of ``G``). Defaults to ``'replica'``.
+        momentum: moving-average momentum. Defaults to `0.99`.
+        epsilon: added to the variance. Defaults to `1e-3`.
+        **kwargs: passed to `keras.layers.BatchNormalization` (channels-last only for
+            ghost mode).
+
+    In training, ghost mode normalises each group by its own mean and (biased) variance
+    and moves the moving statistics towards the mean over groups of those; in
+    inference every mode uses the moving statistics.
+
+    Example:
+        >>> bn = fw.layers.BatchNorm(mode=64)    # 1 GPU x 512 behaves as 8 TPU cores x 64
+    """
+
+    def __init__(self, mode: str | int = "replica", momentum: float = 0.99,
+                 epsilon: float = 1e-3, **kwargs: Any) -> None:
+        self.mode = check_bn(mode, "mode")
+        kwargs.pop("synchronized", None)
+        super().__init__(momentum=momentum, epsilon=epsilon,
+                         synchronized=self.mode == "sync", **kwargs)
+        if isinstance(self.mode, int) and self.axis not in (-1,):
+            raise ValueError(f"axis={self.axis} is not supported with ghost BatchNorm "
+                             f"(mode={self.mode}); use channels-last inputs and axis=-1")
+
+    def add_weight(self, *args: Any, **kwargs: Any) -> Any:
+        # Moving statistics: mean over replicas instead of Keras 3's unaggregated
+        # per-replica copies (see the module docstring).
+        if not kwargs.get("trainable", True):
+            kwargs["aggregation"] = "mean"
+        return super().add_weight(*args, **kwargs)
+
+    def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
+        if not isinstance(self.mode, int) or not training or not self.trainable:
+            return super().call(inputs, training=training, mask=mask)
+        if mask is not None:
+            raise ValueError("ghost BatchNorm does not support masks; use mode='replica'")
+        return self._ghost_call(inputs)
+
+    def _ghost_call(self, inputs: Any) -> Any:
+        x = tf.cast(inputs, "float32")  # statistics in float32, as Keras does
+        shape = tf.shape(x)
+        batch = x.shape[0]
+        if batch is not None and batch % self.mode:
+            raise ValueError(f"ghost BatchNorm mode={self.mode} needs a per-replica batch "
+                             f"that is a multiple of {self.mode}; got batch {batch}. "
+                             "Change the batch size or the group size")
+        groups = tf.reshape(x, tf.concat([[-1, self.mode], shape[1:]], axis=0))
+        axes = list(range(1, len(x.shape)))  # within a group: examples and spatial dims
+        mean, variance = tf.nn.moments(groups, axes, keepdims=True)
+        gamma = tf.cast(self.gamma, "float32") if self.scale else None
+        beta = tf.cast(self.beta, "float32") if self.center else None
+        out = tf.nn.batch_normalization(groups, mean, variance, beta, gamma, self.epsilon)
+        over_groups = list(range(len(x.shape)))  # every axis but channels -> shape [C]
+        self._update_moving(tf.reduce_mean(mean, axis=over_groups),
+                            tf.reduce_mean(variance, axis=over_groups))
+        return tf.cast(tf.reshape(out, shape), self.compute_dtype)
+
+    def _update_moving(self, mean: Any, variance: Any) -> None:
+        momentum = self.momentum
+        self.moving_mean.assign(self.moving_mean * momentum + mean * (1.0 - momentum))
+        self.moving_variance.assign(
+            self.moving_variance * momentum + variance * (1.0 - momentum))
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.pop("synchronized", None)
+        return {**config, "mode": self.mode}
+
+
+def _batch_norm(bn: str | int, momentum: float, epsilon: float, dtype: Any) -> BatchNorm:
+    return BatchNorm(mode=bn, momentum=momentum, epsilon=epsilon, dtype=dtype)
+
+
+class _Block(keras.layers.Layer):
+    """A layer made of a list of sublayers applied in order; subclasses fill `_parts`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._parts: list[keras.layers.Layer] = []
+
+    def _apply(self, parts: list[keras.layers.Layer], x: Any, training: Any) -> Any:
+        for part in parts:
+            x = part(x, training=training)
+        return x
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        return self._apply(self._parts, inputs, training)
+
+
+@_register
+class ConvBN(_Block):
+    """Conv2D (no bias, 'same' padding) -> BatchNorm -> ReLU.
+
+    Args:
+        c: output channels.
+        kernel_size: convolution window. Defaults to `3`.
+        strides: convolution strides. Defaults to `1`.
+        kernel_initializer: Keras initializer; `init_pytorch` for PyTorch's default.
+            Defaults to `'glorot_uniform'`.
+        bn_mom: BatchNorm momentum. Defaults to `0.99`.
+        bn_eps: BatchNorm epsilon. Defaults to `1e-3`.
+        bn: BatchNorm mode (``'replica'``, ``'sync'`` or a ghost group size). Defaults to
+            ``'replica'``.
+
+    Example:
+        >>> block = fw.layers.ConvBN(64, kernel_size=3, **fw.layers.PYTORCH_PARAMS)
+    """
+
+    def __init__(self, c: int, kernel_size: Any = 3, strides: Any = 1,
+                 kernel_initializer: Any = "glorot_uniform", bn_mom: float = 0.99,
+                 bn_eps: float = 1e-3, bn: str | int = "replica", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.c = _check_positive_int(c, "c")
+        self.kernel_size, self.strides = kernel_size, strides
+        self.kernel_initializer = _deserialize_initializer(kernel_initializer)
+        self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
+        self.conv = keras.layers.Conv2D(
+            c, kernel_size, strides=strides, padding="same", use_bias=False,
+            kernel_initializer=_initializer(self.kernel_initializer), dtype=self.dtype_policy)
+        self.norm = _batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy)
+        self.relu = keras.layers.ReLU(dtype=self.dtype_policy)
+        self._parts = [self.conv, self.norm, self.relu]
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "c": self.c, "kernel_size": self.kernel_size,
+                "strides": self.strides, "bn_mom": self.bn_mom, "bn_eps": self.bn_eps,
+                "kernel_initializer": _serialize_initializer(self.kernel_initializer),
+                "bn": self.bn}
+
+
+@_register
+class ConvBlk(_Block):
+    """`convs` ConvBN layers followed by a pooling layer (2x2 max pooling by default).
+
+    Args:
+        c: output channels.
+        pool: a Keras pooling layer, or None for `MaxPooling2D(2)`. Defaults to `None`.
+        convs: number of ConvBN layers. Defaults to `1`.
+        kernel_size, kernel_initializer, bn_mom, bn_eps, bn: as for `ConvBN`.
+
+    Example:
+        >>> block = fw.layers.ConvBlk(128, convs=2, bn='sync')
+    """
+
+    def __init__(self, c: int, pool: Any = None, convs: int = 1, kernel_size: Any = 3,
+                 kernel_initializer: Any = "glorot_uniform", bn_mom: float = 0.99,
+                 bn_eps: float = 1e-3, bn: str | int = "replica", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.c, self.convs = _check_positive_int(c, "c"), _check_positive_int(convs, "convs")
+        self.conv_args = dict(kernel_size=kernel_size, bn_mom=bn_mom, bn_eps=bn_eps,
+                              bn=check_bn(bn),
+                              kernel_initializer=_deserialize_initializer(kernel_initializer))
+        self.conv_bns = [ConvBN(c, dtype=self.dtype_policy, **self.conv_args)
+                         for _ in range(convs)]
+        if isinstance(pool, dict):
+            pool = keras.saving.deserialize_keras_object(pool)
+        self.pool = pool if pool is not None else keras.layers.MaxPooling2D(
+            2, dtype=self.dtype_policy)
+        self._parts = [*self.conv_bns, self.pool]
+
+    def get_config(self) -> dict[str, Any]:
+        args = {**self.conv_args,
+                "kernel_initializer": _serialize_initializer(
+                    self.conv_args["kernel_initializer"])}
+        return {**super().get_config(), "c": self.c, "convs": self.convs,
+                "pool": keras.saving.serialize_keras_object(self.pool), **args}
+
+
+@_register
+class ConvResBlk(ConvBlk):
+    """A `ConvBlk` whose output h is returned as h + res(h), res being `res_convs` ConvBNs.
+
+    This is the residual block of ResNet-9 ("DavidNet"): conv -> pool -> two 3x3 ConvBNs
+    added back to the pooled features.
+
+    Args:
+        c: output channels.
+        pool, convs, kernel_size, kernel_initializer, bn_mom, bn_eps, bn: as for `ConvBlk`.
+        res_convs: ConvBN layers on the residual branch. Defaults to `2`.
+
+    Example:
+        >>> block = fw.layers.ConvResBlk(128, res_convs=2, **fw.layers.PYTORCH_PARAMS)
+    """
+
+    def __init__(self, c: int, pool: Any = None, convs: int = 1, res_convs: int = 2,
+                 **kwargs: Any) -> None:
+        super().__init__(c, pool=pool, convs=convs, **kwargs)
+        self.res_convs = _check_positive_int(res_convs, "res_convs")
+        self.res = [ConvBN(c, dtype=self.dtype_policy, **self.conv_args)
+                    for _ in range(res_convs)]
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        h = self._apply(self._parts, inputs, training)
+        return h + self._apply(self.res, h, training)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "res_convs": self.res_convs}
+
+
+@_register
+class DenseBN(_Block):
+    """Dense (no bias) -> BatchNorm -> ReLU -> optional Dropout.
+
+    Args:
+        c: units.
+        kernel_initializer: Keras initializer. Defaults to `'glorot_uniform'`.
+        bn_mom: BatchNorm momentum. Defaults to `0.99`.
+        bn_eps: BatchNorm epsilon. Defaults to `1e-3`.
+        drop_rate: dropout rate in [0, 1); 0 means no dropout layer. Defaults to `0.0`.
+        bn: BatchNorm mode. Defaults to ``'replica'``.
+
+    Example:
+        >>> block = fw.layers.DenseBN(200, drop_rate=0.5)
+    """
+
+    def __init__(self, c: int, kernel_initializer: Any = "glorot_uniform",
+                 bn_mom: float = 0.99, bn_eps: float = 1e-3, drop_rate: float = 0.0,
+                 bn: str | int = "replica", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not 0.0 <= drop_rate < 1.0:
+            raise ValueError(f"drop_rate={drop_rate!r} must be in [0, 1)")
+        self.c, self.drop_rate = _check_positive_int(c, "c"), float(drop_rate)
+        self.kernel_initializer = _deserialize_initializer(kernel_initializer)
+        self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
+        self._parts = [
+            keras.layers.Dense(c, use_bias=False, dtype=self.dtype_policy,
+                               kernel_initializer=_initializer(self.kernel_initializer)),
+            _batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy),
+            keras.layers.ReLU(dtype=self.dtype_policy)]
+        if drop_rate > 0:
+            self._parts.append(keras.layers.Dropout(drop_rate, dtype=self.dtype_policy))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "c": self.c, "bn_mom": self.bn_mom,
+                "bn_eps": self.bn_eps, "drop_rate": self.drop_rate, "bn": self.bn,
+                "kernel_initializer": _serialize_initializer(self.kernel_initializer)}
+
+
+@_register
+class Classifier(keras.layers.Layer):
+    """The classification head: Dense (no bias) to logits, multiplied by `weight`.
+
+    Outputs float32 logits even under mixed precision (the layer's dtype defaults to
+    float32): softmax and cross-entropy are sensitive to bfloat16/float16 rounding.
+
+    Args:
+        n_classes: number of classes.
+        kernel_initializer: Keras initializer. Defaults to `'glorot_uniform'`.
+        weight: constant (not trained) output scale; DavidNet uses 0.125 so the
+            softmax starts out soft. Defaults to `1.0`.
+        use_bias: add a bias. Defaults to `False`.
+        **kwargs: Keras layer arguments; pass ``dtype=None`` to follow the global policy.
+
+    Example:
+        >>> head = fw.layers.Classifier(10, weight=0.125)
+    """
+
+    def __init__(self, n_classes: int, kernel_initializer: Any = "glorot_uniform",
+                 weight: float = 1.0, use_bias: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("dtype", "float32")
+        super().__init__(**kwargs)
+        if not math.isfinite(weight) or weight == 0:
+            raise ValueError(f"weight={weight!r} must be a finite non-zero number")
+        self.n_classes = _check_positive_int(n_classes, "n_classes")
+        self.weight, self.use_bias = float(weight), use_bias
+        self.kernel_initializer = _deserialize_initializer(kernel_initializer)
+        self.dense = keras.layers.Dense(
+            n_classes, use_bias=use_bias, dtype=self.dtype_policy,
+            kernel_initializer=_initializer(self.kernel_initializer))
+
+    def call(self, inputs: Any) -> Any:
+        return self.dense(inputs) * self.weight
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "n_classes": self.n_classes, "weight": self.weight,
+                "use_bias": self.use_bias,
+                "kernel_initializer": _serialize_initializer(self.kernel_initializer)}
+
+
+@_register
+class GlobalPools2D(keras.layers.Layer):
+    """Concatenated global max and global average pooling: [B, H, W, C] -> [B, 2C].
+
+    Example:
+        >>> fw.layers.GlobalPools2D()(keras.ops.ones((2, 4, 4, 3))).shape
+        (2, 6)
+    """
+
+    def call(self, inputs: Any) -> Any:
+        return keras.ops.concatenate([keras.ops.max(inputs, axis=(1, 2)),
+                                      keras.ops.mean(inputs, axis=(1, 2))], axis=-1)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        return (input_shape[0], 2 * input_shape[-1])
+
+
+@_register
 class Sequential(keras.Sequential):
-    """A Keras Sequential model (placeholder until the building-blocks issue lands)."""
+    """A Keras Sequential model: start empty, `.add` layers, call it.
+
+    Example:
+        >>> model = fw.Sequential()
+        >>> model.add(fw.layers.ConvBN(32))
+        >>> model.add(fw.layers.GlobalPools2D())
+        >>> model.add(fw.layers.Classifier(10))
+    """
