@@ -175,12 +175,31 @@ def _batch_norm(bn: str | int, momentum: float, epsilon: float, dtype: Any) -> B
     return BatchNorm(mode=bn, momentum=momentum, epsilon=epsilon, dtype=dtype)
 
 
+def _build_chain(parts: list[keras.layers.Layer], shape: Any) -> Any:
+    """Builds `parts` in order from `shape`; returns the output shape of the last."""
+    for part in parts:
+        if not part.built:
+            part.build(shape)
+        shape = part.compute_output_shape(shape)
+    return shape
+
+
 class _Block(keras.layers.Layer):
     """A layer made of a list of sublayers applied in order; subclasses fill `_parts`."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._parts: list[keras.layers.Layer] = []
+
+    def build(self, input_shape: Any) -> None:
+        # Built from shapes so that `from_config` + `build_config` restore real weights.
+        _build_chain(self._parts, input_shape)
+
+    def compute_output_shape(self, input_shape: Any) -> Any:
+        shape = input_shape
+        for part in self._parts:  # a residual branch keeps the shape: `_parts` decide
+            shape = part.compute_output_shape(shape)
+        return shape
 
     def _apply(self, parts: list[keras.layers.Layer], x: Any, training: Any) -> Any:
         for part in parts:
@@ -293,6 +312,9 @@ class ConvResBlk(ConvBlk):
         self.res = [ConvBN(c, dtype=self.dtype_policy, **self.conv_args)
                     for _ in range(res_convs)]
 
+    def build(self, input_shape: Any) -> None:
+        _build_chain(self.res, _build_chain(self._parts, input_shape))
+
     def call(self, inputs: Any, training: Any = None) -> Any:
         h = self._apply(self._parts, inputs, training)
         return h + self._apply(self.res, h, training)
@@ -372,8 +394,14 @@ class Classifier(keras.layers.Layer):
             n_classes, use_bias=use_bias, dtype=self.dtype_policy,
             kernel_initializer=_initializer(self.kernel_initializer))
 
+    def build(self, input_shape: Any) -> None:
+        self.dense.build(input_shape)
+
     def call(self, inputs: Any) -> Any:
         return self.dense(inputs) * self.weight
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        return (*input_shape[:-1], self.n_classes)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "n_classes": self.n_classes, "weight": self.weight,
