@@ -1,0 +1,228 @@
+# %% [markdown]
+# # Tutorial 3: the same code on a TPU, a GPU and the CPU
+#
+# Fenwicks promises that one notebook trains on whatever accelerator is there. This
+# tutorial opens the hood: it trains one small model under several `FENWICKS_DEVICE`
+# settings and shows what differs underneath and what does not.
+#
+# | | TPU (v2/v3-8) | GPU | CPU |
+# |---|---|---|---|
+# | replicas | 8 cores | 1 per GPU | 1 (or `cpu:N` logical devices) |
+# | strategy | `TPUStrategy` | `MirroredStrategy` | default / `MirroredStrategy` |
+# | precision (`'auto'`) | bfloat16 compute | float16 + loss scaling (compute capability >= 7) | float32 |
+# | storage | `gs://` only (TPU node), local on a TPU VM | local | local |
+# | BatchNorm statistics | per core: 1/8 of the batch | the whole batch | the whole batch |
+#
+# Variables stay float32 everywhere; only the arithmetic inside the layers changes.
+
+# %% [markdown]
+# ## Parameters
+#
+# `DEVICES` lists the settings to compare. `cpu:N` splits the CPU into N logical devices
+# under `MirroredStrategy`: it behaves like N TPU cores sharing one global batch, which is
+# how Fenwicks is tested without a TPU. Add `'auto'` on a GPU or TPU runtime to include
+# the real accelerator.
+
+# %% tags=["parameters"]
+SMOKE = False          # True: a tiny run that finishes in seconds (the test suite sets it)
+BATCH_SIZE = 256       # global batch size: the same for every device setting
+EPOCHS = 4
+LEARNING_RATE = 0.02   # SGD learning rate at BATCH_SIZE examples (loss averaged)
+WEIGHT_DECAY = 5e-4
+DEVICES = ['cpu:1', 'cpu:2', 'cpu:8']
+GHOST_BN = 32          # BatchNorm group size; BATCH_SIZE / 8 makes 1 and 8 replicas agree
+SEED = 7
+
+# %%
+if SMOKE:
+    BATCH_SIZE, EPOCHS, DEVICES, GHOST_BN = 64, 1, ['cpu:1', 'cpu:2'], 32
+
+# %% [markdown]
+# ## Why a separate process per setting
+#
+# TensorFlow fixes its devices when it starts: a process that has seen one CPU cannot
+# later split it into eight. So each setting trains in a fresh Python process, started
+# with `FENWICKS_DEVICE` set. (For the same reason, this notebook does not touch the
+# accelerator itself: on a TPU VM only one process at a time may hold the TPU.)
+#
+# The script below is ordinary Fenwicks code with nothing device-specific in it. It
+# trains on scikit-learn's bundled 8x8 handwritten digits (no download) and prints one
+# JSON line: what it ran on, the training history, the test metrics and the speed.
+
+# %%
+# %%writefile train_digits.py
+import dataclasses
+import json
+import sys
+import time
+
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import fenwicks as fw
+
+cfg = json.loads(sys.argv[1])
+X, y = load_digits(return_X_y=True)
+X = (X.reshape(-1, 8, 8, 1) / 16.0).astype(np.float32)  # pixel values are 0..16
+X_train, X_test, y_train, y_test = train_test_split(X, y.astype(np.int32), test_size=0.25,
+                                                    random_state=0, stratify=y)
+
+
+def build_nn():
+    model = fw.Sequential()
+    model.add(fw.layers.ConvBN(16, bn=cfg['bn'], **fw.layers.PYTORCH_PARAMS))
+    model.add(fw.layers.ConvBlk(32, bn=cfg['bn'], **fw.layers.PYTORCH_PARAMS))
+    model.add(fw.layers.GlobalPools2D())
+    model.add(fw.layers.Classifier(10, weight=0.125))
+    return model
+
+
+acc = fw.accel.current()
+work_dir = fw.io.get_project_dirs(None, 'devices')[1] + '/' + cfg['tag']
+fw.io.create_clean_dir(work_dir)
+steps_per_epoch = len(X_train) // cfg['batch_size']
+total_steps = steps_per_epoch * cfg['epochs']
+opt_func = fw.train.sgd_optimizer(lambda step: cfg['lr'], mom=0.9, wd=cfg['wd'])
+est = fw.train.get_tpu_estimator(
+    steps_per_epoch, fw.train.get_clf_model_func(build_nn, opt_func), work_dir,
+    trn_bs=cfg['batch_size'], val_bs=200, seed=cfg['seed'])
+start = time.perf_counter()
+est.train(lambda params: fw.data.numpy_ds(
+    X_train, y_train, params['batch_size'], training=True, seed=cfg['seed'],
+    input_context=params.get('input_context')), steps=total_steps)
+seconds = time.perf_counter() - start
+result = est.evaluate(lambda params: fw.data.numpy_ds(
+    X_test, y_test, params['batch_size'], training=False,
+    input_context=params.get('input_context')))
+print(json.dumps({
+    'kind': acc.kind, 'replicas': acc.num_replicas, 'precision': acc.precision,
+    'per_replica_batch': cfg['batch_size'] // acc.num_replicas,
+    'history': dataclasses.asdict(est.history), 'accuracy': float(result['accuracy']),
+    'loss': float(result['loss']), 'examples_per_s': total_steps * cfg['batch_size'] / seconds,
+}, default=float))
+
+# %% [markdown]
+# ## Run it under each setting
+#
+# Same global batch, same seed, same data order. The only difference is how many
+# replicas share each batch.
+
+# %%
+import json
+import os
+import subprocess
+import sys
+
+
+
+def train_on(device, bn):
+    cfg = dict(batch_size=BATCH_SIZE, epochs=EPOCHS, lr=LEARNING_RATE, wd=WEIGHT_DECAY,
+               bn=bn, seed=SEED, tag=f"{bn}-{device.replace(':', '')}")
+    env = {**os.environ, 'FENWICKS_DEVICE': device, 'TF_CPP_MIN_LOG_LEVEL': '2'}
+    proc = subprocess.run([sys.executable, 'train_digits.py', json.dumps(cfg)], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f'{device} failed:\n{proc.stderr[-3000:]}')
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+ghost = {device: train_on(device, GHOST_BN) for device in DEVICES}
+for device, run in ghost.items():
+    print(f"{device:>6}: {run['kind']} x{run['replicas']} ({run['precision']}), "
+          f"{run['per_replica_batch']} examples per replica, "
+          f"test accuracy {run['accuracy']:.4f}, {run['examples_per_s']:.0f} examples/s")
+
+# %% [markdown]
+# ## The losses agree
+#
+# With ghost BatchNorm (`bn=GHOST_BN`), statistics are computed over fixed groups of
+# `GHOST_BN` consecutive examples, however the batch is split. Dropout aside (there is
+# none here), every replica count then computes the same function, and with the loss
+# reduced over the *global* batch the updates are the same too: the curves coincide up
+# to float rounding.
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def curve(run):
+    return run['history']['steps'], run['history']['losses']
+
+
+fig, ax = plt.subplots(figsize=(6, 4))
+for device, run in ghost.items():
+    steps, losses = curve(run)
+    ax.plot(steps, losses, marker='o', label=f"{device} ({run['replicas']} replicas)")
+ax.set_xlabel('step'); ax.set_ylabel('training loss'); ax.legend(); ax.grid(alpha=0.3)
+plt.show()
+reference = np.array(curve(ghost[DEVICES[0]])[1])
+for device, run in ghost.items():
+    diff = np.abs(np.array(curve(run)[1]) - reference).max()
+    print(f"{device:>6}: max |loss - {DEVICES[0]} loss| = {diff:.2e}")
+
+# %% [markdown]
+# ## BatchNorm: the one place replicas differ by nature
+#
+# With the default `bn='replica'`, each replica normalises with the statistics of its own
+# share of the batch: 32 examples per core on an 8-core TPU with batch 256, but all 256 on
+# one GPU. Noisier statistics regularise a little, so the two runs are not the same model.
+# The layers offer three modes:
+#
+# * `bn='replica'` (default): per replica, what Keras does;
+# * `bn='sync'`: over the global batch, all-reduced across replicas (costs communication);
+# * `bn=G` ("ghost"): over fixed groups of G examples. A GPU run with `bn=32` reproduces an
+#   8-core TPU run with batch 256.
+#
+# Here is the same comparison with per-replica statistics:
+
+# %%
+per_replica = {device: train_on(device, 'replica') for device in DEVICES[:2]}
+for device, run in per_replica.items():
+    diff = np.abs(np.array(curve(run)[1]) - np.array(curve(ghost[device])[1])).max()
+    print(f"{device:>6}: test accuracy {run['accuracy']:.4f}; "
+          f"max |loss - ghost-BN loss| = {diff:.2e}")
+
+# %% [markdown]
+# With one replica, per-replica statistics cover the whole batch of 256 while ghost groups
+# cover 32: different numbers. With more replicas the per-replica groups shrink towards the
+# ghost groups.
+#
+# ## Learning rate and weight decay when the batch size changes
+#
+# A TPU wants big batches (8 cores x 128 = 1024 is typical); a laptop CPU wants small
+# ones. Two rules keep training comparable:
+#
+# * loss **averaged** over the batch (`reduction='mean'`): the gradient is an average, so
+#   scale the learning rate linearly with the batch size (Goyal et al., 2017) and warm it up;
+# * loss **summed** (`reduction='sum'`, tutorial 2): the gradient already grows with the
+#   batch, so the learning rate is given per example (`lr / batch_size`) and coupled L2
+#   weight decay is multiplied by the batch size to keep its pull equal.
+
+# %%
+for batch_size in (64, 256, 1024):
+    scale = batch_size / BATCH_SIZE
+    print(f"batch {batch_size:5d}: reduction='mean' lr {LEARNING_RATE * scale:.4f}; "
+          f"reduction='sum' lr per example {0.4 / 512:.2e}, weight decay "
+          f"{WEIGHT_DECAY * batch_size:.3f}")
+
+# %% [markdown]
+# ## Storage
+#
+# A TPU *node* (Colab's older TPU runtime, anything reached through `TPU_NAME`) runs on
+# another machine: it cannot read this VM's disk, so data and checkpoints must live in a
+# `gs://` bucket. A TPU VM, a GPU and the CPU can use local disk.
+# `fw.io.get_project_dirs(None, project)` chooses for you, and `fw.io.upload` stages local
+# files to the bucket when a remote TPU needs them.
+
+# %%
+import fenwicks as fw
+
+data_dir, work_dir = fw.io.get_project_dirs(None, 'devices')
+print('data_dir:', data_dir)
+print('work_dir:', work_dir)
+
+# %% [markdown]
+# Next: [Tutorial 4](04_augmentation_and_caching.ipynb) makes the input pipeline fast
+# enough that the accelerator never waits.
