@@ -17,7 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = commands.add_parser("bench", help="matmul TFLOPS on CPU and accelerators")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--n", type=int, default=None, help="matrix size N (N x N)")
-    bench.add_argument("--repeats", type=int, default=None)
+    bench.add_argument("--repeats", type=int, default=None,
+                       help="chained products per timed call")
+    bench.add_argument("--trials", type=int, default=5,
+                       help="timed calls per row (min/median/max)")
     args = parser.parse_args(argv)
 
     import fenwicks as fw
@@ -30,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return demo_module.run(epochs=args.epochs, batch_size=args.batch_size,
                                work_dir=args.work_dir)
     elif args.command == "bench":
-        return fw.bench.main(json_output=args.json, n=args.n, repeats=args.repeats)
+        return fw.bench.main(json_output=args.json, n=args.n, repeats=args.repeats,
+                             trials=args.trials)
     return 0
 
 
