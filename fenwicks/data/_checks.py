@@ -39,10 +39,12 @@ def check_labels(ys: Any, num_examples: int, name: str = "ys") -> np.ndarray:
 
 
 def label_dtype(ys: np.ndarray) -> np.dtype:
-    """int32 for class ids (what losses and TPUs want), int64 only if int32 would overflow."""
+    """int32 for class ids (what losses and TPUs handle natively; numpy's default int64
+    is emulated on TPUs), int64 only if the values do not fit; floats unchanged."""
     if ys.dtype.kind == "f":
         return ys.dtype
-    if ys.dtype in (np.int64, np.uint32, np.uint64):
+    info = np.iinfo(np.int32)
+    if ys.size and (ys.min() < info.min or ys.max() > info.max):
         return np.dtype(np.int64)
     return np.dtype(np.int32)
 

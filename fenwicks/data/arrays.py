@@ -77,7 +77,7 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
         batches = _constant_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed,
                                     num_pipelines, pipeline_id)
     else:
-        batches = _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz or local,
+        batches = _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz,
                                     seed, num_pipelines, pipeline_id, deterministic)
     return pipeline.finish(batches, batch_size=batch_size, training=training,
                            shuffle_buf_sz=None, batch_transform=batch_transform, seed=seed,
@@ -86,14 +86,35 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
 
 def _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed, num_pipelines,
                       pipeline_id, deterministic) -> tf.data.Dataset:
-    indices = tf.data.Dataset.range(len(xs)).shard(num_pipelines, pipeline_id)
-    if training:
+    if training and shuffle_buf_sz is None:
+        indices = _epoch_permutations(len(xs), num_pipelines, pipeline_id, seed)
+    else:
+        indices = tf.data.Dataset.range(len(xs)).shard(num_pipelines, pipeline_id)
+    if training and shuffle_buf_sz is not None:
         indices = indices.shuffle(shuffle_buf_sz, seed=seed, reshuffle_each_iteration=True)
         indices = indices.repeat()
     indices = indices.batch(batch_size, drop_remainder=training)
     static_batch = batch_size if training else None
     return indices.map(_gather_fn(xs, ys, static_batch), num_parallel_calls=tf.data.AUTOTUNE,
                        deterministic=deterministic)
+
+
+def _epoch_permutations(n: int, num_pipelines: int, pipeline_id: int,
+                        seed: int | None) -> tf.data.Dataset:
+    """This pipeline's example indices, a fresh permutation each epoch, forever.
+
+    One int64 tensor per epoch (8 bytes per example): a shuffle buffer of n scalar
+    elements would cost ~25x that in per-element overhead.
+    """
+    positions = tf.range(pipeline_id, n, num_pipelines, dtype=tf.int64)
+
+    def permute(epoch: tf.Tensor) -> tf.Tensor:
+        if seed is None:
+            return tf.random.shuffle(positions)
+        return tf.random.experimental.stateless_shuffle(
+            positions, seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+
+    return tf.data.Dataset.counter().map(permute).unbatch()
 
 
 def _gather_fn(xs: np.ndarray, ys: np.ndarray | None, static_batch: int | None):

@@ -1,0 +1,423 @@
+"""fw.data: exactness, determinism, sharding, caching, TFRecord writing and checking,
+tfds through mock data, a gs:// round trip on the emulator, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fenwicks as fw
+from tests.conftest import run_json
+
+H, W, C = 4, 3, 2
+
+
+def _images(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n distinct uint8 images whose first pixel is their index (and their label)."""
+    xs = np.random.default_rng(0).integers(0, 255, (n, H, W, C), dtype=np.uint8)
+    xs[:, 0, 0, 0] = np.arange(n)
+    return xs, np.arange(n) % 100
+
+
+def _parser(record):
+    return fw.data.tfexample_numpy_image_parser(record, H, W, C)
+
+
+def _collect(ds, batches=None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    ds = ds if batches is None else ds.take(batches)
+    pairs = list(ds.as_numpy_iterator())
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
+def _context(num, index):
+    return tf.distribute.InputContext(num_input_pipelines=num, input_pipeline_id=index,
+                                      num_replicas_in_sync=num)
+
+
+# --------------------------------------------------------------------------- numpy_ds
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 4, 10, 16])
+def test_numpy_eval_pass_yields_every_example_once_in_order(batch_size):
+    xs, ys = _images(10)
+    images, labels = _collect(fw.data.numpy_ds(xs, ys, batch_size, training=False))
+    sizes = [len(b) for b in labels]
+    assert sizes == [batch_size] * (10 // batch_size) + ([10 % batch_size] if 10 % batch_size
+                                                         else [])
+    np.testing.assert_array_equal(np.concatenate(images), xs)
+    np.testing.assert_array_equal(np.concatenate(labels), ys)
+
+
+def test_numpy_training_epochs_are_seeded_permutations():
+    xs, ys = _images(12)
+    ds = fw.data.numpy_ds(xs, ys, 4, training=True, seed=7)
+    assert ds.element_spec[0].shape.as_list() == [4, H, W, C]  # static batch for XLA
+    assert ds.element_spec[1].dtype == tf.int32
+    images, labels = _collect(ds, 6)
+    flat = np.concatenate(labels)
+    first, second = flat[:12], flat[12:]
+    assert sorted(first) == list(range(12)) and sorted(second) == list(range(12))
+    assert not np.array_equal(first, second) and not np.array_equal(first, np.arange(12))
+    np.testing.assert_array_equal(np.concatenate(images), xs[flat])  # pairs stay together
+    again = np.concatenate(_collect(fw.data.numpy_ds(xs, ys, 4, seed=7), 6)[1])
+    other = np.concatenate(_collect(fw.data.numpy_ds(xs, ys, 4, seed=8), 6)[1])
+    np.testing.assert_array_equal(flat, again)
+    assert not np.array_equal(flat, other)
+
+
+def test_numpy_shards_per_input_pipeline_and_features_only():
+    xs, ys = _images(11)
+    seen = []
+    for index in range(3):
+        ds = fw.data.numpy_ds(xs, None, 4, training=False, input_context=_context(3, index))
+        seen.append(np.concatenate(list(ds.as_numpy_iterator()))[:, 0, 0, 0])
+    np.testing.assert_array_equal(seen[1], [1, 4, 7, 10])
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(11))
+
+
+def test_numpy_labels_become_int32_class_ids():
+    xs, _ = _images(6)
+    ds = fw.data.numpy_ds(xs, np.arange(6, dtype=np.uint8), 6, training=False)
+    labels = next(iter(ds))[1]
+    assert labels.dtype == tf.int32 and labels.numpy().tolist() == list(range(6))
+
+
+def test_numpy_ds_does_not_copy_big_arrays():
+    """300 MB of features: peak memory grows by far less than the arrays (no graph copy)."""
+    out = run_json("""
+        import json, resource, numpy as np, tensorflow as tf, fenwicks as fw
+        xs = np.ones((300_000, 1000), np.uint8); ys = np.arange(300_000) % 10
+        warm = fw.data.numpy_ds(xs[:10], ys[:10], 5, training=False)
+        list(warm)  # TF's own one-off allocations do not count against the arrays
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        total, count = 0, 0
+        for x, y in fw.data.numpy_ds(xs, ys, 2_000, training=False):
+            total += int(tf.reduce_sum(tf.cast(x[:, 0], tf.int64))); count += len(y)
+        for x, y in fw.data.numpy_ds(xs, ys, 20_000, training=True, seed=0).take(3):
+            count += len(y)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps({"growth": peak - base, "size": xs.nbytes, "total": total,
+                          "count": count}))
+    """)
+    assert out["total"] == 300_000 and out["count"] == 300_000 + 3 * 20_000
+    assert out["growth"] < 0.5 * out["size"], out  # peak <= 1.5x the arrays
+
+
+@pytest.mark.parametrize("xs, ys, batch_size, match", [
+    (np.zeros((5, 2)), np.zeros(4, int), 2, "xs has 5 examples but ys has 4"),
+    (np.zeros((5, 2)), np.zeros((5, 1), int), 2, r"pass ys.reshape\(-1\)"),
+    (np.zeros((5, 2)), np.array(list("abcde")), 2, "dtype <U1"),
+    (np.zeros((5, 2)), np.zeros(5, int), 0, "batch_size=0"),
+    (np.zeros((5, 2)), np.zeros(5, int), 6, "batch_size=6 is larger than the 5"),
+    (np.array([]), np.zeros(0, int), 2, "at least one example"),
+])
+def test_numpy_bad_inputs(xs, ys, batch_size, match):
+    with pytest.raises(ValueError, match=match):
+        fw.data.numpy_ds(xs, ys, batch_size, training=True)
+
+
+# --------------------------------------------------------------------------- TFRecords
+
+
+@pytest.fixture
+def shards(tmp_path):
+    xs, ys = _images(20)
+    fn = str(tmp_path / "train")
+    paths = fw.data.numpy_tfrecord(fn, xs, ys, num_shards=4)
+    return fn, paths, xs, ys
+
+
+def test_numpy_tfrecord_shards_and_eval_pass_is_exact(shards):
+    fn, paths, xs, ys = shards
+    assert [os.path.basename(p) for p in paths] == [f"train-0000{i}-of-00004" for i in range(4)]
+    assert sorted(os.listdir(os.path.dirname(fn))) == sorted(os.path.basename(p) for p in paths)
+    # Round robin: shard i holds examples i, i + 4, ...
+    first = next(iter(tf.data.TFRecordDataset(paths[1]).map(_parser)))[1].numpy()
+    assert first == 1
+    assert fw.data.count_records(fn + "*") == 20
+    for batch_size in (3, 20, 32):
+        images, labels = _collect(fw.data.tfrecord_ds(fn + "*", _parser, batch_size,
+                                                      training=False))
+        order = np.concatenate(images)[:, 0, 0, 0]
+        assert sorted(order) == list(range(20))
+        np.testing.assert_array_equal(np.concatenate(images), xs[order])
+        np.testing.assert_array_equal(np.concatenate(labels), ys[order])
+        assert len(labels[-1]) == (20 % batch_size or batch_size)
+
+
+def test_tfrecord_training_is_seeded_and_each_epoch_a_permutation(shards):
+    fn = shards[0]
+
+    def epochs(seed):
+        ds = fw.data.tfrecord_ds(fn + "*", _parser, 5, training=True, shuffle_buf_sz=20,
+                                 seed=seed)
+        assert ds.element_spec[0].shape.as_list() == [5, H, W, C]
+        return np.concatenate([x[:, 0, 0, 0] for x in _collect(ds, 8)[0]])
+
+    order = epochs(3)
+    assert sorted(order[:20]) == list(range(20)) and sorted(order[20:]) == list(range(20))
+    np.testing.assert_array_equal(order, epochs(3))
+    assert not np.array_equal(order, epochs(4))
+
+
+def test_tfrecord_shards_per_input_pipeline(shards):
+    fn = shards[0]
+    for pipelines in (2, 3, 5):  # 4 files: by file for 2, by record for 3 and 5
+        seen = [np.concatenate([x[:, 0, 0, 0] for x in _collect(fw.data.tfrecord_ds(
+            fn + "*", _parser, 4, training=False, input_context=_context(pipelines, i)))[0]])
+            for i in range(pipelines)]
+        assert sorted(np.concatenate(seen)) == list(range(20)), pipelines
+    assert sorted(seen[0]) == [0, 5, 10, 15]  # record-level shard over the file order
+
+
+def test_overwrite_is_refused_and_stale_shards_are_removed(shards):
+    fn, paths, xs, ys = shards
+    before = open(paths[0], "rb").read()
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        fw.data.numpy_tfrecord(fn, xs[:2], ys[:2], num_shards=4)
+    assert open(paths[0], "rb").read() == before
+    new = fw.data.numpy_tfrecord(fn, xs[:6], ys[:6], num_shards=2, overwrite=True)
+    assert sorted(tf.io.gfile.glob(fn + "*")) == sorted(new)
+    assert fw.data.count_records(fn + "*") == 6
+
+
+def test_failed_write_leaves_no_file(tmp_path):
+    good = tmp_path / "a.png"
+    good.write_bytes(tf.io.encode_png(np.zeros((2, 2, 3), np.uint8)).numpy())
+    bad = tmp_path / "notes.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(ValueError, match="notes.png is not a JPEG"):
+        fw.data.files_tfrecord(str(tmp_path / "out"), [str(good), str(bad)], [0, 1])
+    assert sorted(os.listdir(tmp_path)) == ["a.png", "notes.png"]  # no partial, no temp
+
+
+def _damage(path: str, records: int, offset_in_record: int | None, truncate: int = 0):
+    data = bytearray(open(path, "rb").read())
+    size = len(data) // records  # equal-sized records (same image size, labels < 128)
+    if offset_in_record is not None:
+        data[2 * size + offset_in_record] ^= 0xFF  # inside record 2
+    open(path, "wb").write(bytes(data[:len(data) - truncate]))
+    return size
+
+
+def test_corrupt_record_names_the_file_and_skip_corrupt_counts(shards, caplog):
+    fn, paths, _, _ = shards
+    _damage(paths[1], 5, offset_in_record=12 + 20)  # 12-byte header, then data
+    with pytest.raises(fw.data.RecordError, match="train-00001-of-00004.*corrupted data"):
+        fw.data.tfrecord_ds(fn + "*", _parser, 4, training=False)
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        ds = fw.data.tfrecord_ds(fn + "*", _parser, 4, training=False, skip_corrupt=True)
+    # TensorFlow's reader stops a file at a bad checksum: records 2, 3, 4 of shard 1 are lost,
+    # which are examples 1 + 4 * (2, 3, 4) in the round-robin layout.
+    order = np.concatenate([x[:, 0, 0, 0] for x in _collect(ds)[0]])
+    assert sorted(order) == sorted(set(range(20)) - {9, 13, 17})
+    assert "skipped 3 record(s) in 1 file(s)" in caplog.text
+    # Without the up-front scan, TensorFlow's own skipping stops at the damage, never hangs.
+    ds = fw.data.tfrecord_ds(fn + "*", _parser, 4, training=False, skip_corrupt=True,
+                             verify=False)
+    assert sum(len(y) for y in _collect(ds)[1]) == 17
+
+
+def test_truncated_file_names_the_file(shards):
+    fn, paths, _, _ = shards
+    _damage(paths[3], 5, offset_in_record=None, truncate=7)
+    with pytest.raises(fw.data.RecordError, match="train-00003-of-00004.*truncated data"):
+        fw.data.tfrecord_ds(fn + "*", _parser, 4, training=True)
+    assert fw.data.count_records(fn + "*") == 19
+    ds = fw.data.tfrecord_ds(fn + "*", _parser, 19, training=True, skip_corrupt=True)
+    assert sorted(next(iter(ds))[0].numpy()[:, 0, 0, 0]) == sorted(set(range(20)) - {19})
+
+
+@pytest.mark.parametrize("parser, error, match", [
+    (lambda r: fw.data.tfexample_numpy_image_parser(r, H, W, 3), fw.data.RecordError,
+     "train-00000-of-00004 do not fit parser"),
+    (lambda r: (_parser(r)[0], tf.constant("cat")), ValueError, "labels of dtype string"),
+    (lambda r: (_parser(r)[0], tf.zeros([2], tf.int32)), ValueError, r"shape \(2,\)"),
+])
+def test_records_that_do_not_fit_the_parser(shards, parser, error, match):
+    with pytest.raises(error, match=match):
+        fw.data.tfrecord_ds(shards[0] + "*", parser, 4)
+
+
+def test_pattern_matching_nothing_names_the_pattern(tmp_path):
+    pattern = str(tmp_path / "nothing-*.tfrec")
+    with pytest.raises(FileNotFoundError, match="nothing-"):
+        fw.data.tfrecord_ds(pattern, _parser, 4)
+
+
+def test_file_cache_is_read_instead_of_the_records(shards, tmp_path):
+    fn, paths, xs, _ = shards
+    cache = str(tmp_path / "cache" / "decoded")
+    ds = fw.data.tfrecord_ds(fn + "*", _parser, 8, training=False, cache=cache)
+    first = np.concatenate(_collect(ds)[0])
+    assert tf.io.gfile.exists(cache + ".index")
+    for path in paths:  # the cache alone must now reproduce the data
+        tf.io.gfile.remove(path)
+    open(paths[0], "wb").close()  # an empty file keeps the pattern matching
+    ds = fw.data.tfrecord_ds(fn + "*", _parser, 8, training=False, cache=cache)
+    np.testing.assert_array_equal(np.concatenate(_collect(ds)[0]), first)
+    assert sorted(first[:, 0, 0, 0]) == list(range(20))
+
+
+def test_augmented_epochs_are_cached_and_cycled(shards):
+    fn = shards[0]
+    ds = fw.data.tfrecord_ds(fn + "*", _parser, 5, training=True, seed=1, cache=True,
+                             batch_transform=fw.transform.random_flip, augmented_epochs=2)
+    images, labels = _collect(ds, 12)  # 4 batches per epoch: batches 8..11 replay 0..3
+    for k in range(4):
+        np.testing.assert_array_equal(images[k], images[k + 8])
+    # Epochs 0 and 1 are different draws: some image is flipped in one and not the other.
+    # Label = index = pixel (0, 0) of the unflipped image.
+    flipped = []
+    for e in range(2):
+        xs, ys = np.concatenate(images[e * 4:e * 4 + 4]), np.concatenate(labels[e * 4:e * 4 + 4])
+        flipped.append({int(y) for x, y in zip(xs, ys, strict=True) if x[0, 0, 0] != y})
+    assert 0 < len(flipped[0]) < 20
+    assert flipped[0] != flipped[1]
+
+
+def test_seeded_augmentation_is_reproducible(shards):
+    fn = shards[0]
+
+    def run(seed):
+        ds = fw.data.tfrecord_ds(fn + "*", _parser, 5, training=True, seed=seed,
+                                 transform=fw.transform.tfm_pad_crop(1),
+                                 batch_transform=fw.transform.random_flip)
+        return np.concatenate(_collect(ds, 8)[0])
+
+    np.testing.assert_array_equal(run(5), run(5))
+    assert not np.array_equal(run(5), run(6))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"batch_size": -1}, "batch_size=-1"),
+    ({"cache": 3}, "cache=3"),
+    ({"shuffle_buf_sz": 0}, "shuffle_buf_sz=0"),
+    ({"augmented_epochs": 2, "training": False}, "augmented_epochs"),
+])
+def test_tfrecord_bad_arguments(shards, kwargs, match):
+    args = {"batch_size": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        fw.data.tfrecord_ds(shards[0] + "*", _parser, **args)
+
+
+# --------------------------------------------------------------------------- image files
+
+
+def _png_tree(root, classes: dict[str, int]) -> dict[str, np.ndarray]:
+    """class folder -> images; pixel (0, 0) encodes (class index, image index)."""
+    made = {}
+    for c, (name, count) in enumerate(sorted(classes.items())):
+        os.makedirs(root / name)
+        images = np.zeros((count, 5, 6, 3), np.uint8)
+        images[:, 0, 0, 0], images[:, 0, 0, 1] = c, np.arange(count)
+        for i, image in enumerate(images):
+            (root / name / f"{i}.png").write_bytes(tf.io.encode_png(image).numpy())
+        made[name] = images
+    (root / "cat" / "readme.txt").write_text("not an image: skipped by extension")
+    return made
+
+
+def test_data_dir_tfrecord_split_and_encoded_image_parser(tmp_path):
+    made = _png_tree(tmp_path / "imgs", {"cat": 5, "dog": 5, "emu": 3})
+    train, valid = str(tmp_path / "out" / "train"), str(tmp_path / "out" / "valid")
+    names = fw.data.data_dir_tfrecord(str(tmp_path / "imgs"), train, valid_fraction=0.4,
+                                      valid_fn=valid, num_shards=2)
+    assert names == ["cat", "dog", "emu"]
+
+    def parser(record):
+        return fw.data.tfexample_image_parser(record, 5, 6)
+
+    seen = {}
+    for split, path in (("train", train), ("valid", valid)):
+        images, labels = _collect(fw.data.tfrecord_ds(path + "*", parser, 4, training=False))
+        images, labels = np.concatenate(images), np.concatenate(labels)
+        np.testing.assert_array_equal(images[:, 0, 0, 0], labels)  # label = folder index
+        for image in images:  # PNG is lossless and the size unchanged: pixels are exact
+            np.testing.assert_array_equal(image, made[names[image[0, 0, 0]]][image[0, 0, 1]])
+        seen[split] = np.bincount(labels, minlength=3).tolist()
+    # round(0.4 * 5) = 2 and round(0.4 * 3) = 1 per class go to validation.
+    assert seen == {"train": [3, 3, 2], "valid": [2, 2, 1]}
+
+
+def test_files_tfrecord_keeps_encoded_bytes(tmp_path):
+    path = tmp_path / "a.jpg"
+    path.write_bytes(tf.io.encode_jpeg(np.full((8, 8, 3), 77, np.uint8)).numpy())
+    out = fw.data.files_tfrecord(str(tmp_path / "j"), [str(path)], [3])
+    record = next(iter(tf.data.TFRecordDataset(out)))
+    example = tf.train.Example.FromString(record.numpy())
+    assert example.features.feature["image"].bytes_list.value[0] == path.read_bytes()
+    assert example.features.feature["label"].int64_list.value[0] == 3
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"valid_fraction": 0.2}, ValueError, "needs valid_fn"),
+    ({"valid_fraction": 0.2, "valid_fn": "TRAIN_valid"}, ValueError, "prefix"),
+    ({"valid_fraction": 1.5, "valid_fn": "V"}, ValueError, "valid_fraction=1.5"),
+])
+def test_data_dir_bad_split(tmp_path, kwargs, error, match):
+    _png_tree(tmp_path / "imgs", {"cat": 2})
+    train = str(tmp_path / "TRAIN")
+    if "valid_fn" in kwargs:
+        kwargs["valid_fn"] = str(tmp_path / kwargs["valid_fn"])
+    with pytest.raises(error, match=match):
+        fw.data.data_dir_tfrecord(str(tmp_path / "imgs"), train, **kwargs)
+
+
+# --------------------------------------------------------------------------- tfds, gs://
+
+
+def test_tfds_through_mock_data():
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=20):
+        reference = list(tfds.load("mnist", split="train", as_supervised=True)
+                         .as_numpy_iterator())
+        images, labels = _collect(fw.data.tfds_ds("mnist", "train", 8, training=False))
+        train = fw.data.tfds_ds("mnist", "train", 8, training=True, seed=0)
+        train_batches = _collect(train, 3)[1]
+    assert [len(b) for b in labels] == [8, 8, 4]
+    got = sorted((int(y), x.tobytes()) for x, y in zip(np.concatenate(images),
+                                                       np.concatenate(labels), strict=True))
+    assert got == sorted((int(y), x.tobytes()) for x, y in reference)
+    assert [len(b) for b in train_batches] == [8, 8, 8]  # repeats, drop_remainder
+
+
+def test_gcs_round_trip(gcs_emulator):
+    xs, ys = _images(10)
+    root = gcs_emulator.unique_url("data")
+    code = f"""
+        import json, numpy as np, tensorflow as tf, fenwicks as fw
+        xs = np.array({xs.tolist()}, np.uint8); ys = np.arange(10)
+        paths = fw.data.numpy_tfrecord({root!r} + "/train", xs, ys, num_shards=2)
+        try:
+            fw.data.numpy_tfrecord({root!r} + "/train", xs, ys, num_shards=2)
+            refused = False
+        except FileExistsError:
+            refused = True
+        parser = lambda r: fw.data.tfexample_numpy_image_parser(r, {H}, {W}, {C})
+        ds = fw.data.tfrecord_ds({root!r} + "/train*", parser, 4, training=False,
+                                 cache={root!r} + "/cache/train")
+        images = np.concatenate([x for x, _ in ds.as_numpy_iterator()])
+        print(json.dumps({{"paths": paths, "refused": refused,
+                          "count": fw.data.count_records({root!r} + "/train*"),
+                          "cached": tf.io.gfile.exists({root!r} + "/cache/train.index"),
+                          "images": images.tolist()}}))
+    """
+    out = gcs_emulator.run_json(code)
+    assert out["paths"] == [f"{root}/train-0000{i}-of-00002" for i in range(2)]
+    assert out["refused"] and out["count"] == 10 and out["cached"]
+    images = np.array(out["images"], np.uint8)
+    np.testing.assert_array_equal(images, xs[images[:, 0, 0, 0]])
+    assert sorted(images[:, 0, 0, 0]) == list(range(10))
+
+
+def test_public_names_exist():
+    for name in fw.data.__all__:
+        assert getattr(fw.data, name) is not None
+    assert json.dumps(fw.data.shard_paths("x", 2)) == '["x-00000-of-00002", "x-00001-of-00002"]'
