@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-_LOSS_KEYS = ("loss", "val_loss")
+# Bookkeeping an evaluation or a log row carries next to its metrics: never a curve.
+_NOT_CURVES = ("step", "epoch", "global_step", "num_examples")
 
 
 def _pyplot():
@@ -259,7 +260,7 @@ def _estimator_curves(history: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     curves = {"loss": (np.asarray(history.steps, float), np.asarray(history.losses, float))}
     names = dict.fromkeys(key for result in history.evals for key in result)
     for name in names:
-        if name == "global_step":
+        if name in _NOT_CURVES:
             continue
         rows = [result for result in history.evals if name in result]
         label = name if name.startswith("val_") else f"val_{name}"
@@ -280,7 +281,7 @@ def _history_curves(history: Any, x: str | None) -> tuple[str, dict]:
     length = max(len(values) for values in columns.values())
     xs = columns[x_key] if x_key else np.arange(length, dtype=float)
     return x_key or "point", {key: (xs, values) for key, values in columns.items()
-                              if key not in (x_key, "step", "epoch", "global_step")}
+                              if key != x_key and key not in _NOT_CURVES}
 
 
 def plot_history(history: Any, x: str | None = None):

@@ -149,8 +149,8 @@ def test_plot_history_list_of_dicts_with_gaps_and_keras_history():
 def test_plot_history_of_the_estimator_per_step_loss_and_evaluations():
     history = fw.train.History(
         steps=[1, 2, 3, 4], losses=[2.0, 1.5, 1.2, 1.0],
-        evals=[{"global_step": 2, "loss": 1.6, "accuracy": 0.5},
-               {"global_step": 4, "loss": 1.1, "accuracy": 0.7}])
+        evals=[{"global_step": 2, "loss": 1.6, "accuracy": 0.5, "num_examples": 10},
+               {"global_step": 4, "loss": 1.1, "accuracy": 0.7, "num_examples": 10}])
 
     class FakeEstimator:  # est.train(...) returns the estimator; its .history is a History
         pass
@@ -165,6 +165,7 @@ def test_plot_history_of_the_estimator_per_step_loss_and_evaluations():
         np.testing.assert_array_equal(losses["val_loss"].get_xdata(), [2, 4])
         np.testing.assert_array_equal(losses["val_loss"].get_ydata(), [1.6, 1.1])
         np.testing.assert_array_equal(metrics["val_accuracy"].get_ydata(), [0.5, 0.7])
+        assert set(losses) == {"loss", "val_loss"} and set(metrics) == {"val_accuracy"}
     with pytest.raises(ValueError, match="empty"):
         fw.plt.plot_history(fw.train.History())
 
