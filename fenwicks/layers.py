@@ -49,6 +49,12 @@ def check_bn(bn: Any, name: str = "bn") -> str | int:
                      "64 (ghost BatchNorm over groups of 64 examples)")
 
 
+def _unique_name(prefix: str) -> str:
+    """`prefix`, `prefix_1`, ... the way Keras names layers."""
+    uid = keras.backend.get_uid(prefix)
+    return prefix if uid == 1 else f"{prefix}_{uid - 1}"
+
+
 def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
@@ -120,6 +126,8 @@ class BatchNorm(keras.layers.BatchNormalization):
                  epsilon: float = 1e-3, **kwargs: Any) -> None:
         self.mode = check_bn(mode, "mode")
         kwargs.pop("synchronized", None)
+        if kwargs.get("name") is None:  # Keras's BN name, so wd exclusion patterns carry over
+            kwargs["name"] = _unique_name("batch_normalization")
         super().__init__(momentum=momentum, epsilon=epsilon,
                          synchronized=self.mode == "sync", **kwargs)
         if isinstance(self.mode, int) and self.axis not in (-1,):

@@ -19,3 +19,28 @@ from fenwicks.train.model_func import (  # noqa: E402, F401  (public names)
     sparse_softmax_cross_entropy,
     squared_error,
 )
+from fenwicks.train.optimizers import (  # noqa: E402, F401  (public names)
+    BN_AND_BIAS,
+    SGD,
+    AdamW,
+    adam_optimizer,
+    sgd_optimizer,
+)
+from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
+    Constant,
+    CosineDecay,
+    ExpDecay,
+    FunctionSchedule,
+    Join,
+    LinearDecay,
+    PiecewiseLinear,
+    Scaled,
+    Schedule,
+    cosine_decay,
+    exp_decay_lr,
+    linear_decay,
+    linear_warmup,
+    one_cycle_lr,
+    one_cycle_momentum,
+    piecewise_linear,
+)

@@ -1,0 +1,297 @@
+"""Optimizers with weight decay applied to the variables, after the cross-replica all-reduce.
+
+`sgd_optimizer` and `adam_optimizer` return an ``opt_func``: a zero-argument callable that
+builds a fresh Keras 3 optimizer. The estimator calls it inside `strategy.scope()` (and
+wraps the result in `keras.optimizers.LossScaleOptimizer` for float16).
+
+* `SGD`: PyTorch SGD semantics. Weight decay is coupled L2 (``g + wd * w``) added to the
+  all-reduced gradient before momentum; the velocity is not scaled by the learning rate,
+  so a changing schedule acts like it does in PyTorch. With ``reduction='sum'`` the
+  DavidNet recipe is ``lr = lr_per_example / batch`` and ``wd = 5e-4 * batch``.
+* `AdamW`: Keras Adam with decoupled weight decay (``w -= lr * wd * w`` each step).
+
+Decay exclusions are regular expressions searched in each variable's path (e.g.
+``'resnet9/conv_bn/batch_normalization/gamma'``); ``exclude_from_wd='bn_and_bias'``
+(or `BN_AND_BIAS`) skips every bias and normalisation scale/offset. A pattern that
+matches no variable triggers a warning when the optimizer is built.
+
+Gradient clipping (``clip_norm``) is by global norm of the all-reduced gradients: Keras's
+own ``global_clipnorm`` clips each replica's partial gradient before the all-reduce.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from fenwicks.train.schedules import check_lr, schedule_value
+
+_register = keras.saving.register_keras_serializable(package="fenwicks")
+
+# Biases and the scale/offset of BatchNorm (and LayerNorm): decaying these only hurts.
+BN_AND_BIAS: tuple[str, ...] = (r"(^|/)bias$", r"(^|/)gamma$", r"(^|/)beta$",
+                                r"batch_normalization")
+_SHORTCUTS = {"bn_and_bias": BN_AND_BIAS}
+
+OptFunc = Callable[[], keras.optimizers.Optimizer]
+
+
+def _check_number(value: Any, name: str, low: float = 0.0, high: float = math.inf,
+                  low_inclusive: bool = True, high_inclusive: bool = False) -> float:
+    """`value` as a float within [low, high) (bounds configurable); else a ValueError."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value)
+    ok = ok and (value >= low if low_inclusive else value > low)
+    ok = ok and (value <= high if high_inclusive else value < high)
+    if not ok:
+        left, right = "[" if low_inclusive else "(", "]" if high_inclusive else ")"
+        raise ValueError(f"{name}={value!r} must be a finite number in {left}{low}, {high}"
+                         f"{right}")
+    return float(value)
+
+
+def exclusion_patterns(exclude_from_wd: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Normalises `exclude_from_wd` to a tuple of regular expressions.
+
+    Example:
+        >>> exclusion_patterns('bn_and_bias') == BN_AND_BIAS
+        True
+    """
+    if exclude_from_wd is None:
+        return ()
+    if isinstance(exclude_from_wd, str):
+        exclude_from_wd = _SHORTCUTS.get(exclude_from_wd, (exclude_from_wd,))
+    patterns = tuple(exclude_from_wd)
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ValueError(f"exclude_from_wd contains {pattern!r}; give regular expression "
+                             "strings matched against variable paths, e.g. ['bias']")
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ValueError(f"exclude_from_wd pattern {pattern!r} is not a valid regular "
+                             f"expression: {err}") from err
+    return patterns
+
+
+class _DecayMixin:
+    """Per-variable decay decisions from path patterns, and clipping after the all-reduce."""
+
+    def _init_decay(self, wd: float, exclude_from_wd: Any, clip_norm: float | None) -> None:
+        self.wd = _check_number(wd, "wd")
+        self.exclude_from_wd = exclusion_patterns(exclude_from_wd)
+        self.clip_norm = (None if clip_norm is None else
+                          _check_number(clip_norm, "clip_norm", low_inclusive=False))
+        self._decay_flags: list[bool] = []
+
+    def _build_decay(self, variables: Sequence[Any]) -> None:
+        paths = [getattr(v, "path", v.name) for v in variables]
+        compiled = [re.compile(p) for p in self.exclude_from_wd]
+        self._decay_flags = [not any(c.search(path) for c in compiled) for path in paths]
+        unused = [p for p, c in zip(self.exclude_from_wd, compiled, strict=True)
+                  if not any(c.search(path) for path in paths)]
+        if unused and self.wd > 0 and not _is_shortcut(self.exclude_from_wd):
+            warnings.warn(f"exclude_from_wd patterns {unused} match none of the "
+                          f"{len(paths)} trainable variables (paths such as {paths[:2]}); "
+                          "those variables are decayed", stacklevel=3)
+
+    def _use_weight_decay(self, variable: Any) -> bool:
+        return self._decay_flags[self._get_variable_index(variable)]
+
+    def _backend_update_step(self, grads: Any, trainable_variables: Any,
+                             learning_rate: Any) -> None:
+        # Keras clips before its all-reduce (per-replica partial gradients); clip after.
+        variables = [v.value if isinstance(v, keras.Variable) else v
+                     for v in trainable_variables]
+        grads_and_vars = self._all_reduce_sum_gradients(list(zip(grads, variables, strict=True)))
+        if self.clip_norm is not None:
+            clipped, _ = tf.clip_by_global_norm([g for g, _ in grads_and_vars],
+                                                self.clip_norm)
+            grads_and_vars = list(zip(clipped, [v for _, v in grads_and_vars], strict=True))
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            self._distributed_tf_update_step, self._distribution_strategy,
+            grads_and_vars, learning_rate)
+
+    def _decay_config(self) -> dict[str, Any]:
+        return {"wd": self.wd, "exclude_from_wd": list(self.exclude_from_wd),
+                "clip_norm": self.clip_norm}
+
+
+def _is_shortcut(patterns: tuple[str, ...]) -> bool:
+    # The shortcut lists every kind of parameter; a model without some kind is normal.
+    return patterns in _SHORTCUTS.values()
+
+
+@_register
+class SGD(_DecayMixin, keras.optimizers.Optimizer):
+    """SGD with momentum and coupled L2 weight decay, with PyTorch's update rule.
+
+    For each variable w with all-reduced gradient g (decay only where not excluded)::
+
+        g = g + wd * w
+        v = mom * v + g
+        w = w - lr * (g + mom * v)    # nesterov; plain momentum: w = w - lr * v
+
+    Args:
+        learning_rate: a float or a `keras.optimizers.schedules.LearningRateSchedule`.
+        mom: momentum in [0, 1), or a schedule of it (`one_cycle_momentum`).
+            Defaults to `0.9`.
+        wd: L2 coefficient >= 0. Defaults to `0.0`.
+        nesterov: Nesterov momentum. Defaults to `True`.
+        exclude_from_wd: regular expressions (or ``'bn_and_bias'``) for variable paths
+            that get no decay. Defaults to `None`.
+        clip_norm: clip the all-reduced gradients to this global norm. Defaults to `None`.
+        **kwargs: `keras.optimizers.Optimizer` arguments (name, loss_scale_factor, ...).
+
+    Example:
+        >>> opt = fw.train.SGD(fw.train.piecewise_linear([0, 5, 24], [0, 0.4, 0]), wd=5e-4)
+    """
+
+    def __init__(self, learning_rate: Any = 0.01, mom: float = 0.9, wd: float = 0.0,
+                 nesterov: bool = True, exclude_from_wd: Any = None,
+                 clip_norm: float | None = None, **kwargs: Any) -> None:
+        if isinstance(mom, dict):
+            mom = keras.saving.deserialize_keras_object(mom)
+        super().__init__(learning_rate=check_lr(learning_rate), **kwargs)
+        if isinstance(mom, keras.optimizers.schedules.LearningRateSchedule):
+            self.mom = mom  # momentum cycling, e.g. one_cycle_momentum()
+        else:
+            self.mom = _check_number(mom, "mom", high=1.0)
+        self.nesterov = bool(nesterov)
+        self._init_decay(wd, exclude_from_wd, clip_norm)
+
+    def build(self, variables: Sequence[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        self._build_decay(variables)
+        self.velocities = self.add_optimizer_variables(variables, "velocity")
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        dtype = variable.dtype
+        lr = tf.cast(learning_rate, dtype)
+        mom = tf.cast(schedule_value(self.mom, self.iterations), dtype)
+        gradient = tf.cast(gradient, dtype)
+        if self.wd > 0 and self._use_weight_decay(variable):
+            gradient = gradient + tf.cast(self.wd, dtype) * variable
+        velocity = self.velocities[self._get_variable_index(variable)]
+        self.assign(velocity, mom * velocity + gradient)
+        step = gradient + mom * velocity if self.nesterov else velocity
+        self.assign_sub(variable, lr * step)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "nesterov": self.nesterov,
+                "mom": keras.saving.serialize_keras_object(self.mom),
+                **self._decay_config()}
+
+
+@_register
+class AdamW(_DecayMixin, keras.optimizers.Adam):
+    """Keras Adam with decoupled weight decay on the variables (AdamW).
+
+    Each step, before the Adam update, every variable not excluded shrinks by
+    ``w -= lr * wd * w`` (Loshchilov and Hutter; the learning rate includes the schedule).
+    The Adam step is Keras's: with t = step + 1,
+    ``w -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon)``.
+
+    Args:
+        learning_rate: a float or a `LearningRateSchedule`.
+        wd: decoupled decay coefficient >= 0; 0 means plain Adam. Defaults to `0.0`.
+        beta1: first-moment decay in [0, 1). Defaults to `0.9`.
+        beta2: second-moment decay in [0, 1). Defaults to `0.999`.
+        epsilon: > 0. Defaults to `1e-7`.
+        exclude_from_wd: regular expressions (or ``'bn_and_bias'``). Defaults to `None`.
+        clip_norm: clip the all-reduced gradients to this global norm. Defaults to `None`.
+        **kwargs: `keras.optimizers.Optimizer` arguments.
+
+    Example:
+        >>> opt = fw.train.AdamW(1e-3, wd=1e-2, exclude_from_wd='bn_and_bias')
+    """
+
+    def __init__(self, learning_rate: Any = 0.001, wd: float = 0.0, beta1: float = 0.9,
+                 beta2: float = 0.999, epsilon: float = 1e-7, exclude_from_wd: Any = None,
+                 clip_norm: float | None = None, **kwargs: Any) -> None:
+        for key in ("weight_decay", "beta_1", "beta_2", "clipnorm", "global_clipnorm"):
+            kwargs.pop(key, None)  # from a Keras get_config round trip; ours win
+        beta1 = _check_number(beta1, "beta1", high=1.0)
+        beta2 = _check_number(beta2, "beta2", high=1.0)
+        epsilon = _check_number(epsilon, "epsilon", low_inclusive=False)
+        wd = _check_number(wd, "wd")
+        super().__init__(learning_rate=check_lr(learning_rate), beta_1=beta1, beta_2=beta2,
+                         epsilon=epsilon, weight_decay=wd if wd > 0 else None, **kwargs)
+        self._init_decay(wd, exclude_from_wd, clip_norm)
+
+    def build(self, variables: Sequence[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        self._build_decay(variables)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "beta1": self.beta_1, "beta2": self.beta_2,
+                **self._decay_config()}
+
+
+def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: bool = True,
+                  exclude_from_wd: Any = None, clip_norm: float | None = None) -> OptFunc:
+    """Returns an ``opt_func`` building `SGD` (PyTorch semantics, coupled L2 decay).
+
+    Args:
+        lr_func: learning rate: a float or a schedule such as `one_cycle_lr(...)`.
+        mom: momentum in [0, 1), or a schedule such as `one_cycle_momentum(...)`.
+            Defaults to `0.9`.
+        wd: L2 coefficient >= 0, added to the gradient before momentum. Defaults to `0.0`.
+        nesterov: Nesterov momentum. Defaults to `True`.
+        exclude_from_wd: patterns of variable paths without decay, or ``'bn_and_bias'``.
+            Defaults to `None` (decay everything, as PyTorch SGD does).
+        clip_norm: global-norm clipping of the all-reduced gradients. Defaults to `None`.
+
+    Returns:
+        A zero-argument callable that returns a new `SGD`.
+
+    Raises:
+        ValueError: for a negative or non-finite hyperparameter, now rather than later.
+
+    Example:
+        >>> lr_func = fw.train.piecewise_linear([0, 5 * spe, 24 * spe], [0, 0.4, 0])
+        >>> opt_func = fw.train.sgd_optimizer(lambda s: lr_func(s) / 512, wd=5e-4 * 512)
+    """
+    SGD(lr_func, mom=mom, wd=wd, nesterov=nesterov, exclude_from_wd=exclude_from_wd,
+        clip_norm=clip_norm)  # validate now, before any compile starts
+    return lambda: SGD(lr_func, mom=mom, wd=wd, nesterov=nesterov,
+                       exclude_from_wd=exclude_from_wd, clip_norm=clip_norm)
+
+
+def adam_optimizer(lr_func: Any, wd: float | None = None, beta1: float = 0.9,
+                   beta2: float = 0.999, epsilon: float = 1e-7, exclude_from_wd: Any = None,
+                   clip_norm: float | None = None) -> OptFunc:
+    """Returns an ``opt_func`` building `AdamW` (Adam with decoupled weight decay).
+
+    Args:
+        lr_func: learning rate: a float or a schedule.
+        wd: decoupled decay coefficient >= 0; None or 0 for plain Adam. Defaults to `None`.
+        beta1: first-moment decay in [0, 1). Defaults to `0.9`.
+        beta2: second-moment decay in [0, 1). Defaults to `0.999`.
+        epsilon: > 0. Defaults to `1e-7`.
+        exclude_from_wd: patterns of variable paths without decay; ``'bn_and_bias'``
+            excludes biases and BatchNorm parameters. Defaults to `None`.
+        clip_norm: global-norm clipping of the all-reduced gradients. Defaults to `None`.
+
+    Returns:
+        A zero-argument callable that returns a new `AdamW`.
+
+    Example:
+        >>> opt_func = fw.train.adam_optimizer(1e-3, wd=1e-2, exclude_from_wd='bn_and_bias')
+    """
+    wd = 0.0 if wd is None else wd
+    kwargs = dict(wd=wd, beta1=beta1, beta2=beta2, epsilon=epsilon,
+                  exclude_from_wd=exclude_from_wd, clip_norm=clip_norm)
+    AdamW(lr_func, **kwargs)  # validate now, before any compile starts
+    return lambda: AdamW(lr_func, **kwargs)
