@@ -230,7 +230,8 @@ def glob(pattern: str) -> list[str]:
         ['gs://my-bucket/data/cifar10/train-0.tfrec', 'gs://my-bucket/data/cifar10/train-1.tfrec']
     """
     pattern = _check_path(pattern, "pattern")
-    return sorted(_gfile(pattern).glob(pattern))
+    # On GCS, TensorFlow also returns folder marker objects ('run/' for 'run*/*').
+    return sorted({path for path in _gfile(pattern).glob(pattern) if not path.endswith("/")})
 
 
 def listdir(path: str) -> list[str]:

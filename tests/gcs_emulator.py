@@ -190,6 +190,8 @@ def _launch_server(namespace: str, cert: Path, key: Path, bucket: str, log_path:
                    timeout: float) -> subprocess.Popen:
     command = ["ip", "netns", "exec", namespace, sys.executable, os.path.abspath(__file__),
                "--cert", str(cert), "--key", str(key), "--bucket", bucket]
+    if os.environ.get("FENWICKS_GCS_EMULATOR_VERBOSE") == "1":  # request log for debugging
+        command.append("--verbose")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
@@ -283,9 +285,21 @@ def serve(cert: str, key: str, bucket: str, http_port: int = 80,
     from gcp_storage_emulator.storage import Storage
 
     _patch_emulator()
+
+    class Handler(RequestHandler):
+        def parse_request(self) -> bool:
+            # curl (TensorFlow's client) sends `Expect: 100-continue` before an upload
+            # body and waits 1 s for the go-ahead, which an HTTP/1.0 handler never
+            # gives: that made every checkpoint file cost a second.
+            ok = super().parse_request()
+            if ok and (self.headers.get("Expect") or "").lower() == "100-continue":
+                self.send_response_only(100)
+                self.end_headers()
+            return ok
+
     storage = Storage(use_memory_fs=True, data_dir=os.path.abspath("."))
     create_bucket(bucket, storage)
-    handler = partial(RequestHandler, storage)
+    handler = partial(Handler, storage)
     plain = ThreadingHTTPServer(("127.0.0.1", http_port), handler)
     secure = ThreadingHTTPServer(("127.0.0.1", https_port), handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -305,7 +319,12 @@ def main() -> None:
     parser.add_argument("--bucket", required=True)
     parser.add_argument("--http-port", type=int, default=80)
     parser.add_argument("--https-port", type=int, default=443)
+    parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args()
+    if args.verbose:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     serve(args.cert, args.key, args.bucket, args.http_port, args.https_port)
 
 

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
+import pytest
+from google.auth.exceptions import DefaultCredentialsError
+
+import fenwicks as fw
 
 
 def test_tensorflow_gs_client_round_trips(gcs_emulator):
@@ -59,3 +66,119 @@ def test_tensorflow_gs_client_round_trips(gcs_emulator):
     assert out["kept"] == [base + "/work/ckpt/ckpt-2", base + "/work/ckpt/ckpt-3"]
     assert out["events"] == 1
     assert out["scalars"] == [[i, np.float32(1.0 / (i + 1))] for i in range(4)]
+
+
+# --------------------------------------------------------------------------- fw.gcs.setup()
+
+SECRET = "ya29.SECRET-TOKEN-must-never-appear"
+
+
+class FakeCredentials:
+    token = SECRET
+
+    def __repr__(self) -> str:  # a careless print of the object would leak this
+        return f"FakeCredentials(token={SECRET})"
+
+
+@pytest.fixture
+def fake_google(monkeypatch):
+    """A clean environment with google.auth.default replaced; records its calls.
+
+    Set ``.failing = True`` to simulate a machine with no credentials.
+    """
+    import google.auth
+
+    state = types.SimpleNamespace(calls=[], failing=False)
+
+    def default(scopes=None, **kwargs):
+        state.calls.append(scopes)
+        if state.failing:
+            raise DefaultCredentialsError("Your default credentials were not found.")
+        return FakeCredentials(), "adc-project"
+
+    for name in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "STORAGE_EMULATOR_HOST",
+                 "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("google.colab", "kaggle_secrets"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(google.auth, "default", default)
+    monkeypatch.setattr(fw.gcs, "_verified", None)
+    return state
+
+
+def fake_module(monkeypatch, name: str, **attributes) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for key, value in attributes.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def test_setup_on_colab(fake_google, monkeypatch, capsys):
+    authenticated = []
+    auth = types.SimpleNamespace(authenticate_user=lambda: authenticated.append(True))
+    fake_module(monkeypatch, "google.colab", auth=auth)
+    assert fw.gcs.environment() == "colab"
+    assert fw.gcs.setup() == "colab"
+    assert authenticated == [True]
+    assert fake_google.calls == [[fw.gcs.READ_WRITE_SCOPE]]
+    printed = capsys.readouterr().out
+    assert "Colab" in printed and "adc-project" in printed and SECRET not in printed
+    assert fw.colab_utils.setup_gcs() == "colab"  # the original-Fenwicks alias
+    assert authenticated == [True, True]
+    assert fw.gcs.check_credentials("gs://b/x") == "colab"
+
+
+def test_setup_on_kaggle(fake_google, monkeypatch, capsys):
+    projects = []
+
+    class UserSecretsClient:
+        def set_gcloud_credentials(self, project=None, account=None):
+            projects.append(project)
+
+    fake_module(monkeypatch, "kaggle_secrets", UserSecretsClient=UserSecretsClient)
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    assert fw.gcs.environment() == "kaggle"
+    assert fw.gcs.setup(project="kaggle-proj") == "kaggle"
+    assert projects == ["kaggle-proj"]
+    printed = capsys.readouterr().out
+    assert "Kaggle" in printed and "kaggle-proj" in printed and SECRET not in printed
+
+
+def test_setup_on_kaggle_without_integration(fake_google, monkeypatch, capsys):
+    class UserSecretsClient:
+        def set_gcloud_credentials(self, project=None, account=None):
+            raise RuntimeError(f"backend said {SECRET}")
+
+    fake_module(monkeypatch, "kaggle_secrets", UserSecretsClient=UserSecretsClient)
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    with pytest.raises(fw.gcs.GCSCredentialsError, match="Add-ons > Google Cloud") as err:
+        fw.gcs.setup()
+    assert SECRET not in str(err.value) and err.value.__cause__ is None
+    assert SECRET not in capsys.readouterr().out
+
+
+def test_setup_with_application_default_credentials(fake_google, capsys):
+    assert fw.gcs.environment() == "other"
+    assert fw.gcs.setup() == "application-default"
+    printed = capsys.readouterr().out
+    assert "application-default" in printed and SECRET not in printed
+    assert "google.colab" not in sys.modules and "kaggle_secrets" not in sys.modules
+
+
+def test_setup_without_credentials_says_what_to_do(fake_google):
+    fake_google.failing = True
+    with pytest.raises(fw.gcs.GCSCredentialsError,
+                       match="gcloud auth application-default login"):
+        fw.gcs.setup()
+    with pytest.raises(fw.gcs.GCSCredentialsError, match="'gs://b/data' is on Google Cloud"):
+        fw.gcs.check_credentials("gs://b/data")
+    assert fw.gcs._verified is None  # a failure is not cached: the user can fix and retry
+
+
+def test_setup_with_emulator_needs_no_credentials(fake_google, monkeypatch, capsys):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9023")
+    assert fw.gcs.setup() == "emulator"
+    assert fw.gcs.check_credentials("gs://b") == "emulator"
+    assert fake_google.calls == []
+    assert "emulator" in capsys.readouterr().out
