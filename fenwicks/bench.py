@@ -36,6 +36,8 @@ DEVICES = (None, "cpu", "gpu", "tpu")
 DEFAULT_N = {"cpu": 2048, "gpu": 8192, "tpu": 8192}  # each large enough to saturate
 DEFAULT_REPEATS = {"cpu": 5, "gpu": 20, "tpu": 50}  # seconds per call, not milliseconds
 DEFAULT_TRIALS = 5
+_CPUFREQ_MAX = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"  # kHz
+_CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # "quota period" or "max period"
 
 # TPU bfloat16 peak TFLOPS per replica (Google Cloud TPU docs, per chip). v2 and v3 chips
 # hold two TensorCores and each core is a replica, so a replica gets half a chip; v4 and
@@ -175,7 +177,7 @@ def _usable_cores(blocks: list[dict[str, str]], allowed: set[int]) -> int:
              for b in blocks if int(b.get("processor", -1)) in allowed}
     count = len(cores) or len(allowed)
     try:  # a container's CPU quota (cgroup v2) caps the usable cores further
-        with open("/sys/fs/cgroup/cpu.max", encoding="utf-8") as f:
+        with open(_CGROUP_CPU_MAX, encoding="utf-8") as f:
             quota, period = f.read().split()
         if quota != "max":
             count = min(count, max(1, math.ceil(int(quota) / int(period))))
@@ -187,8 +189,7 @@ def _usable_cores(blocks: list[dict[str, str]], allowed: set[int]) -> int:
 def _clock_ghz(blocks: list[dict[str, str]]) -> tuple[float | None, str]:
     """The maximum clock from cpufreq if the kernel exposes it, else /proc/cpuinfo."""
     try:
-        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq",
-                  encoding="utf-8") as f:
+        with open(_CPUFREQ_MAX, encoding="utf-8") as f:
             return int(f.read()) / 1e6, "cpufreq max"
     except (OSError, ValueError):
         pass
@@ -412,6 +413,11 @@ def _check_positive(name: str, value: Any, hint: str) -> int:
     return value
 
 
+def _or_one(value: Any) -> Any:
+    """None (use the default) validates as 1; 0 must still be rejected."""
+    return 1 if value is None else value
+
+
 def _check_args(device: str | None, n: int, dtype: str, repeats: int, trials: int) -> None:
     if device not in DEVICES:
         raise ValueError(f"device={device!r} must be None (the current accelerator), "
@@ -572,7 +578,7 @@ def matmul_flops(device: str | None = None, n: int | None = None, dtype: str = "
         >>> print(f"{r.tflops:.3f} TFLOPS, {r.peak_fraction:.0%} of peak")
         0.098 TFLOPS, 59% of peak
     """
-    _check_args(device, n or 1, dtype, repeats or 1, trials)
+    _check_args(device, _or_one(n), dtype, _or_one(repeats), trials)
     plan = _plan(device, n, dtype, repeats, jit_compile)
     [timing] = measure([plan.call], trials)
     return plan.result(timing)
@@ -723,7 +729,7 @@ def run(n: int | None = None, repeats: int | None = None,
     """
     from fenwicks import accel
 
-    _check_args(None, n or 1, "float32", repeats or 1, trials)
+    _check_args(None, _or_one(n), "float32", _or_one(repeats), trials)
     acc = accel.current()
     cpu32 = _plan("cpu", n, "float32", repeats, None)
     reference = _numpy_plan(cpu32.n, cpu32.repeats)
