@@ -72,10 +72,7 @@ def gcs_emulator(tmp_path_factory):
     try:
         emulator = _gcs_emulator.start(tmp_path_factory.mktemp("gcs_emulator"))
     except _gcs_emulator.EmulatorUnavailable as err:
-        message = f"GCS emulator unavailable: {err}"
-        if os.environ.get(_gcs_emulator.REQUIRE_ENV) == "1":
-            pytest.fail(f"{message} ({_gcs_emulator.REQUIRE_ENV}=1: a skip is a failure)")
-        pytest.skip(message)
+        _gcs_emulator.skip_or_fail(str(err))
     try:
         yield emulator
     finally:

@@ -10,6 +10,7 @@ import pytest
 from google.auth.exceptions import DefaultCredentialsError
 
 import fenwicks as fw
+from tests import gcs_emulator as emulator_module
 
 
 def test_tensorflow_gs_client_round_trips(gcs_emulator):
@@ -182,3 +183,19 @@ def test_setup_with_emulator_needs_no_credentials(fake_google, monkeypatch, caps
     assert fw.gcs.check_credentials("gs://b") == "emulator"
     assert fake_google.calls == []
     assert "emulator" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- the fixture
+
+
+def test_emulator_fixture_fails_in_ci_and_skips_elsewhere(monkeypatch, tmp_path):
+    monkeypatch.setattr(emulator_module.os, "geteuid", lambda: 1000)
+    with pytest.raises(emulator_module.EmulatorUnavailable, match="needs root"):
+        emulator_module.start(tmp_path)
+    monkeypatch.setenv(emulator_module.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="needs root"):
+        emulator_module.skip_or_fail("needs root")
+    monkeypatch.delenv(emulator_module.REQUIRE_ENV)
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        emulator_module.skip_or_fail("needs root")
+    assert list(tmp_path.iterdir()) == []  # nothing was set up on the way

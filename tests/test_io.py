@@ -295,6 +295,8 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
         fw.accel._current = Accelerator("tpu", None, 8, "bfloat16", is_remote=True)
         r["staged"] = fw.io.stage(up + "/sub/b.bin", "staged", root_dir=base)
         r["staged_exists"] = fw.io.exists(r["staged"])
+        # data/staged/ holds TensorFlow's folder marker object: not a file to fetch.
+        r["staged_down"] = fw.io.download(base + "/data/staged", back, progress=False)
         print(json.dumps(r))
     """)
     expected = sorted(f"{base}/data/{name}" for name in files)
@@ -313,3 +315,5 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
     assert out["dirs_exist"] == [True, True]
     assert out["staged"] == f"{base}/data/staged/b.bin"
     assert out["staged_exists"] is True
+    assert out["staged_down"] == [str(tmp_path / "back/staged/b.bin")]
+    assert (tmp_path / "back/staged/b.bin").read_bytes() == files["sub/b.bin"]
