@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from fenwicks import gcs
 
+__all__ = ["on_colab", "setup_gcs"]
+
 
 def setup_gcs(project: str | None = None) -> str:
     """Alias of `fw.gcs.setup()`: authenticates for ``gs://`` paths and says how.

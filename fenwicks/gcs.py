@@ -16,6 +16,8 @@ import sys
 READ_WRITE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 
+__all__ = ["GCSCredentialsError", "check_credentials", "environment", "setup"]
+
 _SOURCES = {
     "colab": "Colab (google.colab.auth)",
     "kaggle": "Kaggle's Google Cloud integration (kaggle_secrets)",

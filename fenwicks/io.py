@@ -28,6 +28,10 @@ from fenwicks import gcs
 GCS_PREFIX = "gs://"
 ROOT_ENV = "FENWICKS_ROOT"
 BUCKET_ENV = "FENWICKS_BUCKET"
+
+__all__ = ["copy", "create_clean_dir", "default_root", "download", "exists",
+           "get_project_dirs", "glob", "is_gcs", "join", "listdir", "makedirs", "stage",
+           "upload"]
 _GLOB_CHARS = frozenset("*?[")
 _HASH_BLOCK = 1 << 20  # bytes read at a time when hashing local files
 
