@@ -51,10 +51,8 @@ if SMOKE:
 
 # %%
 # %%writefile train_digits.py
-import dataclasses
 import json
 import sys
-import time
 
 import numpy as np
 from sklearn.datasets import load_digits
@@ -69,38 +67,40 @@ X_train, X_test, y_train, y_test = train_test_split(X, y.astype(np.int32), test_
                                                     random_state=0, stratify=y)
 
 
-def build_nn():
+def build_nn(bn):
     model = fw.Sequential()
-    model.add(fw.layers.ConvBN(16, bn=cfg['bn'], **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvBlk(32, bn=cfg['bn'], **fw.layers.PYTORCH_PARAMS))
+    model.add(fw.layers.ConvBN(16, bn=bn, **fw.layers.PYTORCH_PARAMS))
+    model.add(fw.layers.ConvBlk(32, bn=bn, **fw.layers.PYTORCH_PARAMS))
     model.add(fw.layers.GlobalPools2D())
     model.add(fw.layers.Classifier(10, weight=0.125))
     return model
 
 
+def train(bn):
+    """Trains a fresh model with BatchNorm mode `bn`; returns what happened."""
+    work_dir = fw.io.get_project_dirs(None, 'devices')[1] + f"/{cfg['tag']}-bn{bn}"
+    fw.io.create_clean_dir(work_dir)
+    steps_per_epoch = len(X_train) // cfg['batch_size']
+    opt_func = fw.train.sgd_optimizer(lambda step: cfg['lr'], mom=0.9, wd=cfg['wd'])
+    est = fw.train.get_tpu_estimator(
+        steps_per_epoch, fw.train.get_clf_model_func(lambda: build_nn(bn), opt_func),
+        work_dir, trn_bs=cfg['batch_size'], val_bs=200, seed=cfg['seed'], verbose=False)
+    est.train(lambda params: fw.data.numpy_ds(
+        X_train, y_train, params['batch_size'], training=True, seed=cfg['seed'],
+        input_context=params.get('input_context')), steps=steps_per_epoch * cfg['epochs'])
+    result = est.evaluate(lambda params: fw.data.numpy_ds(
+        X_test, y_test, params['batch_size'], training=False,
+        input_context=params.get('input_context')))
+    speeds = [rate for _, rate in est.history.examples_per_sec]
+    return {'steps': est.history.steps, 'losses': est.history.losses,
+            'accuracy': float(result['accuracy']), 'examples_per_s': float(np.median(speeds))}
+
+
 acc = fw.accel.current()
-work_dir = fw.io.get_project_dirs(None, 'devices')[1] + '/' + cfg['tag']
-fw.io.create_clean_dir(work_dir)
-steps_per_epoch = len(X_train) // cfg['batch_size']
-total_steps = steps_per_epoch * cfg['epochs']
-opt_func = fw.train.sgd_optimizer(lambda step: cfg['lr'], mom=0.9, wd=cfg['wd'])
-est = fw.train.get_tpu_estimator(
-    steps_per_epoch, fw.train.get_clf_model_func(build_nn, opt_func), work_dir,
-    trn_bs=cfg['batch_size'], val_bs=200, seed=cfg['seed'])
-start = time.perf_counter()
-est.train(lambda params: fw.data.numpy_ds(
-    X_train, y_train, params['batch_size'], training=True, seed=cfg['seed'],
-    input_context=params.get('input_context')), steps=total_steps)
-seconds = time.perf_counter() - start
-result = est.evaluate(lambda params: fw.data.numpy_ds(
-    X_test, y_test, params['batch_size'], training=False,
-    input_context=params.get('input_context')))
 print(json.dumps({
     'kind': acc.kind, 'replicas': acc.num_replicas, 'precision': acc.precision,
     'per_replica_batch': cfg['batch_size'] // acc.num_replicas,
-    'history': dataclasses.asdict(est.history), 'accuracy': float(result['accuracy']),
-    'loss': float(result['loss']), 'examples_per_s': total_steps * cfg['batch_size'] / seconds,
-}, default=float))
+    'runs': {str(bn): train(bn) for bn in cfg['bns']}}))
 
 # %% [markdown]
 # ## Run it under each setting
@@ -115,10 +115,10 @@ import subprocess
 import sys
 
 
-
-def train_on(device, bn):
+def train_on(device):
+    """Runs train_digits.py with FENWICKS_DEVICE=device, for both BatchNorm modes."""
     cfg = dict(batch_size=BATCH_SIZE, epochs=EPOCHS, lr=LEARNING_RATE, wd=WEIGHT_DECAY,
-               bn=bn, seed=SEED, tag=f"{bn}-{device.replace(':', '')}")
+               bns=[GHOST_BN, 'replica'], seed=SEED, tag=device.replace(':', ''))
     env = {**os.environ, 'FENWICKS_DEVICE': device, 'TF_CPP_MIN_LOG_LEVEL': '2'}
     proc = subprocess.run([sys.executable, 'train_digits.py', json.dumps(cfg)], env=env,
                           capture_output=True, text=True)
@@ -127,11 +127,12 @@ def train_on(device, bn):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-ghost = {device: train_on(device, GHOST_BN) for device in DEVICES}
-for device, run in ghost.items():
-    print(f"{device:>6}: {run['kind']} x{run['replicas']} ({run['precision']}), "
-          f"{run['per_replica_batch']} examples per replica, "
-          f"test accuracy {run['accuracy']:.4f}, {run['examples_per_s']:.0f} examples/s")
+results = {device: train_on(device) for device in DEVICES}
+ghost = {device: r['runs'][str(GHOST_BN)] for device, r in results.items()}
+for device, r in results.items():
+    print(f"{device:>6}: {r['kind']} x{r['replicas']} ({r['precision']}), "
+          f"{r['per_replica_batch']} examples per replica, test accuracy "
+          f"{ghost[device]['accuracy']:.4f}, {ghost[device]['examples_per_s']:,.0f} examples/s")
 
 # %% [markdown]
 # ## The losses agree
@@ -148,14 +149,18 @@ import numpy as np
 
 
 def curve(run):
-    return run['history']['steps'], run['history']['losses']
+    return run['steps'], run['losses']
 
 
 fig, ax = plt.subplots(figsize=(6, 4))
 for device, run in ghost.items():
     steps, losses = curve(run)
-    ax.plot(steps, losses, marker='o', label=f"{device} ({run['replicas']} replicas)")
-ax.set_xlabel('step'); ax.set_ylabel('training loss'); ax.legend(); ax.grid(alpha=0.3)
+    replicas = results[device]['replicas']
+    ax.plot(steps, losses, marker='o', label=f'{device} ({replicas} replicas)')
+ax.set_xlabel('step')
+ax.set_ylabel('training loss')
+ax.legend()
+ax.grid(alpha=0.3)
 plt.show()
 reference = np.array(curve(ghost[DEVICES[0]])[1])
 for device, run in ghost.items():
@@ -175,19 +180,20 @@ for device, run in ghost.items():
 # * `bn=G` ("ghost"): over fixed groups of G examples. A GPU run with `bn=32` reproduces an
 #   8-core TPU run with batch 256.
 #
-# Here is the same comparison with per-replica statistics:
+# Each process above also trained the model with per-replica statistics. Compared with the
+# ghost-BatchNorm run on the same setting:
 
 # %%
-per_replica = {device: train_on(device, 'replica') for device in DEVICES[:2]}
+per_replica = {device: r['runs']['replica'] for device, r in results.items()}
 for device, run in per_replica.items():
     diff = np.abs(np.array(curve(run)[1]) - np.array(curve(ghost[device])[1])).max()
     print(f"{device:>6}: test accuracy {run['accuracy']:.4f}; "
           f"max |loss - ghost-BN loss| = {diff:.2e}")
 
 # %% [markdown]
-# With one replica, per-replica statistics cover the whole batch of 256 while ghost groups
-# cover 32: different numbers. With more replicas the per-replica groups shrink towards the
-# ghost groups.
+# With one replica, per-replica statistics cover the whole batch (256 by default) while
+# ghost groups cover 32: different numbers, a slightly different model. With 8 replicas
+# each one holds 32 examples, exactly a ghost group, and the two modes coincide.
 #
 # ## Learning rate and weight decay when the batch size changes
 #
@@ -201,11 +207,10 @@ for device, run in per_replica.items():
 #   weight decay is multiplied by the batch size to keep its pull equal.
 
 # %%
+print(f"{'batch':>6} | 'mean': lr | 'sum': lr per example, L2 weight decay")
 for batch_size in (64, 256, 1024):
-    scale = batch_size / BATCH_SIZE
-    print(f"batch {batch_size:5d}: reduction='mean' lr {LEARNING_RATE * scale:.4f}; "
-          f"reduction='sum' lr per example {0.4 / 512:.2e}, weight decay "
-          f"{WEIGHT_DECAY * batch_size:.3f}")
+    print(f'{batch_size:6d} | {LEARNING_RATE * batch_size / BATCH_SIZE:10.4f} | '
+          f'{LEARNING_RATE / BATCH_SIZE:.2e}, {WEIGHT_DECAY * batch_size:.4f}')
 
 # %% [markdown]
 # ## Storage
