@@ -269,6 +269,14 @@ def _read_chunked(rfile) -> bytes:
     return bytes(body)
 
 
+def _read_raw_data(handler) -> bytes | None:
+    """The request body; a chunked body is decoded even when a Content-Length is present."""
+    if "chunked" in (handler.headers.get("Transfer-Encoding") or "").lower():
+        return _read_chunked(handler.rfile)
+    length = handler.headers.get("Content-Length")
+    return handler.rfile.read(int(length)) if length else None
+
+
 def _patch_emulator() -> None:
     """Bridges the two gaps between gcp-storage-emulator and TensorFlow's client.
 
@@ -281,12 +289,6 @@ def _patch_emulator() -> None:
     """
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import objects
-
-    def read_raw_data(handler):
-        if "chunked" in (handler.headers.get("Transfer-Encoding") or "").lower():
-            return _read_chunked(handler.rfile)
-        length = handler.headers.get("Content-Length")
-        return handler.rfile.read(int(length)) if length else None
 
     media_upload = objects._media_upload
 
@@ -302,23 +304,13 @@ def _patch_emulator() -> None:
         with lock:
             return handle(self, method)
 
-    server._read_raw_data = read_raw_data
+    server._read_raw_data = _read_raw_data
     objects._media_upload = media_upload_empty_ok
     server.Router.handle = handle_serialised
 
 
-def serve(cert: str, key: str, bucket: str, http_port: int = 80,
-          https_port: int = 443) -> None:
-    """Serves one in-memory store on `http_port` and, with TLS, on `https_port`."""
-    import ssl
-    from functools import partial
-    from http.server import ThreadingHTTPServer
-
-    from gcp_storage_emulator.handlers.buckets import create_bucket
+def _handler_class():
     from gcp_storage_emulator.server import RequestHandler
-    from gcp_storage_emulator.storage import Storage
-
-    _patch_emulator()
 
     class Handler(RequestHandler):
         def parse_request(self) -> bool:
@@ -331,9 +323,23 @@ def serve(cert: str, key: str, bucket: str, http_port: int = 80,
                 self.end_headers()
             return ok
 
+    return Handler
+
+
+def serve(cert: str, key: str, bucket: str, http_port: int = 80,
+          https_port: int = 443) -> None:
+    """Serves one in-memory store on `http_port` and, with TLS, on `https_port`."""
+    import ssl
+    from functools import partial
+    from http.server import ThreadingHTTPServer
+
+    from gcp_storage_emulator.handlers.buckets import create_bucket
+    from gcp_storage_emulator.storage import Storage
+
+    _patch_emulator()
     storage = Storage(use_memory_fs=True, data_dir=os.path.abspath("."))
     create_bucket(bucket, storage)
-    handler = partial(Handler, storage)
+    handler = partial(_handler_class(), storage)
     plain = ThreadingHTTPServer(("127.0.0.1", http_port), handler)
     secure = ThreadingHTTPServer(("127.0.0.1", https_port), handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
