@@ -10,6 +10,8 @@ patches the process it runs in, which is the kernel, not pytest.
 from __future__ import annotations
 
 import ast
+import concurrent.futures
+import dataclasses
 import importlib.util
 import json
 import os
@@ -31,6 +33,8 @@ COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 COLAB_URL = "https://colab.research.google.com/github/fenwicks/fenwicks/blob/main/tutorials/"
 MOCK_EXAMPLES = 64  # per split; enough for a few smoke batches
 CELL_TIMEOUT = 240  # seconds; a smoke cell takes a few
+WORKERS = 3  # notebooks executed at once
+TUTORIAL_FILES = sorted(os.listdir(TUTORIALS))
 
 
 def _read(name: str) -> nbformat.NotebookNode:
@@ -110,32 +114,59 @@ def _smoke_cell(nb) -> nbformat.NotebookNode:
     return nbformat.v4.new_code_cell("\n".join(lines))
 
 
-def _run_notebook(name: str, tmp_path, monkeypatch) -> nbformat.NotebookNode:
+@dataclasses.dataclass
+class Run:
+    """One executed notebook: the notebook with outputs, or the error; wall seconds."""
+
+    nb: nbformat.NotebookNode
+    error: BaseException | None
+    seconds: float
+
+
+def _execute(name: str, work, env: dict[str, str]) -> Run:
     nb = _read(name)
     (index,) = _parameters_cells(nb)
     nb.cells.insert(index + 1, _smoke_cell(nb))
-    work = tmp_path / "work"
-    work.mkdir()
-    for key, value in {"JUPYTER_PATH": _kernel_dir(tmp_path), "FENWICKS_ROOT": str(work),
-                       "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-                       "MPLBACKEND": "module://matplotlib_inline.backend_inline"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("FENWICKS_DEVICE", raising=False)
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
                             resources={"metadata": {"path": str(work)}})
-    client.execute()  # raises CellExecutionError, naming the cell, if any cell raises
-    return nb
+    start = time.perf_counter()
+    try:
+        client.execute(env=env)  # raises CellExecutionError, naming the cell
+        error = None
+    except Exception as err:  # noqa: BLE001 - reported by that notebook's own test
+        error = err
+    return Run(nb, error, time.perf_counter() - start)
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory) -> dict[str, Run]:
+    """Every notebook run once, WORKERS kernels at a time (kernel start-up and imports
+    wait on disk as much as on the CPU, so two cores run more than two kernels well)."""
+    root = tmp_path_factory.mktemp("tutorials")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JUPYTER_PATH", _kernel_dir(root))  # read here, by the kernel finder
+        runs = {}
+        with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+            for name in NOTEBOOKS:
+                work = root / name[:2]
+                work.mkdir()
+                env = {**os.environ, "FENWICKS_ROOT": str(work), "PYTHONPATH": ROOT,
+                       "TF_CPP_MIN_LOG_LEVEL": "2",
+                       "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+                env.pop("FENWICKS_DEVICE", None)
+                runs[name] = pool.submit(_execute, name, work, env)
+        return {name: future.result() for name, future in runs.items()}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_top_to_bottom_offline(name, tmp_path, monkeypatch):
-    before = sorted(os.listdir(TUTORIALS))
-    start = time.perf_counter()
-    nb = _run_notebook(name, tmp_path, monkeypatch)
-    seconds = time.perf_counter() - start
-    outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+def test_notebook_runs_top_to_bottom_offline(name, executed):
+    run = executed[name]
+    print(f"{name}: {run.seconds:.1f} s")
+    if run.error is not None:
+        raise run.error
+    outputs = [out for cell in run.nb.cells if cell.cell_type == "code"
+               for out in cell.outputs]
     assert not [out for out in outputs if out.output_type == "error"]
     figures = [out for out in outputs if "image/png" in out.get("data", {})]
     assert figures, "every tutorial shows at least one plot"
-    assert sorted(os.listdir(TUTORIALS)) == before, "the notebook wrote into the repo"
-    print(f"{name}: {seconds:.1f} s")
+    assert sorted(os.listdir(TUTORIALS)) == TUTORIAL_FILES, "a notebook wrote into the repo"

@@ -151,8 +151,7 @@ lr_func = fw.train.exp_decay_lr(init_lr=LEARNING_RATE, decay_steps=total_steps,
 fw.plt.plot_lr_func(lr_func, total_steps)
 
 # %%
-opt_func = fw.train.adam_optimizer(lr_func, wd=WEIGHT_DECAY,
-                                   exclude_from_wd=['bias', 'batch_normalization'])
+opt_func = fw.train.adam_optimizer(lr_func, wd=WEIGHT_DECAY, exclude_from_wd='bn_and_bias')
 model_func = fw.train.get_clf_model_func(build_nn, opt_func, reduction='mean')
 
 # %% [markdown]

@@ -81,7 +81,7 @@ def train(bn):
     work_dir = fw.io.get_project_dirs(None, 'devices')[1] + f"/{cfg['tag']}-bn{bn}"
     fw.io.create_clean_dir(work_dir)
     steps_per_epoch = len(X_train) // cfg['batch_size']
-    opt_func = fw.train.sgd_optimizer(lambda step: cfg['lr'], mom=0.9, wd=cfg['wd'])
+    opt_func = fw.train.sgd_optimizer(cfg['lr'], mom=0.9, wd=cfg['wd'])
     est = fw.train.get_tpu_estimator(
         steps_per_epoch, fw.train.get_clf_model_func(lambda: build_nn(bn), opt_func),
         work_dir, trn_bs=cfg['batch_size'], val_bs=200, seed=cfg['seed'], verbose=False)
