@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ import sys
 import textwrap
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -277,6 +279,54 @@ def _read_raw_data(handler) -> bytes | None:
     return handler.rfile.read(int(length)) if length else None
 
 
+def _multipart_upload_fields(raw: bytes, content_type: str) -> dict | None:
+    """Splits a multipart/related upload into metadata and exact content bytes.
+
+    gcsfs separates parts with a bare LF; the emulator's email parser then eats a
+    trailing CR of the content (a 10000-byte file arrived as 9999). The content ends at
+    the LAST closing delimiter, so bytes that merely look like one stay content.
+    Returns None for a body of another shape (the emulator's own parser handles it).
+    """
+    match = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not match:
+        return None
+    delimiter = b"--" + match.group(1).encode()
+    newline = b"\r\n" if raw[len(delimiter):].startswith(b"\r\n") else b"\n"
+    if not raw.startswith(delimiter + newline):
+        return None
+    meta_part, _, rest = raw[len(delimiter + newline):].partition(newline + delimiter + newline)
+    end = rest.rfind(newline + delimiter + b"--")
+    if not rest or end < 0:
+        return None
+    headers, _, content = rest[:end].partition(newline * 2)
+    part_type = re.search(rb"(?im)^content-type:\s*([^\r\n;]+)", headers)
+    return {"meta": json.loads(meta_part.partition(newline * 2)[2]), "content": content,
+            "content-type": part_type.group(1).decode() if part_type else
+            "application/octet-stream"}
+
+
+def _read_data(emulator_read_data, handler, query):
+    """The emulator's body decoding, with exact multipart/related uploads."""
+    from gcp_storage_emulator import server
+
+    content_type = handler.headers.get("Content-Type") or ""
+    if not content_type.startswith("multipart/related"):
+        return emulator_read_data(handler, query)
+    raw = server._decode_raw_data(_read_raw_data(handler), handler) or b""
+    fields = _multipart_upload_fields(raw, content_type)
+    return fields if fields is not None else _email_multipart(raw, content_type)
+
+
+def _email_multipart(raw: bytes, content_type: str) -> dict:
+    """What the emulator itself does with a multipart upload (for other body shapes)."""
+    from email.parser import BytesParser
+
+    message = BytesParser().parsebytes(f"Content-Type: {content_type}\r\n".encode() + raw)
+    meta, media = message.get_payload()
+    return {"meta": json.loads(meta.get_payload()), "content": media.get_payload(decode=True),
+            "content-type": media.get_content_type()}
+
+
 def _patch_emulator() -> None:
     """Bridges the two gaps between gcp-storage-emulator and TensorFlow's client.
 
@@ -285,6 +335,7 @@ def _patch_emulator() -> None:
        HTTP (RFC 9112, section 6.3) says chunked wins.
     2. An empty media upload (TensorFlow's ``dir/`` marker objects) reaches the handler
        as None and crashes it on ``len(None)``; it is an empty object.
+    3. gcsfs's multipart uploads lose a trailing CR (see `_multipart_upload_fields`).
     Requests are also serialised: the emulator's store is not written for threads.
     """
     from gcp_storage_emulator import server
@@ -304,6 +355,7 @@ def _patch_emulator() -> None:
         with lock:
             return handle(self, method)
 
+    server._read_data = partial(_read_data, server._read_data)
     server._read_raw_data = _read_raw_data
     objects._media_upload = media_upload_empty_ok
     server.Router.handle = handle_serialised
@@ -330,7 +382,6 @@ def serve(cert: str, key: str, bucket: str, http_port: int = 80,
           https_port: int = 443) -> None:
     """Serves one in-memory store on `http_port` and, with TLS, on `https_port`."""
     import ssl
-    from functools import partial
     from http.server import ThreadingHTTPServer
 
     from gcp_storage_emulator.handlers.buckets import create_bucket

@@ -199,3 +199,13 @@ def test_emulator_fixture_fails_in_ci_and_skips_elsewhere(monkeypatch, tmp_path)
     with pytest.raises(pytest.skip.Exception, match="needs root"):
         emulator_module.skip_or_fail("needs root")
     assert list(tmp_path.iterdir()) == []  # nothing was set up on the way
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])  # gcsfs uses LF, Google's libraries CRLF
+@pytest.mark.parametrize("content", [b"abc\r", b"abc\r\n", b"", b"x\n--==0==--\ny",
+                                     bytes(range(256))])
+def test_emulator_multipart_uploads_keep_every_byte(content, newline):
+    raw = newline.join([b"--==0==", b"Content-Type: application/json", b"", b'{"name": "k"}',
+                        b"--==0==", b"Content-Type: image/png", b"", content, b"--==0==--"])
+    fields = emulator_module._multipart_upload_fields(raw, 'multipart/related; boundary="==0=="')
+    assert fields == {"meta": {"name": "k"}, "content": content, "content-type": "image/png"}
