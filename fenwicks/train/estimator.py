@@ -154,11 +154,19 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         raise ValueError(f"work_dir={work_dir!r} must be a local path or a gs:// URL")
     if precision not in accel.PRECISIONS:
         raise ValueError(f"precision={precision!r} must be one of {accel.PRECISIONS}")
+    jit_compile = acc.kind == "tpu" if jit_compile is None else bool(jit_compile)
+    if jit_compile and acc.kind == "cpu" and replicas > 1:
+        # XLA cannot reach variables on the other logical CPU devices ("Trying to access
+        # resource ... located in device CPU:1 from device CPU:0"); 1 replica is fine.
+        logger.warning("fenwicks: jit_compile is ignored on %d logical CPU replicas (XLA "
+                       "does not support variables spread over logical CPU devices)",
+                       replicas)
+        jit_compile = False
     config = EstimatorConfig(
         steps_per_epoch, work_dir.rstrip("/"), trn_bs, val_bs, pred_bs,
         _positive_int("steps_per_loop", steps_per_loop or steps_per_epoch),
         acc.precision if precision == "auto" else precision, seed, warm_start_from,
-        acc.kind == "tpu" if jit_compile is None else bool(jit_compile), save_every_secs,
+        jit_compile, save_every_secs,
         save_every_loops, _positive_int("keep_checkpoints", keep_checkpoints), verbose)
     return Estimator(model_func, config, acc)
 
