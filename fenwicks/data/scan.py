@@ -33,14 +33,14 @@ class FileScan:
         skipped: records lost at and after the problem (0 if none; a lower bound when
             the framing itself is damaged).
         problem: a description such as ``'corrupted record 4 at byte 480'``, or None.
-        first_record: the first record's bytes (to check the parser), or None if empty.
+        first_records: the first (up to two) good records' bytes, to check the parser.
     """
 
     path: str
     records: int
     skipped: int = 0
     problem: str | None = None
-    first_record: bytes | None = None
+    first_records: tuple[bytes, ...] = ()
 
 
 def _masked_crc(data: bytes, crc32c) -> int:
@@ -74,7 +74,7 @@ def scan_tfrecord(path: str) -> FileScan:
 
 
 def _walk(path: str, f, crc32c) -> FileScan:
-    good, offset, first, problem = 0, 0, None, None
+    good, offset, first, problem = 0, 0, [], None
     while problem is None:
         header = f.read(_HEADER)
         if not header:
@@ -85,13 +85,14 @@ def _walk(path: str, f, crc32c) -> FileScan:
             body = f.read(length + _FOOTER)
             problem = _check_body(body, length, crc32c)
         if problem is None:
-            first = body[:length] if first is None else first
+            if len(first) < 2:
+                first.append(body[:length])
             good, offset = good + 1, offset + _HEADER + length + _FOOTER
     if problem is None:
-        return FileScan(path, good, first_record=first)
+        return FileScan(path, good, first_records=tuple(first))
     skipped = 1 + (_count_rest(f) if problem.startswith("corrupted data") else 0)
     return FileScan(path, good, skipped, f"{problem} in record {good} at byte {offset}",
-                    first)
+                    tuple(first))
 
 
 def _check_header(header: bytes, crc32c) -> str | None:
