@@ -11,9 +11,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="print devices, strategy, precision and storage")
     demo = commands.add_parser("demo", help="train the tutorial-1 net on bundled digits")
-    demo.add_argument("--epochs", type=int, default=None)
-    demo.add_argument("--batch-size", type=int, default=None)
-    demo.add_argument("--work-dir", default=None)
+    demo.add_argument("--epochs", type=int, default=None,
+                      help="passes over the training digits (default 12)")
+    demo.add_argument("--batch-size", type=int, default=None,
+                      help="global batch size, divisible by the replicas (default 64)")
+    demo.add_argument("--work-dir", default=None,
+                      help="checkpoints and TensorBoard logs, local or gs://; a run there "
+                           "is resumed (default: a fresh <storage root>/work/demo)")
     bench = commands.add_parser("bench", help="matmul TFLOPS on CPU and accelerators")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--n", type=int, default=None, help="matrix size N (N x N)")

@@ -1,8 +1,198 @@
-"""`python -m fenwicks demo`. Until the tutorials issue lands it prints `fw.info()`."""
+"""``python -m fenwicks demo``: the tutorial-1 network on scikit-learn's handwritten digits.
+
+Real data with no download (1,797 8x8 images bundled with scikit-learn), trained through
+the estimator on whatever accelerator is present, with the progress bar. It prints the
+exact test accuracy, the training speed, and where checkpoints and TensorBoard logs are.
+
+    python -m fenwicks demo --epochs 12 --batch-size 64 --work-dir /tmp/demo
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+DEFAULT_EPOCHS = 12
+DEFAULT_BATCH_SIZE = 64  # global; the 1,347 training digits make 21 steps per epoch
+LEARNING_RATE = 2e-3     # Adam, decayed exponentially to ~2% of this over the run
+WEIGHT_DECAY = 1e-4      # decoupled, not on biases or BatchNorm
+WIDTH = 32               # channels of the first conv, as in tutorial 1
+SEED = 0
+PROJECT = "demo"
 
 
-def run(epochs=None, batch_size=None, work_dir=None) -> int:
-    import fenwicks as fw
+@dataclasses.dataclass(frozen=True)
+class DemoResult:
+    """What the demo measured.
 
-    fw.info()
+    Attributes:
+        accuracy: test accuracy over all test digits.
+        num_test: test digits evaluated.
+        examples_per_sec: median training speed over the compiled loops, or None if
+            nothing was trained (the work dir was already at the final step).
+        seconds: wall time of training (compilation included).
+        global_step: the step the model is at.
+        work_dir: checkpoints, TensorBoard logs.
+    """
+
+    accuracy: float
+    num_test: int
+    examples_per_sec: float | None
+    seconds: float
+    global_step: int
+    work_dir: str
+
+
+def _positive_int(name: str, value: Any, example: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer, e.g. "
+                         f"--{name.replace('_', '-')} {example}")
+    return value
+
+
+def load_digits(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``(X_train, y_train, X_test, y_test)``.
+
+    Images are float32 ``[N, 8, 8, 1]`` in [0, 1] (the raw pixels are 0..16), labels
+    int32. A stratified 75/25 split, so every digit is in both parts in proportion.
+
+    Example:
+        >>> X_train, y_train, X_test, y_test = load_digits()
+        >>> X_train.shape, X_test.shape
+        ((1347, 8, 8, 1), (450, 8, 8, 1))
+    """
+    try:
+        from sklearn.datasets import load_digits as sklearn_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError as err:
+        raise ImportError("the demo reads scikit-learn's bundled digits; install it with "
+                          "pip install 'fenwicks[demo]' (or pip install scikit-learn)") from err
+    X, y = sklearn_digits(return_X_y=True)
+    X = (X.reshape(-1, 8, 8, 1) / 16.0).astype(np.float32)
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y.astype(np.int32), test_size=0.25, random_state=seed, stratify=y)
+    return X_train, y_train, X_test, y_test
+
+
+def build_nn(width: int = WIDTH, n_classes: int = 10):
+    """The tutorial-1 network: three conv stages (one residual), global pools, classifier.
+
+    Global max + average pooling make it independent of the image size: the same net
+    trains on 28x28 MNIST (tutorial 1) and on these 8x8 digits.
+
+    Example:
+        >>> model = build_nn()
+        >>> model(np.zeros((2, 8, 8, 1), np.float32)).shape
+        TensorShape([2, 10])
+    """
+    from fenwicks import layers
+
+    model = layers.Sequential()
+    model.add(layers.ConvBN(width, kernel_size=3, **layers.PYTORCH_PARAMS))
+    model.add(layers.ConvResBlk(width * 2, res_convs=2, **layers.PYTORCH_PARAMS))
+    model.add(layers.ConvBlk(width * 4, **layers.PYTORCH_PARAMS))
+    model.add(layers.GlobalPools2D())
+    model.add(layers.Classifier(n_classes, weight=0.125))
+    return model
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _estimator(work_dir: str, steps_per_epoch: int, total_steps: int, batch_size: int,
+               num_test: int, replicas: int):
+    from fenwicks import train
+
+    lr_func = train.exp_decay_lr(init_lr=LEARNING_RATE, decay_steps=max(1, total_steps // 4),
+                                 base_lr=LEARNING_RATE / 100)
+    opt_func = train.adam_optimizer(lr_func, wd=WEIGHT_DECAY, exclude_from_wd="bn_and_bias")
+    model_func = train.get_clf_model_func(lambda: build_nn(), opt_func)
+    # One evaluation batch holds the whole test set (padded to a multiple of the replicas).
+    return train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=batch_size,
+                                   val_bs=_round_up(num_test, replicas), seed=SEED)
+
+
+def train_demo(epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH_SIZE,
+               work_dir: str | None = None) -> DemoResult:
+    """Trains and evaluates the demo model; the work of `run` without the printing.
+
+    Args:
+        epochs: passes over the 1,347 training digits. Defaults to 12.
+        batch_size: global batch size, divisible by the number of replicas.
+            Defaults to 64.
+        work_dir: checkpoints and logs; a run there is resumed. Defaults to a fresh
+            ``<storage root>/work/demo`` (`fw.io.get_project_dirs`).
+
+    Returns:
+        A `DemoResult`.
+
+    Example:
+        >>> train_demo(epochs=2).accuracy
+        0.93
+    """
+    from fenwicks import accel, data, io
+
+    epochs = _positive_int("epochs", epochs, DEFAULT_EPOCHS)
+    batch_size = _positive_int("batch_size", batch_size, DEFAULT_BATCH_SIZE)
+    X_train, y_train, X_test, y_test = load_digits()
+    if batch_size > len(X_train):
+        raise ValueError(f"batch_size={batch_size} exceeds the {len(X_train)} training "
+                         f"digits; use --batch-size {DEFAULT_BATCH_SIZE}")
+    if work_dir is None:  # ours: start clean, so the demo always trains
+        work_dir = io.create_clean_dir(io.get_project_dirs(None, PROJECT)[1])
+    steps_per_epoch = len(X_train) // batch_size
+    est = _estimator(work_dir, steps_per_epoch, epochs * steps_per_epoch, batch_size,
+                     len(X_test), accel.current().num_replicas)
+    start = time.perf_counter()
+    est.train(lambda params: data.numpy_ds(
+        X_train, y_train, params["batch_size"], training=True, seed=SEED,
+        input_context=params.get("input_context")), max_steps=epochs * steps_per_epoch)
+    seconds = time.perf_counter() - start
+    result = est.evaluate(lambda params: data.numpy_ds(
+        X_test, y_test, params["batch_size"], training=False,
+        input_context=params.get("input_context")))
+    speeds = [rate for _, rate in est.history.examples_per_sec]
+    return DemoResult(float(result["accuracy"]), len(X_test),
+                      statistics.median(speeds) if speeds else None, seconds,
+                      int(result["global_step"]), work_dir)
+
+
+def run(epochs: int | None = None, batch_size: int | None = None,
+        work_dir: str | None = None) -> int:
+    """``python -m fenwicks demo``: trains, then prints accuracy, speed and paths.
+
+    Args:
+        epochs: see `train_demo`. Defaults to 12.
+        batch_size: see `train_demo`. Defaults to 64.
+        work_dir: see `train_demo`. Defaults to a fresh ``<storage root>/work/demo``.
+
+    Returns:
+        The process exit status, 0.
+
+    Example:
+        >>> run(epochs=12)   # prints "test accuracy 0.98..." among other lines
+    """
+    from fenwicks import accel
+
+    acc = accel.current()
+    print("Fenwicks demo: the tutorial-1 network on scikit-learn's handwritten digits")
+    print(f"accelerator      {acc.kind} x{acc.num_replicas}, {acc.precision}", flush=True)
+    result = train_demo(DEFAULT_EPOCHS if epochs is None else epochs,
+                        DEFAULT_BATCH_SIZE if batch_size is None else batch_size, work_dir)
+    correct = round(result.accuracy * result.num_test)
+    print(f"test accuracy    {result.accuracy:.4f} ({correct} of {result.num_test} test "
+          "digits, each counted once)")
+    if result.examples_per_sec is None:
+        print(f"training speed   - (already at step {result.global_step}: resumed a "
+              "finished run from the work dir)")
+    else:
+        print(f"training speed   {result.examples_per_sec:,.0f} examples/s "
+              f"({result.global_step} steps in {result.seconds:.1f} s, compilation included)")
+    print(f"checkpoints      {result.work_dir}")
+    print(f"TensorBoard      tensorboard --logdir {result.work_dir}")
     return 0

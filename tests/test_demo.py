@@ -1,0 +1,90 @@
+"""`python -m fenwicks demo`: real digits, >= 95% test accuracy, under 2 minutes, and the
+checkpoints and TensorBoard logs where it says they are."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import fenwicks as fw
+from fenwicks import demo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIME_LIMIT = 120  # seconds, the promise in the README, on a 2-core machine
+
+
+def _field(output: str, name: str) -> str:
+    match = re.search(rf"^{name} +(.+)$", output, re.M)
+    assert match, f"no '{name}' line in the demo output:\n{output}"
+    return match.group(1).strip()
+
+
+def test_demo_command_reaches_95_percent_in_time_and_says_where_its_files_are(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "FENWICKS_ROOT": str(tmp_path)}
+    env.pop("FENWICKS_DEVICE", None)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "fenwicks", "demo"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=2 * TIME_LIMIT)
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    accuracy = re.match(r"([0-9.]+) \((\d+) of (\d+) ", _field(out, "test accuracy"))
+    assert accuracy, out
+    # The printed accuracy agrees with its own count: correct / 450 test digits (25%
+    # of scikit-learn's 1,797, stratified).
+    value, correct, total = float(accuracy[1]), int(accuracy[2]), int(accuracy[3])
+    assert total == 450 and abs(value - correct / total) < 1e-4
+    assert value >= 0.95, out
+    assert seconds < TIME_LIMIT, f"the demo took {seconds:.0f} s"
+    assert re.match(r"[0-9,]+ examples/s \(252 steps", _field(out, "training speed"))  # 12 x 21
+    work_dir = str(tmp_path / "work" / "demo")
+    assert _field(out, "checkpoints") == work_dir
+    assert _field(out, "TensorBoard") == f"tensorboard --logdir {work_dir}"
+    files = [os.path.join(d, f) for d, _, names in os.walk(work_dir) for f in names]
+    assert any(f.endswith(".index") for f in files), files  # a TF checkpoint
+    assert any("tfevents" in f for f in files), files  # TensorBoard event files
+    assert "%|" in proc.stderr  # the tqdm progress bar
+    print(f"demo: accuracy {value:.4f} in {seconds:.1f} s")
+
+
+def test_load_digits_is_a_stratified_75_25_split_scaled_to_unit_range():
+    X_train, y_train, X_test, y_test = demo.load_digits()
+    assert X_train.shape == (1347, 8, 8, 1) and X_test.shape == (450, 8, 8, 1)
+    assert X_train.dtype == np.float32 and y_train.dtype == np.int32
+    assert X_train.min() == 0.0 and X_train.max() == 1.0  # raw pixels 0..16, divided by 16
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    # Every digit keeps its share: the test part has 25% of each class, rounded.
+    expected = np.bincount(raw.target) * 0.25
+    assert np.all(np.abs(np.bincount(y_test, minlength=10) - expected) <= 1)
+    # The images are scikit-learn's, untouched but for the scaling.
+    flat = (X_test.reshape(len(X_test), 64).astype(np.float64) * 16).round()
+    assert {row.tobytes() for row in flat} <= {row.tobytes() for row in raw.data}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"epochs": 0}, "epochs=0"),
+    ({"epochs": 2.5}, "epochs=2.5"),
+    ({"batch_size": -8}, "batch_size=-8"),
+    ({"batch_size": 5000}, "batch_size=5000 exceeds the 1347"),
+])
+def test_demo_rejects_bad_arguments_before_training(kwargs, message, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        demo.train_demo(work_dir=str(tmp_path), **kwargs)
+    assert os.listdir(tmp_path) == []  # nothing was written
+
+
+def test_build_nn_is_size_independent():
+    model = demo.build_nn(width=4)
+    for size in (8, 28):
+        logits = model(np.zeros((2, size, size, 1), np.float32))
+        assert tuple(logits.shape) == (2, 10)
+    assert isinstance(model, fw.Sequential)
