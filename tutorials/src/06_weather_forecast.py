@@ -159,7 +159,7 @@ def build_nn():
 
 steps_per_epoch = len(X_train) // BATCH_SIZE
 total_steps = steps_per_epoch * EPOCHS
-lr_func = fw.train.exp_decay_lr(init_lr=LEARNING_RATE, decay_steps=total_steps,
+lr_func = fw.train.exp_decay_lr(init_lr=LEARNING_RATE, decay_steps=max(1, total_steps // 4),
                                 base_lr=LEARNING_RATE / 100)
 opt_func = fw.train.adam_optimizer(lr_func, wd=WEIGHT_DECAY)
 model_func = fw.train.get_reg_model_func(build_nn, opt_func)
