@@ -127,7 +127,7 @@ def _bucket_root() -> str:
             f"the accelerator is a TPU reached over the network, which can only read and "
             f"write gs:// paths, and {BUCKET_ENV} is not set; set "
             f"os.environ['{BUCKET_ENV}'] = 'my-bucket' or pass root_dir='gs://my-bucket'")
-    return _check_path(GCS_PREFIX + bucket.removeprefix(GCS_PREFIX), BUCKET_ENV)
+    return _check_path(GCS_PREFIX + bucket.removeprefix(GCS_PREFIX).rstrip("/"), BUCKET_ENV)
 
 
 def _reachable(root: str, remote: bool, name: str) -> str:

@@ -72,7 +72,7 @@ def test_remote_tpu_root_is_the_bucket(accelerator, monkeypatch):
     monkeypatch.setenv("FENWICKS_BUCKET", "my-bucket")
     assert fw.io.default_root() == "gs://my-bucket"
     monkeypatch.setenv("FENWICKS_BUCKET", "gs://my-bucket/team/")
-    assert fw.io.default_root() == "gs://my-bucket/team/"
+    assert fw.io.default_root() == "gs://my-bucket/team"
 
 
 def test_remote_tpu_without_bucket_is_a_clear_error(tmp_path, accelerator, monkeypatch):
