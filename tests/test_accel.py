@@ -219,7 +219,8 @@ def total():
 print(json.dumps({"kind": acc.kind, "replicas": acc.num_replicas, "simulated": acc.simulated,
                   "strategy": type(acc.strategy).__name__, "sum": float(total()),
                   "precision": acc.precision,
-                  "multi_worker": isinstance(acc.strategy, tf.distribute.MultiWorkerMirroredStrategy)}))
+                  "multi_worker": isinstance(acc.strategy,
+                                             tf.distribute.MultiWorkerMirroredStrategy)}))
 """
 
 
