@@ -193,9 +193,11 @@ def absolute_error(labels: Any, outputs: tf.Tensor) -> tf.Tensor:
 
 
 def _call_builder(build_nn: Callable[..., keras.Model], params: Mapping[str, Any]):
-    """build_nn() is the contract; build_nn(params) is accepted if it takes an argument."""
-    try:
-        takes_params = bool(inspect.signature(build_nn).parameters)
+    """build_nn() is the contract; build_nn(params) if it has a required argument."""
+    try:  # a parameter without a default means it wants params
+        takes_params = any(p.default is inspect.Parameter.empty and p.kind in (
+            p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            for p in inspect.signature(build_nn).parameters.values())
     except (TypeError, ValueError):  # builtins and some C callables have no signature
         takes_params = False
     model = build_nn(params) if takes_params else build_nn()
