@@ -421,3 +421,37 @@ def test_public_names_exist():
     for name in fw.data.__all__:
         assert getattr(fw.data, name) is not None
     assert json.dumps(fw.data.shard_paths("x", 2)) == '["x-00000-of-00002", "x-00001-of-00002"]'
+
+
+class _RemoteTpu:
+    is_remote = True
+
+
+@pytest.fixture
+def remote_tpu(monkeypatch):
+    """Pretends a TPU node reached over the network is in use (no Python on its host)."""
+    monkeypatch.setattr(fw.accel, "is_initialized", lambda: True)
+    monkeypatch.setattr(fw.accel, "current", lambda: _RemoteTpu())
+
+
+def test_remote_tpu_gets_graph_constants_and_a_clear_limit(remote_tpu):
+    xs, ys = _images(7)
+    images, labels = _collect(fw.data.numpy_ds(xs, ys, 3, training=False))
+    np.testing.assert_array_equal(np.concatenate(images), xs)
+    np.testing.assert_array_equal(np.concatenate(labels), ys)
+    huge = np.broadcast_to(np.zeros(1, np.uint8), (3 * 2**20, 1024))  # 3 GB view, no memory
+    with pytest.raises(ValueError, match="3.0 GB.*numpy_tfrecord"):
+        fw.data.numpy_ds(huge, np.zeros(len(huge), np.int32), 8)
+    with pytest.raises(ValueError, match="data_dir='/tmp/tfds' is local"):
+        fw.data.tfds_ds("mnist", "train", 8, data_dir="/tmp/tfds")
+    with pytest.raises(ValueError, match="file_pattern='/tmp/x/train\\*' is local"):
+        fw.data.tfrecord_ds("/tmp/x/train*", _parser, 8)
+
+
+def test_tfds_dir_follows_the_storage_rule(remote_tpu, monkeypatch):
+    from fenwicks.data.readers import _tfds_dir
+
+    monkeypatch.delenv("FENWICKS_ROOT", raising=False)
+    monkeypatch.setenv("FENWICKS_BUCKET", "my-bucket")
+    assert _tfds_dir(None) == "gs://my-bucket/tensorflow_datasets"
+    assert _tfds_dir("gs://other/tfds") == "gs://other/tfds"

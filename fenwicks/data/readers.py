@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
+from fenwicks import io as fw_io
 from fenwicks.data import pipeline
 from fenwicks.data._checks import RecordError, check_batch_size, pipeline_shard
 from fenwicks.data.scan import FileScan, scan_tfrecord
@@ -106,6 +107,9 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
     if not callable(parser):
         raise ValueError(f"parser={parser!r} must be a function: record -> (features, label)")
     num_pipelines, pipeline_id = pipeline_shard(input_context)
+    _check_reachable(file_pattern, "file_pattern")
+    if isinstance(cache, str):
+        _check_reachable(cache, "cache")
     files = match_files(file_pattern)
     by_file = len(files) >= num_pipelines
     if by_file:
@@ -248,8 +252,9 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
         split: e.g. ``'train'``, ``'test'``, ``'train[:90%]'``.
         batch_size: examples per batch (per replica inside an estimator input_fn).
         training: training or a single evaluation pass.
-        data_dir: where tfds keeps its files. Defaults to None: tfds' default locally; a
-            TPU reached over the network reads only gs://, so there it must be gs://.
+        data_dir: where tfds keeps its files. Defaults to None: tfds' default locally;
+            on a TPU reached over the network (it reads only gs://),
+            ``fw.io.default_root() + '/tensorflow_datasets'`` (the bucket).
         download: let tfds download and prepare the data if absent. Defaults to True.
         shuffle_buf_sz, cache, transform, batch_transform, augmented_epochs, seed,
             deterministic, input_context: as in `tfrecord_ds`.
@@ -266,7 +271,7 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
     pipeline.check_shuffle_buffer(shuffle_buf_sz)
     cache = pipeline.check_cache(cache)
     augmented_epochs = pipeline.check_augmented_epochs(augmented_epochs, training)
-    _check_tfds_dir(data_dir)
+    data_dir = _tfds_dir(data_dir)
     deterministic = (seed is not None or not training) if deterministic is None \
         else deterministic
     read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=seed,
@@ -282,10 +287,23 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
                            seed=seed, deterministic=deterministic, cache_suffix=suffix)
 
 
-def _check_tfds_dir(data_dir: str | None) -> None:
-    """A TPU node (reached over the network) cannot read the notebook's local disk."""
-    remote = accel.is_initialized() and accel.current().is_remote
-    if remote and not (data_dir or "").startswith("gs://"):
-        raise ValueError(f"data_dir={data_dir!r}: this TPU is reached over the network and "
-                         "reads only Google Cloud Storage; pass data_dir='gs://<bucket>/"
-                         "tensorflow_datasets'")
+def _remote() -> bool:
+    return accel.is_initialized() and accel.current().is_remote
+
+
+def _check_reachable(path: str | Sequence[str], name: str) -> None:
+    """A TPU node (reached over the network) reads only gs://, not the notebook's disk."""
+    paths = [path] if isinstance(path, str) else list(path)
+    local = [p for p in paths if not fw_io.is_gcs(p)]
+    if local and _remote():
+        raise ValueError(f"{name}={local[0]!r} is local, but this TPU is reached over the "
+                         "network and reads only gs:// paths; copy the files to a bucket "
+                         "first, e.g. fw.io.stage(local_path, project)")
+
+
+def _tfds_dir(data_dir: str | None) -> str | None:
+    """tfds' own default locally; ``<storage root>/tensorflow_datasets`` on a TPU node."""
+    if data_dir is None:
+        return fw_io.join(fw_io.default_root(), "tensorflow_datasets") if _remote() else None
+    _check_reachable(data_dir, "data_dir")
+    return data_dir
