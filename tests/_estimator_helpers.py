@@ -1,0 +1,105 @@
+"""Tiny data, models and input functions shared by the estimator tests and their
+subprocesses (multi-replica runs must start a fresh interpreter, see conftest.py)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import fenwicks as fw
+
+NUM_FEATURES, NUM_CLASSES = 6, 3
+
+
+def make_data(n: int = 1001, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Linearly separable-ish 3-class data, float32 features and int32 labels."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, NUM_FEATURES)).astype(np.float32)
+    w = rng.normal(size=(NUM_FEATURES, NUM_CLASSES))
+    y = np.argmax(x @ w + 0.5 * rng.normal(size=(n, NUM_CLASSES)), axis=1).astype(np.int32)
+    return x, y
+
+
+def train_input(x: np.ndarray, y: np.ndarray, shuffle_seed: int = 5):
+    """Shuffle examples, then batch per replica.
+
+    Why this gives every replica count the same global batches: with one pipeline
+    feeding R replicas, step s hands replica r the pipeline's batch s*R + r. Batching
+    per replica (B/R) after a shuffle of *examples* therefore makes step s cover
+    examples [s*B, (s+1)*B) of the shuffled stream, exactly the single-replica batch.
+    """
+    def input_fn(params):
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.shuffle(len(x), seed=shuffle_seed, reshuffle_each_iteration=True).repeat()
+        return ds.batch(params["batch_size"], drop_remainder=True)
+    return input_fn
+
+
+def eval_input(x: np.ndarray, y: np.ndarray):
+    def input_fn(params):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(params["batch_size"])
+    return input_fn
+
+
+def build_mlp(bn: int | None = None, width: int = 16, dropout: float = 0.0):
+    layers = [keras.Input((NUM_FEATURES,)), keras.layers.Dense(width)]
+    if bn is not None:
+        layers.append(fw.layers.BatchNorm(mode=bn))
+    layers.append(keras.layers.ReLU())
+    if dropout:
+        layers.append(keras.layers.Dropout(dropout, seed=11))
+    layers.append(keras.layers.Dense(NUM_CLASSES))
+    return keras.Sequential(layers)
+
+
+def model_func(reduction: str = "mean", bn: int | None = None, width: int = 16,
+               dropout: float = 0.0, lr: float = 0.1):
+    # 'sum' adds up 32 examples where 'mean' averages them: scale lr to match.
+    opt_lr = lr if reduction == "mean" else lr / 32
+
+    def opt_func():
+        return keras.optimizers.SGD(opt_lr, momentum=0.9)
+
+    return fw.train.get_clf_model_func(lambda: build_mlp(bn, width, dropout), opt_func,
+                                       reduction=reduction)
+
+
+def invariance_losses(work_root: str, steps: int = 30) -> dict[str, list[float]]:
+    """Per-step losses of 30 steps at global batch 32, for each reduction and ghost BN."""
+    x, y = make_data()
+    out = {}
+    for name, kwargs in {"mean": {}, "sum": {"reduction": "sum"},
+                         "bn": {"bn": 4}}.items():
+        est = fw.train.get_tpu_estimator(10, model_func(**kwargs), f"{work_root}/{name}",
+                                         trn_bs=32, seed=3, verbose=False)
+        est.train(train_input(x, y), steps=steps)
+        out[name] = est.history.losses
+    return out
+
+
+def exact_eval(work_dir: str, batch_sizes: list[int]) -> dict:
+    """Trains briefly, then evaluates and predicts with each val_bs on a new estimator."""
+    x, y = make_data()
+    est = fw.train.get_tpu_estimator(10, model_func(), work_dir, trn_bs=32, seed=1,
+                                     verbose=False)
+    est.train(train_input(x, y), steps=20)
+    out = {}
+    for batch_size in batch_sizes:
+        est = fw.train.get_tpu_estimator(10, model_func(), work_dir, trn_bs=32,
+                                         val_bs=batch_size, pred_bs=batch_size,
+                                         verbose=False)
+        result = est.evaluate(eval_input(x, y))
+        probs = est.predict(eval_input(x, y))
+        out[batch_size] = {"result": result, "probs": probs.tolist()}
+    out["weights"] = [w.tolist() for w in est.model.get_weights()]
+    return out
+
+
+def numpy_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Softmax probabilities of build_mlp() (no BN) computed in float64."""
+    w1, b1, w2, b2 = (np.asarray(w, np.float64) for w in weights)
+    logits = np.maximum(x @ w1 + b1, 0) @ w2 + b2
+    logits -= logits.max(axis=1, keepdims=True)
+    exp = np.exp(logits)
+    return exp / exp.sum(axis=1, keepdims=True)

@@ -1,0 +1,400 @@
+"""Tests for fenwicks.train.estimator: learning, exact evaluation, replica invariance,
+resume, precision, export, warm start and bad input.
+
+The pytest process has one CPU replica; 2- and 8-replica runs happen in subprocesses
+(logical devices must be set before TensorFlow starts), each checking several things.
+"""
+
+import glob
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fenwicks as fw
+from tests import _estimator_helpers as h
+from tests.conftest import run_json
+
+VAL_BATCHES_1 = [1, 7, 64, 1000, 1001, 4096]
+# On 8 replicas a global batch must divide by 8: 1 -> 8, 7 -> 56, 1001 -> 1008.
+VAL_BATCHES_8 = [8, 56, 64, 1000, 1008, 4096]
+
+
+def _numpy_metrics(probs, y):
+    probs = np.asarray(probs, np.float64)
+    return (float(np.mean(-np.log(probs[np.arange(len(y)), y]))),
+            float(np.mean(probs.argmax(axis=1) == y)))
+
+
+def _assert_exact(runs, y, weights, x):
+    reference = h.numpy_forward(weights, x)
+    for batch_size, run in runs.items():
+        probs = np.asarray(run["probs"])
+        assert probs.shape == (len(y), h.NUM_CLASSES), batch_size
+        # predict: one row per example, in order, equal to an independent forward pass.
+        np.testing.assert_allclose(probs, reference, atol=1e-5, err_msg=str(batch_size))
+        loss, accuracy = _numpy_metrics(probs, y)
+        result = run["result"]
+        assert result["num_examples"] == len(y)
+        assert abs(result["loss"] - loss) < 1e-6, (batch_size, result, loss)
+        assert abs(result["accuracy"] - accuracy) < 1e-6, (batch_size, result, accuracy)
+
+
+@pytest.fixture(scope="module")
+def multi_replica(tmp_path_factory):
+    """One cpu:8 and one cpu:2 subprocess, started together to share the wall time."""
+    root = tmp_path_factory.mktemp("multi")
+    code8 = f"""
+        import json
+        import fenwicks as fw
+        from tests import _estimator_helpers as h
+        out = {{"invariance": h.invariance_losses({str(root / 'inv8')!r})}}
+        out["exact"] = h.exact_eval({str(root / 'exact8')!r}, {VAL_BATCHES_8})
+        errors = []
+        for bs in (100, 7):
+            try:
+                fw.train.get_tpu_estimator(10, h.model_func(), {str(root / 'bad')!r}, trn_bs=bs)
+            except ValueError as err:
+                errors.append(str(err))
+        out["errors"] = errors
+        print(json.dumps(out))
+    """
+    code2 = f"""
+        import json
+        from tests import _estimator_helpers as h
+        print(json.dumps({{"invariance": h.invariance_losses({str(root / 'inv2')!r})}}))
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        eight = pool.submit(run_json, code8, {"FENWICKS_DEVICE": "cpu:8"})
+        two = pool.submit(run_json, code2, {"FENWICKS_DEVICE": "cpu:2"})
+        return {8: eight.result(), 2: two.result()}
+
+
+# --------------------------------------------------------------------------- it learns
+
+
+def test_small_cnn_learns_digits_with_xla(tmp_path):
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.images[..., None] / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    order = np.random.default_rng(0).permutation(len(y))
+    train, test = order[:1400], order[1400:]
+
+    def build_nn():
+        return keras.Sequential([
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            keras.layers.MaxPooling2D(), keras.layers.Flatten(), keras.layers.Dense(10)])
+
+    model_func = fw.train.get_clf_model_func(
+        build_nn, lambda: keras.optimizers.SGD(0.05, momentum=0.9))
+    est = fw.train.get_tpu_estimator(1400 // 50, model_func, str(tmp_path), trn_bs=50,
+                                     val_bs=128, seed=0, jit_compile=True, verbose=False)
+    assert est.config.jit_compile
+    history = est.train_and_evaluate(h.train_input(x[train], y[train]),
+                                     h.eval_input(x[test], y[test]), epochs=10,
+                                     eval_every_epochs=5)
+    result = history.evals[-1]
+    assert result["num_examples"] == len(test)
+    assert result["accuracy"] >= 0.95, result
+    assert history.metric("accuracy")[0] == [5 * 28, 10 * 28]
+    assert history.steps == list(range(1, 281))
+    # The reported accuracy is the fraction predict() gets right.
+    probs = est.predict(h.eval_input(x[test], y[test]))
+    assert abs(np.mean(probs.argmax(1) == y[test]) - result["accuracy"]) < 1e-9
+
+
+# --------------------------------------------------------------------------- exact evaluation
+
+
+def test_exact_evaluation_and_predict_on_one_replica(tmp_path):
+    x, y = h.make_data()
+    out = h.exact_eval(str(tmp_path), VAL_BATCHES_1)
+    _assert_exact({bs: out[bs] for bs in VAL_BATCHES_1}, y, out["weights"], x)
+
+
+def test_exact_evaluation_and_predict_on_eight_replicas(multi_replica):
+    x, y = h.make_data()
+    out = multi_replica[8]["exact"]
+    _assert_exact({bs: out[str(bs)] for bs in VAL_BATCHES_8}, y, out["weights"], x)
+
+
+# --------------------------------------------------------------------------- replica invariance
+
+
+def test_losses_do_not_depend_on_the_replica_count(tmp_path, multi_replica):
+    one = h.invariance_losses(str(tmp_path))
+    for replicas in (2, 8):
+        other = multi_replica[replicas]["invariance"]
+        for name in ("mean", "sum", "bn"):
+            assert len(other[name]) == len(one[name]) == 30
+            np.testing.assert_allclose(other[name], one[name], rtol=1e-4,
+                                       err_msg=f"{name} on {replicas} replicas")
+    # The two reductions with lr scaled by the batch are the same optimisation.
+    np.testing.assert_allclose(one["sum"], one["mean"], rtol=1e-4)
+    assert one["mean"][-1] < one["mean"][0]  # and it is learning
+
+
+def test_batch_sizes_must_divide_by_the_replicas(multi_replica):
+    errors = multi_replica[8]["errors"]
+    assert "trn_bs=100 must be divisible by the 8 replicas" in errors[0]
+    assert "try 96 or 104" in errors[0]
+    assert "trn_bs=7" in errors[1] and "try 8 or 16" in errors[1]
+
+
+# --------------------------------------------------------------------------- resume
+
+
+RESUME_CODE = """
+    import json, os
+    import fenwicks as fw
+    from tests import _estimator_helpers as h
+    x, y = h.make_data()
+    est = fw.train.get_tpu_estimator(10, h.model_func(dropout=0.25), {work_dir!r}, trn_bs=32,
+                                     seed=1, steps_per_loop=7, verbose=False)
+    est.train(h.train_input(x, y), max_steps=40)
+    files = sorted(os.listdir({work_dir!r}))
+    est.train(h.train_input(x, y), max_steps=40)   # already there: nothing happens
+    print(json.dumps({{"step": est.global_step, "files": files,
+                      "files_after": sorted(os.listdir({work_dir!r})),
+                      "weights": [w.tolist() for w in est.model.get_weights()]}}))
+"""
+
+
+def test_resume_in_a_new_process_equals_an_uninterrupted_run(tmp_path):
+    x, y = h.make_data()
+    kwargs = dict(trn_bs=32, seed=1, steps_per_loop=7, verbose=False)
+    whole = fw.train.get_tpu_estimator(10, h.model_func(dropout=0.25), str(tmp_path / "a"),
+                                       **kwargs)
+    whole.train(h.train_input(x, y), steps=40)
+    half = fw.train.get_tpu_estimator(10, h.model_func(dropout=0.25), str(tmp_path / "b"),
+                                      **kwargs)
+    half.train(h.train_input(x, y), steps=20)
+    assert half.global_step == 20
+    out = run_json(RESUME_CODE.format(work_dir=str(tmp_path / "b")))
+    assert out["step"] == 40
+    assert out["files"] == out["files_after"]  # max_steps reached: no new checkpoint
+    assert "ckpt-40.index" in out["files"]
+    for got, want in zip(out["weights"], whole.model.get_weights(), strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-6)
+
+
+def test_steps_per_loop_stops_exactly_and_logs_scalars(tmp_path):
+    x, y = h.make_data()
+    est = fw.train.get_tpu_estimator(10, h.model_func(), str(tmp_path), trn_bs=32,
+                                     steps_per_loop=7, verbose=False)
+    est.train(h.train_input(x, y), steps=20)
+    assert est.global_step == 20 and est.history.steps == list(range(1, 21))
+    est.train(h.train_input(x, y), max_steps=20)
+    assert est.global_step == 20
+    est.train(h.train_input(x, y), steps=3)
+    assert est.global_step == 23
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-23")
+    tags = set()
+    for path in glob.glob(str(tmp_path / "train" / "events.*")):
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            tags.update(v.tag for v in event.summary.value)
+    assert {"loss", "learning_rate", "examples_per_sec"} <= tags
+    assert est.history.learning_rates[-1] == (23, pytest.approx(0.1))
+
+
+# --------------------------------------------------------------------------- precision, export
+
+
+def test_bfloat16_computes_in_bfloat16_with_float32_variables(tmp_path):
+    x, y = h.make_data(128)
+    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), trn_bs=32,
+                                     precision="bfloat16", verbose=False)
+    est.train(h.train_input(x, y), steps=4)
+    dense = est.model.layers[0]
+    assert dense.compute_dtype == "bfloat16"
+    assert all(v.dtype == "float32" for v in est.model.variables)
+    assert np.all(np.isfinite(est.history.losses))
+    assert keras.config.dtype_policy().name == "float32"  # the global policy is restored
+
+
+def test_float16_applies_a_loss_scale(tmp_path):
+    x, y = h.make_data(128)
+    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), trn_bs=32,
+                                     precision="float16", verbose=False)
+    est.train(h.train_input(x, y), steps=4)
+    assert isinstance(est.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert float(est.optimizer.dynamic_scale) > 1.0
+    assert est.model.layers[0].compute_dtype == "float16"
+    assert all(v.dtype == "float32" for v in est.model.trainable_variables)
+    assert np.all(np.isfinite(est.history.losses))
+
+
+def test_export_saved_model_reloads_and_predicts_the_same(tmp_path):
+    x, y = h.make_data(50)
+    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path / "work"), trn_bs=16,
+                                     verbose=False)
+    est.train(h.train_input(x, y), steps=4)
+    probs = est.predict(h.eval_input(x, y))
+    loaded = tf.saved_model.load(est.export_saved_model(str(tmp_path / "export")))
+    served = loaded.signatures["serving_default"](x=tf.constant(x[:9]))["predictions"]
+    np.testing.assert_allclose(served.numpy(), probs[:9], atol=1e-6)
+    np.testing.assert_allclose(loaded.serve(x)["predictions"].numpy(), probs, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- warm start
+
+
+def test_warm_start_loads_matching_variables_and_reports_the_rest(tmp_path):
+    x, y = h.make_data(64)
+    source = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path / "src"), trn_bs=32,
+                                        verbose=False)
+    source.train(h.train_input(x, y), steps=2)
+
+    def wider_head():  # same first layer, a different (wider) second layer
+        return keras.Sequential([keras.Input((h.NUM_FEATURES,)), keras.layers.Dense(16),
+                                 keras.layers.ReLU(), keras.layers.Dense(5)])
+
+    model_func = fw.train.get_clf_model_func(wider_head, lambda: keras.optimizers.SGD(0.1))
+    est = fw.train.get_tpu_estimator(4, model_func, str(tmp_path / "new"), trn_bs=32,
+                                     warm_start_from=str(tmp_path / "src"), verbose=False)
+    est.evaluate(h.eval_input(x, y % 5))
+    report = est.warm_start_report
+    assert len(report["loaded"]) == 2 and len(report["not_loaded"]) == 2
+    assert all("kernel" in p or "bias" in p for p in report["loaded"] + report["not_loaded"])
+    for got, want in zip(est.model.get_weights()[:2], source.model.get_weights()[:2],
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="warm_start_from="):
+        fw.train.get_tpu_estimator(4, model_func, str(tmp_path / "x"), trn_bs=32,
+                                   warm_start_from=str(tmp_path / "nothing"),
+                                   verbose=False).evaluate(h.eval_input(x, y % 5))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_training_input_is_reported_before_compiling(tmp_path):
+    x, y = h.make_data(64)
+    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), trn_bs=32,
+                                     verbose=False)
+    features_only = lambda p: tf.data.Dataset.from_tensor_slices(x).batch(p["batch_size"])  # noqa: E731
+    with pytest.raises(ValueError, match=r"\(features, labels\) pairs"):
+        est.train(features_only, steps=1)
+    dynamic = lambda p: tf.data.Dataset.from_tensor_slices((x, y)).batch(p["batch_size"])  # noqa: E731
+    with pytest.raises(ValueError, match="drop_remainder=True"):
+        est.train(dynamic, steps=1)
+    with pytest.raises(ValueError, match="must return a tf.data.Dataset"):
+        est.train(lambda p: (x, y), steps=1)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\).*label is 7"):
+        est.train(h.train_input(x, np.where(y == 0, 7, y).astype(np.int32)), steps=1)
+    with pytest.raises(ValueError, match="steps=N"):
+        est.train(h.train_input(x, y))
+    with pytest.raises(ValueError, match="steps=0 must be a positive integer"):
+        est.train(h.train_input(x, y), steps=0)
+    assert est.global_step == 0 and not glob.glob(str(tmp_path / "ckpt-*"))
+
+
+def test_nan_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    x, y = h.make_data(64)
+    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), trn_bs=32,
+                                     steps_per_loop=4, verbose=False)
+    est.train(h.train_input(x, y), steps=4)
+    good = [w.copy() for w in est.model.get_weights()]
+    # A label out of range past the first batch (which is checked eagerly) makes the
+    # compiled loss NaN; the batches are unshuffled, so the 2nd step of the call has it.
+    bad_y = y.copy()
+    bad_y[40:] = 9
+
+    def poisoned(params):
+        ds = tf.data.Dataset.from_tensor_slices((x, bad_y)).repeat()
+        return ds.batch(params["batch_size"], drop_remainder=True)
+
+    with pytest.raises(fw.train.NonFiniteLossError, match="at step 6"):
+        est.train(poisoned, steps=4)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-4")
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt-4"))
+    saved = [reader.get_tensor(k) for k in checkpoint_model_keys(est)]
+    for got, want in zip(saved, good, strict=True):
+        np.testing.assert_array_equal(got, want)
+    # The estimator goes back to the good checkpoint before it is used again.
+    assert est.evaluate(h.eval_input(x, y))["global_step"] == 4
+    for got, want in zip(est.model.get_weights(), good, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def checkpoint_model_keys(est):
+    return list(fw.train.checkpoints.model_variable_keys(est.model))
+
+
+def test_work_dir_with_another_models_checkpoint_is_a_clear_error(tmp_path):
+    x, y = h.make_data(64)
+    fw.train.get_tpu_estimator(4, h.model_func(width=16), str(tmp_path), trn_bs=32,
+                               verbose=False).train(h.train_input(x, y), steps=2)
+    before = {p: os.path.getmtime(p) for p in glob.glob(str(tmp_path / "*"))}
+    other = fw.train.get_tpu_estimator(4, h.model_func(width=24), str(tmp_path), trn_bs=32,
+                                       verbose=False)
+    with pytest.raises(fw.train.CheckpointMismatchError) as info:
+        other.train(h.train_input(x, y), steps=2)
+    message = str(info.value)
+    assert "different model" in message and "[6, 16]" in message and "[6, 24]" in message
+    assert "_kernel" in message
+    assert {p: os.path.getmtime(p) for p in glob.glob(str(tmp_path / "*"))} == before
+
+
+def test_constructor_arguments_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="steps_per_epoch=0"):
+        fw.train.get_tpu_estimator(0, h.model_func(), str(tmp_path))
+    with pytest.raises(ValueError, match="precision='float64'"):
+        fw.train.get_tpu_estimator(1, h.model_func(), str(tmp_path), precision="float64")
+    with pytest.raises(ValueError, match="model_func="):
+        fw.train.get_tpu_estimator(1, None, str(tmp_path))
+    est = fw.train.get_tpu_estimator(1, lambda params: "not a spec", str(tmp_path),
+                                     verbose=False)
+    x, y = h.make_data(64)
+    with pytest.raises(ValueError, match="must return fw.train.ModelSpec"):
+        est.evaluate(h.eval_input(x, y))
+
+
+def test_gcs_work_dir_trains_resumes_and_evaluates(gcs_emulator):
+    work_dir = gcs_emulator.unique_url("estimator") + "/work"
+    code = f"""
+        import json
+        import tensorflow as tf
+        import fenwicks as fw
+        from tests import _estimator_helpers as h
+        x, y = h.make_data(200)
+        est = fw.train.get_tpu_estimator(5, h.model_func(), {work_dir!r}, trn_bs=32, seed=2,
+                                         verbose=False)
+        est.train(h.train_input(x, y), steps=6)
+        first = [w.tolist() for w in est.model.get_weights()]
+        again = fw.train.get_tpu_estimator(5, h.model_func(), {work_dir!r}, trn_bs=32,
+                                           verbose=False)
+        result = again.evaluate(h.eval_input(x, y))
+        probs = again.predict(h.eval_input(x, y))
+        again.train(h.train_input(x, y), steps=2)
+        print(json.dumps({{"result": result, "first": first, "probs": probs.tolist(),
+                          "resumed": [w.tolist() for w in again.model.get_weights()],
+                          "latest": tf.train.latest_checkpoint({work_dir!r})}}))
+    """
+    out = gcs_emulator.run_json(code)
+    x, y = h.make_data(200)
+    probs = h.numpy_forward(out["first"], x)
+    np.testing.assert_allclose(out["probs"], probs, atol=1e-5)
+    loss, accuracy = _numpy_metrics(out["probs"], y)
+    assert out["result"]["global_step"] == 6 and out["result"]["num_examples"] == 200
+    assert abs(out["result"]["loss"] - loss) < 1e-6
+    assert abs(out["result"]["accuracy"] - accuracy) < 1e-6
+    assert out["latest"] == work_dir + "/ckpt-8"
+    assert not np.allclose(out["resumed"][0], out["first"][0])  # it trained on from step 6
+
+
+def test_history_serialises_for_plots():
+    history = fw.train.History(steps=[1, 2], losses=[0.5, 0.4],
+                               evals=[{"global_step": 2, "accuracy": 0.9, "loss": 0.4}])
+    assert history.metric("accuracy") == ([2], [0.9])
+    json.dumps(history.__dict__)
