@@ -146,6 +146,9 @@ def _usable_records(files: list[str], skip_corrupt: bool) -> list[int]:
     if damaged:
         logger.warning("fenwicks: skip_corrupt skipped %d record(s) in %d file(s)",
                        sum(s.skipped for s in damaged), len(damaged))
+    if sum(s.records for s in scans) == 0:  # a repeated empty dataset would spin forever
+        raise RecordError(f"the {len(files)} file(s) of this input pipeline hold no readable "
+                          f"record: {', '.join(files[:3])}{'...' if len(files) > 3 else ''}")
     return [s.records if s.problem else -1 for s in scans]
 
 
