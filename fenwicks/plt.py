@@ -117,7 +117,7 @@ def plot_counts_pie(labels: Iterable[Any], class_names: Sequence[str] | None = N
     fig, (ax,) = _new_figure(figsize=(5.0, 5.0))
     ax.pie(counts, labels=[f"{name} ({count})" for name, count in zip(names, counts, strict=True)],
            autopct="%1.1f%%", startangle=90, counterclock=False)
-    ax.set_title(title)
+    ax.set_title(title, pad=24)  # clear of the wedge labels at the top
     ax.axis("equal")  # a round pie, whatever the figure's aspect
     return fig
 
