@@ -224,6 +224,8 @@ def _name(fn: Any) -> str:
 
 def _interleave(files: list[str], takes: list[int], training: bool, seed: int | None,
                 deterministic: bool, cycle_length: int, ignore_errors: bool) -> tf.data.Dataset:
+    # No autograph: nothing to convert, and it trips over this closure (a noisy warning).
+    @tf.autograph.experimental.do_not_convert
     def read(path, take):
         records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).take(take)
         # Without the up-front scan, skip_corrupt falls back to TensorFlow's own skipping
