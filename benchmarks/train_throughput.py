@@ -1,0 +1,211 @@
+"""Training throughput: is the estimator as fast as Keras `fit` and a hand-written loop?
+
+For each model (a reduced-width ResNet-9-like CIFAR net and the MNIST net), with the same
+random in-memory data, global batch and steps per compiled call, it times examples/s of
+
+  est    fw.train Estimator.train (incl. its end-of-call checkpoint)
+  fit    keras Model.fit with steps_per_execution = steps_per_loop
+  hand   a minimal tf.function loop: for _ in tf.range(n): strategy.run(step, next(it))
+
+on 1 replica and on cpu:2 (two logical CPU replicas, each run in its own process since
+devices are fixed at TensorFlow start-up), then prints est/fit (target >= 1.0) and
+est/hand (target >= 0.97). It also times exact evaluation (padding + masking the final
+partial batch) against a loop that drops the remainder: examples/s of exact over drop
+should be >= 0.95 (padding costs at most 5%).
+
+    python benchmarks/train_throughput.py                 # both replica counts
+    python benchmarks/train_throughput.py --steps 20      # quicker, noisier
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import fenwicks as fw  # noqa: E402
+
+MODELS = {  # name: (builder, input shape); widths reduced so a CPU run takes minutes
+    "resnet9_c16": (lambda: fw.models.resnet9(c=16), (32, 32, 3)),
+    "mnist_net_c16": (lambda: fw.models.mnist_net(c=16), (28, 28, 1)),
+}
+LR = 0.01
+
+
+def _data(shape: tuple[int, ...], n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(n, *shape)).astype(np.float32),
+            rng.integers(0, 10, size=n).astype(np.int32))
+
+
+def _dataset(x: np.ndarray, y: np.ndarray, batch_size: int) -> tf.data.Dataset:
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _best_rate(run, steps: int, batch: int, trials: int) -> float:
+    """Best of `trials` timings of run(steps), in examples/s (best: the machine is shared)."""
+    times = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        run(steps)
+        times.append(time.perf_counter() - start)
+    return steps * batch / min(times)
+
+
+def time_estimator(build, x, y, batch, steps, spl, trials) -> float:
+    model_func = fw.train.get_clf_model_func(build, lambda: keras.optimizers.SGD(LR))
+    est = fw.train.get_tpu_estimator(spl, model_func, tempfile.mkdtemp(), trn_bs=batch,
+                                     steps_per_loop=spl, save_every_secs=None,
+                                     verbose=False)
+    input_fn = lambda params: _dataset(x, y, params["batch_size"])  # noqa: E731
+    est.train(input_fn, steps=spl)  # compile
+    return _best_rate(lambda n: est.train(input_fn, steps=n), steps, batch, trials)
+
+
+def time_fit(build, x, y, batch, steps, spl, trials) -> float:
+    strategy = fw.accel.current().strategy
+    with strategy.scope():
+        model = build()
+        model.compile(keras.optimizers.SGD(LR),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=spl, jit_compile=False)
+    dataset = _dataset(x, y, batch)
+    model.fit(dataset, steps_per_epoch=spl, epochs=1, verbose=0)  # compile
+    return _best_rate(lambda n: model.fit(dataset, steps_per_epoch=n, epochs=1, verbose=0),
+                      steps, batch, trials)
+
+
+def time_hand_written(build, x, y, batch, steps, spl, trials) -> float:
+    strategy = fw.accel.current().strategy
+    with strategy.scope():
+        model, optimizer = build(), keras.optimizers.SGD(LR)
+        optimizer.build(model.trainable_variables)
+
+    def step(features, labels):
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels, tf.cast(logits, tf.float32))) / batch
+        optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                        model.trainable_variables)
+
+    @tf.function
+    def loop(iterator, n):
+        for _ in tf.range(n):
+            strategy.run(step, next(iterator))
+
+    iterator = iter(strategy.distribute_datasets_from_function(
+        lambda ctx: _dataset(x, y, ctx.get_per_replica_batch_size(batch))))
+
+    def run(n):
+        for _ in range(n // spl):
+            loop(iterator, tf.constant(spl))
+        optimizer.iterations.numpy()  # wait for the last step
+
+    run(spl)  # compile
+    return _best_rate(run, steps, batch, trials)
+
+
+def time_evaluation(build, x, y, batch, trials) -> dict[str, float]:
+    """Exact evaluation vs the same compiled loop on a dataset that drops the remainder."""
+    model_func = fw.train.get_clf_model_func(build, lambda: keras.optimizers.SGD(LR))
+    est = fw.train.get_tpu_estimator(1, model_func, tempfile.mkdtemp(), trn_bs=batch,
+                                     val_bs=batch, verbose=False)
+
+    def input_fn(drop):
+        return lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+            params["batch_size"], drop_remainder=drop).prefetch(tf.data.AUTOTUNE)
+
+    rates = {}
+    for name, drop in (("exact", False), ("drop", True)):
+        est.evaluate(input_fn(drop))  # compile
+        seen = len(x) if not drop else len(x) // batch * batch
+        times = []
+        for _ in range(trials):
+            start = time.perf_counter()
+            est.evaluate(input_fn(drop))
+            times.append(time.perf_counter() - start)
+        rates[name] = seen / min(times)
+    return rates
+
+
+def child(args: argparse.Namespace) -> dict:
+    results = {}
+    for name, (build, shape) in MODELS.items():
+        x, y = _data(shape, args.examples)
+        timing = (build, x, y, args.batch, args.steps, args.steps_per_loop, args.trials)
+        results[name] = {"est": time_estimator(*timing), "fit": time_fit(*timing),
+                         "hand": time_hand_written(*timing)}
+        if fw.accel.current().num_replicas == 1:
+            eval_x, eval_y = _data(shape, args.eval_examples)
+            results[name]["eval"] = time_evaluation(build, eval_x, eval_y, args.eval_batch,
+                                                    args.trials)
+    return results
+
+
+def _print_table(all_results: dict[str, dict]) -> None:
+    print(f"{'replicas':>8} {'model':>14} {'est ex/s':>10} {'fit ex/s':>10} "
+          f"{'hand ex/s':>10} {'est/fit':>8} {'est/hand':>9}")
+    for replicas, results in all_results.items():
+        for name, r in results.items():
+            print(f"{replicas:>8} {name:>14} {r['est']:>10.1f} {r['fit']:>10.1f} "
+                  f"{r['hand']:>10.1f} {r['est'] / r['fit']:>8.3f} "
+                  f"{r['est'] / r['hand']:>9.3f}")
+    print("targets: est/fit >= 1.0, est/hand >= 0.97")
+    for results in all_results.values():
+        for name, r in results.items():
+            if "eval" in r:
+                e = r["eval"]
+                print(f"exact eval {name}: {e['exact']:.1f} ex/s vs drop-remainder "
+                      f"{e['drop']:.1f} ex/s; exact/drop = {e['exact'] / e['drop']:.3f} "
+                      "(target >= 0.95)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=64, help="global batch size")
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per trial")
+    parser.add_argument("--steps-per-loop", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--examples", type=int, default=2048)
+    parser.add_argument("--eval-examples", type=int, default=10000)
+    parser.add_argument("--eval-batch", type=int, default=512)
+    parser.add_argument("--replicas", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.steps % args.steps_per_loop:
+        parser.error("--steps must be a multiple of --steps-per-loop")
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    all_results = {}
+    for replicas in args.replicas:
+        env = {**os.environ, fw.accel.DEVICE_ENV: f"cpu:{replicas}"}
+        argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                if k not in ("replicas", "child")]
+        out = subprocess.run([sys.executable, __file__, "--child", *argv], env=env,
+                             capture_output=True, text=True, check=False)
+        if out.returncode:
+            sys.exit(f"cpu:{replicas} run failed:\n{out.stderr[-3000:]}")
+        all_results[replicas] = json.loads(out.stdout.strip().splitlines()[-1])
+    _print_table(all_results)
+    print(json.dumps({"results": all_results, "load_average": os.getloadavg(),
+                      "median_est_over_fit": statistics.median(
+                          r["est"] / r["fit"] for res in all_results.values()
+                          for r in res.values())}))
+
+
+if __name__ == "__main__":
+    main()
