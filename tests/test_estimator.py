@@ -187,12 +187,13 @@ def test_resume_in_a_new_process_equals_an_uninterrupted_run(tmp_path):
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-6)
 
 
-def test_steps_per_loop_stops_exactly_and_logs_scalars(tmp_path):
+def test_steps_per_loop_stops_exactly_and_logs_scalars(tmp_path, capsys):
     x, y = h.make_data()
     est = fw.train.get_tpu_estimator(10, h.model_func(), str(tmp_path), trn_bs=32,
-                                     steps_per_loop=7, verbose=False)
+                                     steps_per_loop=7, verbose=True)
     est.train(h.train_input(x, y), steps=20)
     assert est.global_step == 20 and est.history.steps == list(range(1, 21))
+    assert "20/20" in capsys.readouterr().err  # the progress bar reached the target
     est.train(h.train_input(x, y), max_steps=20)
     assert est.global_step == 20
     est.train(h.train_input(x, y), steps=3)
@@ -398,3 +399,19 @@ def test_history_serialises_for_plots():
                                evals=[{"global_step": 2, "accuracy": 0.9, "loss": 0.4}])
     assert history.metric("accuracy") == ([2], [0.9])
     json.dumps(history.__dict__)
+
+
+def test_out_of_memory_retries_with_smaller_batches(tmp_path, caplog):
+    est = fw.train.get_tpu_estimator(1, h.model_func(), str(tmp_path), verbose=False)
+    tried = []
+
+    def run(global_batch):  # stands in for a GPU that fits at most 40 examples
+        tried.append(global_batch)
+        if global_batch > 40:
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM")
+        return global_batch
+
+    with caplog.at_level("WARNING", logger="fenwicks"):
+        assert est._with_smaller_batches(run, 128, "evaluation") == 32
+    assert tried == [128, 64, 32]
+    assert "out of memory at evaluation batch 128; retrying with 64" in caplog.text

@@ -216,6 +216,7 @@ class Estimator:
         self._train_input: tuple[InputFn, Any] | None = None
         self._loops: dict[Any, Any] = {}
         self._stale = False  # True after a NaN: the in-memory weights are not trusted
+        self._writer: Any = None
 
     # ---------------------------------------------------------------- public state
 
@@ -404,7 +405,9 @@ class Estimator:
         loop = self._loop("train", lambda: loops.make_train_loop(
             self._strategy, self._spec, self._optimizer, self._global_step,
             self.config.train_batch_size, self.config.jit_compile))
-        with Progress(self.config.work_dir, self.global_step, target,
+        if self._writer is None:  # one writer per estimator: creating one costs a file
+            self._writer = tf.summary.create_file_writer(self.config.work_dir + "/train")
+        with Progress(self._writer, self.global_step, target,
                       self.config.train_batch_size, self.config.verbose) as progress:
             self._run_loops(loop, iterator, target, progress)
         self._save()

@@ -12,23 +12,24 @@ class Progress:
     """Reports each loop of `Estimator.train`: the bar and ``work_dir/train`` scalars.
 
     Args:
-        work_dir: where the TensorBoard event files go (``<work_dir>/train``).
+        writer: a `tf.summary` writer, e.g. for ``<work_dir>/train``.
         start: the global step training starts at.
         target: the global step it stops at.
         global_batch_size: examples per step, for examples/s.
         verbose: show the tqdm bar. Defaults to True.
 
     Example:
-        >>> with Progress(work_dir, 0, 100, 128) as progress:
+        >>> writer = tf.summary.create_file_writer(work_dir + '/train')
+        >>> with Progress(writer, 0, 100, 128) as progress:
         ...     progress.update(step=10, losses=[0.7] * 10, learning_rate=0.1)
     """
 
-    def __init__(self, work_dir: str, start: int, target: int, global_batch_size: int,
+    def __init__(self, writer: Any, start: int, target: int, global_batch_size: int,
                  verbose: bool = True) -> None:
         self.global_batch_size = global_batch_size
         self.step = start
         self._time = time.perf_counter()
-        self._writer = tf.summary.create_file_writer(tf.io.gfile.join(work_dir, "train"))
+        self._writer = writer
         self._bar = None
         if verbose:
             from tqdm.auto import tqdm  # picks the widget bar in notebooks
