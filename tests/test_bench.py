@@ -322,3 +322,16 @@ def test_train_throughput_counts_examples(simulated):
     # the cold call, the warm-up and 2 timed calls each trained 5 steps
     assert simulated["global_step"] == 5 * 4
     assert math.isfinite(result["cold_examples_per_second"])
+
+
+def test_table_flags_rows_above_the_estimated_peak():
+    info = bench.CpuInfo("Test CPU", 1, 2.0, "test", "AVX2+FMA", 32, 32)
+    cpu = _row("cpu", "cpu", "float32", 0.02, peak=0.064)  # 0.1 TFLOPS > 1 x 2 x 32 GFLOPS
+    table = bench.Report(info, "none (CPU only)", False, (cpu,)).table()
+    assert "note: cpu float32 ran faster than the estimated peak" in table
+    assert "156%" in table  # 0.1 / 0.064
+
+
+def test_vm_clock_is_flagged_as_base_clock(no_sysfs):
+    text = _cpuinfo("AuthenticAMD", 25, "avx2 fma hypervisor", 2500.0, [(0, 0)])
+    assert "base clock" in bench.cpu_info(text, allowed={0}).clock_source
