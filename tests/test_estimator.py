@@ -293,10 +293,14 @@ def test_bad_training_input_is_reported_before_compiling(tmp_path):
         est.train(lambda p: (x, y), steps=1)
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\).*label is 7"):
         est.train(h.train_input(x, np.where(y == 0, 7, y).astype(np.int32)), steps=1)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\).*label is 7"):
+        est.evaluate(h.eval_input(x, np.where(y == 0, 7, y).astype(np.int32)))
     with pytest.raises(ValueError, match="steps=N"):
         est.train(h.train_input(x, y))
     with pytest.raises(ValueError, match="steps=0 must be a positive integer"):
         est.train(h.train_input(x, y), steps=0)
+    with pytest.raises(ValueError, match=r"\(features, labels\) pairs"):
+        est.evaluate(features_only)
     assert est.global_step == 0 and not glob.glob(str(tmp_path / "ckpt-*"))
 
 

@@ -320,11 +320,16 @@ class Estimator:
             input_fn, self._params("train", self.config.train_batch_size, context), "training")
         inputs.check_train_spec(dataset.element_spec, batch_size)
         self._build(dataset.element_spec[0], "train")
-        features, labels = _head(next(iter(dataset.take(1))), 64)
-        with self._strategy.scope():
-            outputs = loops._float32(self._spec.model(features, training=False))
-            # Eager call: the built-in losses raise a ValueError for out-of-range labels.
-            self._spec.loss_fn(labels, outputs)
+        self._check_labels(dataset)
+
+    def _check_labels(self, dataset: tf.data.Dataset) -> None:
+        """Runs the loss eagerly on a few examples: the built-in losses then raise a
+        ValueError for out-of-range labels (compiled, they can only return NaN)."""
+        for features, labels in dataset.take(1):
+            features, labels = _head((features, labels), 64)
+            with self._strategy.scope():
+                self._spec.loss_fn(labels, loops._float32(
+                    self._spec.model(features, training=False)))
 
     def _train_iterator(self, input_fn: InputFn) -> Any:
         """The live iterator for `input_fn`; a fresh estimator resumes the input position."""
@@ -474,6 +479,8 @@ class Estimator:
         spec = probe.element_spec
         features = spec[0] if isinstance(spec, tuple) and len(spec) == 2 else spec
         self._build(features, mode)
+        if mode == "eval":
+            self._check_labels(probe)
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
             dataset = inputs.call_input_fn(input_fn, self._params(mode, global_batch,
