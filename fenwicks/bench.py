@@ -694,7 +694,8 @@ class Report:
         lines = [
             "Chained matrix products C <- C @ B; FLOPs per call = 2 * N^3 * reps * replicas.",
             "TFLOPS: cold = first call, compilation included; min/median/max over the "
-            "warm calls; x cpu = over the CPU's float32 median; peak = theoretical.",
+            "warm calls;",
+            "x cpu = over the CPU's float32 median TFLOPS; peak = theoretical (estimate).",
             f"host CPU    {self.cpu.describe()}",
             f"accelerator {self.accelerator}",
             "",
@@ -706,14 +707,25 @@ class Report:
             lines.append(_row(self._cells(self.numpy)))
             lines.append(f"\nTensorFlow CPU float32 / numpy (same N, reps, interleaved): "
                          f"{self.tf_over_numpy:.2f}x")
-        lines += [f"not run: {e}" for e in self.errors]
+        lines += [f"not run: {e}" for e in self.errors] + self._notes()
+        return "\n".join(lines)
+
+    def _notes(self) -> list[str]:
+        """Warnings about rows whose numbers mean less than they seem to."""
+        notes = []
+        short = [f"{r.device} {r.dtype}" for r in self.results
+                 if statistics.median(r.seconds) < _SHORT_CALL_SECONDS]
+        if short:
+            notes.append(f"note: {', '.join(short)}: calls under "
+                         f"{_SHORT_CALL_SECONDS * 1000:.0f} ms, where launch overhead "
+                         "counts; raise repeats or n for the device's real speed")
         over = [f"{r.device} {r.dtype}" for r in (*self.results, self.numpy)
                 if r is not None and r.peak_tflops and r.max_tflops > r.peak_tflops]
         if over:
-            lines.append(f"note: {', '.join(over)} ran faster than the estimated peak at "
+            notes.append(f"note: {', '.join(over)} ran faster than the estimated peak at "
                          "times: the real clock (turbo) is above the one used, so %peak "
                          "overstates the fraction")
-        return "\n".join(lines)
+        return notes
 
     def _cells(self, r: MatmulResult) -> tuple[str, ...]:
         speedup, cold_speedup = self.speedup(r), self.speedup(r, cold=True)
@@ -724,6 +736,7 @@ class Report:
                 _maybe(r.peak_fraction and 100 * r.peak_fraction, "{:.0f}%"))
 
 
+_SHORT_CALL_SECONDS = 0.02  # below this, per-call dispatch and sync overhead shows
 _HEADER = ("device", "dtype", "N", "reps", "cold s", "cold TF", "min TF", "med TF",
            "max TF", "cold x", "x cpu", "peak TF", "%peak")
 _WIDTHS = (14, 9, 6, 5, 8, 9, 9, 9, 9, 7, 7, 9, 6)

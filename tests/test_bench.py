@@ -335,3 +335,12 @@ def test_table_flags_rows_above_the_estimated_peak():
 def test_vm_clock_is_flagged_as_base_clock(no_sysfs):
     text = _cpuinfo("AuthenticAMD", 25, "avx2 fma hypervisor", 2500.0, [(0, 0)])
     assert "base clock" in bench.cpu_info(text, allowed={0}).clock_source
+
+
+def test_table_flags_calls_too_short_to_time():
+    info = bench.CpuInfo("Test CPU", 1, 2.0, "test", "AVX2+FMA", 32, 32)
+    cpu = _row("cpu", "cpu", "float32", 0.5)
+    tpu = _row("tpu x8", "tpu", "bfloat16", 0.005, replicas=8)  # 5 ms < 20 ms
+    notes = bench.Report(info, "tpu x8: v3-8", False, (cpu, tpu)).table().splitlines()
+    assert [n.split(":")[1].strip() for n in notes if n.startswith("note")] == [
+        "tpu x8 bfloat16"]
