@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -23,6 +24,7 @@ WEIGHT_DECAY = 1e-4      # decoupled, not on biases or BatchNorm
 WIDTH = 32               # channels of the first conv, as in tutorial 1
 SEED = 0
 PROJECT = "demo"
+NUM_TRAIN = 1347  # 75% of scikit-learn's 1,797 digits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,16 @@ def _positive_int(name: str, value: Any, example: int) -> int:
         raise ValueError(f"{name}={value!r} must be a positive integer, e.g. "
                          f"--{name.replace('_', '-')} {example}")
     return value
+
+
+def _check_args(epochs: Any, batch_size: Any) -> tuple[int, int]:
+    """Validated (epochs, batch_size): before any device is touched or anything compiles."""
+    epochs = _positive_int("epochs", epochs, DEFAULT_EPOCHS)
+    batch_size = _positive_int("batch_size", batch_size, DEFAULT_BATCH_SIZE)
+    if batch_size > NUM_TRAIN:
+        raise ValueError(f"batch_size={batch_size} exceeds the {NUM_TRAIN} training "
+                         f"digits; use --batch-size {DEFAULT_BATCH_SIZE}")
+    return epochs, batch_size
 
 
 def load_digits(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -137,12 +149,8 @@ def train_demo(epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH_SIZ
     """
     from fenwicks import accel, data, io
 
-    epochs = _positive_int("epochs", epochs, DEFAULT_EPOCHS)
-    batch_size = _positive_int("batch_size", batch_size, DEFAULT_BATCH_SIZE)
+    epochs, batch_size = _check_args(epochs, batch_size)
     X_train, y_train, X_test, y_test = load_digits()
-    if batch_size > len(X_train):
-        raise ValueError(f"batch_size={batch_size} exceeds the {len(X_train)} training "
-                         f"digits; use --batch-size {DEFAULT_BATCH_SIZE}")
     if work_dir is None:  # ours: start clean, so the demo always trains
         work_dir = io.create_clean_dir(io.get_project_dirs(None, PROJECT)[1])
     steps_per_epoch = len(X_train) // batch_size
@@ -172,18 +180,25 @@ def run(epochs: int | None = None, batch_size: int | None = None,
         work_dir: see `train_demo`. Defaults to a fresh ``<storage root>/work/demo``.
 
     Returns:
-        The process exit status, 0.
+        The process exit status: 0, or 2 after printing what was wrong with the
+        arguments (no traceback: this is a command line).
 
     Example:
         >>> run(epochs=12)   # prints "test accuracy 0.98..." among other lines
     """
     from fenwicks import accel
 
-    acc = accel.current()
-    print("Fenwicks demo: the tutorial-1 network on scikit-learn's handwritten digits")
-    print(f"accelerator      {acc.kind} x{acc.num_replicas}, {acc.precision}", flush=True)
-    result = train_demo(DEFAULT_EPOCHS if epochs is None else epochs,
-                        DEFAULT_BATCH_SIZE if batch_size is None else batch_size, work_dir)
+    try:
+        epochs, batch_size = _check_args(DEFAULT_EPOCHS if epochs is None else epochs,
+                                         DEFAULT_BATCH_SIZE if batch_size is None
+                                         else batch_size)
+        acc = accel.current()
+        print("Fenwicks demo: the tutorial-1 network on scikit-learn's handwritten digits")
+        print(f"accelerator      {acc.kind} x{acc.num_replicas}, {acc.precision}", flush=True)
+        result = train_demo(epochs, batch_size, work_dir)
+    except (ValueError, ImportError) as err:
+        print(f"fenwicks demo: error: {err}", file=sys.stderr)
+        return 2
     correct = round(result.accuracy * result.num_test)
     print(f"test accuracy    {result.accuracy:.4f} ({correct} of {result.num_test} test "
           "digits, each counted once)")

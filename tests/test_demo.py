@@ -82,6 +82,17 @@ def test_demo_rejects_bad_arguments_before_training(kwargs, message, tmp_path):
     assert os.listdir(tmp_path) == []  # nothing was written
 
 
+def test_demo_command_line_reports_bad_arguments_without_a_traceback(capsys):
+    # Checked before the accelerator is touched, so this is safe in the test process.
+    assert demo.run(epochs=0) == 2
+    assert demo.run(batch_size=2000) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "fenwicks demo: error: epochs=0 must be a positive integer, e.g. --epochs 12",
+        "fenwicks demo: error: batch_size=2000 exceeds the 1347 training digits; use "
+        "--batch-size 64"]
+
+
 def test_build_nn_is_size_independent():
     model = demo.build_nn(width=4)
     for size in (8, 28):
