@@ -54,6 +54,18 @@ def _check_positive_int(name: str, value: Any) -> None:
         raise ValueError(f"{name}={value!r} must be a positive integer")
 
 
+def _schedule_values(lr_func: Callable[[Any], Any], steps: np.ndarray) -> np.ndarray:
+    """``lr_func`` at every step: one vectorised call if it takes an array (fw.train
+    schedules do; thousands of scalar calls would take seconds), else step by step."""
+    try:
+        values = np.asarray(lr_func(steps), dtype=float)
+    except Exception:  # noqa: BLE001 - any scalar-only callable, e.g. one using `if step < n`
+        values = None
+    if values is None or values.shape != steps.shape:
+        values = np.array([_to_float(lr_func(int(step))) for step in steps])
+    return values
+
+
 def plot_lr_func(lr_func: Callable[[Any], Any], total_steps: int,
                  title: str = "Learning rate schedule"):
     """Plots a learning-rate schedule over steps ``0 .. total_steps - 1``.
@@ -79,7 +91,7 @@ def plot_lr_func(lr_func: Callable[[Any], Any], total_steps: int,
         raise ValueError(f"lr_func={lr_func!r} must be a callable step -> learning rate")
     _check_positive_int("total_steps", total_steps)
     steps = np.arange(total_steps)
-    lrs = np.array([_to_float(lr_func(int(step))) for step in steps])
+    lrs = _schedule_values(lr_func, steps)
     fig, (ax,) = _new_figure()
     ax.plot(steps, lrs)
     ax.set_xlabel("step")

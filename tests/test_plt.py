@@ -30,6 +30,16 @@ def test_plot_lr_func_draws_the_schedule_at_every_step():
     np.testing.assert_allclose(line.get_ydata(), expected)
 
 
+def test_plot_lr_func_evaluates_fenwicks_schedules_at_every_step():
+    # one-cycle: 0 -> 0.4 linearly over 4 steps, then linearly down to 0 at step 10.
+    lr_func = fw.train.one_cycle_lr(0.4, 10, 4, fw.train.linear_decay())
+    fig = fw.plt.plot_lr_func(lr_func, total_steps=11)
+    expected = [0, 0.1, 0.2, 0.3, 0.4, 0.4 * 5 / 6, 0.4 * 4 / 6, 0.4 * 3 / 6, 0.4 * 2 / 6,
+                0.4 / 6, 0]
+    np.testing.assert_allclose(fig.axes[0].get_lines()[0].get_ydata(), expected,
+                               rtol=1e-6, atol=1e-7)
+
+
 def test_plot_lr_func_accepts_tensor_returning_schedules():
     schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=5,
                                                               decay_rate=0.5)
