@@ -31,6 +31,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+__all__ = [
+    "CpuInfo", "MatmulResult", "Report", "ThroughputResult", "Timing",
+    "accelerator_peak_tflops", "cpu_info", "cpu_vs_numpy", "gpu_peak_tflops", "main",
+    "matmul_chain", "matmul_flop_count", "matmul_flops", "measure", "numpy_matmul_flops",
+    "run", "tpu_version", "train_throughput",
+]
+
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = (None, "cpu", "gpu", "tpu")
 DEFAULT_N = {"cpu": 2048, "gpu": 8192, "tpu": 8192}  # each large enough to saturate
@@ -803,8 +810,16 @@ def run(n: int | None = None, repeats: int | None = None,
 
 def main(json_output: bool = False, n: int | None = None, repeats: int | None = None,
          trials: int = DEFAULT_TRIALS) -> int:
-    """``python -m fenwicks bench [--json] [--n N] [--repeats R] [--trials T]``."""
-    report = run(n=n, repeats=repeats, trials=trials)
+    """``python -m fenwicks bench [--json] [--n N] [--repeats R] [--trials T]``.
+
+    Returns:
+        The exit status: 0, or 2 for a bad argument (the message goes to stderr).
+    """
+    try:
+        report = run(n=n, repeats=repeats, trials=trials)
+    except ValueError as err:
+        print(f"python -m fenwicks bench: {err}", file=sys.stderr)
+        return 2
     if json_output:
         print(json.dumps(report.as_dict()))
     else:

@@ -344,3 +344,8 @@ def test_table_flags_calls_too_short_to_time():
     notes = bench.Report(info, "tpu x8: v3-8", False, (cpu, tpu)).table().splitlines()
     assert [n.split(":")[1].strip() for n in notes if n.startswith("note")] == [
         "tpu x8 bfloat16"]
+
+
+def test_cli_bad_argument_exits_2_with_message(capsys):
+    assert bench.main(n=-3) == 2
+    assert "n=-3 must be a positive integer" in capsys.readouterr().err
