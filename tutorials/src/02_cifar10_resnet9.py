@@ -173,8 +173,7 @@ fw.plt.plot_lr_func(lr_func, total_steps)
 opt_func = fw.train.sgd_optimizer(lr_func, mom=0.9, wd=WEIGHT_DECAY * BATCH_SIZE)
 model_func = fw.train.get_clf_model_func(build_nn, opt_func, reduction='sum')
 est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir,
-                                 trn_bs=BATCH_SIZE, val_bs=1000 if not SMOKE else 64,
-                                 seed=SEED)
+                                 trn_bs=BATCH_SIZE, val_bs=1000, seed=SEED)
 
 # %%
 history = est.train_and_evaluate(train_input_func, eval_input_func, epochs=EPOCHS)

@@ -42,7 +42,7 @@ import numpy as np
 
 import fenwicks as fw
 
-data_dir, work_dir = fw.io.get_project_dirs(None, 'weather')
+_, work_dir = fw.io.get_project_dirs(None, 'weather')
 fw.io.create_clean_dir(work_dir)
 
 # %% [markdown]
@@ -80,8 +80,8 @@ def synthetic_csv(path, days, seed=0):
 
 def jena_csv():
     if SYNTHETIC_DAYS:
-        return open(synthetic_csv(os.path.join(data_dir, 'jena_synthetic.csv'),
-                                  SYNTHETIC_DAYS))
+        # Local, like the downloaded file: the notebook itself reads it.
+        return open(synthetic_csv('jena_synthetic.csv', SYNTHETIC_DAYS))
     zip_path = keras.utils.get_file('jena_climate_2009_2016.csv.zip', CSV_URL)
     archive = zipfile.ZipFile(zip_path)
     return io.TextIOWrapper(archive.open('jena_climate_2009_2016.csv'), encoding='utf-8')

@@ -81,7 +81,7 @@ def generated_folder(root, per_class=24, seed=0):
 
 
 if SMOKE:
-    IMAGE_DIR = generated_folder(os.path.join(data_dir, 'shapes'))
+    IMAGE_DIR = generated_folder('shapes')  # a local folder, like one you upload
 elif IMAGE_DIR is None:
     archive = keras.utils.get_file('flower_photos.tgz', FLOWERS_URL, extract=True)
     IMAGE_DIR = next(os.path.join(d, 'flower_photos') for d in (archive, os.path.dirname(archive))
