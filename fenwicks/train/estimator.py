@@ -216,7 +216,8 @@ class Estimator:
         self._train_input: tuple[InputFn, Any] | None = None
         self._loops: dict[Any, Any] = {}
         self._stale = False  # True after a NaN: the in-memory weights are not trusted
-        self._writer: Any = None
+        self._writers: dict[str, Any] = {}
+        self._checked_inputs: set[int] = set()  # eval input_fns whose labels were checked
 
     # ---------------------------------------------------------------- public state
 
@@ -305,6 +306,13 @@ class Estimator:
                                      "saved; create a new estimator (lower the learning rate)")
         self._root.read(latest).assert_existing_objects_matched()
         self._train_input, self._stale = None, False
+
+    def _summary_writer(self, kind: str) -> Any:
+        """One writer per estimator and kind: creating one opens a new event file."""
+        if kind not in self._writers:
+            self._writers[kind] = tf.summary.create_file_writer(
+                f"{self.config.work_dir}/{kind}")
+        return self._writers[kind]
 
     def _loop(self, kind: str, make: Callable[[], Any]) -> Any:
         if kind not in self._loops:
@@ -410,9 +418,7 @@ class Estimator:
         loop = self._loop("train", lambda: loops.make_train_loop(
             self._strategy, self._spec, self._optimizer, self._global_step,
             self.config.train_batch_size, self.config.jit_compile))
-        if self._writer is None:  # one writer per estimator: creating one costs a file
-            self._writer = tf.summary.create_file_writer(self.config.work_dir + "/train")
-        with Progress(self._writer, self.global_step, target,
+        with Progress(self._summary_writer("train"), self.global_step, target,
                       self.config.train_batch_size, self.config.verbose) as progress:
             self._run_loops(loop, iterator, target, progress)
         self._save()
@@ -479,8 +485,9 @@ class Estimator:
         spec = probe.element_spec
         features = spec[0] if isinstance(spec, tuple) and len(spec) == 2 else spec
         self._build(features, mode)
-        if mode == "eval":
+        if mode == "eval" and id(input_fn) not in self._checked_inputs:
             self._check_labels(probe)
+            self._checked_inputs.add(id(input_fn))
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
             dataset = inputs.call_input_fn(input_fn, self._params(mode, global_batch,
@@ -546,7 +553,7 @@ class Estimator:
         result.update({name: float(sums[1 + i] / count)
                        for i, name in enumerate(self._spec.metric_fns)})
         result.update(global_step=self.global_step, num_examples=int(count))
-        write_eval_summary(self.config.work_dir, self.global_step, result)
+        write_eval_summary(self._summary_writer("eval"), self.global_step, result)
         self.history.evals.append(result)
         return result
 

@@ -79,7 +79,10 @@ def check_eval_spec(spec: Any, batch_size: int, what: str) -> None:
 
 def _pad_to(x: tf.Tensor, batch_size: int) -> tf.Tensor:
     extra = batch_size - tf.shape(x)[0]
-    padded = tf.pad(x, [[0, extra]] + [[0, 0]] * (x.shape.rank - 1))
+    # Only the last batch is partial: full ones pass through without a copy.
+    padded = tf.cond(extra > 0,
+                     lambda: tf.pad(x, [[0, extra]] + [[0, 0]] * (x.shape.rank - 1)),
+                     lambda: x)
     return tf.ensure_shape(padded, [batch_size] + x.shape.as_list()[1:])
 
 

@@ -69,9 +69,8 @@ class Progress:
             self._bar.close()
 
 
-def write_eval_summary(work_dir: str, step: int, result: dict[str, float]) -> None:
-    """Writes evaluation results as scalars under ``<work_dir>/eval``."""
-    writer = tf.summary.create_file_writer(tf.io.gfile.join(work_dir, "eval"))
+def write_eval_summary(writer: Any, step: int, result: dict[str, float]) -> None:
+    """Writes evaluation results as scalars with `writer` (``<work_dir>/eval``)."""
     with writer.as_default(step=step):
         for name, value in result.items():
             if name != "global_step":
