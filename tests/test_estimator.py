@@ -419,3 +419,17 @@ def test_out_of_memory_retries_with_smaller_batches(tmp_path, caplog):
         assert est._with_smaller_batches(run, 128, "evaluation") == 32
     assert tried == [128, 64, 32]
     assert "out of memory at evaluation batch 128; retrying with 64" in caplog.text
+
+
+def test_running_out_of_training_data_keeps_the_steps_done(tmp_path):
+    x, y = h.make_data(64)
+    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), trn_bs=32,
+                                     verbose=False)
+
+    def two_batches(params):  # 64 examples, no repeat(): 2 steps of 32
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(32, drop_remainder=True)
+
+    with pytest.raises(ValueError, match=r"ran out of data at step 2.*\.repeat\(\)"):
+        est.train(two_batches, steps=4)
+    assert est.global_step == 2
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")

@@ -262,18 +262,7 @@ class Estimator:
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
         with self._strategy.scope(), _precision_policy(self.config.precision):
-            spec = self._model_func(self._params(mode, self.config.train_batch_size))
-            if not isinstance(spec, ModelSpec):
-                raise ValueError(f"model_func returned {type(spec).__name__}; it must "
-                                 "return fw.train.ModelSpec")
-            if not spec.model.built:
-                spec.model(_zeros_like_spec(features_spec), training=False)
-            optimizer = spec.optimizer
-            if self.config.precision == "float16" and not isinstance(
-                    optimizer, keras.optimizers.LossScaleOptimizer):
-                # float16 gradients underflow without a loss scale; bfloat16 has float32's range.
-                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-            optimizer.build(spec.model.trainable_variables)
+            spec, optimizer = self._create_model(features_spec, mode)
             self._global_step = tf.Variable(0, dtype=tf.int64, name="global_step")
             self._input_steps = tf.Variable(0, dtype=tf.int64, name="input_steps")
         self._optimizer = optimizer
@@ -285,6 +274,22 @@ class Estimator:
             self._root, self.config.work_dir, self.config.keep_checkpoints,
             step_counter=self._global_step, checkpoint_name="ckpt")
         self._spec = spec
+
+    def _create_model(self, features_spec: Any, mode: str) -> tuple[ModelSpec, Any]:
+        """Calls model_func; builds the model and the optimizer's slots."""
+        spec = self._model_func(self._params(mode, self.config.train_batch_size))
+        if not isinstance(spec, ModelSpec):
+            raise ValueError(f"model_func returned {type(spec).__name__}; it must return "
+                             "fw.train.ModelSpec")
+        if not spec.model.built:
+            spec.model(_zeros_like_spec(features_spec), training=False)
+        optimizer = spec.optimizer
+        if self.config.precision == "float16" and not isinstance(
+                optimizer, keras.optimizers.LossScaleOptimizer):
+            # float16 gradients underflow without a loss scale; bfloat16 has float32's range.
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(spec.model.trainable_variables)
+        return spec, optimizer
 
     def _scratch_dir(self) -> str | None:
         return self.config.work_dir + "/.probe" if self._acc.is_remote else None
@@ -432,7 +437,9 @@ class Estimator:
             try:
                 losses = loop(iterator, tf.constant(num_steps, tf.int64)).numpy()
             except tf.errors.OutOfRangeError as err:
-                self._save()  # the steps that did run are complete and valid
+                # The steps that did run are complete and valid: keep them.
+                self._input_steps.assign_add(self.global_step - start)
+                self._save()
                 raise ValueError(
                     f"the training input ran out of data at step {self.global_step}; end "
                     "the input_fn's dataset with .repeat() so it can feed any number of "
@@ -440,12 +447,7 @@ class Estimator:
             self._input_steps.assign_add(len(losses))
             self._record(start, losses, progress)
             if len(losses) and not np.isfinite(losses[-1]):
-                self._stale = True
-                raise NonFiniteLossError(
-                    f"the training loss is {losses[-1]} at step {self.global_step}; "
-                    "training stopped and no checkpoint was written for it (the last good "
-                    f"one is {self._manager.latest_checkpoint}). Lower the learning rate, "
-                    "check the inputs for NaN, or the labels' range")
+                self._stop_at_non_finite(losses[-1])
             loops_since_save += 1
             every = self.config.save_every_loops
             secs = self.config.save_every_secs
@@ -454,6 +456,14 @@ class Estimator:
                 self._save()
                 last_save, loops_since_save = time.monotonic(), 0
                 progress.restart_clock()
+
+    def _stop_at_non_finite(self, loss: float) -> None:
+        self._stale = True  # the weights in memory are now NaN; reload before next use
+        raise NonFiniteLossError(
+            f"the training loss is {loss} at step {self.global_step}; training stopped "
+            "and no checkpoint was written for it (the last good one is "
+            f"{self._manager.latest_checkpoint}). Lower the learning rate, or check the "
+            "inputs for NaN and the labels' range")
 
     def _learning_rate(self) -> float | None:
         try:

@@ -71,7 +71,8 @@ def make_train_loop(strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer
             per_replica = strategy.run(step, args=(next(iterator),))
             loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
             loss = loss / global_batch_size
-            global_step.assign_add(1)
+            with tf.control_dependencies([loss]):  # count a step only once it has run
+                global_step.assign_add(1)
             return i + 1, loss, losses.write(tf.cast(i, tf.int32), loss)
 
         losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
