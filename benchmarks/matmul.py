@@ -40,7 +40,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="products per call; default: about 2e10 FLOPs per call")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--no-xla", action="store_true", help="skip the XLA rows")
+    parser.add_argument("--intra-op-threads", type=int, default=None,
+                        help="TF's intra-op threads (default 0: all cores), to check that "
+                             "TF really uses every core")
     args = parser.parse_args(argv)
+    if args.intra_op_threads is not None:  # must precede TF's first op
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
 
     print(fw.bench.cpu_info().describe())
     print(_threads())

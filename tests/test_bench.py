@@ -70,7 +70,7 @@ def test_measure_cold_warmup_and_interleaved_trials():
     # a cold, b cold, a warm-up, b warm-up, then rounds a, b, a, b, a, b
     clock = _FakeClock([10.0, 20.0, 99.0, 99.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     timing_a, timing_b = bench.measure([clock.call("a"), clock.call("b")], trials=3,
-                                       clock=clock)
+                                       clock=clock, pause=0.0)
     assert clock.log == ["a", "b", "a", "b", "a", "b", "a", "b", "a", "b"]
     assert timing_a == bench.Timing(10.0, (1.0, 3.0, 5.0))
     assert timing_b == bench.Timing(20.0, (2.0, 4.0, 6.0))
