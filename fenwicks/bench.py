@@ -812,7 +812,9 @@ def run(n: int | None = None, repeats: int | None = None,
     for device, dtype in others:
         try:
             plan = _plan(device, n, dtype, repeats, None)
-            results.append(plan.result(measure([plan.call], trials)[0]))
+            # pause: the previous row's worker threads may still be spinning
+            timing = measure([plan.call], trials, pause=_INTERLEAVE_PAUSE)[0]
+            results.append(plan.result(timing))
         except Exception as err:  # noqa: BLE001 - e.g. a dtype the device lacks
             errors.append(f"{device or acc.kind} {dtype}: {type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}")
