@@ -35,7 +35,7 @@ __all__ = [
     "CpuInfo", "MatmulResult", "Report", "ThroughputResult", "Timing",
     "accelerator_peak_tflops", "cpu_info", "cpu_vs_numpy", "gpu_peak_tflops", "main",
     "matmul_chain", "matmul_flop_count", "matmul_flops", "measure", "numpy_matmul_flops",
-    "run", "tpu_version", "train_throughput",
+    "run", "speed_ratio", "tpu_version", "train_throughput",
 ]
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -425,6 +425,24 @@ class MatmulResult:
                 "peak_fraction": self.peak_fraction}
 
 
+def speed_ratio(result: MatmulResult, reference: MatmulResult) -> float:
+    """How many times faster `result` ran than `reference` (TFLOPS over TFLOPS).
+
+    For two benchmarks timed interleaved by `measure` (same FLOPs, same number of
+    rounds) this is the median of the per-round ratios: load from other processes
+    drifts over seconds, so it cancels within a round; otherwise the ratio of medians.
+
+    Example:
+        >>> tf_cpu, np_cpu = fw.bench.cpu_vs_numpy(n=2048)
+        >>> fw.bench.speed_ratio(tf_cpu, np_cpu)
+        1.09
+    """
+    if len(result.seconds) != len(reference.seconds) or result.flops != reference.flops:
+        return result.tflops / reference.tflops
+    return statistics.median(
+        ref / ours for ours, ref in zip(result.seconds, reference.seconds, strict=True))
+
+
 # ---------------------------------------------------------------------- the workloads
 
 
@@ -699,12 +717,9 @@ class Report:
         The median of the per-round ratios: each round timed the two back to back, so
         load from other processes, which drifts over seconds, cancels within a round.
         """
-        base, ref = self.baseline, self.numpy
-        if ref is None or base is None:
+        if self.numpy is None or self.baseline is None:
             return None
-        if len(base.seconds) != len(ref.seconds) or base.flops != ref.flops:
-            return base.tflops / ref.tflops
-        return statistics.median(r / b for b, r in zip(base.seconds, ref.seconds, strict=True))
+        return speed_ratio(self.baseline, self.numpy)
 
     def as_dict(self) -> dict[str, Any]:
         rows = [{**r.as_dict(), "speedup": self.speedup(r),
