@@ -171,6 +171,10 @@ class ExpDecay(_Decay):
                              "the learning rate every decay_steps")
         self.staircase = bool(staircase)
 
+    def with_span(self, init_lr: float, decay_steps: int) -> _Decay:
+        """Keeps its own `decay_steps`: for an exponential they set the rate, not a span."""
+        return super().with_span(init_lr, self.decay_steps)
+
     def lr(self, step: tf.Tensor) -> tf.Tensor:
         exponent = tf.maximum(step, 0.0) / float(self.decay_steps)
         if self.staircase:
@@ -207,12 +211,14 @@ class PiecewiseLinear(Schedule):
         knots, values = tf.constant(self.knots), tf.constant(self.values)
         if len(self.knots) == 1:
             return values[0] + 0.0 * step
+        flat = tf.reshape(step, [-1])  # searchsorted wants a vector; steps may be scalars
         # Segment i spans knots[i - 1]..knots[i]; clamping makes the ends constant.
-        index = tf.clip_by_value(tf.searchsorted(knots, step[None], side="right")[0],
+        index = tf.clip_by_value(tf.searchsorted(knots, flat, side="right"),
                                  1, len(self.knots) - 1)
-        left, right = knots[index - 1], knots[index]
-        frac = tf.clip_by_value((step - left) / (right - left), 0.0, 1.0)
-        return values[index - 1] + (values[index] - values[index - 1]) * frac
+        left, right = tf.gather(knots, index - 1), tf.gather(knots, index)
+        low, high = tf.gather(values, index - 1), tf.gather(values, index)
+        frac = tf.clip_by_value((flat - left) / (right - left), 0.0, 1.0)
+        return tf.reshape(low + (high - low) * frac, tf.shape(step))
 
     def get_config(self) -> dict[str, Any]:
         return {"knots": self.knots, "values": self.values}
@@ -423,8 +429,9 @@ def one_cycle_lr(init_lr: float, total_steps: int, warmup_steps: int,
     """One-cycle: linear warmup to `init_lr` over `warmup_steps`, then `decay_sched`.
 
     `decay_sched` gives the shape of the decay (`linear_decay()`, `cosine_decay()`,
-    `exp_decay_lr(...)`); it is re-targeted to start at `init_lr` and span the remaining
-    ``total_steps - warmup_steps`` steps, its end value scaled alike.
+    `exp_decay_lr(...)`); it is re-targeted to start at `init_lr` and (linear, cosine)
+    to span the remaining ``total_steps - warmup_steps`` steps, its end value scaled
+    alike. An exponential decay keeps its own `decay_steps` (its rate).
 
     Args:
         init_lr: the peak learning rate.
