@@ -241,6 +241,10 @@ def test_export_saved_model_reloads_and_predicts_the_same(tmp_path):
                                      verbose=False)
     est.train(h.train_input(x, y), steps=4)
     probs = est.predict(h.eval_input(x, y))
+    # evaluate(steps=2): only the first two global batches of 16.
+    first_two = est.evaluate(h.eval_input(x, y), steps=2)
+    assert first_two["num_examples"] == 32
+    assert abs(first_two["accuracy"] - np.mean(probs[:32].argmax(1) == y[:32])) < 1e-9
     loaded = tf.saved_model.load(est.export_saved_model(str(tmp_path / "export")))
     served = loaded.signatures["serving_default"](x=tf.constant(x[:9]))["predictions"]
     np.testing.assert_allclose(served.numpy(), probs[:9], atol=1e-6)

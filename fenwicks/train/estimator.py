@@ -309,7 +309,7 @@ class Estimator:
         if latest is None:
             raise NonFiniteLossError("the weights became NaN before any checkpoint was "
                                      "saved; create a new estimator (lower the learning rate)")
-        self._root.read(latest).assert_existing_objects_matched()
+        self._root.read(latest).assert_existing_objects_matched().expect_partial()
         self._train_input, self._stale = None, False
 
     def _summary_writer(self, kind: str) -> Any:
