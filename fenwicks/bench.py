@@ -736,7 +736,8 @@ class Report:
             "Chained matrix products C <- C @ B; FLOPs per call = 2 * N^3 * reps * replicas.",
             "TFLOPS: cold = first call, compilation included; min/median/max over the "
             "warm calls;",
-            "x cpu = over the CPU's float32 median TFLOPS; peak = theoretical (estimate).",
+            "x cpu, cold x = warm median / cold TFLOPS over the CPU's float32 warm median;"
+            " peak = theoretical (estimate).",
             f"host CPU    {self.cpu.describe()}",
             f"accelerator {self.accelerator}",
             "",
