@@ -172,7 +172,7 @@ def _vector_flops(flags: set[str], vendor: str, family: int) -> tuple[str, int, 
         isa, fp32 = "scalar", 2
     bf16 = fp32
     if "amx_bf16" in flags:
-        bf16, isa = 1024, isa + "+AMX"  # one AMX tile unit: 512 bfloat16 MACs/cycle
+        bf16, isa = 1024, isa + "+AMX"  # Intel's figure for AMX: 1024 bf16 FLOPs/cycle
     elif "avx512_bf16" in flags:
         bf16 = 2 * fp32  # VDPBF16PS: two bfloat16 products per float32 lane
     return isa, fp32, bf16, note
@@ -210,9 +210,10 @@ def cpu_info(cpuinfo_text: str | None = None, allowed: set[int] | None = None) -
     """Reads the host CPU and estimates its peak FLOPs.
 
     The peak is cores x clock x FLOPs per cycle per core, the last inferred from the
-    instruction set (AVX-512: 64 float32 FLOPs/cycle with two FMA units, AVX2+FMA: 32,
-    AVX: 16, SSE2: 8). It is an estimate: turbo clocks, AVX-512 down-clocking and
-    single-FMA-unit parts move the true figure.
+    instruction set (AVX-512: 64 float32 FLOPs/cycle with two FMA units, but 32 on AMD
+    Zen 4, which splits 512-bit ops into 256-bit halves; AVX2+FMA: 32, AVX: 16, SSE2: 8).
+    It is an estimate: turbo clocks (a VM reports its base clock), AVX-512 down-clocking
+    and single-FMA-unit parts move the true figure.
 
     Args:
         cpuinfo_text: the text of ``/proc/cpuinfo``. Defaults to reading it.
