@@ -920,30 +920,54 @@ def train_throughput(model_func: Callable[[dict], Any], input_fn: Callable[[dict
         batch_size: global batch size (`trn_bs`), divisible by the replicas.
         steps: steps per timed call. Defaults to 50.
         trials: timed calls; the median is reported. Defaults to 3.
-        work_dir: checkpoint directory. Defaults to a temporary one, removed after.
+        work_dir: an empty checkpoint directory (a resumed run would time other
+            steps). Defaults to a temporary one, removed after.
         precision: the estimator's precision. Defaults to ``'auto'``.
         clock: seconds as float. Defaults to `time.perf_counter`.
+
+    Raises:
+        ValueError: for a bad argument, or a `work_dir` that holds a checkpoint.
 
     Example:
         >>> r = fw.bench.train_throughput(model_func, train_input_func, batch_size=512)
         >>> print(f"{r.examples_per_second:.0f} examples/s on {r.device}")
     """
-    from fenwicks import accel, train
+    import tensorflow as tf
+
+    from fenwicks import accel
 
     _check_positive("batch_size", batch_size, "e.g. batch_size=512 (global)")
     _check_positive("steps", steps, "e.g. steps=50 per timed call")
     _check_positive("trials", trials, "e.g. trials=3 timed calls for the median")
+    if work_dir is not None and tf.io.gfile.exists(work_dir) and \
+            tf.train.latest_checkpoint(work_dir):
+        raise ValueError(f"work_dir={work_dir!r} holds a checkpoint; a throughput run needs "
+                         "an empty directory (or None for a temporary one)")
     scratch = tempfile.mkdtemp(prefix="fenwicks-bench-") if work_dir is None else None
     try:
-        est = train.get_tpu_estimator(steps, model_func, work_dir or scratch,
-                                      trn_bs=batch_size, steps_per_loop=steps,
-                                      precision=precision, save_every_secs=None,
-                                      verbose=False)
-        [timing] = measure([lambda: est.train(input_fn, steps=steps)], trials, clock)
+        timing, used_precision = _time_training(model_func, input_fn, batch_size, steps,
+                                                trials, work_dir or scratch, precision, clock)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     acc = accel.current()
     device = acc.kind + (f" x{acc.num_replicas}" if acc.num_replicas > 1 else "")
-    return ThroughputResult(device, est.config.precision, batch_size, steps, timing.cold,
+    return ThroughputResult(device, used_precision, batch_size, steps, timing.cold,
                             timing.warm)
+
+
+def _time_training(model_func: Callable[[dict], Any], input_fn: Callable[[dict], Any],
+                   batch_size: int, steps: int, trials: int, work_dir: str,
+                   precision: str, clock: Callable[[], float]) -> tuple[Timing, str]:
+    from fenwicks import train
+
+    est = train.get_tpu_estimator(steps, model_func, work_dir, trn_bs=batch_size,
+                                  steps_per_loop=steps, precision=precision,
+                                  save_every_secs=None, verbose=False)
+    [timing] = measure([lambda: est.train(input_fn, steps=steps)], trials, clock)
+    expected = steps * (2 + trials)  # cold call, warm-up, timed calls
+    if est.global_step != expected:  # a call that trained nothing would look infinitely fast
+        raise RuntimeError(f"the estimator reached step {est.global_step}, not {expected}: "
+                           "some train() calls did not run all their steps, so the timing "
+                           "is void")
+    return timing, est.config.precision

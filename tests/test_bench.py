@@ -272,6 +272,10 @@ est = fw.train.get_tpu_estimator(5, model_func, work_dir, trn_bs=16, verbose=Fal
 eval_fn = lambda params: tf.data.Dataset.from_tensor_slices((X, y)).batch(
     params["batch_size"])
 out["global_step"] = est.evaluate(eval_fn)["global_step"]  # restored from the checkpoint
+try:
+    fw.bench.train_throughput(model_func, input_fn, batch_size=16, work_dir=work_dir)
+except ValueError as err:
+    out["used_dir_error"] = str(err)
 print(json.dumps(out))
 """
 
@@ -324,6 +328,7 @@ def test_train_throughput_counts_examples(simulated):
     # the cold call, the warm-up and 2 timed calls each trained 5 steps
     assert simulated["global_step"] == 5 * 4
     assert math.isfinite(result["cold_examples_per_second"])
+    assert "holds a checkpoint" in simulated["used_dir_error"]
 
 
 def test_table_flags_rows_above_the_estimated_peak():
