@@ -9,6 +9,11 @@ from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     get_tpu_estimator,
     train_and_evaluate,
 )
+from fenwicks.train.lr_finder import (  # noqa: E402, F401  (public names)
+    ExponentialSweep,
+    LRFinderResult,
+    find_lr,
+)
 from fenwicks.train.model_func import (  # noqa: E402, F401  (public names)
     ModelSpec,
     absolute_error,
@@ -36,6 +41,7 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     PiecewiseLinear,
     Scaled,
     Schedule,
+    Warmup,
     cosine_decay,
     exp_decay_lr,
     linear_decay,

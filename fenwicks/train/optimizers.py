@@ -81,6 +81,31 @@ def exclusion_patterns(exclude_from_wd: str | Iterable[str] | None) -> tuple[str
     return patterns
 
 
+def _check_decay(wd: Any, exclude_from_wd: Any, clip_norm: Any) -> None:
+    _check_number(wd, "wd")
+    exclusion_patterns(exclude_from_wd)
+    if clip_norm is not None:
+        _check_number(clip_norm, "clip_norm", low_inclusive=False)
+
+
+def _check_sgd(lr: Any, mom: Any, wd: Any, exclude_from_wd: Any,
+               clip_norm: Any) -> tuple[Any, Any]:
+    """Validates SGD arguments in plain Python: no TensorFlow op, no device touched."""
+    _check_decay(wd, exclude_from_wd, clip_norm)
+    if not isinstance(mom, keras.optimizers.schedules.LearningRateSchedule):
+        mom = _check_number(mom, "mom", high=1.0)  # a schedule: momentum cycling
+    return check_lr(lr), mom
+
+
+def _check_adam(lr: Any, wd: Any, beta1: Any, beta2: Any, epsilon: Any,
+                exclude_from_wd: Any, clip_norm: Any) -> tuple[Any, float, float, float]:
+    """Validates AdamW arguments in plain Python: no TensorFlow op, no device touched."""
+    _check_decay(wd, exclude_from_wd, clip_norm)
+    return (check_lr(lr), _check_number(beta1, "beta1", high=1.0),
+            _check_number(beta2, "beta2", high=1.0),
+            _check_number(epsilon, "epsilon", low_inclusive=False))
+
+
 class _DecayMixin:
     """Per-variable decay decisions from path patterns, and clipping after the all-reduce."""
 
@@ -159,11 +184,9 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
                  clip_norm: float | None = None, **kwargs: Any) -> None:
         if isinstance(mom, dict):
             mom = keras.saving.deserialize_keras_object(mom)
-        super().__init__(learning_rate=check_lr(learning_rate), **kwargs)
-        if isinstance(mom, keras.optimizers.schedules.LearningRateSchedule):
-            self.mom = mom  # momentum cycling, e.g. one_cycle_momentum()
-        else:
-            self.mom = _check_number(mom, "mom", high=1.0)
+        learning_rate, mom = _check_sgd(learning_rate, mom, wd, exclude_from_wd, clip_norm)
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.mom = mom
         self.nesterov = bool(nesterov)
         self._init_decay(wd, exclude_from_wd, clip_norm)
 
@@ -220,11 +243,9 @@ class AdamW(_DecayMixin, keras.optimizers.Adam):
                  clip_norm: float | None = None, **kwargs: Any) -> None:
         for key in ("weight_decay", "beta_1", "beta_2", "clipnorm", "global_clipnorm"):
             kwargs.pop(key, None)  # from a Keras get_config round trip; ours win
-        beta1 = _check_number(beta1, "beta1", high=1.0)
-        beta2 = _check_number(beta2, "beta2", high=1.0)
-        epsilon = _check_number(epsilon, "epsilon", low_inclusive=False)
-        wd = _check_number(wd, "wd")
-        super().__init__(learning_rate=check_lr(learning_rate), beta_1=beta1, beta_2=beta2,
+        learning_rate, beta1, beta2, epsilon = _check_adam(
+            learning_rate, wd, beta1, beta2, epsilon, exclude_from_wd, clip_norm)
+        super().__init__(learning_rate=learning_rate, beta_1=beta1, beta_2=beta2,
                          epsilon=epsilon, weight_decay=wd if wd > 0 else None, **kwargs)
         self._init_decay(wd, exclude_from_wd, clip_norm)
 
@@ -263,8 +284,9 @@ def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: boo
         >>> lr_func = fw.train.piecewise_linear([0, 5 * spe, 24 * spe], [0, 0.4, 0])
         >>> opt_func = fw.train.sgd_optimizer(lambda s: lr_func(s) / 512, wd=5e-4 * 512)
     """
-    SGD(lr_func, mom=mom, wd=wd, nesterov=nesterov, exclude_from_wd=exclude_from_wd,
-        clip_norm=clip_norm)  # validate now, before any compile starts
+    # Validate now, in plain Python: creating an optimizer here would initialise
+    # TensorFlow's devices before fw.accel chooses them.
+    _check_sgd(lr_func, mom, wd, exclude_from_wd, clip_norm)
     return lambda: SGD(lr_func, mom=mom, wd=wd, nesterov=nesterov,
                        exclude_from_wd=exclude_from_wd, clip_norm=clip_norm)
 
@@ -293,5 +315,5 @@ def adam_optimizer(lr_func: Any, wd: float | None = None, beta1: float = 0.9,
     wd = 0.0 if wd is None else wd
     kwargs = dict(wd=wd, beta1=beta1, beta2=beta2, epsilon=epsilon,
                   exclude_from_wd=exclude_from_wd, clip_norm=clip_norm)
-    AdamW(lr_func, **kwargs)  # validate now, before any compile starts
+    _check_adam(lr_func, wd, beta1, beta2, epsilon, exclude_from_wd, clip_norm)  # no TF op
     return lambda: AdamW(lr_func, **kwargs)

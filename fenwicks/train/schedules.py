@@ -257,6 +257,33 @@ class Join(Schedule):
 
 
 @_register
+class Warmup(Schedule):
+    """Linear ramp from `start_lr` to ``schedule(0)`` over `warmup_steps`, then
+    ``schedule(step - warmup_steps)``. (The peak is read lazily: no TF op at construction.)
+
+    Example:
+        >>> Warmup(CosineDecay(0.1, 90), 10)(5)
+        0.05
+    """
+
+    def __init__(self, schedule: Any, warmup_steps: int, start_lr: float = 0.0) -> None:
+        self.schedule = _deserialize(schedule)
+        self.warmup_steps = _steps(warmup_steps, "warmup_steps")
+        self.start_lr = _number(start_lr, "start_lr")
+
+    def lr(self, step: tf.Tensor) -> tf.Tensor:
+        peak = _as_lr(self.schedule, tf.constant(0.0))
+        ramp = self.start_lr + (peak - self.start_lr) * tf.clip_by_value(
+            step / float(self.warmup_steps), 0.0, 1.0)
+        after = _as_lr(self.schedule, step - float(self.warmup_steps))
+        return tf.where(step < self.warmup_steps, ramp, after)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"schedule": _serialize(self.schedule), "warmup_steps": self.warmup_steps,
+                "start_lr": self.start_lr}
+
+
+@_register
 class Scaled(Schedule):
     """`schedule` times a constant `factor` (e.g. lr per example = lr per batch / batch).
 
@@ -400,11 +427,7 @@ def linear_warmup(schedule: Any, warmup_steps: int, start_lr: float = 0.0) -> Sc
         >>> lr_func(50)
         0.05
     """
-    warmup_steps = _steps(warmup_steps, "warmup_steps")
-    start_lr = _number(start_lr, "start_lr")
-    peak = float(_as_lr(check_lr(schedule, "schedule"), tf.constant(0.0)))
-    ramp = LinearDecay(start_lr, warmup_steps, end_lr=peak)
-    return Join([ramp, check_lr(schedule, "schedule")], [warmup_steps])
+    return Warmup(check_lr(schedule, "schedule"), warmup_steps, start_lr)
 
 
 def piecewise_linear(knots: Sequence[float], values: Sequence[float],

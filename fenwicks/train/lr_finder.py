@@ -1,0 +1,250 @@
+"""The learning-rate range test: train briefly with an exponentially growing learning rate.
+
+`find_lr` builds the model with the same ``model_func`` and ``input_fn`` as the estimator,
+runs one step per learning rate from `start_lr` to `end_lr`, smooths the loss, stops when
+it diverges and suggests the rate where the smoothed loss falls fastest (Smith, 2015;
+fast.ai's ``lr_find``).
+
+Steps run exactly as the estimator's do: every replica gets its own batch from
+``strategy.distribute_datasets_from_function`` and the recorded loss is the mean over the
+*global* batch, so the curve with 8 replicas is the single-device curve (a common bug is
+to record replica 0's loss only, a noisier curve on 1/8 of the data).
+
+    result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
+    result.suggestion            # e.g. 0.21
+    result.plot()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from fenwicks import accel
+from fenwicks.train import inputs, loops
+from fenwicks.train.estimator import _precision_policy, _zeros_like_spec
+from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.schedules import Schedule, _number, _register, _steps
+
+
+@_register
+class ExponentialSweep(Schedule):
+    """``start_lr * (end_lr / start_lr) ** (step / (num_steps - 1))``: the LR range test.
+
+    Example:
+        >>> ExponentialSweep(1e-4, 1.0, 5)(2)
+        0.01
+    """
+
+    def __init__(self, start_lr: float, end_lr: float, num_steps: int) -> None:
+        self.start_lr = _number(start_lr, "start_lr", strict=True)
+        self.end_lr = _number(end_lr, "end_lr", strict=True)
+        self.num_steps = _steps(num_steps, "num_steps", 2)
+        if self.end_lr <= self.start_lr:
+            raise ValueError(f"end_lr={end_lr} must be larger than start_lr={start_lr}")
+
+    def lr(self, step: tf.Tensor) -> tf.Tensor:
+        ratio = self.end_lr / self.start_lr
+        return self.start_lr * ratio ** (step / float(self.num_steps - 1))
+
+    def get_config(self) -> dict[str, Any]:
+        return {"start_lr": self.start_lr, "end_lr": self.end_lr, "num_steps": self.num_steps}
+
+
+@dataclasses.dataclass
+class LRFinderResult:
+    """What `find_lr` measured.
+
+    Attributes:
+        lrs: learning rate of each step run.
+        losses: mean training loss over the global batch at each step (before its update).
+        smoothed: exponentially smoothed, bias-corrected losses.
+        suggestion: the rate where the smoothed loss falls fastest per log-lr (None if
+            too few steps ran).
+        min_loss_lr: the rate of the lowest smoothed loss; a common rule takes 1/10 of it.
+        diverged: True if the sweep stopped early because the loss exploded.
+    """
+
+    lrs: list[float]
+    losses: list[float]
+    smoothed: list[float]
+    suggestion: float | None
+    min_loss_lr: float | None
+    diverged: bool
+
+    def plot(self, ax: Any = None) -> Any:
+        """Plots smoothed loss against learning rate (log axis); returns the axes."""
+        import matplotlib.pyplot as plt
+
+        ax = ax or plt.subplots(figsize=(6, 4))[1]
+        ax.plot(self.lrs, self.smoothed)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("smoothed training loss")
+        if self.suggestion is not None:
+            ax.axvline(self.suggestion, color="red", linestyle="--",
+                       label=f"suggestion {self.suggestion:.2g}")
+            ax.legend()
+        return ax
+
+
+def _check_args(start_lr: float, end_lr: float, num_steps: int, smoothing: float,
+                diverge_factor: float) -> None:
+    ExponentialSweep(start_lr, end_lr, num_steps)
+    if not (isinstance(smoothing, (int, float)) and 0 <= smoothing < 1):
+        raise ValueError(f"smoothing={smoothing!r} must be in [0, 1), e.g. 0.98")
+    if _number(diverge_factor, "diverge_factor") <= 1:
+        raise ValueError(f"diverge_factor={diverge_factor!r} must be > 1, e.g. 4")
+
+
+def _params(acc: accel.Accelerator, batch_size: int, seed: int | None,
+            context: Any = None) -> dict:
+    return {"batch_size": batch_size // acc.num_replicas, "global_batch_size": batch_size,
+            "num_replicas": acc.num_replicas, "seed": seed, "mode": "train",
+            "precision": acc.precision, "input_context": context}
+
+
+def _distributed_batches(acc: accel.Accelerator, input_fn: Callable, batch_size: int,
+                         seed: int | None) -> tuple[Any, Any]:
+    """The distributed iterator over `input_fn`, and its per-replica element spec."""
+    params = _params(acc, batch_size, seed)
+    spec = inputs.call_input_fn(input_fn, params, "training").element_spec
+    inputs.check_train_spec(spec, params["batch_size"])
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return inputs.call_input_fn(input_fn, _params(acc, batch_size, seed, context),
+                                    "training")
+
+    return iter(acc.strategy.distribute_datasets_from_function(dataset_fn)), spec
+
+
+def _build(acc: accel.Accelerator, model_func: Callable, batch_size: int,
+           seed: int | None, features_spec: Any) -> tuple[ModelSpec, Any]:
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    with acc.strategy.scope(), _precision_policy(acc.precision):
+        spec = model_func(_params(acc, batch_size, seed))
+        if not isinstance(spec, ModelSpec):
+            raise ValueError(f"model_func returned {type(spec).__name__}; it must return "
+                             "fw.train.ModelSpec (e.g. from fw.train.get_clf_model_func)")
+        if not spec.model.built:
+            spec.model(_zeros_like_spec(features_spec), training=False)
+        optimizer = spec.optimizer
+        if acc.precision == "float16" and not isinstance(
+                optimizer, keras.optimizers.LossScaleOptimizer):
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(spec.model.trainable_variables)
+    return spec, optimizer
+
+
+def _suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, float | None]:
+    """Steepest descent of the smoothed loss per log-lr, ignoring the noisy first tenth."""
+    if len(lrs) < 5:
+        return None, None
+    best = int(np.argmin(smoothed))
+    start = min(len(lrs) // 10, max(best - 1, 0))
+    window = slice(start, max(best + 1, start + 2))
+    slopes = np.gradient(smoothed[window], np.log(lrs[window]))
+    return float(lrs[window][int(np.argmin(slopes))]), float(lrs[best])
+
+
+def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], Any],
+            start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100,
+            batch_size: int = 128, smoothing: float = 0.98, diverge_factor: float = 4.0,
+            seed: int | None = None) -> LRFinderResult:
+    """Runs the learning-rate range test and suggests a learning rate.
+
+    The model and optimizer come from `model_func` as in the estimator (same replicas,
+    precision, loss reduction); the optimizer's learning rate is replaced by an
+    exponential sweep. The model's weights (and BatchNorm statistics) are restored
+    afterwards, so a `build_nn` that returns an existing model leaves it untouched.
+
+    Args:
+        model_func: ``params -> fw.train.ModelSpec``, e.g. `get_clf_model_func(...)`.
+        input_fn: ``params -> tf.data.Dataset`` of per-replica training batches of
+            ``params['batch_size']``, repeated (the sweep needs `num_steps` batches).
+        start_lr: first learning rate, > 0. Defaults to `1e-7`.
+        end_lr: last learning rate, > start_lr. Defaults to `10.0`.
+        num_steps: steps (one per learning rate), >= 2. Defaults to `100`.
+        batch_size: global batch size, divisible by the replicas. Defaults to `128`.
+        smoothing: exponential smoothing of the loss, in [0, 1). Defaults to `0.98`.
+        diverge_factor: stop when the smoothed loss exceeds this many times its minimum
+            (or is not finite). Defaults to `4.0`.
+        seed: seeds Keras and is passed in ``params['seed']``. Defaults to `None`.
+
+    Returns:
+        An `LRFinderResult` with the curve, the suggestion and a `plot()` method.
+
+    Raises:
+        ValueError: for bad arguments, a model_func that does not return a ModelSpec, or
+            an input_fn whose batches do not match ``params['batch_size']``.
+
+    Example:
+        >>> result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
+        >>> opt_func = fw.train.sgd_optimizer(fw.train.one_cycle_lr(result.suggestion, ...))
+    """
+    _check_args(start_lr, end_lr, num_steps, smoothing, diverge_factor)
+    acc = accel.current()
+    batch_size = _steps(batch_size, "batch_size")
+    if batch_size % acc.num_replicas:
+        raise ValueError(f"batch_size={batch_size} must be divisible by the "
+                         f"{acc.num_replicas} replicas; try "
+                         f"{batch_size // acc.num_replicas * acc.num_replicas or acc.num_replicas}")
+    iterator, spec = _distributed_batches(acc, input_fn, batch_size, seed)
+    model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0])
+    saved = [w.copy() for w in model_spec.model.get_weights()]
+    sweep = ExponentialSweep(start_lr, end_lr, num_steps)
+    optimizer.learning_rate = sweep  # Keras allows replacing a schedule with a schedule
+    try:
+        lrs, losses = _sweep(acc, model_spec, optimizer, iterator, sweep, batch_size,
+                             smoothing, diverge_factor)
+    finally:
+        model_spec.model.set_weights(saved)
+    return _result(lrs, losses, smoothing, num_steps)
+
+
+def _sweep(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any, iterator: Any,
+           sweep: ExponentialSweep, batch_size: int, smoothing: float,
+           diverge_factor: float) -> tuple[list[float], list[float]]:
+    strategy = acc.strategy
+    replica_step = loops._train_step(spec, optimizer, batch_size, acc.num_replicas)
+
+    @tf.function
+    def step(batch: Any) -> tf.Tensor:
+        per_replica = strategy.run(replica_step, args=(batch,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    lrs: list[float] = []
+    losses: list[float] = []
+    average, best = 0.0, math.inf
+    for index in range(sweep.num_steps):
+        loss = float(step(next(iterator))) / batch_size  # mean over the global batch
+        lrs.append(sweep(index))
+        losses.append(loss)
+        average = smoothing * average + (1 - smoothing) * loss
+        smoothed = average / (1 - smoothing ** (index + 1))
+        if not math.isfinite(smoothed) or smoothed > diverge_factor * best:
+            break
+        best = min(best, smoothed)
+    return lrs, losses
+
+
+def _result(lrs: list[float], losses: list[float], smoothing: float,
+            num_steps: int) -> LRFinderResult:
+    smoothed, average = [], 0.0
+    for index, loss in enumerate(losses):
+        average = smoothing * average + (1 - smoothing) * loss
+        smoothed.append(average / (1 - smoothing ** (index + 1)))
+    diverged = len(lrs) < num_steps or not math.isfinite(smoothed[-1])
+    finite = [i for i, s in enumerate(smoothed) if math.isfinite(s)]
+    # The diverging tail is not a candidate: drop it before looking for the steepest fall.
+    usable = finite[:-1] if diverged and len(finite) > 1 else finite
+    suggestion, min_loss_lr = _suggest(np.array([lrs[i] for i in usable]),
+                                       np.array([smoothed[i] for i in usable]))
+    return LRFinderResult(lrs, losses, smoothed, suggestion, min_loss_lr, diverged)
