@@ -282,7 +282,8 @@ def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: boo
 
     Example:
         >>> lr_func = fw.train.piecewise_linear([0, 5 * spe, 24 * spe], [0, 0.4, 0])
-        >>> opt_func = fw.train.sgd_optimizer(lambda s: lr_func(s) / 512, wd=5e-4 * 512)
+        >>> # DavidNet with reduction='sum': lr per example, decay per batch of 512
+        >>> opt_func = fw.train.sgd_optimizer(lr_func / 512, wd=5e-4 * 512)
     """
     # Validate now, in plain Python: creating an optimizer here would initialise
     # TensorFlow's devices before fw.accel chooses them.
