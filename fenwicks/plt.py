@@ -351,63 +351,74 @@ def plot_lr_find(lrs: Any, losses: Sequence[float] | None = None,
     that is where the loss still falls fast and training is stable.
 
     Args:
-        lrs: the learning rates tried, or the whole result of `fw.train.find_lr`
-            (an object or dict with ``lrs``/``losses`` and optionally
-            ``suggested_lr``), or a list of ``(lr, loss)`` pairs.
-        losses: the (smoothed) loss at each learning rate, when `lrs` is a sequence.
+        lrs: the learning rates tried; or the whole result of `fw.train.find_lr` (an
+            `LRFinderResult`, or any object or dict with ``lrs`` and ``losses``, and
+            optionally ``smoothed`` and ``suggestion``); or a list of ``(lr, loss)`` pairs.
+        losses: the loss at each learning rate, when `lrs` is a sequence.
         suggested_lr: a learning rate to mark with a vertical line. Defaults to the
-            result's own suggestion, if any.
+            result's own ``suggestion``, if any.
         skip_end: points to drop at the end, where the loss has blown up and would
             squash the interesting part of the curve. Defaults to 0.
 
     Returns:
-        The figure; its first line has x = learning rates, y = losses.
+        The figure. Its first line has x = learning rates and y = the smoothed losses
+        if the result has them (the curve to read), else the losses; with smoothed
+        losses the raw ones follow as a faint second line.
 
     Raises:
         ValueError: if `lrs` and `losses` differ in length, are empty, or an lr <= 0.
 
     Example:
-        >>> result = fw.train.find_lr(...)
+        >>> result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
         >>> fw.plt.plot_lr_find(result)
     """
-    lrs, losses, suggested_lr = _lr_find_arrays(lrs, losses, suggested_lr)
+    lrs, curves, suggested_lr = _lr_find_arrays(lrs, losses, suggested_lr)
     if skip_end:
-        lrs, losses = lrs[:-skip_end], losses[:-skip_end]
+        lrs, curves = lrs[:-skip_end], {k: v[:-skip_end] for k, v in curves.items()}
     if lrs.size == 0 or np.any(lrs <= 0):
         raise ValueError(f"lrs must be non-empty and positive for a log axis; got {lrs[:5]}")
     fig, (ax,) = _new_figure()
-    ax.plot(lrs, losses)
+    for label, values in curves.items():
+        ax.plot(lrs, values, label=label, **({"alpha": 0.3} if label == "loss" and
+                                             len(curves) > 1 else {}))
     ax.set_xscale("log")
     if suggested_lr is not None:
         ax.axvline(suggested_lr, color="tab:red", linestyle="--",
                    label=f"suggested lr {suggested_lr:.2g}")
-        ax.legend()
+    ax.legend()
     ax.set_xlabel("learning rate (log scale)")
-    ax.set_ylabel("loss")
+    ax.set_ylabel("training loss")
     ax.grid(alpha=0.3)
     return fig
 
 
 def _lr_find_arrays(lrs: Any, losses: Any, suggested: float | None):
-    """``(lrs, losses, suggested_lr)`` from the several shapes `plot_lr_find` accepts."""
+    """``(lrs, {label: values}, suggested_lr)`` from the shapes `plot_lr_find` accepts."""
+    curves: dict[str, Any] = {}
     if losses is None:
         result = lrs
         get = result.get if isinstance(result, Mapping) else (
             lambda key, default=None: getattr(result, key, default))
         if get("lrs") is not None:
             lrs, losses = get("lrs"), get("losses")
-            suggested = suggested if suggested is not None else get("suggested_lr")
+            if get("smoothed") is not None:
+                curves["smoothed loss"] = get("smoothed")
+            if suggested is None:
+                suggested = get("suggestion", get("suggested_lr"))
         else:  # (lr, loss) pairs
             pairs = np.asarray(result, dtype=float)
             if pairs.ndim != 2 or pairs.shape[1] != 2:
                 raise ValueError("plot_lr_find needs lrs and losses, a find_lr result, "
                                  f"or (lr, loss) pairs; got {type(result).__name__}")
             lrs, losses = pairs[:, 0], pairs[:, 1]
-    lrs, losses = np.asarray(lrs, dtype=float), np.asarray(losses, dtype=float)
-    if lrs.shape != losses.shape:
-        raise ValueError(f"lrs has {lrs.size} values but losses has {losses.size}; "
-                         "pass one loss per learning rate")
-    return lrs, losses, suggested
+    curves["loss"] = losses
+    lrs = np.asarray(lrs, dtype=float)
+    curves = {label: np.asarray(values, dtype=float) for label, values in curves.items()}
+    for values in curves.values():
+        if values.shape != lrs.shape:
+            raise ValueError(f"lrs has {lrs.size} values but losses has {values.size}; "
+                             "pass one loss per learning rate")
+    return lrs, curves, suggested
 
 
 def plot_forecast(y_true: Any, y_pred: Any, history: Any = None,

@@ -194,7 +194,7 @@ def test_plot_history_bad_input():
 def test_plot_lr_find_log_axis_and_suggestion_from_any_result_shape():
     lrs = np.geomspace(1e-5, 1.0, 6)
     losses = np.array([2.3, 2.2, 1.9, 1.2, 1.5, 9.0])
-    for result in ({"lrs": lrs, "losses": losses, "suggested_lr": 1e-3},
+    for result in ({"lrs": lrs, "losses": losses, "suggestion": 1e-3},
                    type("Result", (), {"lrs": lrs, "losses": losses,
                                        "suggested_lr": 1e-3})()):
         fig = fw.plt.plot_lr_find(result)
@@ -208,6 +208,19 @@ def test_plot_lr_find_log_axis_and_suggestion_from_any_result_shape():
     np.testing.assert_allclose(fig.axes[0].get_lines()[0].get_ydata(), losses[:-1])
     fig = fw.plt.plot_lr_find(list(zip(lrs, losses, strict=True)))
     np.testing.assert_allclose(fig.axes[0].get_lines()[0].get_xdata(), lrs)
+
+
+def test_plot_lr_find_of_an_lr_finder_result_reads_the_smoothed_curve():
+    lrs = [1e-4, 1e-3, 1e-2, 1e-1]
+    losses = [2.0, 1.0, 0.5, 4.0]
+    smoothed = [2.0, 1.5, 1.1, 1.8]
+    result = fw.train.LRFinderResult(lrs=lrs, losses=losses, smoothed=smoothed,
+                                     suggestion=1e-2, min_loss_lr=1e-2, diverged=True)
+    lines = _lines(fw.plt.plot_lr_find(result).axes[0])
+    np.testing.assert_allclose(lines["smoothed loss"].get_ydata(), smoothed)
+    np.testing.assert_allclose(lines["loss"].get_ydata(), losses)
+    np.testing.assert_allclose(lines["suggested lr 0.01"].get_xdata(), [1e-2, 1e-2])
+    assert lines["loss"].get_alpha() == 0.3  # raw losses faint behind the smoothed curve
 
 
 def test_plot_lr_find_bad_input():
