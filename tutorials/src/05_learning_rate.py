@@ -20,7 +20,7 @@ EPOCHS = 3             # per schedule
 LEARNING_RATE = None   # peak learning rate; None: take the LR finder's suggestion
 WEIGHT_DECAY = 5e-4    # coupled L2 (SGD)
 MIN_LR, MAX_LR = 1e-4, 10.0   # the range the finder sweeps
-FINDER_STEPS = 200
+FINDER_STEPS = 100
 WARMUP_FRACTION = 0.2  # of the one-cycle run spent warming up
 SEED = 42
 
@@ -57,26 +57,19 @@ eval_input_func = lambda params: fw.data.numpy_ds(
     input_context=params.get('input_context'))
 
 # %% [markdown]
-# The network of tutorial 1.
+# The network of tutorial 1, ready-made in `fw.models`.
 
 # %%
-def build_nn():
-    c = WIDTH
-    model = fw.Sequential()
-    model.add(fw.layers.ConvBN(c, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvResBlk(c * 2, res_convs=2, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvBlk(c * 4, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.GlobalPools2D())
-    model.add(fw.layers.Classifier(10, weight=0.125))
-    return model
+build_nn = lambda: fw.models.mnist_net(c=WIDTH)
 
 # %% [markdown]
 # ## The LR range test
 #
-# `find_lr` trains a fresh copy of the model for `FINDER_STEPS` steps, multiplying the
-# learning rate by a constant factor each step from `MIN_LR` to `MAX_LR`, and records the
-# (smoothed) loss. It stops early once the loss has clearly diverged, and leaves no
-# checkpoint behind: the real training starts from scratch.
+# `find_lr` builds the model exactly as the estimator would (same replicas, precision and
+# loss reduction) and trains it for `FINDER_STEPS` steps, multiplying the learning rate by
+# a constant factor each step from `MIN_LR` to `MAX_LR`. It records the loss over the
+# global batch and its smoothed version, stops once the loss has clearly diverged, and
+# restores the initial weights: the real training starts from scratch.
 #
 # Read the plot from the left: flat (too small to matter), then a steep descent, a
 # minimum, and an explosion. A good peak learning rate sits on the steep descent, about
@@ -84,15 +77,22 @@ def build_nn():
 # divergence.
 
 # %%
+# The optimizer's own learning rate does not matter: the finder replaces it by the sweep.
 finder_opt = fw.train.sgd_optimizer(MIN_LR, mom=0.9, wd=WEIGHT_DECAY)
 found = fw.train.find_lr(fw.train.get_clf_model_func(build_nn, finder_opt),
-                         train_input_func, batch_size=BATCH_SIZE, min_lr=MIN_LR,
-                         max_lr=MAX_LR, steps=FINDER_STEPS, seed=SEED)
+                         train_input_func, start_lr=MIN_LR, end_lr=MAX_LR,
+                         num_steps=FINDER_STEPS, batch_size=BATCH_SIZE, seed=SEED)
 fw.plt.plot_lr_find(found)
 
+# %% [markdown]
+# The red line is the finder's suggestion: where the smoothed loss falls fastest. If too
+# few steps ran for a suggestion, take a tenth of the rate of the lowest loss, the other
+# common rule.
+
 # %%
-peak_lr = LEARNING_RATE or found.suggested_lr
-print(f'peak learning rate: {peak_lr:.3g}')
+peak_lr = LEARNING_RATE or found.suggestion or (found.min_loss_lr or 1.0) / 10
+print(f'peak learning rate {peak_lr:.3g}; lowest loss at {found.min_loss_lr or 0:.3g}; '
+      f'stopped early on divergence: {found.diverged}')
 
 # %% [markdown]
 # ## Two schedules at the same peak
