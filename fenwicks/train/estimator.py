@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -217,7 +218,8 @@ class Estimator:
         self._loops: dict[Any, Any] = {}
         self._stale = False  # True after a NaN: the in-memory weights are not trusted
         self._writers: dict[str, Any] = {}
-        self._checked_inputs: set[int] = set()  # eval input_fns whose labels were checked
+        # Eval input_fns whose labels were checked (weak: a new lambda may reuse an id).
+        self._checked_inputs: weakref.WeakSet = weakref.WeakSet()
 
     # ---------------------------------------------------------------- public state
 
@@ -495,9 +497,10 @@ class Estimator:
         spec = probe.element_spec
         features = spec[0] if isinstance(spec, tuple) and len(spec) == 2 else spec
         self._build(features, mode)
-        if mode == "eval" and id(input_fn) not in self._checked_inputs:
+        if mode == "eval" and input_fn not in self._checked_inputs:
             self._check_labels(probe)
-            self._checked_inputs.add(id(input_fn))
+            with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
+                self._checked_inputs.add(input_fn)
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
             dataset = inputs.call_input_fn(input_fn, self._params(mode, global_batch,
