@@ -437,3 +437,14 @@ def test_running_out_of_training_data_keeps_the_steps_done(tmp_path):
         est.train(two_batches, steps=4)
     assert est.global_step == 2
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")
+
+
+def test_checkpoints_every_n_loops_keep_the_last_few(tmp_path):
+    x, y = h.make_data(64)
+    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), trn_bs=32,
+                                     steps_per_loop=2, save_every_loops=1,
+                                     save_every_secs=None, keep_checkpoints=2, verbose=False)
+    est.train(h.train_input(x, y), steps=6)
+    # Saved after steps 2, 4 and 6; only the last two are kept.
+    assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt-*.index"))) == [
+        "ckpt-4.index", "ckpt-6.index"]
