@@ -90,26 +90,19 @@ def load_digits(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return X_train, y_train, X_test, y_test
 
 
-def build_nn(width: int = WIDTH, n_classes: int = 10):
-    """The tutorial-1 network: three conv stages (one residual), global pools, classifier.
+def build_nn(width: int = WIDTH):
+    """The tutorial-1 network, `fw.models.mnist_net`, for 8x8 single-channel digits.
 
-    Global max + average pooling make it independent of the image size: the same net
-    trains on 28x28 MNIST (tutorial 1) and on these 8x8 digits.
+    Its global max + average pooling make it independent of the image size: the same
+    net trains on 28x28 MNIST (tutorial 1) and on these 8x8 digits.
 
     Example:
-        >>> model = build_nn()
-        >>> model(np.zeros((2, 8, 8, 1), np.float32)).shape
-        TensorShape([2, 10])
+        >>> build_nn().output.shape
+        (None, 10)
     """
-    from fenwicks import layers
+    from fenwicks import models
 
-    model = layers.Sequential()
-    model.add(layers.ConvBN(width, kernel_size=3, **layers.PYTORCH_PARAMS))
-    model.add(layers.ConvResBlk(width * 2, res_convs=2, **layers.PYTORCH_PARAMS))
-    model.add(layers.ConvBlk(width * 4, **layers.PYTORCH_PARAMS))
-    model.add(layers.GlobalPools2D())
-    model.add(layers.Classifier(n_classes, weight=0.125))
-    return model
+    return models.mnist_net(n_classes=10, c=width, input_shape=(8, 8, 1))
 
 
 def _round_up(value: int, multiple: int) -> int:
