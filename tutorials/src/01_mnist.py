@@ -114,22 +114,25 @@ eval_input_func = lambda params: fw.data.numpy_ds(
 # %% [markdown]
 # ## The network
 #
-# Three convolutional stages, each a 3x3 convolution + BatchNorm + ReLU; the second
-# adds a residual branch, two of them halve the resolution (28 -> 14 -> 7). Global max
-# and average pooling then make the head independent of the image size, so the same net
-# also fits the 8x8 digits of `python -m fenwicks demo`. `PYTORCH_PARAMS` uses PyTorch's
-# initialisation and BatchNorm settings, which suit short training runs. The classifier
-# scales its logits by 0.125 so the softmax starts out soft.
+# Three convolutional stages, each a 3x3 convolution + BatchNorm + ReLU; the last two end
+# in 2x2 max pooling (28 -> 14 -> 7). Global max and average pooling then make the head
+# independent of the image size, so the same net also fits the 8x8 digits of
+# `python -m fenwicks demo`. `PYTORCH_PARAMS` gives PyTorch's initialisation and BatchNorm
+# settings, which suit short training runs.
+#
+# `fw.models.mnist_net(c=WIDTH)` builds exactly this network; here it is spelled out to
+# show the blocks. `build_nn` takes no arguments: the estimator calls it inside the
+# distribution strategy's scope, so every variable is created on every replica.
 
 # %%
 def build_nn():
     c = WIDTH
     model = fw.Sequential()
     model.add(fw.layers.ConvBN(c, kernel_size=3, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvResBlk(c * 2, res_convs=2, **fw.layers.PYTORCH_PARAMS))
+    model.add(fw.layers.ConvBlk(c * 2, **fw.layers.PYTORCH_PARAMS))
     model.add(fw.layers.ConvBlk(c * 4, **fw.layers.PYTORCH_PARAMS))
     model.add(fw.layers.GlobalPools2D())
-    model.add(fw.layers.Classifier(10, weight=0.125))
+    model.add(fw.layers.Classifier(10, kernel_initializer=fw.layers.init_pytorch))
     return model
 
 # %% [markdown]

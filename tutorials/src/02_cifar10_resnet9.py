@@ -131,23 +131,16 @@ fw.plt.show_batch(train_input_func, n=16, class_names=CLASSES,
 # %% [markdown]
 # ## ResNet-9
 #
-# A 3x3 conv, then three stages that each double the channels and halve the resolution;
-# the first and third add a residual branch of two convs. Global max + average pooling and
-# a linear classifier finish it. The logits are scaled by 0.125, which keeps the early
-# softmax soft and, with the summed loss, works like a lower learning rate for the last
-# layer.
+# `fw.models.resnet9` is DavidNet: a 3x3 conv, then three stages that each double the
+# channels and halve the resolution, the first and third with a residual branch of two
+# convs; global max pooling and a linear classifier finish it. The logits are scaled by
+# 0.125, which keeps the early softmax soft and, with the summed loss, acts like a lower
+# learning rate for the last layer. PyTorch's initialisation and BatchNorm settings are
+# part of the recipe.
 
 # %%
-def build_nn():
-    c = WIDTH
-    model = fw.Sequential()
-    model.add(fw.layers.ConvBN(c, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvResBlk(c * 2, res_convs=2, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvBlk(c * 4, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvResBlk(c * 8, res_convs=2, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.GlobalPools2D())
-    model.add(fw.layers.Classifier(10, weight=0.125))
-    return model
+build_nn = lambda: fw.models.resnet9(n_classes=10, c=WIDTH)
+build_nn().summary()
 
 # %% [markdown]
 # ## One-cycle learning rate, SGD with weight decay

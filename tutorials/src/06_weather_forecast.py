@@ -147,14 +147,13 @@ print('train', X_train.shape, 'valid', X_valid.shape, 'test', X_test.shape)
 # A GRU reads the 72 hours in order and keeps a summary of what matters in its state; a
 # dense layer maps the final state to the 24 hourly temperatures at once. Predicting the
 # whole day in one shot avoids feeding the model its own (errorful) predictions.
-# The output layer is float32 so the loss is computed accurately under mixed precision.
+# `fw.models.rnn_forecaster` builds this; its output layer runs in float32, so the loss
+# is computed accurately under mixed precision.
 
 # %%
-def build_nn():
-    return keras.Sequential([
-        keras.layers.GRU(GRU_UNITS),
-        keras.layers.Dense(HORIZON_HOURS, dtype='float32'),
-    ])
+build_nn = lambda: fw.models.rnn_forecaster((INPUT_HOURS, X_train.shape[-1]),
+                                             horizon=HORIZON_HOURS, units=GRU_UNITS,
+                                             cell='gru')
 
 
 steps_per_epoch = len(X_train) // BATCH_SIZE

@@ -55,19 +55,7 @@ import fenwicks as fw
 cfg = json.loads(sys.argv[1])
 report = fw.bench.run(n=cfg['n'], repeats=cfg['repeats'], trials=cfg['trials'])
 
-
-def build_nn():
-    c = cfg['width']
-    model = fw.Sequential()
-    model.add(fw.layers.ConvBN(c, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvResBlk(c * 2, res_convs=2, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvBlk(c * 4, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.ConvResBlk(c * 8, res_convs=2, **fw.layers.PYTORCH_PARAMS))
-    model.add(fw.layers.GlobalPools2D())
-    model.add(fw.layers.Classifier(10, weight=0.125))
-    return model
-
-
+build_nn = lambda: fw.models.resnet9(n_classes=10, c=cfg['width'])
 # Random images are as fast to train on as real ones: speed does not depend on content.
 rng = np.random.default_rng(0)
 X = rng.integers(0, 256, size=(cfg['examples'], 32, 32, 3), dtype=np.uint8)
