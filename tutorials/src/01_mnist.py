@@ -37,7 +37,6 @@ if SMOKE:
 
 # %%
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import fenwicks as fw

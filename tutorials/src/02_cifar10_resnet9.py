@@ -41,7 +41,6 @@ if SMOKE:
 import os
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import fenwicks as fw

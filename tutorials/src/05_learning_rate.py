@@ -33,6 +33,7 @@ if SMOKE:
 import matplotlib.pyplot as plt
 import numpy as np
 import tensorflow_datasets as tfds
+from IPython.display import display
 
 import fenwicks as fw
 

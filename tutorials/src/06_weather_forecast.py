@@ -34,7 +34,6 @@ if SMOKE:
 # %%
 import csv
 import io
-import os
 import zipfile
 
 import keras

@@ -176,7 +176,7 @@ served = tf.saved_model.load(export_dir)
 
 images, true_labels = next(iter(valid_input_func({'batch_size': 8})))
 probs = served.serve(images)['predictions'].numpy()
-for p, y in zip(probs, true_labels.numpy()):
+for p, y in zip(probs, true_labels.numpy(), strict=True):
     print(f'predicted {classes[p.argmax()]:>10} ({p.max():.0%}), true {classes[y]}')
 
 # %% [markdown]

@@ -112,7 +112,7 @@ import matplotlib.pyplot as plt
 rows = {}
 for device, m in measured.items():
     for r in m['bench']['results']:
-        rows[f"{r['device']} {r['dtype']}"] = r['tflops']
+        rows[f"{device}: {r['device']} {r['dtype']}"] = r['tflops']
 fig, ax = plt.subplots(figsize=(7, 0.4 * len(rows) + 1))
 ax.barh(list(rows), list(rows.values()))
 ax.set_xscale('log')
