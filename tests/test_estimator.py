@@ -448,3 +448,26 @@ def test_checkpoints_every_n_loops_keep_the_last_few(tmp_path):
     # Saved after steps 2, 4 and 6; only the last two are kept.
     assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt-*.index"))) == [
         "ckpt-4.index", "ckpt-6.index"]
+
+
+def test_regression_model_func_reports_exact_mse_and_mae(tmp_path):
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(203, 3)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5]) + 0.3).astype(np.float32)[:, None]
+
+    def build_nn():
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+    model_func = fw.train.get_reg_model_func(build_nn, lambda: keras.optimizers.SGD(0.05))
+    est = fw.train.get_tpu_estimator(5, model_func, str(tmp_path), trn_bs=20, val_bs=40,
+                                     verbose=False)
+    est.train(h.train_input(x, y), steps=30)
+    result = est.evaluate(h.eval_input(x, y))
+    kernel, bias = est.model.get_weights()
+    predicted = x.astype(np.float64) @ kernel + bias  # an independent forward pass
+    np.testing.assert_allclose(est.predict(h.eval_input(x, y)), predicted, atol=1e-5)
+    assert result["num_examples"] == 203
+    assert abs(result["mse"] - np.mean((predicted - y) ** 2)) < 1e-6
+    assert abs(result["mae"] - np.mean(np.abs(predicted - y))) < 1e-6
+    assert result["loss"] == pytest.approx(result["mse"], rel=1e-6)
+    assert result["mse"] < np.mean((y - y.mean()) ** 2) / 10  # it learned the line
