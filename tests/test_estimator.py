@@ -305,6 +305,8 @@ def test_bad_training_input_is_reported_before_compiling(tmp_path):
         est.train(h.train_input(x, y), steps=0)
     with pytest.raises(ValueError, match=r"\(features, labels\) pairs"):
         est.evaluate(features_only)
+    with pytest.raises(ValueError, match="yielded no examples"):
+        est.evaluate(lambda p: h.eval_input(x, y)(p).take(0))
     assert est.global_step == 0 and not glob.glob(str(tmp_path / "ckpt-*"))
 
 

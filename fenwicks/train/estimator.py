@@ -556,7 +556,9 @@ class Estimator:
             dataset = self._padded_dataset(input_fn, global_batch, "eval", steps)
             loop = self._loop("eval", lambda: loops.make_eval_loop(
                 self._strategy, self._spec, self.config.jit_compile))
-            return loop(dataset).numpy().astype(np.float64).sum(axis=0)
+            per_step = loop(dataset).numpy().astype(np.float64)
+            width = 2 + len(self._spec.metric_fns)  # loss, metrics, count
+            return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
 
         sums = self._with_smaller_batches(run, self.config.eval_batch_size, "evaluation")
         count = sums[-1]
