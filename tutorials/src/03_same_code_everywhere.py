@@ -31,11 +31,12 @@ LEARNING_RATE = 0.02   # SGD learning rate at BATCH_SIZE examples (loss averaged
 WEIGHT_DECAY = 5e-4
 DEVICES = ['cpu:1', 'cpu:2', 'cpu:8']
 GHOST_BN = 32          # BatchNorm group size; BATCH_SIZE / 8 makes 1 and 8 replicas agree
+PARALLEL = False       # True: run all settings at once (faster; their speeds then compete)
 SEED = 7
 
 # %%
 if SMOKE:
-    BATCH_SIZE, EPOCHS, DEVICES, GHOST_BN = 64, 1, ['cpu:1', 'cpu:2'], 32
+    BATCH_SIZE, EPOCHS, DEVICES, GHOST_BN, PARALLEL = 64, 1, ['cpu:1', 'cpu:2'], 32, True
 
 # %% [markdown]
 # ## Why a separate process per setting
@@ -115,19 +116,27 @@ import subprocess
 import sys
 
 
-def train_on(device):
-    """Runs train_digits.py with FENWICKS_DEVICE=device, for both BatchNorm modes."""
+def start(device):
+    """Starts train_digits.py with FENWICKS_DEVICE=device, for both BatchNorm modes."""
     cfg = dict(batch_size=BATCH_SIZE, epochs=EPOCHS, lr=LEARNING_RATE, wd=WEIGHT_DECAY,
                bns=[GHOST_BN, 'replica'], seed=SEED, tag=device.replace(':', ''))
     env = {**os.environ, 'FENWICKS_DEVICE': device, 'TF_CPP_MIN_LOG_LEVEL': '2'}
-    proc = subprocess.run([sys.executable, 'train_digits.py', json.dumps(cfg)], env=env,
-                          capture_output=True, text=True)
+    return subprocess.Popen([sys.executable, 'train_digits.py', json.dumps(cfg)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(device, proc):
+    out, err = proc.communicate()
     if proc.returncode:
-        raise RuntimeError(f'{device} failed:\n{proc.stderr[-3000:]}')
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f'{device} failed:\n{err[-3000:]}')
+    return json.loads(out.strip().splitlines()[-1])
 
 
-results = {device: train_on(device) for device in DEVICES}
+if PARALLEL:
+    started = {device: start(device) for device in DEVICES}
+    results = {device: finish(device, proc) for device, proc in started.items()}
+else:  # one at a time: the speeds are then comparable
+    results = {device: finish(device, start(device)) for device in DEVICES}
 ghost = {device: r['runs'][str(GHOST_BN)] for device, r in results.items()}
 for device, r in results.items():
     print(f"{device:>6}: {r['kind']} x{r['replicas']} ({r['precision']}), "
