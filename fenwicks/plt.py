@@ -161,8 +161,8 @@ def show_batch(data: Any, n: int = 16, converter: Callable[[np.ndarray], Any] | 
             batches or examples, or a tuple ``(images, labels)`` of arrays.
         n: number of examples to show. Defaults to 16.
         converter: applied to each image before display, e.g. to undo normalisation:
-            ``lambda x: x * std + mean``. Defaults to none; float images are then
-            rescaled to [0, 1] for display.
+            ``lambda x: x * std + mean``. Defaults to none. Float images in [0, 1] are
+            shown as they are, in [0, 255] divided by 255, others stretched to [0, 1].
         class_names: names for integer (or one-hot) labels. Defaults to the numbers.
         batch_size: the ``params['batch_size']`` given to an input function. Defaults
             to `n`.
@@ -208,8 +208,7 @@ def _take_examples(data: Any, n: int, batch_size: int) -> tuple[list, list]:
     spec = data.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
         raise ValueError(f"data must yield (image, label) pairs; its elements are {spec}")
-    # A rank-3 image element is one example (H, W, C); rank 4 is a batch of them.
-    batched = len(spec[0].shape) == 4
+    batched = _is_batched(spec[0].shape)
     images, labels = [], []
     for x, y in data.as_numpy_iterator():
         images.extend(x if batched else [x])
@@ -219,16 +218,34 @@ def _take_examples(data: Any, n: int, batch_size: int) -> tuple[list, list]:
     return images[:n], labels[:n]
 
 
+def _is_batched(shape: Any) -> bool:
+    """Whether dataset elements of `shape` are batches of images or single images:
+    [B, H, W, C] and [B, H, W] (grey, no channel axis) versus [H, W, C] and [H, W]."""
+    rank = len(shape)
+    if rank == 3:  # [H, W, C] with 1, 3 or 4 channels, else a batch of grey [H, W]
+        return shape[-1] not in (1, 3, 4)
+    return rank == 4
+
+
 def _show_image(ax, image: Any) -> None:
     image = np.asarray(image)
     if image.ndim == 3 and image.shape[-1] == 1:
         image = image[..., 0]
     if image.dtype.kind == "f":
-        # imshow clips floats outside [0, 1]; rescale so normalised inputs stay visible.
-        low, high = float(image.min()), float(image.max())
-        image = (image - low) / (high - low) if high > low else np.zeros_like(image)
+        image = _unit_range(image)
     ax.imshow(image, cmap="gray" if image.ndim == 2 else None)
     ax.axis("off")
+
+
+def _unit_range(image: np.ndarray) -> np.ndarray:
+    """Float pixels for imshow, which clips to [0, 1]: [0, 1] as is, [0, 255] scaled,
+    anything else (normalised inputs) stretched from its min and max."""
+    low, high = float(image.min()), float(image.max())
+    if low >= 0 and high <= 1:
+        return image
+    if low > -1 and high < 256:  # pixel values, give or take rounding after un-normalising
+        return np.clip(image / 255.0, 0.0, 1.0)
+    return (image - low) / (high - low)
 
 
 def _label_text(label: Any, class_names: Sequence[str] | None) -> str:

@@ -108,10 +108,28 @@ def test_show_batch_unbatched_dataset_one_hot_labels_and_converter():
     ds = tf.data.Dataset.from_tensor_slices((images, one_hot))
     fig = fw.plt.show_batch(ds, n=3, converter=lambda x: x / 255.0)
     assert [ax.get_title() for ax in fig.axes] == ["3", "1", "2"]
-    # float images are rescaled to [0, 1] for display: (x - min) / (max - min)
-    x = images[0] / 255.0
-    expected = (x - x.min()) / (x.max() - x.min())
-    np.testing.assert_allclose(fig.axes[0].images[0].get_array(), expected, rtol=1e-6)
+    # float images already in [0, 1] are shown unchanged
+    np.testing.assert_allclose(fig.axes[0].images[0].get_array(), images[0] / 255.0,
+                               rtol=1e-6)
+
+
+def test_show_batch_float_pixels_and_normalised_images_map_to_unit_range():
+    pixels = np.array([[[0.0, 127.5], [255.0, 51.0]]], np.float32)  # [1, 2, 2] grey
+    normalised = np.array([[[-2.0, 0.0], [2.0, 1.0]]], np.float32)
+    fig = fw.plt.show_batch((np.concatenate([pixels, normalised]), np.array([0, 1])), n=2)
+    np.testing.assert_allclose(fig.axes[0].images[0].get_array(),
+                               [[0.0, 0.5], [1.0, 0.2]], rtol=1e-6)
+    np.testing.assert_allclose(fig.axes[1].images[0].get_array(),
+                               [[0.0, 0.5], [1.0, 0.75]], rtol=1e-6)  # (x + 2) / 4
+
+
+def test_show_batch_grey_images_without_a_channel_axis_batched_or_not():
+    grey = np.arange(2 * 5 * 6, dtype=np.uint8).reshape(2, 5, 6)
+    for ds in (tf.data.Dataset.from_tensor_slices((grey, [4, 5])),
+               tf.data.Dataset.from_tensor_slices((grey, [4, 5])).batch(2)):
+        fig = fw.plt.show_batch(ds, n=2)
+        assert [ax.get_title() for ax in fig.axes] == ["4", "5"]
+        np.testing.assert_array_equal(fig.axes[1].images[0].get_array(), grey[1])
 
 
 def test_show_batch_from_arrays_and_bad_input():
