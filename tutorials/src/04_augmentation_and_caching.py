@@ -101,16 +101,17 @@ for name, examples_per_s in speed.items():
 #
 # With `augmented_epochs=K`, the pipeline augments K epochs once, caches them (in memory
 # with `cache=True`, or in a file, local or `gs://`, with `cache='path'`) and then cycles
-# through them: epoch K+1 sees exactly the augmented batches of epoch 1. Reading a cache costs almost nothing, so this is as fast as a pipeline can be; the
-# price is less variety (K different augmentations of each image instead of one per
-# epoch), and K = 4 to 8 is usually enough for the short runs of these tutorials.
+# through them: epoch K+1 sees exactly the augmented batches of epoch 1. Reading a cache
+# costs almost nothing, so this is as fast as a pipeline can be; the price is less variety
+# (K different augmentations of each image instead of one per epoch), and K = 4 to 8 is
+# usually enough for the short runs of these tutorials.
 
 # %%
 cache_file = os.path.join(work_dir, 'augmented')
 pre_augmented = lambda: fw.data.tfrecord_ds(
     train_fn + '*', parser, BATCH_SIZE, batch_transform=augment, seed=SEED,
     augmented_epochs=AUGMENTED_EPOCHS, cache=cache_file)
-steps_per_epoch = N_TRAIN // BATCH_SIZE
+steps_per_epoch = len(X_train) // BATCH_SIZE
 it = iter(pre_augmented())
 for _ in range(steps_per_epoch * AUGMENTED_EPOCHS + 1):
     next(it)  # the first K epochs write the cache; one batch more closes it
