@@ -9,7 +9,7 @@
 # |---|---|---|---|
 # | replicas | 8 cores | 1 per GPU | 1 (or `cpu:N` logical devices) |
 # | strategy | `TPUStrategy` | `MirroredStrategy` | default / `MirroredStrategy` |
-# | precision (`'auto'`) | bfloat16 compute | float16 + loss scaling (compute capability >= 7) | float32 |
+# | precision (`'auto'`) | bfloat16 | float16 + loss scaling (compute capability >= 7) | float32 |
 # | storage | `gs://` only (TPU node), local on a TPU VM | local | local |
 # | BatchNorm statistics | per core: 1/8 of the batch | the whole batch | the whole batch |
 #

@@ -30,7 +30,8 @@ WEIGHT_DECAY = 5e-4    # per example
 VALID_FRACTION = 0.15  # of each class, held out for validation
 WIDTH = 32
 SEED = 42
-FLOWERS_URL = 'https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz'
+FLOWERS_URL = ('https://storage.googleapis.com/download.tensorflow.org/example_images/'
+               'flower_photos.tgz')
 
 # %%
 if SMOKE:
