@@ -28,6 +28,21 @@ from collections.abc import Callable, Iterator, Sequence
 
 import tensorflow as tf
 
+__all__ = [
+    "compose",
+    "cutout",
+    "random_crop_resize",
+    "random_flip",
+    "random_pad_crop",
+    "reverse_standard_scaler",
+    "seeded",
+    "standard_scaler",
+    "tfm_cutout",
+    "tfm_pad_crop",
+    "tfm_reverse_standard_scaler",
+    "tfm_standard_scaler",
+]
+
 _state = threading.local()  # trace-time only: the seed scope of the function being traced
 
 

@@ -56,6 +56,15 @@ def test_random_pad_crop_is_a_window_of_the_padded_image_at_uniform_offsets():
     assert _same_distribution(*codes, range((2 * pad + 1) ** 2)) > 1e-3
 
 
+@pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC"])
+def test_random_pad_crop_other_padding_modes(mode):
+    images = _coded_images(200)
+    padded = np.pad(images[0], [(2, 2), (2, 2), (0, 0)], mode=mode.lower())
+    for out in _both_forms(lambda x: fw.transform.random_pad_crop(x, 2, mode=mode), images):
+        offsets = np.array([_offset(o, padded) for o in out])
+        assert len(np.unique(offsets, axis=0)) > 15  # of 25 positions, in 200 draws
+
+
 def test_random_flip_is_a_mirror_half_the_time_in_both_forms():
     images = _coded_images(N)
     flipped_fractions = []
