@@ -71,8 +71,7 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
             f"batch_size={batch_size} is larger than the {local} training examples of this "
             f"input pipeline; a training batch must be full (drop_remainder), so use "
             f"batch_size <= {local}")
-    deterministic = (seed is not None or not training) if deterministic is None \
-        else deterministic
+    deterministic = pipeline.default_deterministic(deterministic, seed, training)
     if _needs_graph_constants():
         batches = _constant_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed,
                                     num_pipelines, pipeline_id)

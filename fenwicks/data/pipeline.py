@@ -112,3 +112,12 @@ def check_augmented_epochs(augmented_epochs: Any, training: bool) -> int:
         raise ValueError("augmented_epochs is for training datasets; evaluation data is "
                          "not augmented. Pass augmented_epochs=0 with training=False")
     return augmented_epochs
+
+
+def default_deterministic(deterministic: bool | None, seed: int | None,
+                          training: bool) -> bool:
+    """Ordered when reproducibility is asked for (a seed) or needed (evaluation and
+    prediction rows must match the input order); otherwise out of order, which is faster."""
+    if deterministic is None:
+        return seed is not None or not training
+    return bool(deterministic)

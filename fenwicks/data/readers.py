@@ -100,10 +100,8 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
         >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128,
         ...                          batch_transform=augment, cache=True)
     """
-    batch_size = check_batch_size(batch_size)
-    pipeline.check_shuffle_buffer(shuffle_buf_sz)
-    cache = pipeline.check_cache(cache)
-    augmented_epochs = pipeline.check_augmented_epochs(augmented_epochs, training)
+    batch_size, cache = _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
+                                       training)
     if not callable(parser):
         raise ValueError(f"parser={parser!r} must be a function: record -> (features, label)")
     num_pipelines, pipeline_id = pipeline_shard(input_context)
@@ -116,8 +114,7 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
         files = files[pipeline_id::num_pipelines]
     takes = _usable_records(files, skip_corrupt) if verify else [-1] * len(files)
     batched = _check_parser(parser, files, verify)
-    deterministic = (seed is not None or not training) if deterministic is None \
-        else deterministic
+    deterministic = pipeline.default_deterministic(deterministic, seed, training)
     records = _interleave(files, takes, training, seed, deterministic, cycle_length,
                           skip_corrupt and not verify)
     if not by_file:
@@ -128,6 +125,14 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
                            shuffle_buf_sz=shuffle_buf_sz, cache=cache, transform=transform,
                            batch_transform=batch_transform, augmented_epochs=augmented_epochs,
                            seed=seed, deterministic=deterministic, cache_suffix=suffix)
+
+
+def _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
+                   training) -> tuple[int, bool | str]:
+    """Validates the options tfrecord_ds and tfds_ds share; returns batch size and cache."""
+    pipeline.check_shuffle_buffer(shuffle_buf_sz)
+    pipeline.check_augmented_epochs(augmented_epochs, training)
+    return check_batch_size(batch_size), pipeline.check_cache(cache)
 
 
 def _usable_records(files: list[str], skip_corrupt: bool) -> list[int]:
@@ -272,13 +277,10 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
     """
     import tensorflow_datasets as tfds
 
-    batch_size = check_batch_size(batch_size)
-    pipeline.check_shuffle_buffer(shuffle_buf_sz)
-    cache = pipeline.check_cache(cache)
-    augmented_epochs = pipeline.check_augmented_epochs(augmented_epochs, training)
+    batch_size, cache = _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
+                                       training)
     data_dir = _tfds_dir(data_dir)
-    deterministic = (seed is not None or not training) if deterministic is None \
-        else deterministic
+    deterministic = pipeline.default_deterministic(deterministic, seed, training)
     read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=seed,
                                   interleave_cycle_length=16,
                                   try_autocache=False)
