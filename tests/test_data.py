@@ -212,6 +212,17 @@ def test_overwrite_is_refused_and_stale_shards_are_removed(shards):
     assert fw.data.count_records(fn + "*") == 6
 
 
+@pytest.mark.parametrize("y, error, match", [
+    (np.zeros(3, np.float32), ValueError, "y has dtype float32"),
+    (np.zeros(2, int), ValueError, "xs has 3 examples but y has 2"),
+    (np.zeros((3, 2), int), ValueError, r"shape \(3, 2\)"),
+])
+def test_numpy_tfrecord_bad_labels_write_nothing(tmp_path, y, error, match):
+    with pytest.raises(error, match=match):
+        fw.data.numpy_tfrecord(str(tmp_path / "t"), np.zeros((3, 2, 2, 1), np.uint8), y)
+    assert os.listdir(tmp_path) == []
+
+
 def test_failed_write_leaves_no_file(tmp_path):
     good = tmp_path / "a.png"
     good.write_bytes(tf.io.encode_png(np.zeros((2, 2, 3), np.uint8)).numpy())
