@@ -124,3 +124,6 @@ def test_bad_model_functions():
     with pytest.raises(ValueError, match="batch_size"):  # batches of 8 for a batch of 64
         fw.train.find_lr(model_func, lambda params: input_fn({"batch_size": 8}),
                          batch_size=N)
+    with pytest.raises(ValueError, match="repeat"):  # 3 batches for a sweep of 60 steps
+        fw.train.find_lr(model_func, lambda params: input_fn(params).take(3), batch_size=N,
+                         start_lr=START, end_lr=END, num_steps=STEPS)
