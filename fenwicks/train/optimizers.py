@@ -125,7 +125,7 @@ class _DecayMixin:
         if unused and self.wd > 0 and not _is_shortcut(self.exclude_from_wd):
             warnings.warn(f"exclude_from_wd patterns {unused} match none of the "
                           f"{len(paths)} trainable variables (paths such as {paths[:2]}); "
-                          "those variables are decayed", stacklevel=3)
+                          "they exclude nothing; check them against these paths", stacklevel=3)
 
     def _use_weight_decay(self, variable: Any) -> bool:
         return self._decay_flags[self._get_variable_index(variable)]
