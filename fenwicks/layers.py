@@ -28,6 +28,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+__all__ = ["BN_MODES", "PYTORCH_PARAMS", "BatchNorm", "Classifier", "ConvBN", "ConvBlk",
+           "ConvResBlk", "DenseBN", "GlobalPools2D", "Sequential", "check_bn", "init_pytorch"]
+
 _PACKAGE = "fenwicks"
 _register = keras.saving.register_keras_serializable(package=_PACKAGE)
 BN_MODES = ("replica", "sync")

@@ -18,6 +18,8 @@ import keras
 from fenwicks import layers
 from fenwicks.layers import check_bn
 
+__all__ = ["ResBlock", "mnist_net", "resnet", "resnet9", "rnn_forecaster"]
+
 
 def _input_shape(input_shape: Sequence[int], name: str = "input_shape") -> tuple[int, ...]:
     shape = tuple(input_shape)
