@@ -54,27 +54,34 @@ def _dataset(x: np.ndarray, y: np.ndarray, batch_size: int) -> tf.data.Dataset:
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def _best_rate(run, steps: int, batch: int, trials: int) -> float:
-    """Best of `trials` timings of run(steps), in examples/s (best: the machine is shared)."""
-    times = []
+def _best_rates(runs: dict, steps: int, batch: int, trials: int) -> dict[str, float]:
+    """Best of `trials` timings of each run(steps), in examples/s.
+
+    Trials are interleaved (est, fit, hand, est, ...) so that load from other processes
+    on a shared machine hits every method alike; the best trial is the least disturbed.
+    """
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(trials):
-        start = time.perf_counter()
-        run(steps)
-        times.append(time.perf_counter() - start)
-    return steps * batch / min(times)
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run(steps)
+            times[name].append(time.perf_counter() - start)
+    return {name: steps * batch / min(t) for name, t in times.items()}
 
 
-def time_estimator(build, x, y, batch, steps, spl, trials) -> float:
+def estimator_run(build, x, y, batch, spl):
+    """Returns run(n): n more steps of Estimator.train (compiled by a first call)."""
     model_func = fw.train.get_clf_model_func(build, lambda: keras.optimizers.SGD(LR))
     est = fw.train.get_tpu_estimator(spl, model_func, tempfile.mkdtemp(), trn_bs=batch,
                                      steps_per_loop=spl, save_every_secs=None,
                                      verbose=False)
     input_fn = lambda params: _dataset(x, y, params["batch_size"])  # noqa: E731
     est.train(input_fn, steps=spl)  # compile
-    return _best_rate(lambda n: est.train(input_fn, steps=n), steps, batch, trials)
+    return lambda n: est.train(input_fn, steps=n)
 
 
-def time_fit(build, x, y, batch, steps, spl, trials) -> float:
+def fit_run(build, x, y, batch, spl):
+    """Returns run(n): Keras fit for n steps with steps_per_execution = spl."""
     strategy = fw.accel.current().strategy
     with strategy.scope():
         model = build()
@@ -83,11 +90,11 @@ def time_fit(build, x, y, batch, steps, spl, trials) -> float:
                       steps_per_execution=spl, jit_compile=False)
     dataset = _dataset(x, y, batch)
     model.fit(dataset, steps_per_epoch=spl, epochs=1, verbose=0)  # compile
-    return _best_rate(lambda n: model.fit(dataset, steps_per_epoch=n, epochs=1, verbose=0),
-                      steps, batch, trials)
+    return lambda n: model.fit(dataset, steps_per_epoch=n, epochs=1, verbose=0)
 
 
-def time_hand_written(build, x, y, batch, steps, spl, trials) -> float:
+def hand_written_run(build, x, y, batch, spl):
+    """Returns run(n): a minimal compiled loop of spl steps per call."""
     strategy = fw.accel.current().strategy
     with strategy.scope():
         model, optimizer = build(), keras.optimizers.SGD(LR)
@@ -115,7 +122,7 @@ def time_hand_written(build, x, y, batch, steps, spl, trials) -> float:
         optimizer.iterations.numpy()  # wait for the last step
 
     run(spl)  # compile
-    return _best_rate(run, steps, batch, trials)
+    return run
 
 
 def time_evaluation(build, x, y, batch, trials) -> dict[str, float]:
@@ -145,9 +152,10 @@ def child(args: argparse.Namespace) -> dict:
     results = {}
     for name, (build, shape) in MODELS.items():
         x, y = _data(shape, args.examples)
-        timing = (build, x, y, args.batch, args.steps, args.steps_per_loop, args.trials)
-        results[name] = {"est": time_estimator(*timing), "fit": time_fit(*timing),
-                         "hand": time_hand_written(*timing)}
+        setup = (build, x, y, args.batch, args.steps_per_loop)
+        runs = {"est": estimator_run(*setup), "fit": fit_run(*setup),
+                "hand": hand_written_run(*setup)}
+        results[name] = _best_rates(runs, args.steps, args.batch, args.trials)
         if fw.accel.current().num_replicas == 1:
             eval_x, eval_y = _data(shape, args.eval_examples)
             results[name]["eval"] = time_evaluation(build, eval_x, eval_y, args.eval_batch,
