@@ -27,10 +27,11 @@ def _grads(w, b):
     return X.T @ err / len(X), err.mean(0)
 
 
-def np_sgd(mom, wd, nesterov, decay_bias=True, clip=None):
+def np_sgd(mom, wd, nesterov, decay_bias=True, clip=None, moms=None):
     w, b = W0.astype(np.float64), B0.astype(np.float64)
     vel = [np.zeros_like(w), np.zeros_like(b)]
-    for lr in LRS:
+    for t, lr in enumerate(LRS):
+        mom = moms[t] if moms is not None else mom
         grads = list(_grads(w, b))
         if clip is not None:
             norm = np.sqrt(sum((g ** 2).sum() for g in grads))
@@ -91,6 +92,15 @@ def test_sgd_matches_numpy(mom, wd, nesterov):
     np.testing.assert_allclose(b, ref_b, rtol=1e-5, atol=1e-6)
     # The current LR is readable: the schedule at optimizer.iterations (5 -> 0.0).
     assert int(opt.iterations) == 5 and float(opt.learning_rate) == pytest.approx(0.0)
+
+
+def test_sgd_momentum_schedule():
+    """Momentum cycling: the momentum at each step comes from a schedule (0.9 -> 0.5)."""
+    mom = fw.train.linear_decay(0.9, 5, end_lr=0.5)
+    w, b, _ = run_keras(fw.train.sgd_optimizer(_lr(), mom=mom, wd=0.01))
+    ref_w, ref_b = np_sgd(None, 0.01, True, moms=[0.9, 0.82, 0.74, 0.66, 0.58])
+    np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b, ref_b, rtol=1e-5, atol=1e-6)
 
 
 def test_sgd_exclusion_and_clipping():
