@@ -85,7 +85,9 @@ import json, sys
 sys.path.insert(0, {root!r})
 import fenwicks as fw
 from tests.test_lr_finder import input_fn, make_model, START, END, STEPS, N
+# Making an opt_func and plotting a schedule run no TensorFlow op: 8 replicas still work.
 model_func = fw.train.get_reg_model_func(make_model, fw.train.sgd_optimizer(0.1, mom=0.0))
+curve = fw.train.one_cycle_lr(0.4, 100, 10, fw.train.cosine_decay())(list(range(100)))
 result = fw.train.find_lr(model_func, input_fn, start_lr=START, end_lr=END,
                           num_steps=STEPS, batch_size=N, smoothing=0.5)
 print(json.dumps({{"replicas": fw.accel.current().num_replicas, "lrs": result.lrs,

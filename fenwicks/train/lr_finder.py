@@ -49,7 +49,7 @@ class ExponentialSweep(Schedule):
         if self.end_lr <= self.start_lr:
             raise ValueError(f"end_lr={end_lr} must be larger than start_lr={start_lr}")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
+    def lr(self, step: Any, ops: Any = None) -> Any:
         ratio = self.end_lr / self.start_lr
         return self.start_lr * ratio ** (step / float(self.num_steps - 1))
 

@@ -12,7 +12,8 @@ Python/numpy steps so that it plots directly, and survives a
     [lr_func(s) for s in range(0, 24 * spe, spe)]          # floats, for a plot
     lr_per_example = lr_func / 512                         # schedules scale like numbers
 
-Steps are computed in float32 (TPUs have no fast float64): exact up to 2**24 steps.
+Tensor steps are computed in float32 (TPUs have no fast float64; exact up to 2**24
+steps); Python and numpy steps in float64 with numpy, so plotting runs no TensorFlow op.
 """
 
 from __future__ import annotations
@@ -47,19 +48,50 @@ def _steps(value: Any, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
-class Schedule(_Base):
-    """Base class: subclasses implement `lr(step)` on a float32 step tensor."""
+class _TFOps:
+    """Array operations for steps that are tensors (compiled code, `optimizer.iterations`)."""
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
+    clip, cos, floor = staticmethod(tf.clip_by_value), staticmethod(tf.cos), staticmethod(tf.floor)
+    maximum, where = staticmethod(tf.maximum), staticmethod(tf.where)
+    take, reshape, shape = staticmethod(tf.gather), staticmethod(tf.reshape), staticmethod(tf.shape)
+
+    @staticmethod
+    def const(value: Any) -> Any:
+        return tf.cast(tf.convert_to_tensor(value), tf.float32)
+
+    @staticmethod
+    def searchsorted(sorted_values: Any, values: Any) -> Any:
+        return tf.searchsorted(sorted_values, values, side="right")
+
+
+class _NPOps:
+    """The same with numpy, for Python and numpy steps: plotting a schedule runs no
+    TensorFlow op, so it cannot initialise devices before `fw.accel` chooses them."""
+
+    clip, cos, floor = staticmethod(np.clip), staticmethod(np.cos), staticmethod(np.floor)
+    maximum, where = staticmethod(np.maximum), staticmethod(np.where)
+    take, reshape, shape = staticmethod(np.take), staticmethod(np.reshape), staticmethod(np.shape)
+
+    @staticmethod
+    def const(value: Any) -> Any:
+        return np.asarray(value, np.float64)
+
+    @staticmethod
+    def searchsorted(sorted_values: Any, values: Any) -> Any:
+        return np.searchsorted(sorted_values, values, side="right")
+
+
+class Schedule(_Base):
+    """Base class: subclasses implement `lr(step, ops)`, `ops` being `_TFOps` or `_NPOps`."""
+
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
         raise NotImplementedError
 
     def __call__(self, step: Any) -> Any:
-        from_python = isinstance(step, (numbers.Number, np.ndarray, list, tuple))
-        value = self.lr(tf.cast(tf.convert_to_tensor(step), tf.float32))
-        if from_python and tf.executing_eagerly():
-            array = value.numpy()
-            return float(array) if array.ndim == 0 else array
-        return value
+        if isinstance(step, (numbers.Number, np.ndarray, list, tuple)):
+            value = self.lr(_NPOps.const(step), _NPOps)
+            return float(value) if np.ndim(value) == 0 else np.asarray(value)
+        return self.lr(_TFOps.const(step), _TFOps)
 
     def __mul__(self, factor: float) -> Schedule:
         return Scaled(self, factor)
@@ -105,8 +137,8 @@ class _Decay(Schedule):
                 config[key] *= ratio
         return type(self)(**{**config, "init_lr": init_lr, "decay_steps": decay_steps})
 
-    def _progress(self, step: tf.Tensor) -> tf.Tensor:
-        return tf.clip_by_value(step / float(self.decay_steps), 0.0, 1.0)
+    def _progress(self, step: Any, ops: Any) -> Any:
+        return ops.clip(step / float(self.decay_steps), 0.0, 1.0)
 
 
 @_register
@@ -122,8 +154,8 @@ class LinearDecay(_Decay):
         super().__init__(init_lr, decay_steps)
         self.end_lr = _number(end_lr, "end_lr")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
-        return self.init_lr + (self.end_lr - self.init_lr) * self._progress(step)
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+        return self.init_lr + (self.end_lr - self.init_lr) * self._progress(step, ops)
 
     def get_config(self) -> dict[str, Any]:
         return {"init_lr": self.init_lr, "decay_steps": self.decay_steps, "end_lr": self.end_lr}
@@ -142,8 +174,8 @@ class CosineDecay(_Decay):
         super().__init__(init_lr, decay_steps)
         self.end_lr = _number(end_lr, "end_lr")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
-        cosine = 0.5 * (1.0 + tf.cos(math.pi * self._progress(step)))
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+        cosine = 0.5 * (1.0 + ops.cos(math.pi * self._progress(step, ops)))
         return self.end_lr + (self.init_lr - self.end_lr) * cosine
 
     def get_config(self) -> dict[str, Any]:
@@ -175,10 +207,10 @@ class ExpDecay(_Decay):
         """Keeps its own `decay_steps`: for an exponential they set the rate, not a span."""
         return super().with_span(init_lr, self.decay_steps)
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
-        exponent = tf.maximum(step, 0.0) / float(self.decay_steps)
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+        exponent = ops.maximum(step, 0.0) / float(self.decay_steps)
         if self.staircase:
-            exponent = tf.floor(exponent)
+            exponent = ops.floor(exponent)
         return self.base_lr + (self.init_lr - self.base_lr) * self.decay_rate ** exponent
 
     def get_config(self) -> dict[str, Any]:
@@ -207,18 +239,17 @@ class PiecewiseLinear(Schedule):
                 raise ValueError(f"knots={list(knots)!r} must be strictly increasing; "
                                  f"knots[{i}]={knots[i]} <= knots[{i - 1}]={knots[i - 1]}")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
-        knots, values = tf.constant(self.knots), tf.constant(self.values)
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+        knots, values = ops.const(self.knots), ops.const(self.values)
         if len(self.knots) == 1:
             return values[0] + 0.0 * step
-        flat = tf.reshape(step, [-1])  # searchsorted wants a vector; steps may be scalars
+        flat = ops.reshape(step, [-1])  # searchsorted wants a vector; steps may be scalars
         # Segment i spans knots[i - 1]..knots[i]; clamping makes the ends constant.
-        index = tf.clip_by_value(tf.searchsorted(knots, flat, side="right"),
-                                 1, len(self.knots) - 1)
-        left, right = tf.gather(knots, index - 1), tf.gather(knots, index)
-        low, high = tf.gather(values, index - 1), tf.gather(values, index)
-        frac = tf.clip_by_value((flat - left) / (right - left), 0.0, 1.0)
-        return tf.reshape(low + (high - low) * frac, tf.shape(step))
+        index = ops.clip(ops.searchsorted(knots, flat), 1, len(self.knots) - 1)
+        left, right = ops.take(knots, index - 1), ops.take(knots, index)
+        low, high = ops.take(values, index - 1), ops.take(values, index)
+        frac = ops.clip((flat - left) / (right - left), 0.0, 1.0)
+        return ops.reshape(low + (high - low) * frac, ops.shape(step))
 
     def get_config(self) -> dict[str, Any]:
         return {"knots": self.knots, "values": self.values}
@@ -243,12 +274,12 @@ class Join(Schedule):
         if any(b2 <= b1 for b1, b2 in zip(self.boundaries, self.boundaries[1:], strict=False)):
             raise ValueError(f"boundaries={boundaries!r} must be strictly increasing")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
         starts = [0, *self.boundaries]
-        value = _as_lr(self.schedules[-1], step - starts[-1])
+        value = _as_lr(self.schedules[-1], step - starts[-1], ops)
         segments = list(zip(self.schedules, starts, starts[1:], strict=False))
         for schedule, start, end in reversed(segments):
-            value = tf.where(step < end, _as_lr(schedule, step - start), value)
+            value = ops.where(step < end, _as_lr(schedule, step - start, ops), value)
         return value
 
     def get_config(self) -> dict[str, Any]:
@@ -271,12 +302,12 @@ class Warmup(Schedule):
         self.warmup_steps = _steps(warmup_steps, "warmup_steps")
         self.start_lr = _number(start_lr, "start_lr")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
-        peak = _as_lr(self.schedule, tf.constant(0.0))
-        ramp = self.start_lr + (peak - self.start_lr) * tf.clip_by_value(
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+        peak = _as_lr(self.schedule, ops.const(0.0), ops)
+        ramp = self.start_lr + (peak - self.start_lr) * ops.clip(
             step / float(self.warmup_steps), 0.0, 1.0)
-        after = _as_lr(self.schedule, step - float(self.warmup_steps))
-        return tf.where(step < self.warmup_steps, ramp, after)
+        after = _as_lr(self.schedule, step - float(self.warmup_steps), ops)
+        return ops.where(step < self.warmup_steps, ramp, after)
 
     def get_config(self) -> dict[str, Any]:
         return {"schedule": _serialize(self.schedule), "warmup_steps": self.warmup_steps,
@@ -296,8 +327,8 @@ class Scaled(Schedule):
         self.schedule = _deserialize(schedule)
         self.factor = _number(factor, "factor")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
-        return _as_lr(self.schedule, step) * self.factor
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+        return _as_lr(self.schedule, step, ops) * self.factor
 
     def get_config(self) -> dict[str, Any]:
         return {"schedule": _serialize(self.schedule), "factor": self.factor}
@@ -315,7 +346,7 @@ class Constant(Schedule):
     def __init__(self, value: float) -> None:
         self.value = _number(value, "value")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
         return self.value + 0.0 * step
 
     def get_config(self) -> dict[str, Any]:
@@ -338,17 +369,17 @@ class FunctionSchedule(Schedule):
         if not callable(self.function):
             raise ValueError(f"function={function!r} must be callable as function(step)")
 
-    def lr(self, step: tf.Tensor) -> tf.Tensor:
-        return tf.cast(self.function(step), tf.float32)
+    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+        return ops.const(self.function(step))
 
     def get_config(self) -> dict[str, Any]:
         return {"function": _serialize(self.function)}
 
 
-def _as_lr(schedule: Any, step: tf.Tensor) -> tf.Tensor:
+def _as_lr(schedule: Any, step: Any, ops: Any = _TFOps) -> Any:
     if isinstance(schedule, Schedule):
-        return schedule.lr(step)
-    return tf.cast(schedule(step), tf.float32)  # a foreign Keras schedule
+        return schedule.lr(step, ops)
+    return ops.const(schedule(step))  # a foreign Keras schedule (TensorFlow ops)
 
 
 def schedule_value(value: Any, step: Any) -> Any:
