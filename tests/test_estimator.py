@@ -473,3 +473,15 @@ def test_regression_model_func_reports_exact_mse_and_mae(tmp_path):
     assert abs(result["mae"] - np.mean(np.abs(predicted - y))) < 1e-6
     assert result["loss"] == pytest.approx(result["mse"], rel=1e-6)
     assert result["mse"] < np.mean((y - y.mean()) ** 2) / 10  # it learned the line
+
+
+def test_steps_on_a_resumed_work_dir_count_from_the_restored_step(tmp_path):
+    """train(steps=N) runs N more steps, also when the first call restores a checkpoint."""
+    x, y = h.make_data(64)
+    kwargs = dict(trn_bs=32, verbose=False)
+    fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), **kwargs).train(
+        h.train_input(x, y), steps=10)
+    resumed = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), **kwargs)
+    resumed.train(h.train_input(x, y), steps=3)
+    assert resumed.global_step == 13
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-13")

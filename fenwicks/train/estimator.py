@@ -371,15 +371,19 @@ class Estimator:
         self._train_input = (input_fn, iterator)
         return iterator
 
-    def _target_step(self, steps: int | None, max_steps: int | None) -> int:
+    @staticmethod
+    def _check_steps(steps: int | None, max_steps: int | None) -> None:
         if steps is None and max_steps is None:
             raise ValueError("give train() steps=N (N more steps) or max_steps=M (stop at "
                              "global step M), e.g. steps=est.config.steps_per_epoch")
         if steps is not None and max_steps is not None:
             raise ValueError(f"give steps={steps} or max_steps={max_steps}, not both")
-        if steps is not None:
-            return self.global_step + _positive_int("steps", steps)
-        return _positive_int("max_steps", max_steps)
+        _positive_int("steps" if steps is not None else "max_steps",
+                      steps if steps is not None else max_steps)
+
+    def _target_step(self, steps: int | None, max_steps: int | None) -> int:
+        """Only valid once the model is built: a resumed run's step is known then."""
+        return self.global_step + steps if steps is not None else max_steps
 
     def _save(self) -> None:
         if self._manager.latest_checkpoint and self._manager.latest_checkpoint.endswith(
@@ -415,9 +419,10 @@ class Estimator:
             >>> est.train(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
             ...           max_steps=1000)
         """
-        target = self._target_step(steps, max_steps)
+        self._check_steps(steps, max_steps)
         self._reload_if_stale()
-        iterator = self._train_iterator(input_fn)
+        iterator = self._train_iterator(input_fn)  # builds, restoring work_dir's step
+        target = self._target_step(steps, max_steps)
         if self.global_step >= target:
             logger.info("fenwicks: already at step %d >= %d; not training",
                         self.global_step, target)
