@@ -12,8 +12,10 @@ depends on lives in ``work_dir``'s checkpoints, so a new estimator there continu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import gc
 import logging
 import time
 import weakref
@@ -195,6 +197,23 @@ def _head(elem: Any, rows: int) -> Any:
 
 # --------------------------------------------------------------------------- the estimator
 
+_live_estimators: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _release_input_iterators() -> None:
+    """Drops every estimator's live input iterator while the interpreter is still whole.
+
+    A distributed tf.data iterator left to interpreter shutdown sometimes blocks forever
+    in its destructor, waiting on its own prefetch threads (seen with TF 2.21 under load,
+    mostly with pipelines that call back into Python such as `fw.data.numpy_ds`);
+    releasing it from an atexit hook, before modules are torn down, avoids that.
+    """
+    for estimator in list(_live_estimators):
+        estimator._train_input = None
+    gc.collect()
+
+
 
 class Estimator:
     """Trains, evaluates, predicts and exports one model; see `get_tpu_estimator`.
@@ -220,6 +239,7 @@ class Estimator:
         self._writers: dict[str, Any] = {}
         # Eval input_fns whose labels were checked (weak: a new lambda may reuse an id).
         self._checked_inputs: weakref.WeakSet = weakref.WeakSet()
+        _live_estimators.add(self)
 
     # ---------------------------------------------------------------- public state
 
