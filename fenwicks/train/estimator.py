@@ -191,6 +191,29 @@ def _zeros_like_spec(spec: Any) -> Any:
                                  spec)
 
 
+def build_model(model_func: ModelFunc, params: dict, precision: str,
+                features_spec: Any) -> tuple[ModelSpec, Any]:
+    """Calls `model_func`; builds the model and the optimizer's slots.
+
+    Shared by the estimator and `find_lr`, which call it inside the strategy's scope and
+    under the precision policy. Returns the spec and the optimizer to step with (wrapped
+    in a `LossScaleOptimizer` under float16).
+    """
+    spec = model_func(params)
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"model_func returned {type(spec).__name__}; it must return "
+                         "fw.train.ModelSpec (e.g. from fw.train.get_clf_model_func)")
+    if not spec.model.built:
+        spec.model(_zeros_like_spec(features_spec), training=False)
+    optimizer = spec.optimizer
+    if precision == "float16" and not isinstance(
+            optimizer, keras.optimizers.LossScaleOptimizer):
+        # float16 gradients underflow without a loss scale; bfloat16 has float32's range.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer.build(spec.model.trainable_variables)
+    return spec, optimizer
+
+
 def _head(elem: Any, rows: int) -> Any:
     return tf.nest.map_structure(lambda t: t[:rows], elem)
 
@@ -298,20 +321,9 @@ class Estimator:
         self._spec = spec
 
     def _create_model(self, features_spec: Any, mode: str) -> tuple[ModelSpec, Any]:
-        """Calls model_func; builds the model and the optimizer's slots."""
-        spec = self._model_func(self._params(mode, self.config.train_batch_size))
-        if not isinstance(spec, ModelSpec):
-            raise ValueError(f"model_func returned {type(spec).__name__}; it must return "
-                             "fw.train.ModelSpec")
-        if not spec.model.built:
-            spec.model(_zeros_like_spec(features_spec), training=False)
-        optimizer = spec.optimizer
-        if self.config.precision == "float16" and not isinstance(
-                optimizer, keras.optimizers.LossScaleOptimizer):
-            # float16 gradients underflow without a loss scale; bfloat16 has float32's range.
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(spec.model.trainable_variables)
-        return spec, optimizer
+        return build_model(self._model_func,
+                           self._params(mode, self.config.train_batch_size),
+                           self.config.precision, features_spec)
 
     def _scratch_dir(self) -> str | None:
         return self.config.work_dir + "/.probe" if self._acc.is_remote else None

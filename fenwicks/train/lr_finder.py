@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.train import inputs, loops
-from fenwicks.train.estimator import _precision_policy, _zeros_like_spec
+from fenwicks.train.estimator import _precision_policy, build_model
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.schedules import Schedule, _number, _register, _steps
 
@@ -131,18 +131,8 @@ def _build(acc: accel.Accelerator, model_func: Callable, batch_size: int,
     if seed is not None:
         keras.utils.set_random_seed(seed)
     with acc.strategy.scope(), _precision_policy(acc.precision):
-        spec = model_func(_params(acc, batch_size, seed))
-        if not isinstance(spec, ModelSpec):
-            raise ValueError(f"model_func returned {type(spec).__name__}; it must return "
-                             "fw.train.ModelSpec (e.g. from fw.train.get_clf_model_func)")
-        if not spec.model.built:
-            spec.model(_zeros_like_spec(features_spec), training=False)
-        optimizer = spec.optimizer
-        if acc.precision == "float16" and not isinstance(
-                optimizer, keras.optimizers.LossScaleOptimizer):
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(spec.model.trainable_variables)
-    return spec, optimizer
+        return build_model(model_func, _params(acc, batch_size, seed), acc.precision,
+                           features_spec)
 
 
 def _suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, float | None]:

@@ -116,6 +116,12 @@ class _DecayMixin:
                           _check_number(clip_norm, "clip_norm", low_inclusive=False))
         self._decay_flags: list[bool] = []
 
+    def build(self, variables: Sequence[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)  # the Keras optimizer's own slots
+        self._build_decay(variables)
+
     def _build_decay(self, variables: Sequence[Any]) -> None:
         paths = [getattr(v, "path", v.name) for v in variables]
         compiled = [re.compile(p) for p in self.exclude_from_wd]
@@ -194,7 +200,6 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
         if self.built:
             return
         super().build(variables)
-        self._build_decay(variables)
         self.velocities = self.add_optimizer_variables(variables, "velocity")
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
@@ -248,12 +253,6 @@ class AdamW(_DecayMixin, keras.optimizers.Adam):
         super().__init__(learning_rate=learning_rate, beta_1=beta1, beta_2=beta2,
                          epsilon=epsilon, weight_decay=wd if wd > 0 else None, **kwargs)
         self._init_decay(wd, exclude_from_wd, clip_norm)
-
-    def build(self, variables: Sequence[Any]) -> None:
-        if self.built:
-            return
-        super().build(variables)
-        self._build_decay(variables)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "beta1": self.beta_1, "beta2": self.beta_2,
