@@ -23,6 +23,9 @@ setup(
     install_requires=[
         "keras>=3.0",
         "tensorflow-datasets>=4.9",
+        # tensorflow-datasets 4.9 imports it (lazily, when a dataset builder is used) but
+        # declares it only for Python < 3.9: without it tfds.load('mnist') fails at once.
+        "importlib_resources>=5",
         "numpy>=1.24",
         "gcsfs>=2024.2",
         "tensorboard>=2.16",

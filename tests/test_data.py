@@ -1,5 +1,5 @@
 """fw.data: exactness, determinism, sharding, caching, TFRecord writing and checking,
-tfds through mock data, a gs:// round trip on the emulator, and every bad input."""
+a gs:// round trip on the emulator, and every bad input."""
 
 from __future__ import annotations
 
@@ -409,23 +409,7 @@ def test_data_dir_bad_split(tmp_path, kwargs, error, match):
         fw.data.data_dir_tfrecord(str(tmp_path / "imgs"), train, **kwargs)
 
 
-# --------------------------------------------------------------------------- tfds, gs://
-
-
-def test_tfds_through_mock_data():
-    import tensorflow_datasets as tfds
-
-    with tfds.testing.mock_data(num_examples=20):
-        reference = list(tfds.load("mnist", split="train", as_supervised=True)
-                         .as_numpy_iterator())
-        images, labels = _collect(fw.data.tfds_ds("mnist", "train", 8, training=False))
-        train = fw.data.tfds_ds("mnist", "train", 8, training=True, seed=0)
-        train_batches = _collect(train, 3)[1]
-    assert [len(b) for b in labels] == [8, 8, 4]
-    got = sorted((int(y), x.tobytes()) for x, y in zip(np.concatenate(images),
-                                                       np.concatenate(labels), strict=True))
-    assert got == sorted((int(y), x.tobytes()) for x, y in reference)
-    assert [len(b) for b in train_batches] == [8, 8, 8]  # repeats, drop_remainder
+# ------------------------------------------------ gs://, TPU nodes (tfds: test_tfds.py)
 
 
 def test_gcs_round_trip(gcs_emulator):
@@ -489,7 +473,7 @@ def test_remote_tpu_gets_graph_constants_and_a_clear_limit(remote_tpu):
 
 
 def test_tfds_dir_follows_the_storage_rule(remote_tpu, monkeypatch):
-    from fenwicks.data.readers import _tfds_dir
+    from fenwicks.data.tfds_source import _tfds_dir
 
     monkeypatch.delenv("FENWICKS_ROOT", raising=False)
     monkeypatch.setenv("FENWICKS_BUCKET", "my-bucket")

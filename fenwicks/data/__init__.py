@@ -11,13 +11,14 @@ Training datasets are shuffled, repeated and have a static batch size; evaluatio
 datasets are one exact pass that keeps the last partial batch.
 
 Modules: `arrays` (numpy_ds), `records` (writing TFRecords), `parsers`, `readers`
-(tfrecord_ds, tfds_ds), `scan` (checking files), `pipeline` (the shared tail).
+(tfrecord_ds), `tfds_source` (tensorflow-datasets), `scan` (checking files), `pipeline`
+(the shared tail).
 """
 
 from fenwicks.data._checks import RecordError
 from fenwicks.data.arrays import numpy_ds
 from fenwicks.data.parsers import tfexample_image_parser, tfexample_numpy_image_parser
-from fenwicks.data.readers import count_records, match_files, tfds_ds, tfrecord_ds
+from fenwicks.data.readers import count_records, match_files, tfrecord_ds
 from fenwicks.data.records import (
     data_dir_tfrecord,
     files_tfrecord,
@@ -26,8 +27,15 @@ from fenwicks.data.records import (
     shard_paths,
 )
 from fenwicks.data.scan import FileScan, scan_tfrecord
+from fenwicks.data.tfds_source import (
+    DatasetUnavailableError,
+    tfds_builder,
+    tfds_ds,
+    tfds_load,
+)
 
 __all__ = [
+    "DatasetUnavailableError",
     "FileScan",
     "RecordError",
     "count_records",
@@ -39,7 +47,9 @@ __all__ = [
     "numpy_tfrecord",
     "scan_tfrecord",
     "shard_paths",
+    "tfds_builder",
     "tfds_ds",
+    "tfds_load",
     "tfexample_image_parser",
     "tfexample_numpy_image_parser",
     "tfrecord_ds",

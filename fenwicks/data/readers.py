@@ -1,4 +1,4 @@
-"""`tfrecord_ds` and `tfds_ds`: files to batches fast enough that training never waits."""
+"""`tfrecord_ds`: TFRecord files to batches fast enough that training never waits."""
 
 from __future__ import annotations
 
@@ -244,56 +244,6 @@ def _interleave(files: list[str], takes: list[int], training: bool, seed: int | 
                             num_parallel_calls=pipeline.AUTOTUNE, deterministic=deterministic)
 
 
-def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
-            data_dir: str | None = None, shuffle_buf_sz: int = 10_000,
-            cache: bool | str = False, transform: pipeline.Transform | None = None,
-            batch_transform: pipeline.Transform | None = None, *,
-            augmented_epochs: int = 0, seed: int | None = None,
-            deterministic: bool | None = None,
-            input_context: tf.distribute.InputContext | None = None,
-            download: bool = True) -> tf.data.Dataset:
-    """A dataset of ``(image, label)`` batches from tensorflow-datasets.
-
-    The same pipeline as `tfrecord_ds` after reading: cache, shuffle, repeat, augment,
-    batch, prefetch.
-
-    Args:
-        name: a tfds name, e.g. ``'cifar10'``.
-        split: e.g. ``'train'``, ``'test'``, ``'train[:90%]'``.
-        batch_size: examples per batch (per replica inside an estimator input_fn).
-        training: training or a single evaluation pass.
-        data_dir: where tfds keeps its files. Defaults to None: tfds' default locally;
-            on a TPU reached over the network (it reads only gs://),
-            ``fw.io.default_root() + '/tensorflow_datasets'`` (the bucket).
-        download: let tfds download and prepare the data if absent. Defaults to True.
-        shuffle_buf_sz, cache, transform, batch_transform, augmented_epochs, seed,
-            deterministic, input_context: as in `tfrecord_ds`.
-
-    Returns:
-        A `tf.data.Dataset` of ``(image, label)`` batches (labels int64 as tfds gives them).
-
-    Example:
-        >>> ds = fw.data.tfds_ds('cifar10', 'train', 128, data_dir='gs://bucket/tfds')
-    """
-    import tensorflow_datasets as tfds
-
-    batch_size, cache = _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
-                                       training)
-    data_dir = _tfds_dir(data_dir)
-    deterministic = pipeline.default_deterministic(deterministic, seed, training)
-    read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=seed,
-                                  interleave_cycle_length=16,
-                                  try_autocache=False)
-    ds = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
-                   shuffle_files=training, read_config=read_config, download=download)
-    num_pipelines, pipeline_id = pipeline_shard(input_context)
-    suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
-    return pipeline.finish(ds, batch_size=batch_size, training=training,
-                           shuffle_buf_sz=shuffle_buf_sz, cache=cache, transform=transform,
-                           batch_transform=batch_transform, augmented_epochs=augmented_epochs,
-                           seed=seed, deterministic=deterministic, cache_suffix=suffix)
-
-
 def _remote() -> bool:
     return accel.is_initialized() and accel.current().is_remote
 
@@ -306,11 +256,3 @@ def _check_reachable(path: str | Sequence[str], name: str) -> None:
         raise ValueError(f"{name}={local[0]!r} is local, but this TPU is reached over the "
                          "network and reads only gs:// paths; copy the files to a bucket "
                          "first, e.g. fw.io.stage(local_path, project)")
-
-
-def _tfds_dir(data_dir: str | None) -> str | None:
-    """tfds' own default locally; ``<storage root>/tensorflow_datasets`` on a TPU node."""
-    if data_dir is None:
-        return fw_io.join(fw_io.default_root(), "tensorflow_datasets") if _remote() else None
-    _check_reachable(data_dir, "data_dir")
-    return data_dir
