@@ -48,7 +48,8 @@ class Accelerator:
         memory: bytes of memory per device where known, else None.
         num_workers: hosts in the cluster (1 unless multi-worker or a TPU pod).
         simulated: True under ``cpu:N`` with N > 1 (logical CPU devices).
-        reason: how the choice was made, for `fw.info()` and logs.
+        reason: why this accelerator, in words, for `fw.info()` and logs: who chose
+            (auto-detection, ``FENWICKS_DEVICE`` or `configure`) and what was found.
     """
 
     kind: str
@@ -80,6 +81,8 @@ class _Request:
     device: str = "auto"
     replicas: int | None = None
     precision: str = "auto"
+    # Who asked, for fw.info()'s "chosen by"; not part of the request's identity.
+    source: str = dataclasses.field(default="auto-detection", compare=False)
 
 
 _request = _Request()
@@ -141,7 +144,8 @@ def configure(device: str = "auto", replicas: int | None = None,
         raise ValueError(f"replicas={replicas!r} must be a positive integer")
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
-    new = _Request(kind, replicas, precision)
+    source = "auto-detection" if kind == "auto" else f"fw.accel.configure(device={device!r})"
+    new = _Request(kind, replicas, precision, source)
     if _current is not None and new != _request:
         raise AcceleratorError(
             f"the accelerator is already initialised as {_current.kind} with "
@@ -177,8 +181,9 @@ def _effective_request(env: Mapping[str, str]) -> _Request:
     if _request.device != "auto" or DEVICE_ENV not in env:
         return _request
     kind, replicas = parse_device(env[DEVICE_ENV])
+    source = "auto-detection" if kind == "auto" else f"{DEVICE_ENV}={env[DEVICE_ENV]}"
     return dataclasses.replace(_request, device=kind,
-                               replicas=_request.replicas or replicas)
+                               replicas=_request.replicas or replicas, source=source)
 
 
 # --------------------------------------------------------------------------- detection
@@ -282,13 +287,16 @@ def detect(request: _Request, probe: Any, env: Mapping[str, str] | None = None) 
     if wanted == "auto":
         steps.append(lambda: _try_multi_worker(probe, env))
     if wanted in ("auto", "gpu"):
-        steps.append(lambda: _try_gpu(probe, request.replicas))
+        steps.append(lambda: _try_gpu(probe, request.replicas, wanted == "auto"))
     if wanted in ("auto", "cpu"):
-        steps.append(lambda: _cpu(probe, request.replicas or 1))
+        steps.append(lambda: _cpu(probe, request.replicas or 1, wanted == "auto"))
     for step in steps:
         found = step()
         if found is not None:
-            return _with_precision(found, request.precision, probe)
+            # Read after the label "chosen by": "auto-detection: no TPU or GPU was found..."
+            reason = f"{request.source}: {found.reason}"
+            return _with_precision(dataclasses.replace(found, reason=reason),
+                                   request.precision, probe)
     raise AcceleratorError(
         f"device={wanted!r} was requested but no {wanted.upper()} was found; "
         f"check the runtime type (Colab: Runtime > Change runtime type), or use "
@@ -303,7 +311,8 @@ def _try_tpu_vm(probe: Any) -> Accelerator | None:
     except Exception as err:  # noqa: BLE001 - libtpu without a TPU, or a busy TPU
         logger.info("fenwicks: libtpu is installed but no local TPU answered: %s", err)
         return None
-    return _tpu(strategy, resolver, remote=False, reason="TPU VM (libtpu)")
+    return _tpu(strategy, resolver, remote=False,
+                reason="a TPU on this machine answered (a TPU VM, libtpu installed)")
 
 
 def _try_tpu_node(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
@@ -319,7 +328,9 @@ def _try_tpu_node(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
         raise AcceleratorError(
             f"{source}={env[source]!r} is set but the TPU there did not answer ({err}); "
             f"check the address, or unset {source} to use another device") from err
-    return _tpu(strategy, resolver, remote=True, reason=f"TPU node via {source}")
+    return _tpu(strategy, resolver, remote=True,
+                reason=f"{source} is set and the TPU node there answered (a TPU reached "
+                       "over the network: it reads and writes only gs://)")
 
 
 def _tpu(strategy: Any, resolver: Any, remote: bool, reason: str) -> Accelerator:
@@ -351,11 +362,11 @@ def _try_multi_worker(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
     task = config.get("task", {})
     return Accelerator(kind, strategy, replicas, "auto", devices=tuple(workers),
                        memory=(None,) * len(workers), num_workers=len(workers),
-                       reason=f"multi-worker TF_CONFIG, task {task.get('type')}:"
-                              f"{task.get('index')} of {len(workers)} workers")
+                       reason=f"TF_CONFIG describes a cluster; this is task {task.get('type')}:"
+                              f"{task.get('index')} of {len(workers)} workers training together")
 
 
-def _try_gpu(probe: Any, replicas: int | None) -> Accelerator | None:
+def _try_gpu(probe: Any, replicas: int | None, auto: bool = True) -> Accelerator | None:
     gpus = probe.gpus()
     if not gpus:
         return None
@@ -368,15 +379,19 @@ def _try_gpu(probe: Any, replicas: int | None) -> Accelerator | None:
     return Accelerator("gpu", strategy, len(gpus), "auto",
                        devices=tuple(g["name"] for g in gpus),
                        memory=tuple(g.get("memory") for g in gpus),
-                       reason=f"{kind} ({'OneDevice' if len(gpus) == 1 else 'Mirrored'}"
-                              "Strategy)")
+                       reason=("no TPU answered; " if auto else "")
+                              + f"TensorFlow sees {kind}, so "
+                              + ("it trains alone" if len(gpus) == 1 else
+                                 "they train in sync, one replica each"))
 
 
-def _cpu(probe: Any, replicas: int) -> Accelerator:
+def _cpu(probe: Any, replicas: int, auto: bool = True) -> Accelerator:
     strategy = probe.cpu_strategy(replicas)
     name = probe.cpu_name()
-    reason = ("CPU" if replicas == 1 else
-              f"CPU split into {replicas} logical devices (simulating {replicas} replicas)")
+    single = "no TPU or GPU was found, so the CPU" if auto else "the CPU, as asked"
+    reason = (single if replicas == 1 else
+              f"the CPU split into {replicas} logical devices, to simulate {replicas} "
+              "replicas as on a TPU (for testing: it is not faster)")
     return Accelerator("cpu", strategy, replicas, "auto",
                        devices=tuple(f"{name} (logical {i})" if replicas > 1 else name
                                      for i in range(replicas)),

@@ -163,6 +163,23 @@ def test_requested_gpu_skips_tpu_and_cpu():
     assert acc.kind == "gpu" and probe.tpu_addresses == []
 
 
+def test_reason_says_who_chose_and_what_was_found(monkeypatch):
+    assert accel.detect(AUTO, FakeProbe(), env={}).reason == \
+        "auto-detection: no TPU or GPU was found, so the CPU"
+    assert accel.detect(AUTO, FakeProbe(gpus=[V100, V100]), env={}).reason == \
+        "auto-detection: no TPU answered; TensorFlow sees 2 GPUs, so they train in sync, " \
+        "one replica each"
+    monkeypatch.setattr(accel, "_request", accel._Request())
+    monkeypatch.setattr(accel, "_current", None)  # whatever this process already uses
+    request = accel._effective_request({"FENWICKS_DEVICE": "cpu:4"})
+    assert accel.detect(request, FakeProbe(), env={}).reason.startswith(
+        "FENWICKS_DEVICE=cpu:4: the CPU split into 4 logical devices, to simulate 4 replicas")
+    accel.configure(device="cpu")
+    request = accel._effective_request({})
+    assert accel.detect(request, FakeProbe(), env={}).reason == \
+        "fw.accel.configure(device='cpu'): the CPU, as asked"
+
+
 @pytest.mark.parametrize("spec,expected", [
     ("cpu:8", ("cpu", 8)), ("CPU", ("cpu", None)), ("tpu", ("tpu", None)),
     (" gpu:2 ", ("gpu", 2)), ("auto", ("auto", None)),
