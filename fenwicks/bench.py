@@ -734,11 +734,11 @@ class Report:
     def table(self) -> str:
         """The report as fixed-column text."""
         lines = [
-            "Chained matrix products C <- C @ B; FLOPs per call = 2 * N^3 * reps * replicas.",
-            "TFLOPS: cold = first call, compilation included; min/median/max over the "
-            "warm calls;",
-            "x cpu, cold x = warm median / cold TFLOPS over the CPU's float32 warm median;"
-            " peak = theoretical (estimate).",
+            "What is timed: chains of N x N matrix products C <- C @ B, 'reps' products per "
+            "call;",
+            "each product is 2 * N^3 floating-point operations (FLOPs), on every replica. "
+            "TF = TFLOPS,",
+            "trillions of FLOPs per second: higher is faster.",
             f"host CPU    {self.cpu.describe()}",
             f"accelerator {self.accelerator}",
             "",
@@ -751,6 +751,7 @@ class Report:
             lines.append(f"\nTensorFlow CPU float32 / numpy (same N and reps, median of "
                          f"paired rounds): {self.tf_over_numpy:.2f}x")
         lines += [f"not run: {e}" for e in self.errors] + self._notes()
+        lines += ["", "Columns:"] + [f"  {name:<8} {meaning}" for name, meaning in LEGEND]
         return "\n".join(lines)
 
     def _notes(self) -> list[str]:
@@ -783,6 +784,25 @@ _SHORT_CALL_SECONDS = 0.02  # below this, per-call dispatch and sync overhead sh
 _HEADER = ("device", "dtype", "N", "reps", "cold s", "cold TF", "min TF", "med TF",
            "max TF", "cold x", "x cpu", "peak TF", "%peak")
 _WIDTHS = (14, 9, 6, 5, 8, 9, 9, 9, 9, 7, 7, 9, 6)
+# Printed under the table: every column in words, for someone new to benchmarks.
+LEGEND = (
+    ("device", "where it ran: cpu = all host cores as one device; the accelerator with "
+               "its replicas (x8 = 8 at once); numpy = the same chain in numpy, for reference"),
+    ("dtype", "number format: float32 (full precision); bfloat16 and float16 are 16-bit, "
+              "faster on hardware built for them"),
+    ("N", "matrix size: N x N"),
+    ("reps", "products chained in one timed call"),
+    ("cold s", "seconds of the first call, which includes compiling it"),
+    ("cold TF", "TFLOPS of that first call"),
+    ("min TF", "TFLOPS of the slowest warm call (every call after the first)"),
+    ("med TF", "median TFLOPS of the warm calls: the speed to expect"),
+    ("max TF", "TFLOPS of the fastest warm call"),
+    ("cold x", "cold TF / the CPU float32 med TF"),
+    ("x cpu", "med TF / the CPU float32 med TF: times faster than the plain CPU"),
+    ("peak TF", "the device's theoretical maximum: datasheet for TPUs and GPUs, estimated "
+                "(cores x clock x FLOPs per cycle) for the CPU"),
+    ("%peak", "med TF as a share of peak TF: how much of the hardware the code uses"),
+)
 
 
 def _row(cells: Sequence[str]) -> str:

@@ -209,6 +209,17 @@ def test_table_shape_and_speedups():
     assert json.loads(json.dumps(report.as_dict()))["results"][1]["speedup"] == 20.0
 
 
+def test_table_explains_every_column_in_words():
+    info = bench.CpuInfo("Test CPU", 2, 2.5, "test", "AVX2+FMA", 32, 32)
+    table = bench.Report(info, "none (CPU only)", False,
+                         (_row("cpu", "cpu", "float32", 0.02),)).table()
+    legend = table.split("\nColumns:\n", 1)[1].splitlines()
+    assert [line.split("  ")[1].strip() for line in legend] == list(bench._HEADER)
+    explained = dict(bench.LEGEND)
+    assert "compiling" in explained["cold s"] and "median" in explained["med TF"]
+    assert "TFLOPS" in table.split("\n\n", 1)[0]  # the unit is spelled out above the table
+
+
 # ---------------------------------------------------------------------- bad input
 
 
