@@ -196,11 +196,27 @@ def _build_chain(parts: list[keras.layers.Layer], shape: Any) -> Any:
 
 
 class _Block(keras.layers.Layer):
-    """A layer made of a list of sublayers applied in order; subclasses fill `_parts`."""
+    """A layer made of sublayers applied in order; subclasses register them with `_add`.
+
+    Each sublayer is stored as an attribute, never only in a list: TensorFlow's checkpoint
+    object graph follows attributes, but not the Python lists Keras 3 tracks (Keras's
+    ``TrackedList`` is not a TensorFlow ``Trackable``), so a sublayer kept in a list has
+    its variables in ``model.variables`` yet missing from ``tf.train.Checkpoint``.
+    """
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._parts: list[keras.layers.Layer] = []
+        self._part_names: tuple[str, ...] = ()
+
+    def _add(self, **parts: keras.layers.Layer) -> None:
+        """Adds `parts` (name -> layer), in order, after those added before."""
+        for name, part in parts.items():
+            setattr(self, name, part)
+        self._part_names = (*self._part_names, *parts)
+
+    @property
+    def _parts(self) -> list[keras.layers.Layer]:
+        return [getattr(self, name) for name in self._part_names]
 
     def build(self, input_shape: Any) -> None:
         # Built from shapes so that `from_config` + `build_config` restore real weights.
@@ -248,12 +264,12 @@ class ConvBN(_Block):
         self.kernel_size, self.strides = kernel_size, strides
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
-        self.conv = keras.layers.Conv2D(
-            c, kernel_size, strides=strides, padding="same", use_bias=False,
-            kernel_initializer=_initializer(self.kernel_initializer), dtype=self.dtype_policy)
-        self.norm = _batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy)
-        self.relu = keras.layers.ReLU(dtype=self.dtype_policy)
-        self._parts = [self.conv, self.norm, self.relu]
+        self._add(conv=keras.layers.Conv2D(
+                      c, kernel_size, strides=strides, padding="same", use_bias=False,
+                      kernel_initializer=_initializer(self.kernel_initializer),
+                      dtype=self.dtype_policy),
+                  norm=_batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy),
+                  relu=keras.layers.ReLU(dtype=self.dtype_policy))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "c": self.c, "kernel_size": self.kernel_size,
@@ -284,13 +300,17 @@ class ConvBlk(_Block):
         self.conv_args = dict(kernel_size=kernel_size, bn_mom=bn_mom, bn_eps=bn_eps,
                               bn=check_bn(bn),
                               kernel_initializer=_deserialize_initializer(kernel_initializer))
-        self.conv_bns = [ConvBN(c, dtype=self.dtype_policy, **self.conv_args)
-                         for _ in range(convs)]
+        self._add(**{f"conv_bn_{i}": ConvBN(c, dtype=self.dtype_policy, **self.conv_args)
+                     for i in range(convs)})
         if isinstance(pool, dict):
             pool = keras.saving.deserialize_keras_object(pool)
-        self.pool = pool if pool is not None else keras.layers.MaxPooling2D(
-            2, dtype=self.dtype_policy)
-        self._parts = [*self.conv_bns, self.pool]
+        self._add(pool=pool if pool is not None else keras.layers.MaxPooling2D(
+            2, dtype=self.dtype_policy))
+
+    @property
+    def conv_bns(self) -> list[ConvBN]:
+        """The `convs` ConvBN layers, in order."""
+        return [getattr(self, f"conv_bn_{i}") for i in range(self.convs)]
 
     def get_config(self) -> dict[str, Any]:
         args = {**self.conv_args,
@@ -320,8 +340,13 @@ class ConvResBlk(ConvBlk):
                  **kwargs: Any) -> None:
         super().__init__(c, pool=pool, convs=convs, **kwargs)
         self.res_convs = _check_positive_int(res_convs, "res_convs")
-        self.res = [ConvBN(c, dtype=self.dtype_policy, **self.conv_args)
-                    for _ in range(res_convs)]
+        for i in range(res_convs):  # attributes, not a list: see `_Block`
+            setattr(self, f"res_{i}", ConvBN(c, dtype=self.dtype_policy, **self.conv_args))
+
+    @property
+    def res(self) -> list[ConvBN]:
+        """The residual branch's `res_convs` ConvBN layers, in order."""
+        return [getattr(self, f"res_{i}") for i in range(self.res_convs)]
 
     def build(self, input_shape: Any) -> None:
         _build_chain(self.res, _build_chain(self._parts, input_shape))
@@ -359,13 +384,13 @@ class DenseBN(_Block):
         self.c, self.drop_rate = _check_positive_int(c, "c"), float(drop_rate)
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
-        self._parts = [
-            keras.layers.Dense(c, use_bias=False, dtype=self.dtype_policy,
-                               kernel_initializer=_initializer(self.kernel_initializer)),
-            _batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy),
-            keras.layers.ReLU(dtype=self.dtype_policy)]
+        self._add(dense=keras.layers.Dense(
+                      c, use_bias=False, dtype=self.dtype_policy,
+                      kernel_initializer=_initializer(self.kernel_initializer)),
+                  norm=_batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy),
+                  relu=keras.layers.ReLU(dtype=self.dtype_policy))
         if drop_rate > 0:
-            self._parts.append(keras.layers.Dropout(drop_rate, dtype=self.dtype_policy))
+            self._add(dropout=keras.layers.Dropout(drop_rate, dtype=self.dtype_policy))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "c": self.c, "bn_mom": self.bn_mom,

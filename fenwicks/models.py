@@ -135,14 +135,22 @@ class ResBlock(keras.layers.Layer):
         self.conv1 = layers.ConvBN(c, 3, strides=strides, bn=bn, dtype=policy)
         self.conv2 = keras.layers.Conv2D(c, 3, padding="same", use_bias=False, dtype=policy)
         self.norm2 = layers.BatchNorm(mode=bn, dtype=policy)
-        self.shortcut: list[keras.layers.Layer] = []
+        # Attributes, not a list: TensorFlow's checkpoint graph does not follow the lists
+        # Keras 3 tracks (see `fw.layers`). None when the shortcut is the identity.
+        self.shortcut_conv: keras.layers.Layer | None = None
+        self.shortcut_norm: keras.layers.Layer | None = None
+
+    @property
+    def shortcut(self) -> list[keras.layers.Layer]:
+        """The projection (1x1 conv, BatchNorm) or [] for the identity; set by `build`."""
+        return [p for p in (self.shortcut_conv, self.shortcut_norm) if p is not None]
 
     def build(self, input_shape: Any) -> None:
         if input_shape[-1] != self.c or self.strides != 1:
             policy = self.dtype_policy
-            self.shortcut = [keras.layers.Conv2D(self.c, 1, strides=self.strides,
-                                                 use_bias=False, dtype=policy),
-                             layers.BatchNorm(mode=self.bn, dtype=policy)]
+            self.shortcut_conv = keras.layers.Conv2D(self.c, 1, strides=self.strides,
+                                                     use_bias=False, dtype=policy)
+            self.shortcut_norm = layers.BatchNorm(mode=self.bn, dtype=policy)
         layers._build_chain([self.conv1, self.conv2, self.norm2], input_shape)
         layers._build_chain(self.shortcut, input_shape)
 

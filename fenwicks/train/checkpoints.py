@@ -1,11 +1,21 @@
 """Checkpoints: what is saved, safe resume, and warm start from another run.
 
-The checkpoint holds the model (TF's object graph under ``model/``), the optimizer's own
-slots (``optimizer_state/0000``...: a flat list, so the model's variables are always saved
-under ``model/`` and never under the optimizer's references to them), the random-number
-state of layers such as Dropout (Keras seed generators, which TF's object graph does not
-reach), ``global_step`` and ``input_steps`` (how far the training input has been read).
+A checkpoint holds every variable the next step depends on:
 
+* ``model/...``: the model through TensorFlow's object graph (readable keys, which warm
+  start matches by name);
+* ``model_extra/NNNN``: model variables that graph does not reach, keyed by their
+  position in ``model.variables``. Keras 3 tracks sublayers kept in Python lists and its
+  seed generators (Dropout's random state), but TensorFlow's checkpoint graph follows
+  neither, so a plain ``tf.train.Checkpoint(model=model)`` silently drops them. Fenwicks'
+  own layers keep sublayers in attributes; a user's layer that uses a list still has
+  every variable saved, with a warning that names them;
+* ``optimizer_state/NNNN``: the optimizer's own slots, a flat list (so the model's
+  variables are always saved under ``model/`` and never under the optimizer's references);
+* ``global_step`` and ``input_steps`` (how far the training input has been read).
+
+`make_checkpoint` checks that every one of these variables is reachable from the root
+and raises `CheckpointCoverageError` otherwise: no variable is ever dropped silently.
 Before anything is restored the checkpoint is compared with the model, so a work_dir that
 holds another model's checkpoint gives an error that names the variables, and nothing in
 it is overwritten.
@@ -17,6 +27,7 @@ import collections
 import logging
 import os
 import tempfile
+from collections.abc import Iterable
 from typing import Any
 
 import keras
@@ -27,24 +38,81 @@ logger = logging.getLogger("fenwicks")
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 # Bookkeeping entries that differ between any two checkpoints and say nothing about the model.
 _IGNORED_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter" + _VALUE_SUFFIX)
+_EXTRA = "model_extra"
 
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint's variables do not match the model being trained."""
 
 
-def _seed_states(model: keras.Model) -> list[Any]:
-    return [v for v in model.variables if v.path.endswith("seed_generator_state")]
+class CheckpointCoverageError(ValueError):
+    """A variable the next step depends on is not reachable from the checkpoint root."""
+
+
+def _ids(variable: Any) -> tuple[int, ...]:
+    """A Keras variable and the TensorFlow variable inside it (either may be tracked)."""
+    inner = getattr(variable, "value", None)
+    return (id(variable),) if inner is None else (id(variable), id(inner))
+
+
+def _reachable(root: Any) -> set[int]:
+    return {id(node) for node in tf.train.TrackableView(root).descendants()}
+
+
+def _unreached_model_variables(model: keras.Model) -> dict[int, Any]:
+    """Position in ``model.variables`` -> variable, for those the object graph misses."""
+    reached = _reachable(tf.train.Checkpoint(model=model))
+    return {i: v for i, v in enumerate(model.variables)
+            if not reached.intersection(_ids(v))}
+
+
+def _warn_unreached(extra: dict[int, Any]) -> None:
+    # Seed generators are never in TF's graph; that is Keras's design, not the user's.
+    named = [v.path for v in extra.values() if not v.path.endswith("seed_generator_state")]
+    if named:
+        logger.warning(
+            "fenwicks: %d model variable(s) are not reachable through TensorFlow's "
+            "checkpoint graph (a layer keeps sublayers in a Python list?): %s. They are "
+            "saved by position under %s/, so resuming is exact, but warm start from another "
+            "model cannot match them by name. To fix, assign each sublayer to its own "
+            "attribute (self.block_0 = ..., self.block_1 = ...)", len(named),
+            ", ".join(named[:8]) + (" ..." if len(named) > 8 else ""), _EXTRA)
 
 
 def make_checkpoint(model: keras.Model, optimizer: Any, global_step: tf.Variable,
                     input_steps: tf.Variable) -> tf.train.Checkpoint:
-    """The root object every Fenwicks checkpoint saves and restores."""
-    return tf.train.Checkpoint(
+    """The root object every Fenwicks checkpoint saves and restores.
+
+    Raises:
+        CheckpointCoverageError: if a model or optimizer variable, or a step counter,
+            is not reachable from the root (it would not be saved).
+    """
+    extra = _unreached_model_variables(model)
+    _warn_unreached(extra)
+    root = tf.train.Checkpoint(
         model=model,
+        model_extra={f"{i:04d}": v for i, v in extra.items()},
         optimizer_state={f"{i:04d}": v for i, v in enumerate(optimizer.variables)},
-        rng={f"{i:04d}": v for i, v in enumerate(_seed_states(model))},
         global_step=global_step, input_steps=input_steps)
+    check_coverage(root, [*model.variables, *optimizer.variables, global_step, input_steps])
+    return root
+
+
+def check_coverage(root: Any, variables: Iterable[Any]) -> None:
+    """Raises `CheckpointCoverageError` naming each of `variables` that `root` misses.
+
+    Example:
+        >>> check_coverage(tf.train.Checkpoint(model=model), model.variables)
+    """
+    reached = _reachable(root)
+    missing = [getattr(v, "path", v.name) for v in variables
+               if not reached.intersection(_ids(v))]
+    if missing:
+        raise CheckpointCoverageError(
+            f"{len(missing)} variable(s) would not be saved in the checkpoint: "
+            f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}. Nothing was "
+            "trained or written. If a layer of yours keeps sublayers or variables in a "
+            "container TensorFlow does not track, assign each to its own attribute")
 
 
 def latest(directory: str) -> str | None:
@@ -134,12 +202,13 @@ def model_variable_keys(model: keras.Model) -> dict[str, Any]:
     """Checkpoint key -> variable for every model variable, as in `make_checkpoint`.
 
     Walks TF's object graph breadth-first from the same root, as the saver does, so the
-    first path that reaches a variable is its key.
+    first path that reaches a variable is its key; the variables the graph misses get
+    their ``model_extra/NNNN`` keys.
     """
     root = tf.train.Checkpoint(model=model)
-    wanted = {id(v): v for v in model.variables}
-    wanted.update({id(v.value): v for v in model.variables if hasattr(v, "value")})
+    wanted = {i: v for v in model.variables for i in _ids(v)}
     keys: dict[str, Any] = {}
+    keyed: set[int] = set()
     seen, queue = {id(root)}, collections.deque([(root, "")])
     while queue:
         parent, path = queue.popleft()
@@ -148,9 +217,13 @@ def model_variable_keys(model: keras.Model) -> dict[str, Any]:
                 continue
             seen.add(id(child))
             child_path = f"{path}/{_escape(name)}" if path else _escape(name)
-            if id(child) in wanted:
-                keys[child_path + _VALUE_SUFFIX] = wanted[id(child)]
+            variable = wanted.get(id(child))
+            if variable is not None and id(variable) not in keyed:
+                keys[child_path + _VALUE_SUFFIX] = variable
+                keyed.add(id(variable))
             queue.append((child, child_path))
+    for i, variable in _unreached_model_variables(model).items():
+        keys[f"{_EXTRA}/{i:04d}{_VALUE_SUFFIX}"] = variable
     return keys
 
 
@@ -174,10 +247,17 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
     """
     prefix = resolve(source)
     reader = tf.train.load_checkpoint(prefix)
-    available = reader.get_variable_to_shape_map()
+    available = {k: tuple(v) for k, v in reader.get_variable_to_shape_map().items()}
+    keys = model_variable_keys(model)
+    # Extras are keyed by position, which only means the same variable in the same model:
+    # load them only if the source's extras have exactly our keys and shapes.
+    ours = {k: tuple(v.shape) for k, v in keys.items() if k.startswith(_EXTRA + "/")}
+    theirs = {k: v for k, v in available.items() if k.startswith(_EXTRA + "/")}
     report: dict[str, list[str]] = {"loaded": [], "not_loaded": []}
-    for key, variable in model_variable_keys(model).items():
-        if key in available and tuple(available[key]) == tuple(variable.shape):
+    for key, variable in keys.items():
+        if key.startswith(_EXTRA + "/") and ours != theirs:
+            report["not_loaded"].append(variable.path)
+        elif available.get(key) == tuple(variable.shape):
             variable.assign(reader.get_tensor(key))
             report["loaded"].append(variable.path)
         else:

@@ -214,6 +214,23 @@ def build_model(model_func: ModelFunc, params: dict, precision: str,
     return spec, optimizer
 
 
+@contextlib.contextmanager
+def _training_randomness_kept(model: keras.Model) -> Iterator[None]:
+    """Evaluation and prediction leave the training random state as it was.
+
+    Keras's recurrent layers advance their seed generator on every call, inference
+    included, so an evaluation between two training steps would change the next dropout
+    masks: a run that evaluates would no longer equal one that resumed from a checkpoint.
+    """
+    states = [v for v in model.variables if v.path.endswith("seed_generator_state")]
+    saved = [v.numpy() for v in states]
+    try:
+        yield
+    finally:
+        for variable, value in zip(states, saved, strict=True):
+            variable.assign(value)
+
+
 def _head(elem: Any, rows: int) -> Any:
     return tf.nest.map_structure(lambda t: t[:rows], elem)
 
@@ -374,7 +391,7 @@ class Estimator:
         ValueError for out-of-range labels (compiled, they can only return NaN)."""
         for features, labels in dataset.take(1):
             features, labels = _head((features, labels), 64)
-            with self._strategy.scope():
+            with self._strategy.scope(), _training_randomness_kept(self._spec.model):
                 self._spec.loss_fn(labels, loops._float32(
                     self._spec.model(features, training=False)))
 
@@ -593,7 +610,8 @@ class Estimator:
             dataset = self._padded_dataset(input_fn, global_batch, "eval", steps)
             loop = self._loop("eval", lambda: loops.make_eval_loop(
                 self._strategy, self._spec, self.config.jit_compile))
-            per_step = loop(dataset).numpy().astype(np.float64)
+            with _training_randomness_kept(self._spec.model):
+                per_step = loop(dataset).numpy().astype(np.float64)
             width = 2 + len(self._spec.metric_fns)  # loss, metrics, count
             return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
 
@@ -631,7 +649,8 @@ class Estimator:
             dataset = self._padded_dataset(input_fn, global_batch, "predict", None)
             loop = self._loop("predict", lambda: loops.make_predict_loop(
                 self._strategy, self._spec, self.config.jit_compile))
-            return loop(iter(dataset))
+            with _training_randomness_kept(self._spec.model):
+                return loop(iter(dataset))
 
         results = self._with_smaller_batches(run, self.config.predict_batch_size,
                                              "prediction")
