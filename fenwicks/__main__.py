@@ -1,45 +1,111 @@
-"""Command line: ``python -m fenwicks info|demo|bench``."""
+"""Command line: ``python -m fenwicks info|demo|bench``.
+
+A user error (a bad option, a bad ``FENWICKS_DEVICE``, an absent accelerator, a work dir
+that is a file, a missing optional package) is one line on stderr and exit status 2;
+``--debug`` shows the traceback instead. Anything else is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
+EXIT_USER_ERROR = 2  # what argparse uses for bad options; the same for every user error
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fenwicks", description=__doc__)
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option in one line (not a usage block) and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        name = self.prog.replace("python -m ", "")
+        self.exit(EXIT_USER_ERROR, f"{name}: error: {message} (see {self.prog} --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    debug = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a sub-command's default must not overwrite `--debug` given before it.
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback of an error")
+    parser = _Parser(prog="python -m fenwicks", description=__doc__.split("\n")[0])
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="show the full traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("info", help="print devices, strategy, precision and storage")
-    demo = commands.add_parser("demo", help="train the tutorial-1 net on bundled digits")
+    commands.add_parser("info", parents=[debug],
+                        help="print devices, strategy, precision and storage")
+    demo = commands.add_parser("demo", parents=[debug],
+                               help="train the tutorial-1 net on bundled digits")
     demo.add_argument("--epochs", type=int, default=None,
                       help="passes over the training digits (default 12)")
     demo.add_argument("--batch-size", type=int, default=None,
                       help="global batch size, divisible by the replicas (default 64)")
     demo.add_argument("--work-dir", default=None,
                       help="checkpoints and TensorBoard logs, local or gs://; a run there "
-                           "is resumed (default: a fresh <storage root>/work/demo)")
-    bench = commands.add_parser("bench", help="matmul TFLOPS on CPU and accelerators")
+                           "is resumed (default: <storage root>/work/demo)")
+    demo.add_argument("--fresh", action="store_true",
+                      help="delete the previous run in the work dir and start over")
+    bench = commands.add_parser("bench", parents=[debug],
+                                help="matmul TFLOPS on CPU and accelerators")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.add_argument("--n", type=int, default=None, help="matrix size N (N x N)")
     bench.add_argument("--repeats", type=int, default=None,
                        help="chained products per timed call")
     bench.add_argument("--trials", type=int, default=5,
                        help="timed calls per row (min/median/max)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean the request or the environment is wrong, not Fenwicks."""
+    basic = (ValueError, ImportError, OSError)
+    try:
+        import tensorflow as tf
+
+        from fenwicks import accel
+    except ImportError:  # no TensorFlow: `import fenwicks` said what to install
+        return basic
+    return (*basic, accel.AcceleratorError, tf.errors.NotFoundError,
+            tf.errors.PermissionDeniedError, tf.errors.FailedPreconditionError,
+            tf.errors.AlreadyExistsError)
+
+
+def _one_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def _run(args: argparse.Namespace) -> int:
     import fenwicks as fw
 
     if args.command == "info":
         fw.info()
     elif args.command == "demo":
-        from fenwicks import demo as demo_module
+        from fenwicks import demo
 
-        return demo_module.run(epochs=args.epochs, batch_size=args.batch_size,
-                               work_dir=args.work_dir)
+        demo.report(epochs=args.epochs, batch_size=args.batch_size, work_dir=args.work_dir,
+                    fresh=args.fresh)
     elif args.command == "bench":
-        return fw.bench.main(json_output=args.json, n=args.n, repeats=args.repeats,
-                             trials=args.trials)
+        report = fw.bench.run(n=args.n, repeats=args.repeats, trials=args.trials)
+        print(json.dumps(report.as_dict()) if args.json else report.table())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"fenwicks {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:
+        if args.debug or not isinstance(err, _user_errors()):
+            raise
+        print(f"fenwicks {args.command}: error: {_one_line(err)} (--debug shows where)",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

@@ -5,11 +5,15 @@ the estimator on whatever accelerator is present, with the progress bar. It prin
 exact test accuracy, the training speed, and where checkpoints and TensorBoard logs are.
 
     python -m fenwicks demo --epochs 12 --batch-size 64 --work-dir /tmp/demo
+
+A second run on the same work dir resumes the first (it says so, and at which step);
+``--fresh`` deletes the previous run and starts over.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import sys
 import time
@@ -56,14 +60,40 @@ def _positive_int(name: str, value: Any, example: int) -> int:
     return value
 
 
-def _check_args(epochs: Any, batch_size: Any) -> tuple[int, int]:
+def _check_args(epochs: Any, batch_size: Any,
+                work_dir: str | None = None) -> tuple[int, int]:
     """Validated (epochs, batch_size): before any device is touched or anything compiles."""
     epochs = _positive_int("epochs", epochs, DEFAULT_EPOCHS)
     batch_size = _positive_int("batch_size", batch_size, DEFAULT_BATCH_SIZE)
     if batch_size > NUM_TRAIN:
         raise ValueError(f"batch_size={batch_size} exceeds the {NUM_TRAIN} training "
                          f"digits; use --batch-size {DEFAULT_BATCH_SIZE}")
+    if work_dir is not None:
+        import tensorflow as tf
+
+        if tf.io.gfile.exists(work_dir) and not tf.io.gfile.isdir(work_dir):
+            raise NotADirectoryError(f"work_dir={work_dir!r} is a file; give a directory "
+                                     "for checkpoints and logs (created if missing)")
     return epochs, batch_size
+
+
+def default_work_dir() -> str:
+    """``<storage root>/work/demo`` (`fw.io.get_project_dirs`), created if missing."""
+    from fenwicks import io
+
+    return io.get_project_dirs(None, PROJECT)[1]
+
+
+def checkpoint_step(work_dir: str) -> int | None:
+    """The step of the latest checkpoint in ``work_dir``, or None if it holds none.
+
+    The estimator names its checkpoints ``ckpt-<global step>``.
+    """
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(work_dir)
+    match = re.search(r"-(\d+)$", latest or "")
+    return int(match.group(1)) if match else None
 
 
 def load_digits(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -130,8 +160,8 @@ def train_demo(epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH_SIZ
         epochs: passes over the 1,347 training digits. Defaults to 12.
         batch_size: global batch size, divisible by the number of replicas.
             Defaults to 64.
-        work_dir: checkpoints and logs; a run there is resumed. Defaults to a fresh
-            ``<storage root>/work/demo`` (`fw.io.get_project_dirs`).
+        work_dir: checkpoints and logs; a run there is resumed. Defaults to
+            ``<storage root>/work/demo`` (`fw.io.get_project_dirs`), resumed too.
 
     Returns:
         A `DemoResult`.
@@ -140,12 +170,11 @@ def train_demo(epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH_SIZ
         >>> train_demo(epochs=2).accuracy
         0.93
     """
-    from fenwicks import accel, data, io
+    from fenwicks import accel, data
 
-    epochs, batch_size = _check_args(epochs, batch_size)
+    epochs, batch_size = _check_args(epochs, batch_size, work_dir)
     X_train, y_train, X_test, y_test = load_digits()
-    if work_dir is None:  # ours: start clean, so the demo always trains
-        work_dir = io.create_clean_dir(io.get_project_dirs(None, PROJECT)[1])
+    work_dir = default_work_dir() if work_dir is None else work_dir
     steps_per_epoch = len(X_train) // batch_size
     est = _estimator(work_dir, steps_per_epoch, epochs * steps_per_epoch, batch_size,
                      len(X_test), accel.current().num_replicas)
@@ -163,35 +192,44 @@ def train_demo(epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH_SIZ
                       int(result["global_step"]), work_dir)
 
 
-def run(epochs: int | None = None, batch_size: int | None = None,
-        work_dir: str | None = None) -> int:
-    """``python -m fenwicks demo``: trains, then prints accuracy, speed and paths.
+def report(epochs: int | None = None, batch_size: int | None = None,
+           work_dir: str | None = None, fresh: bool = False) -> DemoResult:
+    """Trains like `train_demo`, printing where it starts, then accuracy, speed and paths.
 
     Args:
         epochs: see `train_demo`. Defaults to 12.
         batch_size: see `train_demo`. Defaults to 64.
-        work_dir: see `train_demo`. Defaults to a fresh ``<storage root>/work/demo``.
+        work_dir: see `train_demo`. Defaults to ``<storage root>/work/demo``.
+        fresh: delete the previous run in ``work_dir`` first. Defaults to False (resume).
 
     Returns:
-        The process exit status: 0, or 2 after printing what was wrong with the
-        arguments (no traceback: this is a command line).
+        The `DemoResult`.
+
+    Raises:
+        ValueError, NotADirectoryError, ImportError, fw.accel.AcceleratorError: for bad
+            arguments or environment, before anything is written or compiled.
 
     Example:
-        >>> run(epochs=12)   # prints "test accuracy 0.98..." among other lines
+        >>> report(epochs=12)   # prints "test accuracy 0.98..." among other lines
     """
-    from fenwicks import accel
+    from fenwicks import accel, io
 
-    try:
-        epochs, batch_size = _check_args(DEFAULT_EPOCHS if epochs is None else epochs,
-                                         DEFAULT_BATCH_SIZE if batch_size is None
-                                         else batch_size)
-        acc = accel.current()
-        print("Fenwicks demo: the tutorial-1 network on scikit-learn's handwritten digits")
-        print(f"accelerator      {acc.kind} x{acc.num_replicas}, {acc.precision}", flush=True)
-        result = train_demo(epochs, batch_size, work_dir)
-    except (ValueError, ImportError) as err:
-        print(f"fenwicks demo: error: {err}", file=sys.stderr)
-        return 2
+    epochs, batch_size = _check_args(DEFAULT_EPOCHS if epochs is None else epochs,
+                                     DEFAULT_BATCH_SIZE if batch_size is None else batch_size,
+                                     work_dir)
+    acc = accel.current()
+    print("Fenwicks demo: the tutorial-1 network on scikit-learn's handwritten digits")
+    print(f"accelerator      {acc.kind} x{acc.num_replicas}, {acc.precision}", flush=True)
+    work_dir = default_work_dir() if work_dir is None else work_dir
+    step = None if fresh else checkpoint_step(work_dir)
+    if fresh:
+        io.create_clean_dir(work_dir)
+        print(f"starting fresh in {work_dir} (--fresh: the previous run there was deleted)")
+    elif step is None:
+        print(f"starting fresh in {work_dir}")
+    else:
+        print(f"resuming {work_dir} at step {step} (--fresh starts over)", flush=True)
+    result = train_demo(epochs, batch_size, work_dir)
     correct = round(result.accuracy * result.num_test)
     print(f"test accuracy    {result.accuracy:.4f} ({correct} of {result.num_test} test "
           "digits, each counted once)")
@@ -203,4 +241,24 @@ def run(epochs: int | None = None, batch_size: int | None = None,
               f"({result.global_step} steps in {result.seconds:.1f} s, compilation included)")
     print(f"checkpoints      {result.work_dir}")
     print(f"TensorBoard      tensorboard --logdir {result.work_dir}")
+    return result
+
+
+def run(epochs: int | None = None, batch_size: int | None = None,
+        work_dir: str | None = None, fresh: bool = False) -> int:
+    """`report`, with a user error printed as one line on stderr instead of raised.
+
+    Returns:
+        The process exit status: 0, or 2 after printing what was wrong.
+
+    Example:
+        >>> run(epochs=12)   # prints "test accuracy 0.98..." among other lines
+    """
+    from fenwicks import accel
+
+    try:
+        report(epochs, batch_size, work_dir, fresh)
+    except (ValueError, ImportError, OSError, accel.AcceleratorError) as err:
+        print(f"fenwicks demo: error: {err}", file=sys.stderr)
+        return 2
     return 0

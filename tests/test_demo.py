@@ -45,6 +45,7 @@ def test_demo_command_reaches_95_percent_in_time_and_says_where_its_files_are(tm
     assert seconds < TIME_LIMIT, f"the demo took {seconds:.0f} s"
     assert re.match(r"[0-9,]+ examples/s \(252 steps", _field(out, "training speed"))  # 12 x 21
     work_dir = str(tmp_path / "work" / "demo")
+    assert f"\nstarting fresh in {work_dir}\n" in out
     assert _field(out, "checkpoints") == work_dir
     assert _field(out, "TensorBoard") == f"tensorboard --logdir {work_dir}"
     files = [os.path.join(d, f) for d, _, names in os.walk(work_dir) for f in names]
@@ -52,6 +53,35 @@ def test_demo_command_reaches_95_percent_in_time_and_says_where_its_files_are(tm
     assert any("tfevents" in f for f in files), files  # TensorBoard event files
     assert "%|" in proc.stderr  # the tqdm progress bar
     print(f"demo: accuracy {value:.4f} in {seconds:.1f} s")
+
+
+def _demo(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "FENWICKS_ROOT": str(tmp_path)}
+    env.pop("FENWICKS_DEVICE", None)
+    proc = subprocess.run([sys.executable, "-m", "fenwicks", "demo", *args], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=2 * TIME_LIMIT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_a_second_run_resumes_the_first_and_says_so(tmp_path):
+    work_dir = str(tmp_path / "run")
+    first = _demo(tmp_path, "--epochs", "2", "--work-dir", work_dir).stdout
+    assert f"\nstarting fresh in {work_dir}\n" in first
+    steps = 2 * (1347 // 64)  # 2 epochs of 21 steps
+    assert re.match(rf"[0-9,]+ examples/s \({steps} steps", _field(first, "training speed"))
+    # A second process: the model comes back from the checkpoint, every variable of it
+    # (BatchNorm statistics included), so the test accuracy is the same to the digit.
+    second = _demo(tmp_path, "--epochs", "2", "--work-dir", work_dir).stdout
+    assert f"\nresuming {work_dir} at step {steps} (--fresh starts over)\n" in second
+    assert _field(second, "training speed").startswith(f"- (already at step {steps}")
+    assert _field(second, "test accuracy") == _field(first, "test accuracy")
+    # --fresh deletes the run and says so; training starts again from step 0.
+    third = _demo(tmp_path, "--epochs", "1", "--work-dir", work_dir, "--fresh").stdout
+    assert f"starting fresh in {work_dir} (--fresh: the previous run there was deleted)" \
+        in third
+    assert re.match(r"[0-9,]+ examples/s \(21 steps", _field(third, "training speed"))
 
 
 def test_load_digits_is_a_stratified_75_25_split_scaled_to_unit_range():

@@ -1,0 +1,98 @@
+"""`python -m fenwicks info|demo|bench` as a user runs it: real processes. A user error is
+one line on stderr and exit status 2; a traceback only with ``--debug``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def _fenwicks(*args: str, tmp_path, device: str | None = None) -> subprocess.CompletedProcess:
+    # TensorFlow's own start-up lines are the user's to silence; this user did.
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
+           "FENWICKS_ROOT": str(tmp_path)}
+    env.pop("FENWICKS_DEVICE", None)
+    if device is not None:
+        env["FENWICKS_DEVICE"] = device
+    return subprocess.run([sys.executable, "-m", "fenwicks", *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _has_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+CASES = [
+    # (arguments, FENWICKS_DEVICE, what the one line must say)
+    (["info"], "bogus", "fenwicks info: error: device='bogus' is not a device spec; use "),
+    (["info"], "gpu", "fenwicks info: error: device='gpu' was requested but no GPU was found"),
+    (["bench", "--n", "64"], "gpu",
+     "fenwicks bench: error: device='gpu' was requested but no GPU was found"),
+    (["bench", "--n", "-3"], None, "fenwicks bench: error: n=-3 must be a positive integer"),
+    (["bench", "--trials", "many"], None,
+     "fenwicks bench: error: argument --trials: invalid int value: 'many' (see python -m "
+     "fenwicks bench --help)"),
+    (["demo", "--epochs", "0"], None,
+     "fenwicks demo: error: epochs=0 must be a positive integer, e.g. --epochs 12"),
+    (["demo", "--batch-size", "5000"], None,
+     "fenwicks demo: error: batch_size=5000 exceeds the 1347 training digits"),
+    (["demo", "--epochs", "x"], None,
+     "fenwicks demo: error: argument --epochs: invalid int value: 'x'"),
+    (["demo", "--colour"], None, "fenwicks: error: unrecognized arguments: --colour"),
+    (["train"], None, "fenwicks: error: argument command: invalid choice: 'train'"),
+    ([], None, "fenwicks: error: the following arguments are required: command"),
+]
+
+
+@pytest.mark.parametrize("args, device, message", CASES,
+                         ids=[" ".join([d or "", *a]) for a, d, _ in CASES])
+def test_a_user_error_is_one_line_and_status_2(args, device, message, tmp_path):
+    if device == "gpu" and _has_gpu():
+        pytest.skip("this machine has a GPU")
+    proc = _fenwicks(*args, tmp_path=tmp_path, device=device)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(message), lines[0]
+    assert proc.stdout == "" or "error" not in proc.stdout
+
+
+def test_a_work_dir_that_is_a_file_is_one_line_and_the_file_is_untouched(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("my notes")
+    proc = _fenwicks("demo", "--epochs", "1", "--work-dir", str(path), tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"fenwicks demo: error: work_dir='{path}' is a file; give a directory for "
+        "checkpoints and logs (created if missing) (--debug shows where)"]
+    assert path.read_text() == "my notes"
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing else written
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    for args in (["--debug", "info"], ["info", "--debug"]):
+        proc = _fenwicks(*args, tmp_path=tmp_path, device="bogus")
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback (most recent call last)" in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith(
+            "ValueError: device='bogus' is not a device spec")
+
+
+def test_info_says_why_this_accelerator(tmp_path):
+    proc = _fenwicks("info", tmp_path=tmp_path, device="cpu:2")
+    assert proc.returncode == 0, proc.stderr
+    rows = dict(line.split(None, 1) if not line.startswith("chosen by") else
+                ("chosen by", line[len("chosen by"):].strip())
+                for line in proc.stdout.splitlines())
+    assert rows["chosen by"] == ("FENWICKS_DEVICE=cpu:2: the CPU split into 2 logical "
+                                 "devices, to simulate 2 replicas as on a TPU (for testing: "
+                                 "it is not faster)")
+    assert rows["replicas"] == "2"
+    assert proc.stderr == ""
