@@ -61,6 +61,21 @@ def check_result(lrs, losses, diverged, suggestion):
     assert crit / 100 < suggestion < crit      # steepest fall: below the limit, not tiny
 
 
+def test_find_lr_shows_progress_against_the_expected_steps(capsys):
+    model_func = fw.train.get_reg_model_func(make_model, fw.train.sgd_optimizer(0.1, mom=0.0))
+    result = fw.train.find_lr(model_func, input_fn, start_lr=START, end_lr=END,
+                              num_steps=STEPS, batch_size=N, smoothing=0.5)
+    err = capsys.readouterr().err
+    assert f"find_lr: lr 1e-04 to 1e+01, batch {N}, stops early if the loss diverges" in err
+    # It diverged before the 60 expected steps; the bar ends at the steps actually run.
+    assert result.diverged and f"{len(result.lrs)}/{STEPS} " in err, err[-500:]
+    final = err.rstrip().rsplit("\r", 1)[-1]
+    assert f"lr={result.lrs[-1]:.2e}" in final
+    fw.train.find_lr(model_func, input_fn, start_lr=START, end_lr=END, num_steps=STEPS,
+                     batch_size=N, smoothing=0.5, verbose=False)
+    assert capsys.readouterr().err == ""
+
+
 def test_find_lr_known_range_and_weights_untouched():
     with fw.accel.current().strategy.scope():  # where the estimator would build it
         model = make_model()  # build_nn returns this same model: it must come back unchanged

@@ -17,6 +17,7 @@ to record replica 0's loss only, a noisier curve on 1/8 of the data).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -149,7 +150,7 @@ def _suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, float
 def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], Any],
             start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100,
             batch_size: int = 128, smoothing: float = 0.98, diverge_factor: float = 4.0,
-            seed: int | None = None) -> LRFinderResult:
+            seed: int | None = None, verbose: bool = True) -> LRFinderResult:
     """Runs the learning-rate range test and suggests a learning rate.
 
     The model and optimizer come from `model_func` as in the estimator (same replicas,
@@ -169,6 +170,8 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
         diverge_factor: stop when the smoothed loss exceeds this many times its minimum
             (or is not finite). Defaults to `4.0`.
         seed: seeds Keras and is passed in ``params['seed']``. Defaults to `None`.
+        verbose: show a progress bar: steps done of the `num_steps` expected (fewer if
+            the loss diverges first), the current rate and loss. Defaults to True.
 
     Returns:
         An `LRFinderResult` with the curve, the suggestion and a `plot()` method.
@@ -195,7 +198,7 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
     optimizer.learning_rate = sweep  # Keras allows replacing a schedule with a schedule
     try:
         lrs, losses = _sweep(acc, model_spec, optimizer, iterator, sweep, batch_size,
-                             smoothing, diverge_factor)
+                             smoothing, diverge_factor, verbose)
     finally:
         model_spec.model.set_weights(saved)
     _drain(iterator)
@@ -212,7 +215,7 @@ def _drain(iterator: Any) -> None:
 
 def _sweep(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any, iterator: Any,
            sweep: ExponentialSweep, batch_size: int, smoothing: float,
-           diverge_factor: float) -> tuple[list[float], list[float]]:
+           diverge_factor: float, verbose: bool = False) -> tuple[list[float], list[float]]:
     strategy = acc.strategy
     replica_step = loops._train_step(spec, optimizer, batch_size, acc.num_replicas)
 
@@ -224,21 +227,41 @@ def _sweep(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any, iterator: An
     lrs: list[float] = []
     losses: list[float] = []
     average, best = 0.0, math.inf
-    for index in range(sweep.num_steps):
-        batch = next(iterator, None)
-        if batch is None:
-            raise ValueError(f"input_fn ran out of batches after {index} of the "
-                             f"{sweep.num_steps} steps; repeat the dataset (ds.repeat()) "
-                             "or lower num_steps")
-        loss = float(step(batch)) / batch_size  # mean over the global batch
-        lrs.append(sweep(index))
-        losses.append(loss)
-        average = smoothing * average + (1 - smoothing) * loss
-        smoothed = average / (1 - smoothing ** (index + 1))
-        if not math.isfinite(smoothed) or smoothed > diverge_factor * best:
-            break
-        best = min(best, smoothed)
+    with _progress_bar(sweep, batch_size, verbose) as bar:
+        for index in range(sweep.num_steps):
+            loss = _one_step(step, iterator, index, sweep.num_steps, batch_size)
+            lrs.append(sweep(index))
+            losses.append(loss)
+            average = smoothing * average + (1 - smoothing) * loss
+            smoothed = average / (1 - smoothing ** (index + 1))
+            if bar is not None:
+                bar.set_postfix(lr=f"{lrs[-1]:.2e}", loss=f"{smoothed:.4g}", refresh=False)
+                bar.update()
+            if not math.isfinite(smoothed) or smoothed > diverge_factor * best:
+                break
+            best = min(best, smoothed)
     return lrs, losses
+
+
+def _progress_bar(sweep: ExponentialSweep, batch_size: int, verbose: bool) -> Any:
+    """A tqdm bar over the expected steps (a sweep on a CPU can take minutes: say so)."""
+    if not verbose:
+        return contextlib.nullcontext()
+    from tqdm.auto import tqdm  # the widget bar in notebooks
+
+    return tqdm(total=sweep.num_steps, unit="step", dynamic_ncols=True,
+                desc=(f"find_lr: lr {sweep.start_lr:.0e} to {sweep.end_lr:.0e}, "
+                      f"batch {batch_size}, stops early if the loss diverges"))
+
+
+def _one_step(step: Callable, iterator: Any, index: int, num_steps: int,
+              batch_size: int) -> float:
+    batch = next(iterator, None)
+    if batch is None:
+        raise ValueError(f"input_fn ran out of batches after {index} of the "
+                         f"{num_steps} steps; repeat the dataset (ds.repeat()) "
+                         "or lower num_steps")
+    return float(step(batch)) / batch_size  # mean over the global batch
 
 
 def _result(lrs: list[float], losses: list[float], smoothing: float,
