@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 
 import numpy as np
 import pytest
@@ -280,6 +281,44 @@ def test_truncated_file_names_the_file(shards):
 def test_records_that_do_not_fit_the_parser(shards, parser, error, match):
     with pytest.raises(error, match=match):
         fw.data.tfrecord_ds(shards[0] + "*", parser, 4)
+
+
+def test_parser_names_the_dtype_and_shape_numpy_tfrecord_stored(tmp_path):
+    xs = np.random.default_rng(1).random((5, H, W, C)).astype(np.float32)
+    fn = fw.data.numpy_tfrecord(str(tmp_path / "floats"), xs, np.arange(5))[0]
+    told = re.escape(f"the record holds float32 values of shape ({H}, {W}, {C})")
+    advice = re.escape(f"pass h, w, c = {H}, {W}, {C} and dtype=tf.float32")
+    with pytest.raises(fw.data.RecordError, match=f"floats do not fit .*{told}.*{advice}"):
+        fw.data.tfrecord_ds(fn, _parser, 5, training=False)  # uint8 asked for
+    swapped = lambda r: fw.data.tfexample_numpy_image_parser(r, W, H, C, dtype=tf.float32)
+    with pytest.raises(fw.data.RecordError, match=f"{told}.*{advice}"):  # same size
+        fw.data.tfrecord_ds(fn, swapped, 5, training=False)
+    right = lambda r: fw.data.tfexample_numpy_image_parser(r, H, W, C, dtype=tf.float32)
+    images, labels = _collect(fw.data.tfrecord_ds(fn, right, 5, training=False))
+    np.testing.assert_array_equal(images[0], xs)
+    # Inside a pipeline (graph mode) the stored dtype is checked by an op.
+    wrong = tf.data.TFRecordDataset(fn).map(
+        lambda r: fw.data.tfexample_numpy_image_parser(r, H, W, C, dtype=tf.int32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="another dtype than the int32"):
+        next(iter(wrong))
+
+
+def test_records_without_a_stored_dtype_still_read_and_a_wrong_size_guesses_it(tmp_path):
+    # The format numpy_tfrecord wrote before it stored dtype and shape: image and label.
+    xs = np.random.default_rng(2).random((4, H, W, C)).astype(np.float32)
+    fn = str(tmp_path / "old.tfrec")
+    with tf.io.TFRecordWriter(fn) as writer:
+        for i, x in enumerate(xs):
+            writer.write(fw.data.image_example(x.tobytes(), i))
+    n = H * W * C
+    with pytest.raises(fw.data.RecordError, match=(
+            f"has {4 * n} bytes, not h\\*w\\*c\\*1 = {H}\\*{W}\\*{C}\\*1 = {n} for uint8 "
+            f"\\(4x .*float32 or int32\\? pass dtype=tf.float32")):
+        fw.data.tfrecord_ds(fn, _parser, 4, training=False)
+    right = lambda r: fw.data.tfexample_numpy_image_parser(r, H, W, C, dtype=tf.float32)
+    images, labels = _collect(fw.data.tfrecord_ds(fn, right, 4, training=False))
+    np.testing.assert_array_equal(images[0], xs)
+    np.testing.assert_array_equal(labels[0], np.arange(4))
 
 
 def test_pattern_matching_nothing_names_the_pattern(tmp_path):

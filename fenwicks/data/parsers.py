@@ -11,18 +11,71 @@ def _check_size(h, w, c) -> None:
             raise ValueError(f"{name}={value!r} must be a positive integer (pixels/channels)")
 
 
-def _features(tfexample: tf.Tensor) -> dict[str, tf.Tensor]:
+def _features(tfexample: tf.Tensor, numpy_meta: bool = False) -> dict[str, tf.Tensor]:
     spec = {"image": tf.io.FixedLenFeature([], tf.string),
             "label": tf.io.FixedLenFeature([], tf.int64)}
+    if numpy_meta:  # written by numpy_tfrecord since it stores them; "" / [] in older records
+        spec.update(dtype=tf.io.FixedLenFeature([], tf.string, default_value=""),
+                    shape=tf.io.VarLenFeature(tf.int64))
     tfexample = tf.convert_to_tensor(tfexample)
     if tfexample.shape.rank == 1:  # a batch of records: one vectorised parse
         return tf.io.parse_example(tfexample, spec)
     return tf.io.parse_single_example(tfexample, spec)
 
 
+def _wanted(h: int, w: int, c: int, dtype: tf.DType) -> str:
+    return f"h, w, c = {h}, {w}, {c} and dtype=tf.{dtype.name}"
+
+
+def _mismatch(stored_dtype: str, stored_shape: list[int], size: int, h: int, w: int, c: int,
+              dtype: tf.DType) -> str | None:
+    """Why a record does not fit, in words with what to pass; None if it fits."""
+    if stored_dtype:  # the record says what it holds: name it exactly
+        shape = tuple(stored_shape)
+        if stored_dtype == dtype.name and shape in ((h, w, c), ()):
+            return None
+        hwc = shape if len(shape) == 3 else None
+        advice = (f"h, w, c = {', '.join(map(str, hwc))} and " if hwc else "") + \
+            f"dtype=tf.{stored_dtype}"
+        return (f"the record holds {stored_dtype} values of shape {shape} (numpy_tfrecord "
+                f"stored both), but the parser was asked for {_wanted(h, w, c, dtype)}; "
+                f"pass {advice} to tfexample_numpy_image_parser")
+    expected = h * w * c * dtype.size
+    if size == expected:
+        return None
+    ratio = size / (h * w * c)
+    guesses = {1: "uint8 or int8", 2: "float16, bfloat16 or int16", 4: "float32 or int32",
+               8: "float64 or int64"}.get(ratio)
+    guess = (f"{ratio:g}x {h}*{w}*{c} bytes: written as {guesses}? pass dtype=tf.float32 "
+             "or the dtype of the array written" if guesses else
+             f"not a multiple of {h}*{w}*{c}: check h, w, c")
+    return (f"a record's image has {size} bytes, not h*w*c*{dtype.size} = {h}*{w}*{c}*"
+            f"{dtype.size} = {expected} for {dtype.name} ({guess})")
+
+
+def _check_eagerly(features: dict[str, tf.Tensor], h: int, w: int, c: int,
+                   dtype: tf.DType) -> None:
+    """Eagerly (as tfrecord_ds checks the first records) a mismatch is a ValueError that
+    says what the record holds and what to pass."""
+    raw = tf.reshape(features["image"], [-1]).numpy()
+    if not len(raw):
+        return
+    stored = tf.reshape(features["dtype"], [-1]).numpy()[0].decode()
+    shape = tf.sparse.to_dense(features["shape"]).numpy()
+    shape = shape if shape.ndim == 1 else shape[0]  # a vector of records: the first one
+    problem = _mismatch(stored, [int(v) for v in shape], len(raw[0]), h, w, c, dtype)
+    if problem:
+        raise ValueError(problem)
+
+
 def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 3,
                                  dtype: tf.DType = tf.uint8) -> tuple[tf.Tensor, tf.Tensor]:
     """Parses a record written by `numpy_tfrecord` into ``(image [h, w, c], label)``.
+
+    Records written by `numpy_tfrecord` also hold their array's dtype and shape: a record
+    that does not match ``h, w, c`` and ``dtype`` is an error that names what to pass
+    (`tfrecord_ds` checks the first records before training). Older records without them
+    are still read; a wrong size is reported with a guess at the dtype.
 
     Args:
         tfexample: one serialized `tf.train.Example`, or a vector of them (then the
@@ -36,12 +89,25 @@ def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 
     Returns:
         The image (``dtype``) and its int32 label.
 
+    Raises:
+        ValueError: eagerly, for a record of another dtype or shape (the message says
+            which ``h, w, c`` and ``dtype=`` to pass).
+
     Example:
         >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
         >>> ds = fw.data.tfrecord_ds('/tmp/cifar/train*', parser, 128)
     """
     _check_size(h, w, c)
-    features = _features(tfexample)
+    dtype = tf.as_dtype(dtype)
+    features = _features(tfexample, numpy_meta=True)
+    if tf.executing_eagerly():
+        _check_eagerly(features, h, w, c, dtype)
+    # In the pipeline (graph mode) the checks are ops; the message cannot be formatted
+    # from the data, so the data goes alongside it.
+    stored = features["dtype"]
+    tf.debugging.Assert(tf.reduce_all((stored == "") | (stored == dtype.name)), [
+        f"records hold another dtype than the {dtype.name} asked for; pass dtype= as "
+        "stored:", stored], summarize=3)
     image = tf.io.decode_raw(features["image"], dtype)
     tf.debugging.assert_equal(tf.shape(image)[-1], h * w * c, message=(
         f"a record's image does not have h*w*c = {h}*{w}*{c} values of {dtype.name}"))

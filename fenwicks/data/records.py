@@ -117,7 +117,8 @@ def _write_round_robin(paths: Sequence[str], records: Iterable[bytes]) -> int:
 
 def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
                    overwrite: bool = False) -> list[str]:
-    """Writes arrays as TFRecords: each example's raw bytes as ``image``, its ``label``.
+    """Writes arrays as TFRecords: each example's raw bytes as ``image``, its ``label``,
+    and its ``dtype`` and ``shape`` (so the parser can tell you what to pass).
 
     Read them back with `tfexample_numpy_image_parser` (give the dtype of ``X`` if it is
     not uint8). ``X`` may be an `np.memmap`: examples stream one at a time.
@@ -145,9 +146,18 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
     y = check_labels(y, len(X), "y")
     if y.dtype.kind == "f":
         raise ValueError(f"y has dtype {y.dtype}; numpy_tfrecord stores integer class ids")
-    records = (image_example(np.ascontiguousarray(x).tobytes(), label)
-               for x, label in zip(X, y, strict=True))
+    records = (numpy_example(x, label) for x, label in zip(X, y, strict=True))
     return write_records(fn, records, num_shards, overwrite)
+
+
+def numpy_example(x: np.ndarray, label: int) -> bytes:
+    """A serialized `tf.train.Example`: ``x``'s raw bytes as ``image``, its ``label``, and
+    its ``dtype`` name and ``shape``, so a parser can check it reads what was written."""
+    x = np.ascontiguousarray(x)
+    features = {"image": _bytes_feature(x.tobytes()), "label": _int64_feature(label),
+                "dtype": _bytes_feature(x.dtype.name.encode()),
+                "shape": tf.train.Feature(int64_list=tf.train.Int64List(value=x.shape))}
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
 def image_format(data: bytes) -> str | None:
