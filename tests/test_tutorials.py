@@ -2,9 +2,12 @@
 and that each runs top to bottom offline with ``SMOKE = True`` injected.
 
 A notebook runs in a real Jupyter kernel (nbclient), in a temporary working directory with
-``FENWICKS_ROOT`` pointing there, so nothing is written into the repository. Notebooks that
-read tensorflow-datasets get ``tfds.testing.mock_data`` entered inside the kernel: the mock
-patches the process it runs in, which is the kernel, not pytest.
+``FENWICKS_ROOT`` pointing there, so nothing is written into the repository. The
+tensorflow-datasets they read (MNIST, CIFAR-10) are real tfds datasets, small, built here
+by tfds's own machinery: builders that inherit tfds's MNIST and CIFAR-10 (same name,
+version and features) and only generate their examples instead of downloading them.
+``TFDS_DATA_DIR`` points the kernel at them; no mock. One test installs Fenwicks as the
+README says into a fresh venv and runs tutorial 1's data loading there.
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 import sys
+import textwrap
 import time
 
 import nbformat
+import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,7 +38,7 @@ EXPECTED_NUMBERS = [f"{i:02d}" for i in range(1, 9)]
 KNOBS = ("SMOKE", "BATCH_SIZE", "EPOCHS", "LEARNING_RATE", "WEIGHT_DECAY")
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 COLAB_URL = "https://colab.research.google.com/github/fenwicks/fenwicks/blob/main/tutorials/"
-MOCK_EXAMPLES = 64  # per split; enough for a few smoke batches
+TFDS_EXAMPLES = {"train": 300, "test": 150}  # above every SMOKE limit (256 / 128)
 CELL_TIMEOUT = 240  # seconds; a smoke cell takes a few
 WORKERS = 3  # notebooks executed at once
 TUTORIAL_FILES = sorted(os.listdir(TUTORIALS))
@@ -44,11 +51,6 @@ def _read(name: str) -> nbformat.NotebookNode:
 def _parameters_cells(nb) -> list[int]:
     return [i for i, cell in enumerate(nb.cells)
             if "parameters" in cell.get("metadata", {}).get("tags", [])]
-
-
-def _uses_tfds(nb) -> bool:
-    code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
-    return "tfds" in code or "tensorflow_datasets" in code
 
 
 def test_tutorials_are_numbered_01_to_08_once_each():
@@ -79,7 +81,11 @@ def test_notebook_shape(name):
     assert COLAB_URL + name in first.source, "the badge must open this very notebook"
     install = next(cell for cell in nb.cells if cell.cell_type == "code")
     assert "'google.colab' in sys.modules" in install.source
-    assert "pip install" in install.source and "github.com/fenwicks/fenwicks" in install.source
+    # The Colab install of README.md's "Install": the repository in /content/fenwicks.
+    command = "pip install -q -e /content/fenwicks"
+    assert "!" + command in install.source
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert command in f.read()
     (index,) = _parameters_cells(nb)
     assigned = {target.id for node in ast.parse(nb.cells[index].source).body
                 if isinstance(node, ast.Assign) for target in node.targets
@@ -106,12 +112,47 @@ def _kernel_dir(tmp_path) -> str:
 
 
 def _smoke_cell(nb) -> nbformat.NotebookNode:
-    lines = ["# Injected by tests/test_tutorials.py: tiny sizes, offline data.", "SMOKE = True"]
-    if _uses_tfds(nb):
-        lines += ["import tensorflow_datasets as _tfds",
-                  f"_fw_tfds_mock = _tfds.testing.mock_data(num_examples={MOCK_EXAMPLES})",
-                  "_fw_tfds_mock.__enter__()"]
-    return nbformat.v4.new_code_cell("\n".join(lines))
+    return nbformat.v4.new_code_cell(
+        "# Injected by tests/test_tutorials.py: tiny sizes.\nSMOKE = True")
+
+
+class LocalMnist(tfds.image_classification.MNIST, skip_registration=True):
+    """tfds's MNIST (name, version, features), its examples generated: digit i is an
+    image filled with 20 * (i % 10) + 1, labelled i % 10."""
+
+    name = "mnist"
+
+    def _split_generators(self, dl_manager):
+        return {split: self._generate_local(n) for split, n in TFDS_EXAMPLES.items()}
+
+    def _generate_local(self, n):
+        for i in range(n):
+            image = np.full((28, 28, 1), 20 * (i % 10) + 1, np.uint8)
+            yield i, {"image": image, "label": i % 10}
+
+
+class LocalCifar10(tfds.image_classification.Cifar10, skip_registration=True):
+    """tfds's CIFAR-10, its examples generated: random images, label i % 10."""
+
+    name = "cifar10"
+
+    def _split_generators(self, dl_manager):
+        return {split: self._generate_local(split, n) for split, n in TFDS_EXAMPLES.items()}
+
+    def _generate_local(self, split, n):
+        rng = np.random.default_rng(len(split))
+        for i in range(n):
+            yield f"{split}_{i}", {"id": f"{split}_{i:05d}", "label": i % 10,
+                                   "image": rng.integers(0, 256, (32, 32, 3), np.uint8)}
+
+
+@pytest.fixture(scope="module")
+def tfds_data_dir(tmp_path_factory) -> str:
+    """A TFDS_DATA_DIR holding small real MNIST and CIFAR-10 datasets."""
+    root = str(tmp_path_factory.mktemp("tensorflow_datasets"))
+    for builder in (LocalMnist, LocalCifar10):
+        builder(data_dir=root).download_and_prepare()
+    return root
 
 
 @dataclasses.dataclass
@@ -139,7 +180,7 @@ def _execute(name: str, work, env: dict[str, str]) -> Run:
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory) -> dict[str, Run]:
+def executed(tmp_path_factory, tfds_data_dir) -> dict[str, Run]:
     """Every notebook run once, WORKERS kernels at a time (kernel start-up and imports
     wait on disk as much as on the CPU, so two cores run more than two kernels well)."""
     root = tmp_path_factory.mktemp("tutorials")
@@ -151,7 +192,7 @@ def executed(tmp_path_factory) -> dict[str, Run]:
                 work = root / name[:2]
                 work.mkdir()
                 env = {**os.environ, "FENWICKS_ROOT": str(work), "PYTHONPATH": ROOT,
-                       "TF_CPP_MIN_LOG_LEVEL": "2",
+                       "TF_CPP_MIN_LOG_LEVEL": "2", "TFDS_DATA_DIR": tfds_data_dir,
                        "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
                 env.pop("FENWICKS_DEVICE", None)
                 runs[name] = pool.submit(_execute, name, work, env)
@@ -170,3 +211,73 @@ def test_notebook_runs_top_to_bottom_offline(name, executed):
     figures = [out for out in outputs if "image/png" in out.get("data", {})]
     assert figures, "every tutorial shows at least one plot"
     assert sorted(os.listdir(TUTORIALS)) == TUTORIAL_FILES, "a notebook wrote into the repo"
+
+
+# ------------------------------------------------- a fresh install, as the README says
+
+
+def _tutorial_code(name: str, last: str) -> str:
+    """The code cells of tutorials/src/<name>.py up to the one containing ``last``, with
+    ``SMOKE = True`` after the parameters cell; the Colab install cell left out."""
+    spec = importlib.util.spec_from_file_location(
+        "build_notebooks", os.path.join(TUTORIALS, "build_notebooks.py"))
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    code = []
+    for cell in builder.build(name).cells[2:]:  # after the title and the install cell
+        if cell.cell_type != "code":
+            continue
+        code.append(cell.source)
+        if "parameters" in cell.metadata.get("tags", []):
+            code.append("SMOKE = True")
+        if last in cell.source:
+            return "\n\n".join(code)
+    raise AssertionError(f"no cell of {name} contains {last!r}")
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """A user's shell: no PYTHONPATH, no virtualenv of ours, pip's cache where it is."""
+    keep = ("PATH", "HOME", "LANG", "TMPDIR", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL",
+            "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "PIP_CACHE_DIR", "HTTPS_PROXY",
+            "https_proxy", "SSL_CERT_FILE")
+    return {**{k: os.environ[k] for k in keep if k in os.environ}, **extra}
+
+
+@pytest.mark.slow
+def test_a_fresh_venv_from_the_readme_install_loads_tutorial_1_data(tmp_path, tfds_data_dir):
+    # An isolated venv (no --system-site-packages): only what setup.py declares is there,
+    # which is what a new user gets. pip reuses its wheel cache, so this takes about a
+    # minute; a cold cache downloads TensorFlow once.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "-e", ".[cpu]"],
+                             cwd=ROOT, env=_clean_env(), capture_output=True, text=True,
+                             timeout=540)
+    assert install.returncode == 0, install.stderr[-3000:]
+    check = subprocess.run([python, "-m", "pip", "check"], env=_clean_env(),
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    checks = textwrap.dedent("""
+        import json
+        print(json.dumps({"fenwicks": fw.__file__, "tfds": tfds_module.__file__,
+                          "train": [list(X_train.shape), str(X_train.dtype)],
+                          "test": [list(X_test.shape), str(X_test.dtype)],
+                          "pixels_match_labels": bool(
+                              (X_train[:, 0, 0, 0] == 20 * y_train + 1).all()
+                              and (X_test[:, 0, 0, 0] == 20 * y_test + 1).all())}))
+    """)
+    code = (_tutorial_code("01_mnist", "X_test, y_test = load_split")
+            + "\nimport tensorflow_datasets as tfds_module\n" + checks)
+    proc = subprocess.run([python, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300,
+                          env=_clean_env(FENWICKS_ROOT=str(tmp_path / "root"),
+                                         TFDS_DATA_DIR=tfds_data_dir,
+                                         TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["fenwicks"].startswith(ROOT)  # the clone, installed editable
+    assert out["tfds"].startswith(str(venv))  # the venv's own tensorflow-datasets
+    assert out["train"] == [[256, 28, 28, 1], "uint8"]  # SMOKE: N_TRAIN = 256 of 300
+    assert out["test"] == [[128, 28, 28, 1], "uint8"]  # N_TEST = 128 of 150
+    assert out["pixels_match_labels"]

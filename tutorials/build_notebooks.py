@@ -25,12 +25,16 @@ SOURCES = os.path.join(HERE, "src")
 REPO = "fenwicks/fenwicks"
 BADGE = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
          "(https://colab.research.google.com/github/{repo}/blob/main/tutorials/{name})")
+# The Colab half of README.md's "Install": the repository copied or cloned to this folder.
+COLAB_SOURCE = "/content/fenwicks"
 INSTALL = """\
-# In Colab, install Fenwicks from GitHub; elsewhere use the Fenwicks you installed.
+# In Colab, install Fenwicks from your copy of the repository in {source} (upload and
+# unzip it there, or git clone it there: see README.md, Install); elsewhere use the
+# Fenwicks you installed with pip install -e '.[cpu]' (or '.[gpu]', or '.').
 import sys
 
 if 'google.colab' in sys.modules:
-    !pip install -q git+https://github.com/{repo}"""
+    !pip install -q -e {source}"""
 _MAGIC = re.compile(r"^# (%%?\w+|!)", re.M)
 _MARKER = re.compile(r"^# %%(?P<kind> \[markdown\])?(?: tags=(?P<tags>\[.*\]))?\s*$")
 
@@ -70,7 +74,7 @@ def build(name: str) -> nbformat.NotebookNode:
     if not cells or cells[0].cell_type != "markdown":
         raise ValueError(f"src/{name}.py must start with a markdown cell (the title)")
     cells[0].source = BADGE.format(repo=REPO, name=name + ".ipynb") + "\n\n" + cells[0].source
-    cells.insert(1, nbformat.v4.new_code_cell(INSTALL.format(repo=REPO)))
+    cells.insert(1, nbformat.v4.new_code_cell(INSTALL.format(source=COLAB_SOURCE)))
     for i, cell in enumerate(cells):
         cell.id = f"{name[:2]}-{i:02d}"  # stable ids: rebuilding changes nothing
     nb = nbformat.v4.new_notebook(cells=cells)

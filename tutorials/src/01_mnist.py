@@ -37,7 +37,6 @@ if SMOKE:
 
 # %%
 import numpy as np
-import tensorflow_datasets as tfds
 
 import fenwicks as fw
 
@@ -66,10 +65,15 @@ print('work:', work_dir)
 # MNIST comes from tensorflow-datasets. It is small enough (47 MB as uint8) to keep in
 # memory as numpy arrays, which is the simplest input there is. We read each split as one
 # big batch instead of example by example: one `tf.data` element instead of 60,000.
+#
+# `fw.data.tfds_load` is `tfds.load` with one difference: when MNIST is not on disk yet
+# and there is no network, it fails within seconds with an error saying so (tfds alone
+# retries for minutes), and how to point `data_dir=` (or `TFDS_DATA_DIR`) at a prepared
+# copy, e.g. a folder you uploaded or `gs://my-bucket/tensorflow_datasets`.
 
 # %%
 def load_split(split, limit=None):
-    ds = tfds.load('mnist', split=split, as_supervised=True)
+    ds = fw.data.tfds_load('mnist', split=split, as_supervised=True)
     if limit:
         ds = ds.take(limit)
     images, labels = next(ds.batch(100_000).as_numpy_iterator())

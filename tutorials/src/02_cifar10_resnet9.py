@@ -41,7 +41,6 @@ if SMOKE:
 import os
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 import fenwicks as fw
 
@@ -60,7 +59,7 @@ fw.io.create_clean_dir(work_dir)
 
 # %%
 def load_split(split, limit=None):
-    ds = tfds.load('cifar10', split=split, as_supervised=True)
+    ds = fw.data.tfds_load('cifar10', split=split, as_supervised=True)
     if limit:
         ds = ds.take(limit)
     images, labels = next(ds.batch(100_000).as_numpy_iterator())

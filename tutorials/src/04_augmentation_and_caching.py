@@ -37,7 +37,6 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 import tensorflow as tf
-import tensorflow_datasets as tfds
 
 import fenwicks as fw
 
@@ -50,7 +49,7 @@ fw.io.create_clean_dir(work_dir)
 # The same CIFAR-10 TFRecords as tutorial 2 (here a subset), uint8 images.
 
 # %%
-ds = tfds.load('cifar10', split='train', as_supervised=True).take(N_TRAIN)
+ds = fw.data.tfds_load('cifar10', split='train', as_supervised=True).take(N_TRAIN)
 X_train, y_train = next(ds.batch(N_TRAIN).as_numpy_iterator())
 train_fn = os.path.join(data_dir, 'train.tfrec')
 fw.data.numpy_tfrecord(train_fn, X_train, y_train.astype(np.int32), num_shards=4,

@@ -32,7 +32,6 @@ if SMOKE:
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
-import tensorflow_datasets as tfds
 from IPython.display import display
 
 import fenwicks as fw
@@ -41,7 +40,7 @@ data_dir, work_dir = fw.io.get_project_dirs(None, 'learning_rate')
 
 
 def load_split(split, limit=None):
-    ds = tfds.load('mnist', split=split, as_supervised=True)
+    ds = fw.data.tfds_load('mnist', split=split, as_supervised=True)
     if limit:
         ds = ds.take(limit)
     images, labels = next(ds.batch(100_000).as_numpy_iterator())
