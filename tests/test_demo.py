@@ -84,6 +84,16 @@ def test_a_second_run_resumes_the_first_and_says_so(tmp_path):
     assert re.match(r"[0-9,]+ examples/s \(21 steps", _field(third, "training speed"))
 
 
+def test_a_run_prints_no_tf_data_warning_and_keeps_the_users_tf_log_level(tmp_path):
+    # tf.data warns ("To make it possible to preserve tf.data options across
+    # serialization boundaries...") when a distributed dataset is iterated inside a
+    # tf.function: Fenwicks must create its iterators eagerly. TensorFlow's own log
+    # lines are the user's to silence (TF_CPP_MIN_LOG_LEVEL=2 here): nothing else remains.
+    proc = _demo(tmp_path, "--epochs", "1", "--work-dir", str(tmp_path / "run"))
+    assert "preserve tf.data options" not in proc.stderr, proc.stderr[-3000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_load_digits_is_a_stratified_75_25_split_scaled_to_unit_range():
     X_train, y_train, X_test, y_test = demo.load_digits()
     assert X_train.shape == (1347, 8, 8, 1) and X_test.shape == (450, 8, 8, 1)
