@@ -126,8 +126,8 @@ def tfds_builder(name: str, data_dir: str | None = None, download: bool = True):
         raise DatasetUnavailableError(f"{missing} and download=False. {_how_to_fix(name)}")
     problem = network_problem()
     if problem:
-        raise DatasetUnavailableError(f"tensorflow-datasets could not download {missing}: "
-                                      f"{problem}. {_how_to_fix(name)}")
+        raise DatasetUnavailableError(f"tensorflow-datasets could not download {name!r}: "
+                                      f"{problem}; and {missing}. {_how_to_fix(name)}")
     builder.download_and_prepare()
     return builder
 
