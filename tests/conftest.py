@@ -39,6 +39,23 @@ def run_json(code: str, env: dict[str, str] | None = None, timeout: float = 600,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_module_json(module: str, *args: str, env: dict[str, str] | None = None,
+                    timeout: float = 900) -> object:
+    """Runs ``python -m module *args`` in a fresh interpreter; its last stdout line as JSON.
+
+    Subprocess code lives in helper modules (`tests._flagship`, ...) that ruff checks,
+    rather than in code strings.
+    """
+    full_env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", module, *args], env=full_env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"python -m {module} {' '.join(args)} failed "
+                             f"({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                             f"{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture
 def subprocess_json():
     return run_json

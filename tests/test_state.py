@@ -9,11 +9,8 @@ predict the same rows, and warm-start every variable into a fresh work_dir.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
-import os
-import subprocess
-import sys
+from typing import Any
 
 import keras
 import numpy as np
@@ -23,18 +20,14 @@ import tensorflow as tf
 import fenwicks as fw
 from fenwicks.train import checkpoints
 from tests import _state_catalogue as catalogue
-from tests.conftest import ROOT
+from tests.conftest import run_module_json
 
 ENTRIES = sorted(catalogue.entries())
 
 
-def _run(*args: str) -> dict | list:
-    """Runs ``python -m tests._state_catalogue *args`` in a new process; its JSON output."""
-    proc = subprocess.run([sys.executable, "-m", "tests._state_catalogue", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _run(*args: str) -> Any:
+    """``python -m tests._state_catalogue *args`` in a new process: its JSON output."""
+    return run_module_json("tests._state_catalogue", *args)
 
 
 @pytest.fixture(scope="module")
