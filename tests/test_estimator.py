@@ -371,6 +371,29 @@ def test_constructor_arguments_are_checked(tmp_path):
         est.evaluate(h.eval_input(x, y))
 
 
+def test_a_work_dir_that_is_a_file_is_refused_at_construction(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(ValueError, match="notes.txt' is a file, not a directory"):
+        fw.train.get_tpu_estimator(1, h.model_func(), str(path))
+    assert path.read_text() == "mine"  # untouched
+
+
+def test_a_model_built_for_other_images_than_the_data_is_refused(tmp_path):
+    # A fully convolutional net declared for 28x28 digits would run on 8x8 ones.
+    x = np.zeros((64, 8, 8, 1), np.float32)
+    y = np.zeros(64, np.int32)
+    model_func = fw.train.get_clf_model_func(
+        lambda: fw.models.mnist_net(c=4, input_shape=(28, 28, 1)), fw.train.sgd_optimizer(0.1))
+    est = fw.train.get_tpu_estimator(2, model_func, str(tmp_path / "w"), trn_bs=32,
+                                     verbose=False)
+    with pytest.raises(ValueError, match=r"expects inputs of shape \(None, 28, 28, 1\) but "
+                                         r"the input_fn gives \(32, 8, 8, 1\).*input_shape="
+                                         r"\(8, 8, 1\)"):
+        est.train(lambda p: fw.data.numpy_ds(x, y, p["batch_size"]), steps=1)
+    assert not os.path.exists(tmp_path / "w" / "checkpoint")
+
+
 def test_gcs_work_dir_trains_resumes_and_evaluates(gcs_emulator):
     work_dir = gcs_emulator.unique_url("estimator") + "/work"
     code = f"""

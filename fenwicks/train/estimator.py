@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -155,6 +156,9 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
                          "e.g. fw.train.get_clf_model_func(build_nn, opt_func)")
     if not isinstance(work_dir, str) or not work_dir:
         raise ValueError(f"work_dir={work_dir!r} must be a local path or a gs:// URL")
+    if "://" not in work_dir and os.path.exists(work_dir) and not os.path.isdir(work_dir):
+        raise ValueError(f"work_dir={work_dir!r} is a file, not a directory; give a "
+                         "directory for checkpoints and logs (it is created if missing)")
     if precision not in accel.PRECISIONS:
         raise ValueError(f"precision={precision!r} must be one of {accel.PRECISIONS}")
     jit_compile = acc.kind == "tpu" if jit_compile is None else bool(jit_compile)
@@ -203,6 +207,7 @@ def build_model(model_func: ModelFunc, params: dict, precision: str,
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"model_func returned {type(spec).__name__}; it must return "
                          "fw.train.ModelSpec (e.g. from fw.train.get_clf_model_func)")
+    _check_input_shape(spec.model, features_spec)
     if not spec.model.built:
         spec.model(_zeros_like_spec(features_spec), training=False)
     optimizer = spec.optimizer
@@ -229,6 +234,29 @@ def _training_randomness_kept(model: keras.Model) -> Iterator[None]:
     finally:
         for variable, value in zip(states, saved, strict=True):
             variable.assign(value)
+
+
+def _check_input_shape(model: keras.Model, features_spec: Any) -> None:
+    """The data's feature shape against the shape the model declares, before compiling.
+
+    A fully convolutional net declared for 28x28 images also runs on 8x8 ones, silently
+    training something other than what the user built.
+    """
+    try:
+        declared = model.input_shape
+    except (AttributeError, ValueError):
+        return  # a subclassed model declares nothing until it is called
+    if not isinstance(features_spec, tf.TensorSpec) or not isinstance(declared, tuple) \
+            or any(isinstance(d, (tuple, list)) for d in declared):
+        return  # several inputs: Keras checks their structure itself
+    got = tuple(features_spec.shape.as_list())
+    if len(got) != len(declared) or any(
+            want is not None and have is not None and want != have
+            for want, have in zip(declared[1:], got[1:], strict=True)):
+        raise ValueError(
+            f"the model expects inputs of shape {declared} but the input_fn gives "
+            f"{got}; build the model for the data (e.g. input_shape={tuple(got[1:])}) "
+            "or fix the input_fn. Nothing was compiled or written")
 
 
 def _head(elem: Any, rows: int) -> Any:
@@ -611,7 +639,7 @@ class Estimator:
             loop = self._loop("eval", lambda: loops.make_eval_loop(
                 self._strategy, self._spec, self.config.jit_compile))
             with _training_randomness_kept(self._spec.model):
-                per_step = loop(dataset).numpy().astype(np.float64)
+                per_step = loop(iter(dataset)).numpy().astype(np.float64)
             width = 2 + len(self._spec.metric_fns)  # loss, metrics, count
             return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
 

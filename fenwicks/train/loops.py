@@ -113,7 +113,11 @@ def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
 
 def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
                    jit_compile: bool) -> Callable[[Any], tf.Tensor]:
-    """Builds ``loop(dist_dataset) -> [steps, 2 + metrics]`` masked per-step sums.
+    """Builds ``loop(dist_iterator) -> [steps, 2 + metrics]`` masked per-step sums.
+
+    The iterator is created eagerly (``iter(dist_dataset)``): iterating a dataset inside
+    the function makes tf.data read its options in graph mode, which warns on every call
+    ("To make it possible to preserve tf.data options across serialization boundaries").
 
     Columns: loss sum, one sum per metric (in `spec.metric_fns` order), example count.
     Per-step sums leave the device in float32 and are added up on the host in float64,
@@ -122,10 +126,10 @@ def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
     step = tf.function(_eval_step(spec), jit_compile=jit_compile)
 
     @tf.function
-    def loop(dataset: Any) -> tf.Tensor:
+    def loop(iterator: Any) -> tf.Tensor:
         sums = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
         i = tf.constant(0)
-        for batch in dataset:
+        for batch in iterator:
             per_replica = strategy.run(step, args=(batch,))
             sums = sums.write(i, strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica,
                                                  axis=None))
