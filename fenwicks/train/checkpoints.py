@@ -195,6 +195,127 @@ def restore(root: tf.train.Checkpoint, prefix: str, work_dir: str,
     logger.info("fenwicks: resumed from %s", prefix)
 
 
+# --------------------------------------------------------------------------- faults
+
+
+class CheckpointCorruptError(RuntimeError):
+    """No checkpoint in work_dir can be read, though some are listed there."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, storage error); the previous is intact."""
+
+
+_CORRUPT_SUFFIX = ".corrupt"
+
+
+def _listed(directory: str) -> list[str]:
+    """Checkpoint prefixes in `directory`, newest first: from its state file, or by name."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except (tf.errors.OpError, ValueError) as err:  # a damaged state file
+        logger.warning("fenwicks: %s/checkpoint is unreadable (%s); looking for "
+                       "checkpoints by name", directory, _first_line(err))
+        state = None
+    if state is not None and state.all_model_checkpoint_paths:
+        paths = list(state.all_model_checkpoint_paths)
+    else:
+        paths = [p[: -len(".index")] for p in tf.io.gfile.glob(f"{directory}/ckpt-*.index")]
+    paths = [p if "/" in p or "://" in p else f"{directory}/{p}" for p in paths]
+    return sorted(set(paths), key=_step_of, reverse=True)
+
+
+def _step_of(prefix: str) -> int:
+    tail = prefix.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _first_line(err: BaseException) -> str:
+    text = getattr(err, "message", None) or str(err)
+    return text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__
+
+
+def restore_latest(root: tf.train.Checkpoint, work_dir: str,
+                   scratch_dir: str | None = None) -> str | None:
+    """Restores the newest readable checkpoint of `work_dir`; None if there is none.
+
+    A corrupt or truncated checkpoint (bytes flipped, index cut, files missing) is never
+    loaded: the next older one is, with a warning naming both, and the damaged files are
+    renamed ``*.corrupt`` (kept, not deleted) so the run continues from a sound state.
+
+    Raises:
+        CheckpointMismatchError: the checkpoint belongs to another model.
+        CheckpointCorruptError: checkpoints are listed but none can be read.
+    """
+    if not tf.io.gfile.exists(work_dir):
+        return None
+    candidates = _listed(work_dir)
+    damaged: list[tuple[str, str]] = []
+    for prefix in candidates:
+        try:
+            restore(root, prefix, work_dir, scratch_dir)
+        except CheckpointMismatchError:
+            raise
+        except (tf.errors.OpError, ValueError, AssertionError) as err:
+            damaged.append((prefix, _first_line(err)))
+            continue
+        if damaged:
+            _set_aside(work_dir, damaged, prefix)
+        return prefix
+    if candidates:
+        listing = "; ".join(f"{p}: {why}" for p, why in damaged)
+        raise CheckpointCorruptError(
+            f"work_dir={work_dir!r} lists {len(candidates)} checkpoint(s) and none can be "
+            f"read ({listing}). Nothing was changed. Move the ckpt-* files away to start "
+            "fresh, or restore them from a copy")
+    return None
+
+
+def _set_aside(work_dir: str, damaged: list[tuple[str, str]], used: str) -> None:
+    for prefix, why in damaged:
+        logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the older "
+                       "%s instead. Its files are kept as %s*%s", prefix, why, used, prefix,
+                       _CORRUPT_SUFFIX)
+        for path in tf.io.gfile.glob(prefix + ".*"):
+            if not path.endswith(_CORRUPT_SUFFIX):
+                tf.io.gfile.rename(path, path + _CORRUPT_SUFFIX, overwrite=True)
+    bad = {prefix for prefix, _ in damaged}
+    good = sorted((p for p in _listed(work_dir) if p not in bad), key=_step_of)
+    tf.compat.v1.train.update_checkpoint_state(work_dir, used, all_model_checkpoint_paths=good)
+
+
+def save(manager: tf.train.CheckpointManager, step: int) -> str:
+    """Writes checkpoint ``ckpt-<step>``; on failure leaves the previous one as latest.
+
+    TensorFlow writes the data and index files first and names the new checkpoint in the
+    state file last, so a process killed mid-save leaves the previous checkpoint as
+    ``latest``. A failed write (disk full, a storage error after its retries) raises
+    `CheckpointWriteError` naming the path, after removing the partial files.
+    """
+    try:
+        return manager.save(checkpoint_number=step)
+    except tf.errors.OpError as err:
+        path = f"{manager.directory}/ckpt-{step}"
+        if manager.latest_checkpoint != path:
+            for partial in tf.io.gfile.glob(path + "*"):
+                _remove_quietly(partial)
+        raise CheckpointWriteError(
+            f"could not write checkpoint {path}: {_first_line(err)}. The previous "
+            f"checkpoint ({manager.latest_checkpoint or 'none'}) is intact and the "
+            "training state in memory is unchanged: free space or fix the storage, then "
+            "call train() again") from err
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+        else:
+            tf.io.gfile.remove(path)
+    except tf.errors.OpError as err:
+        logger.warning("fenwicks: could not remove the partial %s: %s", path, _first_line(err))
+
+
 # --------------------------------------------------------------------------- warm start
 
 

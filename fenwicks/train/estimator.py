@@ -374,21 +374,20 @@ class Estimator:
         return self.config.work_dir + "/.probe" if self._acc.is_remote else None
 
     def _restore_or_warm_start(self, model: keras.Model) -> None:
-        latest = checkpoints.latest(self.config.work_dir)
-        if latest:
-            checkpoints.restore(self._root, latest, self.config.work_dir, self._scratch_dir())
-        elif self.config.warm_start_from:
+        restored = checkpoints.restore_latest(self._root, self.config.work_dir,
+                                              self._scratch_dir())
+        if restored is None and self.config.warm_start_from:
             self.warm_start_report = checkpoints.warm_start(model, self.config.warm_start_from)
 
     def _reload_if_stale(self) -> None:
         """After a NaN, go back to the last good checkpoint before doing anything else."""
         if not self._stale:
             return
-        latest = checkpoints.latest(self.config.work_dir)
-        if latest is None:
+        restored = checkpoints.restore_latest(self._root, self.config.work_dir,
+                                              self._scratch_dir())
+        if restored is None:
             raise NonFiniteLossError("the weights became NaN before any checkpoint was "
                                      "saved; create a new estimator (lower the learning rate)")
-        self._root.read(latest).assert_existing_objects_matched().expect_partial()
         self._train_input, self._stale = None, False
 
     def _summary_writer(self, kind: str) -> Any:
@@ -466,7 +465,7 @@ class Estimator:
         if self._manager.latest_checkpoint and self._manager.latest_checkpoint.endswith(
                 f"-{self.global_step}"):
             return  # nothing new since the last save
-        self._manager.save(checkpoint_number=self._global_step)
+        checkpoints.save(self._manager, self.global_step)
 
     def train(self, input_fn: InputFn, steps: int | None = None,
               max_steps: int | None = None) -> Estimator:
