@@ -94,3 +94,22 @@ def gcs_emulator(tmp_path_factory):
         yield emulator
     finally:
         emulator.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_fault_emulator(tmp_path_factory):
+    """Like `gcs_emulator`, but every request passes through `tests._fault_proxy`.
+
+    Code run inside the namespace (``run_module`` / ``run_python``) schedules faults with
+    ``tests._fault_proxy.set_rules([...])`` and reads what happened with ``report()``. A
+    separate server and namespace, so faults never reach tests using `gcs_emulator`.
+    """
+    try:
+        emulator = _gcs_emulator.start(tmp_path_factory.mktemp("gcs_fault_emulator"),
+                                       faults=True)
+    except _gcs_emulator.EmulatorUnavailable as err:
+        _gcs_emulator.skip_or_fail(str(err))
+    try:
+        yield emulator
+    finally:
+        emulator.stop()

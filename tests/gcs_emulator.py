@@ -15,6 +15,10 @@ Two parts:
 * Run as a script, this file is the server: it patches two gaps of the emulator (see
   `_patch_emulator`) and serves ports 80 and 443 until terminated.
 
+With ``faults=True``, `start()` puts `tests._fault_proxy` in front of the server: the
+emulator then serves plain HTTP on `UPSTREAM_PORT` only, and the proxy owns ports 80 and
+443, forwarding to it or injecting the faults the code under test schedules.
+
 Needs root (``ip netns``). `EmulatorUnavailable` says why it could not start.
 """
 
@@ -38,6 +42,7 @@ from typing import NoReturn
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTNAMES = ("www.googleapis.com", "storage.googleapis.com")
 READY = "gcs-emulator-ready"
+UPSTREAM_PORT = 8080  # the emulator's own port when the fault proxy owns 80 and 443
 REQUIRE_ENV = "FENWICKS_REQUIRE_GCS_EMULATOR"
 
 
@@ -58,11 +63,13 @@ class GcsEmulator:
     """
 
     def __init__(self, namespace: str, bucket: str, workdir: Path, cert: Path,
-                 process: subprocess.Popen, log_path: Path) -> None:
+                 process: subprocess.Popen, log_path: Path,
+                 proxy: subprocess.Popen | None = None) -> None:
         self.namespace = namespace
         self.bucket = bucket
         self.workdir = workdir
         self.process = process
+        self.proxy = proxy
         self.log_path = log_path
         self.env = {
             "PYTHONPATH": ROOT,
@@ -104,6 +111,31 @@ class GcsEmulator:
                                  f"\n--- emulator log tail ---\n{self.log_tail()}")
         return proc
 
+    def run_module(self, module: str, *args: str, env: dict[str, str] | None = None,
+                   timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        """Runs ``python -m module *args`` inside the namespace (see `run_python`).
+
+        With ``check=False`` a failing run is returned rather than raised, for tests of
+        how code fails.
+        """
+        full_env = {**os.environ, **self.env, **(env or {})}
+        command = ["ip", "netns", "exec", self.namespace, sys.executable, "-m", module,
+                   *args]
+        proc = subprocess.run(command, env=full_env, capture_output=True, text=True,
+                              timeout=timeout, cwd=str(self.workdir))
+        if check and proc.returncode != 0:
+            raise AssertionError(f"python -m {module} in {self.namespace} failed "
+                                 f"({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                                 f"{proc.stderr[-6000:]}"
+                                 f"\n--- emulator log tail ---\n{self.log_tail()}")
+        return proc
+
+    def run_module_json(self, module: str, *args: str, env: dict[str, str] | None = None,
+                        timeout: float = 300):
+        """Like `run_module`; the module must print one JSON document as its last line."""
+        proc = self.run_module(module, *args, env=env, timeout=timeout)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
     def run_json(self, code: str, env: dict[str, str] | None = None, timeout: float = 300,
                  cwd: str | None = None):
         """Like `run_python`; `code` must print one JSON document as its last stdout line."""
@@ -117,19 +149,29 @@ class GcsEmulator:
             return "(no log)"
 
     def stop(self) -> None:
-        """Stops the server (the process this object started) and removes the namespace."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        """Stops the server and the proxy (processes this object started) and removes
+        the namespace."""
+        for process in (self.proxy, self.process):
+            if process is not None:
+                _stop_process(process)
         _remove_namespace(self.namespace)
 
 
-def start(workdir: Path, bucket: str = "fenwicks-test", timeout: float = 30) -> GcsEmulator:
+def _stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def start(workdir: Path, bucket: str = "fenwicks-test", timeout: float = 30,
+          faults: bool = False) -> GcsEmulator:
     """Creates a namespace, a certificate and a server in it; returns when it answers.
+
+    With `faults`, the server listens on `UPSTREAM_PORT` behind `tests._fault_proxy`.
 
     Raises:
         EmulatorUnavailable: not root, no ``ip``/``openssl``, or the server did not start.
@@ -142,12 +184,25 @@ def start(workdir: Path, bucket: str = "fenwicks-test", timeout: float = 30) -> 
     namespace = f"fwgcs-{os.getpid()}-{secrets.token_hex(3)}"
     _create_namespace(namespace)
     log_path = workdir / "emulator.log"
+    process = proxy = None
     try:
-        process = _launch_server(namespace, cert, key, bucket, log_path, timeout)
+        ports = ["--http-port", str(UPSTREAM_PORT), "--https-port", "0"] if faults else []
+        process = _launch(namespace, [os.path.abspath(__file__), "--cert", str(cert),
+                                      "--key", str(key), "--bucket", bucket, *ports],
+                          log_path, READY, timeout)
+        if faults:
+            proxy = _launch(namespace, [os.path.join(os.path.dirname(__file__),
+                                                     "_fault_proxy.py"),
+                                        "--upstream", f"127.0.0.1:{UPSTREAM_PORT}",
+                                        "--cert", str(cert), "--key", str(key)],
+                            workdir / "proxy.log", "fault-proxy-ready", timeout)
     except BaseException:
+        for started in (proxy, process):
+            if started is not None:
+                _stop_process(started)
         _remove_namespace(namespace)
         raise
-    return GcsEmulator(namespace, bucket, workdir, cert, process, log_path)
+    return GcsEmulator(namespace, bucket, workdir, cert, process, log_path, proxy)
 
 
 def skip_or_fail(reason: str) -> NoReturn:
@@ -222,18 +277,18 @@ def _remove_namespace(namespace: str) -> None:
     shutil.rmtree(Path("/etc/netns") / namespace, ignore_errors=True)
 
 
-def _launch_server(namespace: str, cert: Path, key: Path, bucket: str, log_path: Path,
-                   timeout: float) -> subprocess.Popen:
-    command = ["ip", "netns", "exec", namespace, sys.executable, os.path.abspath(__file__),
-               "--cert", str(cert), "--key", str(key), "--bucket", bucket]
-    if os.environ.get("FENWICKS_GCS_EMULATOR_VERBOSE") == "1":  # request log for debugging
-        command.append("--verbose")
+def _launch(namespace: str, script: list[str], log_path: Path, ready: str,
+            timeout: float) -> subprocess.Popen:
+    """Starts ``python *script`` in the namespace; returns once it prints `ready`."""
+    command = ["ip", "netns", "exec", namespace, sys.executable, *script]
+    if os.environ.get("FENWICKS_GCS_EMULATOR_VERBOSE") == "1" and ready == READY:
+        command.append("--verbose")  # the emulator's request log, for debugging
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if READY in log_path.read_text(errors="replace"):
+        if ready in log_path.read_text(errors="replace"):
             return process
         if process.poll() is not None:
             break
@@ -241,7 +296,8 @@ def _launch_server(namespace: str, cert: Path, key: Path, bucket: str, log_path:
     if process.poll() is None:
         process.kill()
         process.wait(timeout=10)
-    raise EmulatorUnavailable(f"the emulator did not start within {timeout:.0f} s:\n"
+    raise EmulatorUnavailable(f"{os.path.basename(script[0])} did not start within "
+                              f"{timeout:.0f} s:\n"
                               + log_path.read_text(errors="replace")[-3000:])
 
 
@@ -380,7 +436,8 @@ def _handler_class():
 
 def serve(cert: str, key: str, bucket: str, http_port: int = 80,
           https_port: int = 443) -> None:
-    """Serves one in-memory store on `http_port` and, with TLS, on `https_port`."""
+    """Serves one in-memory store on `http_port` and, with TLS, on `https_port` (0: no
+    TLS port, when the fault proxy terminates TLS in front of this server)."""
     import ssl
     from http.server import ThreadingHTTPServer
 
@@ -391,12 +448,14 @@ def serve(cert: str, key: str, bucket: str, http_port: int = 80,
     storage = Storage(use_memory_fs=True, data_dir=os.path.abspath("."))
     create_bucket(bucket, storage)
     handler = partial(_handler_class(), storage)
-    plain = ThreadingHTTPServer(("127.0.0.1", http_port), handler)
-    secure = ThreadingHTTPServer(("127.0.0.1", https_port), handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    secure.socket = context.wrap_socket(secure.socket, server_side=True)
-    for httpd in (plain, secure):
+    servers = [ThreadingHTTPServer(("127.0.0.1", http_port), handler)]
+    if https_port:
+        secure = ThreadingHTTPServer(("127.0.0.1", https_port), handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        secure.socket = context.wrap_socket(secure.socket, server_side=True)
+        servers.append(secure)
+    for httpd in servers:
         httpd.daemon_threads = True
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
     print(READY, flush=True)
