@@ -1,6 +1,11 @@
 """Training: optimizers, schedules, the LR finder and the estimator. (Being built.)"""
 
-from fenwicks.train.checkpoints import CheckpointMismatchError  # noqa: E402, F401
+from fenwicks.train.checkpoints import (  # noqa: E402, F401  (public names)
+    CheckpointCorruptError,
+    CheckpointCoverageError,
+    CheckpointMismatchError,
+    CheckpointWriteError,
+)
 from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     Estimator,
     EstimatorConfig,
@@ -9,6 +14,7 @@ from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     get_tpu_estimator,
     train_and_evaluate,
 )
+from fenwicks.train.lock import WorkDirLockedError  # noqa: E402, F401
 from fenwicks.train.lr_finder import (  # noqa: E402, F401  (public names)
     ExponentialSweep,
     LRFinderResult,
@@ -31,6 +37,7 @@ from fenwicks.train.optimizers import (  # noqa: E402, F401  (public names)
     adam_optimizer,
     sgd_optimizer,
 )
+from fenwicks.train.preemption import Preempted  # noqa: E402, F401
 from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     Constant,
     CosineDecay,

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks.train import checkpoints, export, inputs, loops
+from fenwicks.train import checkpoints, export, inputs, lock, loops, preemption
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.progress import Progress, write_eval_summary
 
@@ -305,6 +305,8 @@ class Estimator:
         self._loops: dict[Any, Any] = {}
         self._stale = False  # True after a NaN: the in-memory weights are not trusted
         self._writers: dict[str, Any] = {}
+        self._preemption: preemption.PreemptionWatcher | None = None
+        self._lock: lock.WorkDirLock | None = None
         # Eval input_fns whose labels were checked (weak: a new lambda may reuse an id).
         self._checked_inputs: weakref.WeakSet = weakref.WeakSet()
         _live_estimators.add(self)
@@ -360,9 +362,7 @@ class Estimator:
         self._root = checkpoints.make_checkpoint(spec.model, optimizer, self._global_step,
                                                  self._input_steps)
         self._restore_or_warm_start(spec.model)
-        self._manager = tf.train.CheckpointManager(
-            self._root, self.config.work_dir, self.config.keep_checkpoints,
-            step_counter=self._global_step, checkpoint_name="ckpt")
+        self._manager = self._make_manager()
         self._spec = spec
 
     def _create_model(self, features_spec: Any, mode: str) -> tuple[ModelSpec, Any]:
@@ -490,6 +490,10 @@ class Estimator:
             ValueError: bad arguments or input, before anything is compiled.
             NonFiniteLossError: the loss became NaN/inf; names the step. The last
                 checkpoint is left as it was, and the estimator reloads it on next use.
+            WorkDirLockedError: another process is training in work_dir.
+            Preempted: SIGTERM arrived; the step in progress finished and was saved.
+            CheckpointWriteError: a checkpoint could not be written (disk full, storage);
+                the previous one is intact.
 
         Example:
             >>> est.train(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
@@ -497,20 +501,60 @@ class Estimator:
         """
         self._check_steps(steps, max_steps)
         self._reload_if_stale()
-        iterator = self._train_iterator(input_fn)  # builds, restoring work_dir's step
-        target = self._target_step(steps, max_steps)
-        if self.global_step >= target:
-            logger.info("fenwicks: already at step %d >= %d; not training",
-                        self.global_step, target)
-            return self
+        with self._work_dir_lock():
+            self._catch_up_with_work_dir()
+            iterator = self._train_iterator(input_fn)  # builds, restoring work_dir's step
+            target = self._target_step(steps, max_steps)
+            if self.global_step >= target:
+                logger.info("fenwicks: already at step %d >= %d; not training",
+                            self.global_step, target)
+                return self
+            self._train_until(iterator, target)
+        return self
+
+    @contextlib.contextmanager
+    def _work_dir_lock(self) -> Iterator[None]:
+        """Held while training: one writer of checkpoints per work_dir (see `lock.py`)."""
+        if not self._strategy.extended.should_checkpoint:
+            yield  # a non-chief worker writes no checkpoint
+            return
+        if self._lock is None:
+            self._lock = lock.WorkDirLock(self.config.work_dir)
+        self._lock.acquire()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _catch_up_with_work_dir(self) -> None:
+        """Another process may have trained here since this estimator last looked."""
+        if self._spec is None:
+            return
+        if checkpoints.latest(self.config.work_dir) == self._manager.latest_checkpoint:
+            return
+        restored = checkpoints.restore_latest(self._root, self.config.work_dir,
+                                              self._scratch_dir())
+        logger.warning("fenwicks: %s changed since this estimator read it; continuing from "
+                       "%s", self.config.work_dir, restored)
+        self._manager = self._make_manager()
+        self._train_input = None  # the input position was restored too
+
+    def _make_manager(self) -> tf.train.CheckpointManager:
+        return tf.train.CheckpointManager(
+            self._root, self.config.work_dir, self.config.keep_checkpoints,
+            step_counter=self._global_step, checkpoint_name="ckpt")
+
+    def _train_until(self, iterator: Any, target: int) -> None:
+        if self._preemption is None:
+            self._preemption = preemption.PreemptionWatcher()
         loop = self._loop("train", lambda: loops.make_train_loop(
             self._strategy, self._spec, self._optimizer, self._global_step,
-            self.config.train_batch_size, self.config.jit_compile))
-        with Progress(self._summary_writer("train"), self.global_step, target,
-                      self.config.train_batch_size, self.config.verbose) as progress:
+            self.config.train_batch_size, self.config.jit_compile, self._preemption.flag))
+        with self._preemption, Progress(self._summary_writer("train"), self.global_step,
+                                        target, self.config.train_batch_size,
+                                        self.config.verbose) as progress:
             self._run_loops(loop, iterator, target, progress)
         self._save()
-        return self
 
     def _run_loops(self, loop: Any, iterator: Any, target: int, progress: Progress) -> None:
         last_save, loops_since_save = time.monotonic(), 0
@@ -531,7 +575,12 @@ class Estimator:
             self._record(start, losses, progress)
             if len(losses) and not np.isfinite(losses[-1]):
                 self._stop_at_non_finite(losses[-1])
+            if self._preemption.requested:
+                self._save()
+                raise preemption.Preempted(self.global_step, self._manager.latest_checkpoint)
             loops_since_save += 1
+            if self._lock is not None:
+                self._lock.heartbeat()
             every = self.config.save_every_loops
             secs = self.config.save_every_secs
             if (every and loops_since_save >= every) or (

@@ -66,12 +66,17 @@ def _sum_over_replicas(strategy: tf.distribute.Strategy, per_replica: Any) -> tf
 
 def make_train_loop(strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer: Any,
                     global_step: tf.Variable, global_batch_size: int,
-                    jit_compile: bool) -> Callable[[Any, tf.Tensor], tf.Tensor]:
+                    jit_compile: bool,
+                    stop: tf.Variable | None = None) -> Callable[[Any, tf.Tensor], tf.Tensor]:
     """Builds the compiled training loop.
+
+    Args:
+        stop: a boolean variable read before every step; when it turns True the loop
+            returns after the step in progress (preemption, see `preemption.py`).
 
     Returns:
         ``loop(iterator, num_steps)`` returning a float32 vector of the mean loss of each
-        step run (shorter than `num_steps` if a loss was not finite).
+        step run (shorter than `num_steps` if a loss was not finite or `stop` was set).
     """
     step = tf.function(_train_step(spec, optimizer, global_batch_size,
                                    strategy.num_replicas_in_sync), jit_compile=jit_compile)
@@ -79,7 +84,8 @@ def make_train_loop(strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer
     @tf.function
     def loop(iterator: Any, num_steps: tf.Tensor) -> tf.Tensor:
         def cond(i, last, losses):
-            return tf.logical_and(i < num_steps, tf.math.is_finite(last))
+            go = tf.logical_and(i < num_steps, tf.math.is_finite(last))
+            return go if stop is None else tf.logical_and(go, tf.logical_not(stop))
 
         def body(i, last, losses):
             per_replica = strategy.run(step, args=(next(iterator),))

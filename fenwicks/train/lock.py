@@ -1,0 +1,167 @@
+"""One training process per work_dir: a lock file that works on local disk and ``gs://``.
+
+Two notebooks training into one work_dir would interleave their checkpoints: each
+resumes from the other's files and overwrites them. `Estimator.train` holds
+``<work_dir>/fenwicks.lock`` while it runs; a second process gets `WorkDirLockedError`
+naming the holder (host, pid, since when). Evaluating and predicting only read, so they
+take no lock.
+
+A lock left by a run that was killed does not block for ever: on the same host it is
+stale once its process is gone; from another host, once its heartbeat (refreshed while
+training, at most every `HEARTBEAT_SECS`) is older than `STALE_SECS`.
+
+On local disk the lock is created atomically (``O_EXCL``). Through ``tf.io.gfile``,
+``gs://`` has no create-if-absent, so the lock is written and read back after a pause;
+two processes starting within the same fraction of a second could both see their own
+token only if the bucket reordered their writes, which GCS's strong read-after-write
+consistency rules out for the read that follows the second write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+import tensorflow as tf
+
+logger = logging.getLogger("fenwicks")
+
+LOCK_NAME = "fenwicks.lock"
+HEARTBEAT_SECS = 60.0
+STALE_SECS = 600.0
+_REMOTE_SETTLE_SECS = 0.5
+
+
+class WorkDirLockedError(RuntimeError):
+    """Another process is training in this work_dir."""
+
+
+class WorkDirLock:
+    """The lock of one work_dir; `acquire` before writing checkpoints, `release` after.
+
+    Example:
+        >>> lock = WorkDirLock('/tmp/run')
+        >>> lock.acquire(); ...; lock.release()
+    """
+
+    def __init__(self, work_dir: str) -> None:
+        self.path = f"{work_dir}/{LOCK_NAME}"
+        self._work_dir = work_dir
+        self._token = uuid.uuid4().hex
+        self._held = False
+        self._last_beat = 0.0
+
+    @property
+    def remote(self) -> bool:
+        return "://" in self.path
+
+    def acquire(self) -> None:
+        """Takes the lock, or raises `WorkDirLockedError` naming the live holder."""
+        if self._held:
+            return
+        tf.io.gfile.makedirs(self._work_dir)
+        holder = self._read()
+        if holder is not None and holder.get("token") != self._token:
+            if not _is_stale(holder):
+                raise WorkDirLockedError(_locked_message(self._work_dir, holder))
+            logger.warning("fenwicks: taking over the stale lock of %s (pid %s on %s, last "
+                           "seen %s)", self._work_dir, holder.get("pid"), holder.get("host"),
+                           _ago(holder))
+            self._remove()
+        self._create()
+        self._held = True
+
+    def heartbeat(self) -> None:
+        """Refreshes the lock's timestamp (at most every `HEARTBEAT_SECS`)."""
+        if self._held and time.time() - self._last_beat >= HEARTBEAT_SECS:
+            self._write(self._record())
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        holder = self._read()
+        if holder is not None and holder.get("token") == self._token:
+            self._remove()
+
+    # ---------------------------------------------------------------- files
+
+    def _record(self) -> dict[str, Any]:
+        self._last_beat = time.time()
+        return {"host": socket.gethostname(), "pid": os.getpid(), "token": self._token,
+                "started": getattr(self, "_started", self._last_beat),
+                "heartbeat": self._last_beat}
+
+    def _create(self) -> None:
+        record = self._record()
+        self._started = record["started"]
+        if not self.remote:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                raise WorkDirLockedError(
+                    _locked_message(self._work_dir, self._read() or {})) from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+            return
+        self._write(record)
+        time.sleep(_REMOTE_SETTLE_SECS)  # let a concurrent writer's object land first
+        holder = self._read()
+        if holder is None or holder.get("token") != self._token:
+            raise WorkDirLockedError(_locked_message(self._work_dir, holder or {}))
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.remote:
+            with tf.io.gfile.GFile(self.path, "w") as f:
+                f.write(json.dumps(record))
+            return
+        tmp = f"{self.path}.{self._token}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, self.path)  # atomic: a reader never sees half a lock
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            with tf.io.gfile.GFile(self.path) as f:
+                return json.loads(f.read())
+        except tf.errors.NotFoundError:
+            return None
+        except (ValueError, tf.errors.OpError):
+            return {"host": "?", "pid": None, "heartbeat": 0.0}  # unreadable: stale
+
+    def _remove(self) -> None:
+        try:
+            tf.io.gfile.remove(self.path)
+        except tf.errors.NotFoundError:
+            pass
+
+
+def _is_stale(holder: dict[str, Any]) -> bool:
+    pid = holder.get("pid")
+    if holder.get("host") == socket.gethostname() and isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, another user's
+        return False
+    return time.time() - float(holder.get("heartbeat") or 0.0) > STALE_SECS
+
+
+def _ago(holder: dict[str, Any]) -> str:
+    seconds = time.time() - float(holder.get("heartbeat") or 0.0)
+    return f"{seconds:.0f} s ago"
+
+
+def _locked_message(work_dir: str, holder: dict[str, Any]) -> str:
+    return (f"work_dir={work_dir!r} is in use: pid {holder.get('pid')} on host "
+            f"{holder.get('host')!r} is training there (lock heartbeat {_ago(holder)}). Two "
+            "runs would interleave their checkpoints. Use another work_dir, or wait for it "
+            f"to finish; if that run is gone, its lock goes stale after {STALE_SECS:.0f} s "
+            f"(at once on the same host), or delete {work_dir}/{LOCK_NAME}")
