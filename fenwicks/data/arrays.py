@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks.data import pipeline
+from fenwicks.data import pipeline, position
 from fenwicks.data._checks import (
     check_batch_size,
     check_features,
@@ -72,26 +72,32 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
             f"input pipeline; a training batch must be full (drop_remainder), so use "
             f"batch_size <= {local}")
     deterministic = pipeline.default_deterministic(deterministic, seed, training)
+    first_batch = 0  # a resumed run's first batch (the constant path reads from 0)
     if _needs_graph_constants():
         batches = _constant_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed,
                                     num_pipelines, pipeline_id)
     else:
-        batches = _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz,
-                                    seed, num_pipelines, pipeline_id, deterministic)
-    return pipeline.finish(batches, batch_size=batch_size, training=training,
-                           shuffle_buf_sz=None, batch_transform=batch_transform, seed=seed,
-                           deterministic=deterministic, batched=True)
+        first_batch = position.requested_batches(training)
+        batches = _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed,
+                                    num_pipelines, pipeline_id, deterministic,
+                                    first_batch * batch_size)
+    ds = pipeline.finish(batches, batch_size=batch_size, training=training,
+                         shuffle_buf_sz=None, batch_transform=batch_transform, seed=seed,
+                         deterministic=deterministic, batched=True, first_batch=first_batch)
+    return position.claim(ds) if first_batch else ds
 
 
 def _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed, num_pipelines,
-                      pipeline_id, deterministic) -> tf.data.Dataset:
+                      pipeline_id, deterministic, first_index) -> tf.data.Dataset:
+    """Batches of gathered examples; training starts at example ``first_index`` of the
+    endless stream of epochs (a resumed run), without gathering anything before it."""
     if training and shuffle_buf_sz is None:
-        indices = _epoch_permutations(len(xs), num_pipelines, pipeline_id, seed)
+        indices = _epoch_permutations(len(xs), num_pipelines, pipeline_id, seed, first_index)
+    elif training:
+        indices = _buffer_shuffled(len(xs), num_pipelines, pipeline_id, seed,
+                                   shuffle_buf_sz, first_index)
     else:
         indices = tf.data.Dataset.range(len(xs)).shard(num_pipelines, pipeline_id)
-    if training and shuffle_buf_sz is not None:
-        indices = indices.shuffle(shuffle_buf_sz, seed=seed, reshuffle_each_iteration=True)
-        indices = indices.repeat()
     indices = indices.batch(batch_size, drop_remainder=training)
     static_batch = batch_size if training else None
     return indices.map(_gather_fn(xs, ys, static_batch), num_parallel_calls=tf.data.AUTOTUNE,
@@ -99,21 +105,44 @@ def _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed, num_pi
 
 
 def _epoch_permutations(n: int, num_pipelines: int, pipeline_id: int,
-                        seed: int | None) -> tf.data.Dataset:
-    """This pipeline's example indices, a fresh permutation each epoch, forever.
+                        seed: int | None, first_index: int = 0) -> tf.data.Dataset:
+    """This pipeline's example indices, a fresh permutation each epoch, forever, from
+    index ``first_index`` of that stream on.
 
     One int64 tensor per epoch (8 bytes per example): a shuffle buffer of n scalar
-    elements would cost ~25x that in per-element overhead.
+    elements would cost ~25x that in per-element overhead. Epoch e's permutation is a
+    function of (seed, e), so a resumed stream computes its epoch's permutation and
+    slices it: O(1) in the steps already taken.
     """
     positions = tf.range(pipeline_id, n, num_pipelines, dtype=tf.int64)
+    first_epoch, offset = divmod(first_index, len(range(pipeline_id, n, num_pipelines)))
 
     def permute(epoch: tf.Tensor) -> tf.Tensor:
         if seed is None:
-            return tf.random.shuffle(positions)
-        return tf.random.experimental.stateless_shuffle(
-            positions, seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+            order = tf.random.shuffle(positions)
+        else:
+            order = tf.random.experimental.stateless_shuffle(
+                positions, seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+        # Only the resumed epoch starts late; the ones after it are whole.
+        return order[tf.where(epoch == first_epoch, tf.constant(offset, tf.int64), 0):]
 
-    return tf.data.Dataset.counter().map(permute).unbatch()
+    return tf.data.Dataset.counter(first_epoch).map(permute).unbatch()
+
+
+def _buffer_shuffled(n: int, num_pipelines: int, pipeline_id: int, seed: int | None,
+                     shuffle_buf_sz: int, first_index: int) -> tf.data.Dataset:
+    """Indices through a shuffle buffer, epoch after epoch, from ``first_index`` on.
+
+    Each epoch's shuffle is seeded by (seed, epoch): a resumed stream starts at its epoch
+    and skips at most one epoch of indices (integers, nothing gathered).
+    """
+    first_epoch, offset = divmod(first_index, len(range(pipeline_id, n, num_pipelines)))
+    indices = tf.data.Dataset.range(pipeline_id, n, num_pipelines)
+
+    def epoch(e: tf.Tensor) -> tf.data.Dataset:
+        return indices.shuffle(shuffle_buf_sz, seed=pipeline.epoch_seed(seed, e, 0))
+
+    return tf.data.Dataset.counter(first_epoch).flat_map(epoch).skip(offset)
 
 
 def _gather_fn(xs: np.ndarray, ys: np.ndarray | None, static_batch: int | None):

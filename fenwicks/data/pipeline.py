@@ -38,7 +38,7 @@ def check_shuffle_buffer(shuffle_buf_sz: Any) -> None:
                          "(examples held in the shuffle buffer) or None")
 
 
-def _cache(ds: tf.data.Dataset, cache: bool | str, suffix: str) -> tf.data.Dataset:
+def cached(ds: tf.data.Dataset, cache: bool | str, suffix: str) -> tf.data.Dataset:
     if cache is False:
         return ds
     if cache is True:
@@ -51,11 +51,12 @@ def _cache(ds: tf.data.Dataset, cache: bool | str, suffix: str) -> tf.data.Datas
 
 
 def apply_transform(ds: tf.data.Dataset, transform: Transform | None, seed: int | None,
-                    salt: int, deterministic: bool) -> tf.data.Dataset:
+                    salt: int, deterministic: bool, start: int = 0) -> tf.data.Dataset:
     """Maps ``transform`` over the features of each element, in parallel.
 
     With a seed, each element gets the stateless seed ``[index, 2 * seed + salt]`` so a
     parallel map is reproducible (stateful random ops in a parallel map are not).
+    ``start`` is the index of the first element: a resumed stream counts on from there.
     """
     if transform is None:
         return ds
@@ -73,20 +74,24 @@ def apply_transform(ds: tf.data.Dataset, transform: Transform | None, seed: int 
         with fw_transform.seeded(tf.stack([index, tf.constant(2 * seed + salt, tf.int64)])):
             return on_features(element)
 
-    return ds.enumerate().map(seeded, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    return ds.enumerate(start).map(seeded, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
 
 
 def finish(ds: tf.data.Dataset, *, batch_size: int, training: bool,
            shuffle_buf_sz: int | None, cache: bool | str = False,
            transform: Transform | None = None, batch_transform: Transform | None = None,
            augmented_epochs: int = 0, seed: int | None = None, deterministic: bool = True,
-           cache_suffix: str = "", batched: bool = False) -> tf.data.Dataset:
+           cache_suffix: str = "", batched: bool = False,
+           first_batch: int = 0) -> tf.data.Dataset:
     """Cache, shuffle and repeat (training), augment, batch, prefetch.
 
     ``batched=True`` means ``ds`` already yields batches (numpy_ds gathers whole batches),
-    so shuffle, repeat and batch were done upstream.
+    so shuffle, repeat and batch were done upstream; its first batch is batch
+    ``first_batch`` of the stream (a resumed run), which seeds ``batch_transform``.
     """
-    ds = _cache(ds, cache, cache_suffix)
+    if first_batch and not batched:
+        raise ValueError("first_batch is for streams that are batched upstream")
+    ds = cached(ds, cache, cache_suffix)
     if training and not batched:
         ds = ds.shuffle(shuffle_buf_sz, seed=seed, reshuffle_each_iteration=True)
         # augmented_epochs: run K epochs of augmentation once, cache them, cycle them.
@@ -95,12 +100,30 @@ def finish(ds: tf.data.Dataset, *, batch_size: int, training: bool,
     if not batched:
         ds = ds.batch(batch_size, drop_remainder=training, num_parallel_calls=AUTOTUNE,
                       deterministic=deterministic)
-    ds = apply_transform(ds, batch_transform, seed, 1, deterministic)
+    ds = apply_transform(ds, batch_transform, seed, 1, deterministic, first_batch)
     if training and augmented_epochs and not batched:
-        ds = _cache(ds, cache, cache_suffix + ".augmented").repeat()
+        ds = cached(ds, cache, cache_suffix + ".augmented").repeat()
+    return prefetched(ds, deterministic)
+
+
+def prefetched(ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
     options = tf.data.Options()
     options.deterministic = deterministic
     return ds.with_options(options).prefetch(AUTOTUNE)
+
+
+def epoch_seed(seed: int | None, epoch: tf.Tensor, salt: int) -> tf.Tensor | None:
+    """A shuffle seed for one epoch, a pure function of (seed, epoch, salt).
+
+    tf.data's ``reshuffle_each_iteration`` draws each epoch's order from a seed generator
+    that has to step through every earlier epoch; a seed computed from the epoch number
+    lets a resumed run start at epoch 50 directly.
+    """
+    if seed is None:
+        return None
+    key = tf.stack([tf.constant(2 * seed + salt, tf.int64), tf.cast(epoch, tf.int64)])
+    return tf.random.stateless_uniform([], seed=key, minval=None, maxval=None,
+                                       dtype=tf.int64)
 
 
 def check_augmented_epochs(augmented_epochs: Any, training: bool) -> int:

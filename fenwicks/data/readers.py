@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks import io as fw_io
-from fenwicks.data import pipeline
+from fenwicks.data import epochs, pipeline, position
 from fenwicks.data._checks import RecordError, check_batch_size, pipeline_shard
 from fenwicks.data.scan import FileScan, scan_tfrecord
 
@@ -115,16 +115,33 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
     takes = _usable_records(files, skip_corrupt) if verify else [-1] * len(files)
     batched = _check_parser(parser, files, verify)
     deterministic = pipeline.default_deterministic(deterministic, seed, training)
-    records = _interleave(files, takes, training, seed, deterministic, cycle_length,
-                          skip_corrupt and not verify)
-    if not by_file:
-        records = records.shard(num_pipelines, pipeline_id)
-    parsed = _parse(records, parser, batched, deterministic)
+    source = record_source(files, [0] * len(files), takes, shuffle=training and by_file,
+                           seed=seed, deterministic=deterministic, cycle_length=cycle_length,
+                           ignore_errors=skip_corrupt and not verify,
+                           shard=None if by_file else (num_pipelines, pipeline_id))
+
+    def parse(records: tf.data.Dataset) -> tf.data.Dataset:
+        return _parse(records, parser, batched, deterministic)
+
     suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
-    return pipeline.finish(parsed, batch_size=batch_size, training=training,
-                           shuffle_buf_sz=shuffle_buf_sz, cache=cache, transform=transform,
-                           batch_transform=batch_transform, augmented_epochs=augmented_epochs,
-                           seed=seed, deterministic=deterministic, cache_suffix=suffix)
+    options = {"batch_size": batch_size, "shuffle_buf_sz": shuffle_buf_sz, "cache": cache,
+               "transform": transform, "batch_transform": batch_transform, "seed": seed,
+               "deterministic": deterministic}
+    if training:
+        counted = not (skip_corrupt and not verify)  # else TensorFlow decides what is lost
+        size = _records_per_epoch(files, by_file, num_pipelines, pipeline_id) \
+            if counted and position.requested_batches(training) else None
+        return epochs.training_batches(source, parse, size, augmented_epochs=augmented_epochs,
+                                       cache_suffix=suffix, **options)
+    return pipeline.finish(parse(source(None)), training=False, cache_suffix=suffix,
+                           **options)
+
+
+def _records_per_epoch(files: list[str], by_file: bool, num_pipelines: int,
+                       pipeline_id: int) -> int:
+    """Records this input pipeline reads per epoch (the scans are cached)."""
+    total = sum(scan_tfrecord(f).records for f in files)
+    return total if by_file else len(range(pipeline_id, total, num_pipelines))
 
 
 def _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
@@ -227,21 +244,34 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-def _interleave(files: list[str], takes: list[int], training: bool, seed: int | None,
-                deterministic: bool, cycle_length: int, ignore_errors: bool) -> tf.data.Dataset:
+def record_source(files: list[str], skips: list[int], takes: list[int], *, shuffle: bool,
+                  seed: int | None, deterministic: bool, cycle_length: int,
+                  ignore_errors: bool = False,
+                  shard: tuple[int, int] | None = None) -> epochs.Source:
+    """epoch -> the serialized records of ``files`` (each from ``skip``, ``take`` of them,
+    -1 = all), files read concurrently; in a file order seeded by (seed, epoch) when
+    ``shuffle``. ``shard=(num, index)`` keeps every num-th record (fewer files than input
+    pipelines: every pipeline must then read the files in the same order, unshuffled)."""
     # No autograph: nothing to convert, and it trips over this closure (a noisy warning).
     @tf.autograph.experimental.do_not_convert
-    def read(path, take):
-        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).take(take)
+    def read(path, skip, take):
+        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).skip(skip).take(take)
         # Without the up-front scan, skip_corrupt falls back to TensorFlow's own skipping
         # (it stops the file at the damage and logs it, but cannot count what it lost).
         return records.ignore_errors(log_warning=True) if ignore_errors else records
 
-    names = tf.data.Dataset.from_tensor_slices((files, tf.constant(takes, tf.int64)))
-    if training:
-        names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    return names.interleave(read, cycle_length=max(1, min(cycle_length, len(files))),
-                            num_parallel_calls=pipeline.AUTOTUNE, deterministic=deterministic)
+    names = tf.data.Dataset.from_tensor_slices(
+        (files, tf.constant(skips, tf.int64), tf.constant(takes, tf.int64)))
+
+    def epoch_records(epoch: tf.Tensor | None) -> tf.data.Dataset:
+        ordered = names.shuffle(len(files), seed=epochs.file_order_seed(seed, epoch)) \
+            if shuffle else names
+        records = ordered.interleave(read, cycle_length=max(1, min(cycle_length, len(files))),
+                                     num_parallel_calls=pipeline.AUTOTUNE,
+                                     deterministic=deterministic)
+        return records.shard(*shard) if shard else records
+
+    return epoch_records
 
 
 def _remote() -> bool:

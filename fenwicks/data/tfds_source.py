@@ -18,7 +18,7 @@ from typing import Any
 import tensorflow as tf
 
 from fenwicks import io as fw_io
-from fenwicks.data import pipeline
+from fenwicks.data import epochs, pipeline, readers
 from fenwicks.data._checks import pipeline_shard
 from fenwicks.data.readers import _check_options, _check_reachable, _remote
 
@@ -199,6 +199,18 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
     builder = tfds_builder(name, data_dir, download)
     by_file = len(builder.info.splits[split].file_instructions) >= num_pipelines
     deterministic = pipeline.default_deterministic(deterministic, seed, training)
+    suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
+    files = _record_files(builder, split) if training else None
+    if files is not None:
+        if by_file:
+            files = files[pipeline_id::num_pipelines]
+        return _training_batches(builder, files, None if by_file else (num_pipelines,
+                                                                       pipeline_id),
+                                 batch_size=batch_size, shuffle_buf_sz=shuffle_buf_sz,
+                                 cache=cache, transform=transform,
+                                 batch_transform=batch_transform,
+                                 augmented_epochs=augmented_epochs, seed=seed,
+                                 deterministic=deterministic, cache_suffix=suffix)
     # Sharding by example needs the same file order in every pipeline: no file shuffle
     # (the shuffle buffer still mixes examples).
     read_config = tfds.ReadConfig(input_context=input_context if by_file else None,
@@ -208,11 +220,49 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
                             shuffle_files=training and by_file, read_config=read_config)
     if not by_file:
         ds = ds.shard(num_pipelines, pipeline_id)
-    suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
     return pipeline.finish(ds, batch_size=batch_size, training=training,
                            shuffle_buf_sz=shuffle_buf_sz, cache=cache, transform=transform,
                            batch_transform=batch_transform, augmented_epochs=augmented_epochs,
                            seed=seed, deterministic=deterministic, cache_suffix=suffix)
+
+
+def _record_files(builder: Any, split: str) -> list[tuple[str, int, int]] | None:
+    """The split as ``(file, skip, take)``, if Fenwicks can read its TFRecords itself (and
+    so start a resumed run at its epoch and record); None otherwise (other file formats,
+    nested supervised keys): then tfds reads the split and a resume replays the data."""
+    import tensorflow_datasets as tfds
+
+    keys = builder.info.supervised_keys
+    if builder.info.file_format != tfds.core.FileFormat.TFRECORD or not (
+            isinstance(keys, tuple) and len(keys) == 2 and all(isinstance(k, str)
+                                                                for k in keys)):
+        return None
+    return [(os.fspath(f.filename), f.skip,
+             f.take if f.take >= 0 else f.examples_in_shard - f.skip)
+            for f in builder.info.splits[split].file_instructions]
+
+
+def _training_batches(builder: Any, files: list[tuple[str, int, int]],
+                      shard: tuple[int, int] | None, **options: Any) -> tf.data.Dataset:
+    """tfds' TFRecord files through the same epoch stream as `tfrecord_ds`: each example is
+    read and decoded as tfds does (``features.deserialize_example``)."""
+    names, skips, takes = (list(column) for column in zip(*files, strict=True))
+    source = readers.record_source(names, skips, takes, shuffle=shard is None,
+                                   seed=options["seed"], cycle_length=16,
+                                   deterministic=options["deterministic"], shard=shard)
+    features, (image_key, label_key) = builder.info.features, builder.info.supervised_keys
+
+    def parse(records: tf.data.Dataset) -> tf.data.Dataset:
+        def supervised(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            example = features.deserialize_example(record)
+            return example[image_key], example[label_key]
+
+        return records.map(supervised, num_parallel_calls=pipeline.AUTOTUNE,
+                           deterministic=options["deterministic"])
+
+    total = sum(takes)
+    size = total if shard is None else len(range(shard[1], total, shard[0]))
+    return epochs.training_batches(source, parse, size, **options)
 
 
 def _tfds_dir(data_dir: str | None) -> str | None:

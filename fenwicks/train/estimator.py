@@ -435,11 +435,11 @@ class Estimator:
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
             params = self._params("train", self.config.train_batch_size, context)
-            dataset = inputs.call_input_fn(input_fn, params, "training")
-            inputs.check_train_spec(dataset.element_spec, batch_size)
             # Each step takes one batch per replica this pipeline feeds.
             per_step = self.num_replicas // context.num_input_pipelines
-            return dataset.skip(skip_steps * per_step) if skip_steps else dataset
+            dataset = inputs.resumed_train_dataset(input_fn, params, skip_steps * per_step)
+            inputs.check_train_spec(dataset.element_spec, batch_size)
+            return dataset
 
         iterator = iter(self._strategy.distribute_datasets_from_function(dataset_fn))
         if skip_steps:

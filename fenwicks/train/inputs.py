@@ -14,10 +14,15 @@ hands the pipeline's batches out round-robin: step s gives replica r batch ``s *
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+
+from fenwicks.data import position
+
+logger = logging.getLogger("fenwicks")
 
 InputFn = Callable[[dict], tf.data.Dataset]
 
@@ -33,6 +38,30 @@ def call_input_fn(input_fn: InputFn, params: dict, what: str) -> tf.data.Dataset
         raise ValueError(f"{what} input_fn returned {type(dataset).__name__}; it must return "
                          "a tf.data.Dataset of (features, labels) batches")
     return dataset
+
+
+def resumed_train_dataset(input_fn: InputFn, params: dict,
+                          skip_batches: int) -> tf.data.Dataset:
+    """The training dataset from batch ``skip_batches`` of its stream on (a resumed run).
+
+    Fenwicks' own pipelines (``numpy_ds``, ``tfrecord_ds``, ``tfds_ds``), returned as they
+    are or behind per-batch maps, start there directly: `fenwicks.data.position` asks them
+    to, and they compute where that batch is rather than reading what comes before it.
+    Any other dataset is fast-forwarded with ``.skip``, which reads and drops the batches.
+    """
+    if not skip_batches:
+        return call_input_fn(input_fn, params, "training")
+    with position.resume_at(skip_batches) as request:
+        dataset = call_input_fn(input_fn, params, "training")
+    if request.started(dataset):
+        return dataset
+    if request.claimed:
+        # A Fenwicks pipeline started late, but under ops that change what "batch n" is
+        # (zip, unbatch, filter...): build it again from its start and replay it.
+        logger.info("fenwicks: the training input_fn wraps a Fenwicks pipeline in ops "
+                    "that are not per batch; resuming by reading %d batches", skip_batches)
+        dataset = call_input_fn(input_fn, params, "training")
+    return dataset.skip(skip_batches)
 
 
 def _batch_dims(spec: Any) -> set:

@@ -1,0 +1,90 @@
+"""Where a resumed run's training input starts, without reading what comes before it.
+
+The estimator knows how many batches a resumed run already consumed, but an input
+function (``lambda params: fw.data.numpy_ds(X, y, params['batch_size'], seed=1)``) takes
+no position. So the estimator calls it inside `resume_at`. Fenwicks' own training
+pipelines read the request (`requested_batches`), build a dataset whose first batch is
+that batch of the uninterrupted stream (computing the epoch and the offset in it rather
+than reading and decoding every batch before it) and `claim` it. A dataset that nobody
+claimed, a user's own pipeline, is fast-forwarded by the caller with ``.skip``.
+
+The request is a `contextvars.ContextVar`: each call of the input function (one per input
+pipeline) gets its own, and a call outside `resume_at` (the estimator's first-batch
+probe, evaluation) starts at batch 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+
+import tensorflow as tf
+
+# Dataset ops that map each batch to one batch: a claimed dataset behind them still
+# starts at the requested batch. Anything else (unbatch, filter, zip, interleave, skip,
+# take, shuffle...) changes what "batch n" is, and the caller falls back to `.skip`.
+_ONE_TO_ONE = frozenset({"_MapDataset", "_ParallelMapDataset", "_PrefetchDataset",
+                         "_OptionsDataset"})
+
+
+@dataclasses.dataclass
+class ResumeRequest:
+    """A request to start a training dataset at batch ``batches`` (0-based).
+
+    Attributes:
+        batches: batches of this input pipeline already consumed.
+        claimed: datasets that Fenwicks' pipelines built to start there.
+    """
+
+    batches: int
+    claimed: list[tf.data.Dataset] = dataclasses.field(default_factory=list)
+
+    def started(self, dataset: tf.data.Dataset) -> bool:
+        """Whether ``dataset`` starts at the requested batch: it is a claimed dataset,
+        or one behind per-batch maps, ``prefetch`` and ``with_options`` only."""
+        while not any(dataset is c for c in self.claimed):
+            inputs = dataset._inputs()  # noqa: SLF001 - tf.data's own graph walk
+            if type(dataset).__name__ not in _ONE_TO_ONE or len(inputs) != 1:
+                return False
+            dataset = inputs[0]
+        return True
+
+
+_request: contextvars.ContextVar[ResumeRequest | None] = contextvars.ContextVar(
+    "fenwicks_resume_request", default=None)
+
+
+@contextlib.contextmanager
+def resume_at(batches: int) -> Iterator[ResumeRequest]:
+    """Training pipelines built inside start at batch ``batches`` of their stream.
+
+    Example:
+        >>> with fw.data.position.resume_at(batches=1000) as request:
+        ...     dataset = input_fn(params)
+        >>> if not request.started(dataset):
+        ...     dataset = input_fn(params).skip(1000)  # a user pipeline: read and drop
+    """
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+        raise ValueError(f"batches={batches!r} must be an integer >= 0")
+    request = ResumeRequest(batches)
+    token = _request.set(request)
+    try:
+        yield request
+    finally:
+        _request.reset(token)
+
+
+def requested_batches(training: bool) -> int:
+    """The batch a training pipeline built now should start at (0 outside `resume_at`)."""
+    request = _request.get()
+    return request.batches if training and request is not None else 0
+
+
+def claim(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Marks ``dataset`` as starting at the requested batch; returns it."""
+    request = _request.get()
+    if request is not None:
+        request.claimed.append(dataset)
+    return dataset
