@@ -384,7 +384,7 @@ def _email_multipart(raw: bytes, content_type: str) -> dict:
 
 
 def _patch_emulator() -> None:
-    """Bridges the two gaps between gcp-storage-emulator and TensorFlow's client.
+    """Bridges the gaps between gcp-storage-emulator and the GCS clients.
 
     1. TensorFlow's upload PUT carries both ``Transfer-Encoding: chunked`` and a
        ``Content-Length``; the emulator trusts the length and stores the chunk framing.
@@ -392,6 +392,9 @@ def _patch_emulator() -> None:
     2. An empty media upload (TensorFlow's ``dir/`` marker objects) reaches the handler
        as None and crashes it on ``len(None)``; it is an empty object.
     3. gcsfs's multipart uploads lose a trailing CR (see `_multipart_upload_fields`).
+    4. A resumable-upload status query on a session holding no bytes is answered
+       ``Range: bytes=0-0`` (one byte received); GCS sends no Range then. After a
+       connection dropped mid-upload, TensorFlow resumed at byte 1 and got a 400.
     Requests are also serialised: the emulator's store is not written for threads.
     """
     from gcp_storage_emulator import server
@@ -404,6 +407,13 @@ def _patch_emulator() -> None:
             request._data = b""
         return media_upload(request, response, storage)
 
+    resumable_incomplete = objects._resumable_incomplete
+
+    def resumable_incomplete_exact(response, storage, upload_id, fallback_end=0):
+        if storage.get_resumable_byte_count(upload_id) > 0:
+            return resumable_incomplete(response, storage, upload_id, fallback_end)
+        response.status = objects.GoogleHTTPStatus.RESUME_INCOMPLETE
+
     lock = threading.Lock()
     handle = server.Router.handle
 
@@ -414,6 +424,7 @@ def _patch_emulator() -> None:
     server._read_data = partial(_read_data, server._read_data)
     server._read_raw_data = _read_raw_data
     objects._media_upload = media_upload_empty_ok
+    objects._resumable_incomplete = resumable_incomplete_exact
     server.Router.handle = handle_serialised
 
 

@@ -212,11 +212,12 @@ _CORRUPT_SUFFIX = ".corrupt"
 def _listed(directory: str) -> list[str]:
     """Checkpoint prefixes in `directory`, newest first: from its state file, or by name."""
     try:
-        state = tf.train.get_checkpoint_state(directory)
-    except (tf.errors.OpError, ValueError) as err:  # a damaged state file
-        logger.warning("fenwicks: %s/checkpoint is unreadable (%s); looking for "
-                       "checkpoints by name", directory, _first_line(err))
+        state = tf.train.get_checkpoint_state(directory)  # None if it cannot be parsed
+    except (tf.errors.OpError, ValueError):
         state = None
+    if state is None and tf.io.gfile.exists(f"{directory}/checkpoint"):
+        logger.warning("fenwicks: %s/checkpoint is unreadable; looking for checkpoints by "
+                       "name", directory)
     if state is not None and state.all_model_checkpoint_paths:
         paths = list(state.all_model_checkpoint_paths)
     else:
@@ -386,3 +387,68 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
     logger.warning("fenwicks: warm start from %s loaded %d variable(s); not loaded: %s",
                    prefix, len(report["loaded"]), report["not_loaded"] or "none")
     return report
+
+
+# --------------------------------------------------------------------------- storage errors
+#
+# TensorFlow's gs:// client retries a request that fails with a 5xx, a dropped or timed-out
+# connection: GCS_RETRY_CONFIG_MAX_RETRIES=10 times, waiting 1, 2, 4 ... 32 s
+# (GCS_RETRY_CONFIG_INIT_DELAY_TIME_US / _MAX_DELAY_TIME_US) plus up to 1 s of jitter, so
+# about 3.2 minutes per request, then gives up with AbortedError("All 10 retry attempts
+# failed ..."); one restore makes several such requests in turn. A request idle for
+# GCS_REQUEST_IDLE_TIMEOUT_SECS=60 s counts as failed. These variables are read once,
+# when TensorFlow is imported. Such an error says nothing about the checkpoint's
+# content: it must never be taken for a damaged checkpoint and set aside.
+
+_STORAGE_ERRORS = (tf.errors.AbortedError, tf.errors.UnavailableError,
+                   tf.errors.DeadlineExceededError)
+
+
+class CheckpointReadError(OSError):
+    """Storage did not answer while reading a checkpoint, after TensorFlow's retries.
+
+    Nothing was restored, renamed or deleted: the checkpoint may be perfectly sound.
+
+    Attributes:
+        path: the checkpoint prefix that could not be read.
+        cause: TensorFlow's error.
+    """
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        self.path, self.cause = path, cause
+        super().__init__(
+            f"could not read checkpoint {path}: the storage did not answer after "
+            f"TensorFlow's retries ({_first_line(cause)}). Nothing was restored or "
+            "changed in the work_dir; the checkpoint is not known to be damaged. Check the "
+            "network or the bucket's status, then create the estimator again")
+
+
+# tf.train.list_variables reports the same failures as a ValueError carrying the status.
+_STORAGE_STATUSES = ("ABORTED:", "UNAVAILABLE:", "DEADLINE_EXCEEDED:")
+
+
+def is_storage_error(err: BaseException) -> bool:
+    """True for a failure to reach storage (retries used up, unavailable, timed out),
+    as opposed to a file that was reached and is missing or damaged."""
+    if isinstance(err, _STORAGE_ERRORS):
+        return True
+    return isinstance(err, ValueError) and any(s in str(err) for s in _STORAGE_STATUSES)
+
+
+def read(root: tf.train.Checkpoint, prefix: str, work_dir: str | None = None,
+         scratch_dir: str | None = None) -> None:
+    """`restore`, but a storage failure raises `CheckpointReadError` naming `prefix`.
+
+    Corruption (DataLossError, a missing file, a mismatch) propagates unchanged, so a
+    caller that falls back past damaged checkpoints still can; an unreachable bucket
+    does not look like damage.
+
+    Example:
+        >>> read(root, 'gs://bucket/work/ckpt-400', 'gs://bucket/work')
+    """
+    try:
+        restore(root, prefix, work_dir or os.path.dirname(prefix), scratch_dir)
+    except (tf.errors.OpError, ValueError) as err:
+        if is_storage_error(err):
+            raise CheckpointReadError(prefix, err) from err
+        raise

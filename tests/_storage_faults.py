@@ -1,0 +1,206 @@
+"""Storage-fault scenarios run inside the fault emulator's namespace (tests/test_storage_faults.py).
+
+Each scenario drives real Fenwicks code against ``gs://`` through `tests._fault_proxy`,
+switching faults on and off between phases, and prints one JSON document: per phase the
+seconds it took, what the proxy did (``fired`` per rule), the error raised (type and
+message) and what storage holds afterwards.
+
+    python -m tests._storage_faults save_and_restore gs://bucket/run/work
+    python -m tests._storage_faults restore_outage gs://bucket/run/work
+    python -m tests._storage_faults upload gs://bucket/run/data /tmp/local
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from tests import _fault_proxy as proxy
+
+# Requests for checkpoint objects: data, index, the temp dir and the state file.
+CHECKPOINT_OBJECTS = "ckpt-|checkpoint"
+UPLOADS = ("POST", "PUT")
+
+
+def _phase(action, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs `action()` with `rules` in force; what happened, then clears the rules."""
+    proxy.set_rules(rules)
+    start = time.monotonic()
+    outcome: dict[str, Any] = {"error": None}
+    try:
+        outcome["value"] = action()
+    except Exception as err:  # noqa: BLE001 - the scenario reports every failure
+        outcome["error"] = {"type": type(err).__name__, "message": str(err),
+                            "mro": [k.__name__ for k in type(err).__mro__]}
+    outcome["seconds"] = round(time.monotonic() - start, 2)
+    state = proxy.report()
+    outcome["fired"] = [rule["fired"] for rule in state["rules"]]
+    outcome["requests"] = len(state["log"])
+    proxy.set_rules([])
+    return outcome
+
+
+def _objects(work_dir: str) -> list[str]:
+    import tensorflow as tf
+
+    return sorted(name for name in tf.io.gfile.listdir(work_dir)
+                  if name.startswith(("ckpt-", "checkpoint")))
+
+
+def _estimator(work_dir: str):
+    import fenwicks as fw
+    from tests import _estimator_helpers as helpers
+
+    # Two steps per compiled loop and a save after each: checkpoints at steps 2, 4, ...
+    return fw.train.get_tpu_estimator(5, helpers.model_func(), work_dir, trn_bs=32, seed=2,
+                                      steps_per_loop=2, save_every_loops=1, verbose=False)
+
+
+def _weights(est) -> list[list[float]]:
+    return [np.asarray(w).ravel().tolist() for w in est.model.get_weights()]
+
+
+def save_and_restore(work_dir: str) -> dict[str, Any]:
+    """Transient faults while saving and restoring; a save that cannot succeed."""
+    import tensorflow as tf
+
+    from tests import _estimator_helpers as helpers
+
+    x, y = helpers.make_data(200)
+    train, evaluate = helpers.train_input(x, y), helpers.eval_input(x, y)
+    out: dict[str, Any] = {}
+    est = _estimator(work_dir)
+    # Every kind of fault, a few times each, on the requests that write checkpoints.
+    transient = [
+        {"fault": "503", "path": CHECKPOINT_OBJECTS, "times": 3},
+        {"fault": "reset", "method": "POST", "path": CHECKPOINT_OBJECTS, "times": 1},
+        {"fault": "reset", "method": "PUT", "path": CHECKPOINT_OBJECTS, "times": 1},
+        {"fault": "truncate", "path": CHECKPOINT_OBJECTS, "times": 2},
+        {"fault": "delay", "path": CHECKPOINT_OBJECTS, "times": 1, "seconds": 3},
+    ]
+    out["transient_save"] = _phase(lambda: est.train(train, steps=4) and None, transient)
+    out["transient_save"]["latest"] = tf.train.latest_checkpoint(work_dir)
+    out["saved_weights"] = _weights(est)
+    # Storage refuses every checkpoint upload: the save after steps 5-6 cannot succeed.
+    refuse = [{"fault": "503", "method": method, "path": CHECKPOINT_OBJECTS}
+              for method in UPLOADS]
+    out["failed_save"] = _phase(lambda: est.train(train, steps=2) and None, refuse)
+    out["failed_save"]["latest"] = tf.train.latest_checkpoint(work_dir)
+    out["failed_save"]["objects"] = _objects(work_dir)
+    # Data and index written, then the state file naming ckpt-N cannot be: the new
+    # checkpoint must not become `latest`.
+    state_file = [{"fault": "503", "method": method, "path": "checkpoint"}
+                  for method in UPLOADS]
+    again = _estimator(work_dir)
+    out["failed_state_file"] = _phase(lambda: again.train(train, steps=2) and None,
+                                      state_file)
+    out["failed_state_file"]["latest"] = tf.train.latest_checkpoint(work_dir)
+    # A new process-like start reads the newest complete checkpoint through faults.
+    reads = [
+        {"fault": "503", "method": "GET", "path": CHECKPOINT_OBJECTS, "times": 3},
+        {"fault": "truncate", "method": "GET", "path": "alt=media", "times": 2},
+        {"fault": "reset", "method": "GET", "path": CHECKPOINT_OBJECTS, "times": 1},
+        {"fault": "delay", "method": "GET", "path": CHECKPOINT_OBJECTS, "times": 1,
+         "seconds": 3},
+    ]
+    fresh = _estimator(work_dir)
+    out["transient_restore"] = _phase(lambda: fresh.evaluate(evaluate), reads)
+    out["transient_restore"]["weights"] = _weights(fresh)
+    out["final_objects"] = _objects(work_dir)
+    return out
+
+
+def restore_outage(work_dir: str) -> dict[str, Any]:
+    """The newest checkpoint cannot be read (storage down for it): a clear error, and
+    neither an older checkpoint nor a fresh start is silently taken instead."""
+    import tensorflow as tf
+
+    from tests import _estimator_helpers as helpers
+
+    x, y = helpers.make_data(200)
+    est = _estimator(work_dir)
+    est.train(helpers.train_input(x, y), steps=4)  # ckpt-2 and ckpt-4
+    out: dict[str, Any] = {"latest": tf.train.latest_checkpoint(work_dir)}
+    fresh = _estimator(work_dir)
+    outage = [{"fault": "503", "method": "GET", "path": "ckpt-4"}]
+    out["outage"] = _phase(lambda: fresh.evaluate(helpers.eval_input(x, y)), outage)
+    out["objects_after"] = _objects(work_dir)
+    out["latest_after"] = tf.train.latest_checkpoint(work_dir)
+    return out
+
+
+def checkpoint_helpers(work_dir: str) -> dict[str, Any]:
+    """`fw.train.checkpoints.save` / `read` on a bare checkpoint under an outage."""
+    import tensorflow as tf
+
+    from fenwicks.train import checkpoints
+
+    variable = tf.Variable([1.0, 2.0, 3.0])
+    root = tf.train.Checkpoint(v=variable)
+    manager = tf.train.CheckpointManager(root, work_dir, 3, checkpoint_name="ckpt")
+    checkpoints.save(manager, 1)
+    variable.assign([4.0, 5.0, 6.0])
+    refuse = [{"fault": "503", "method": method} for method in UPLOADS]
+    out: dict[str, Any] = {"save": _phase(lambda: checkpoints.save(manager, 2), refuse)}
+    out["latest"] = tf.train.latest_checkpoint(work_dir)
+    prefix = out["latest"]
+    out["read"] = _phase(lambda: checkpoints.read(root, prefix),
+                         [{"fault": "503", "method": "GET"}])
+    out["read_ok"] = _phase(lambda: checkpoints.read(root, prefix) and None,
+                            [{"fault": "503", "method": "GET", "times": 2}])
+    out["value"] = variable.numpy().tolist()
+    return out
+
+
+def upload(remote_dir: str, local_dir: str) -> dict[str, Any]:
+    """fw.io.upload of a directory through transient faults, then through an outage."""
+    import hashlib
+
+    import fenwicks as fw
+
+    def send():
+        return fw.io.upload(local_dir, remote_dir, workers=4, progress=False)
+
+    out: dict[str, Any] = {}
+    transient = [
+        {"fault": "503", "method": "POST", "times": 3},
+        {"fault": "reset", "method": "POST", "times": 2},
+        {"fault": "truncate", "method": "POST", "times": 1},
+        {"fault": "delay", "method": "POST", "times": 1, "seconds": 3},
+        {"fault": "503", "method": "GET", "times": 2},
+    ]
+    out["transient"] = _phase(send, transient)
+    name = os.path.basename(os.path.normpath(local_dir))
+    back = os.path.join(os.path.dirname(os.path.normpath(local_dir)), "downloaded")
+    fw.io.download(f"{remote_dir}/{name}", back, progress=False)
+    digest = {}
+    for folder, _, files in os.walk(os.path.join(back, name)):
+        for file in files:
+            path = os.path.join(folder, file)
+            with open(path, "rb") as f:
+                digest[os.path.relpath(path, os.path.join(back, name))] = hashlib.md5(
+                    f.read(), usedforsecurity=False).hexdigest()
+    out["downloaded_md5"] = digest
+    with open(os.path.join(local_dir, "late.bin"), "wb") as f:
+        f.write(os.urandom(3000))
+    out["outage"] = _phase(send, [{"fault": "503", "method": "POST"}])
+    out["after_outage"] = _phase(send, [])
+    return out
+
+
+SCENARIOS = {"save_and_restore": save_and_restore, "restore_outage": restore_outage,
+             "checkpoint_helpers": checkpoint_helpers, "upload": upload}
+
+
+def main() -> None:
+    scenario, *args = sys.argv[1:]
+    print(json.dumps(SCENARIOS[scenario](*args)))
+
+
+if __name__ == "__main__":
+    main()
