@@ -54,13 +54,17 @@ def resumed_train_dataset(input_fn: InputFn, params: dict,
     with position.resume_at(skip_batches) as request:
         dataset = call_input_fn(input_fn, params, "training")
     if request.started(dataset):
+        logger.info("fenwicks: the training input starts at batch %d directly",
+                    skip_batches)
         return dataset
     if request.claimed:
         # A Fenwicks pipeline started late, but under ops that change what "batch n" is
         # (zip, unbatch, filter...): build it again from its start and replay it.
         logger.info("fenwicks: the training input_fn wraps a Fenwicks pipeline in ops "
-                    "that are not per batch; resuming by reading %d batches", skip_batches)
+                    "that are not per batch")
         dataset = call_input_fn(input_fn, params, "training")
+    logger.info("fenwicks: the training input reads and drops %d batches to resume",
+                skip_batches)
     return dataset.skip(skip_batches)
 
 
