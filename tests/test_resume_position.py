@@ -273,9 +273,10 @@ def _resume_vs_uninterrupted(tmp_path, data_dir, kinds, first, more, env=None) -
         replicas = int((env or {}).get("FENWICKS_DEVICE", "cpu:1").split(":")[1])
         skipped = first * replicas  # one batch per replica per step, one input pipeline
         if kind in ("user", "wrapped"):
-            assert f"the training input reads and drops {skipped} batches to resume" in log
+            expected = f"fenwicks: the training input reads and drops {skipped} batches to resume"
         else:
-            assert f"the training input starts at batch {skipped} directly" in log, log
+            expected = f"fenwicks: the training input starts at batch {skipped} directly"
+        assert expected in log, log
 
 
 @pytest.mark.slow
