@@ -12,7 +12,8 @@ datasets are one exact pass that keeps the last partial batch.
 
 Modules: `arrays` (numpy_ds), `records` (writing TFRecords), `parsers`, `readers`
 (tfrecord_ds), `tfds_source` (tensorflow-datasets), `scan` (checking files), `pipeline`
-(the shared tail).
+(the shared tail), `epochs` (training streams of records that can start at any batch) and
+`position` (where a resumed run's training input starts).
 """
 
 from fenwicks.data._checks import RecordError

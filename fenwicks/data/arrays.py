@@ -34,6 +34,15 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
     forever and batched with ``drop_remainder`` (static shapes for TPUs). Evaluation data
     is one pass in order, the last partial batch kept, so every example is seen once.
 
+    A resumed estimator run starts this training dataset at the batch it stopped at
+    (`fenwicks.data.position`) without gathering any example before it: it computes that
+    epoch's permutation from the seed and starts at the offset (on a TPU reached over the
+    network, where the arrays travel in the graph, it is replayed with ``.skip``). The
+    estimator uses the dataset as it is, or behind per-batch maps, ``prefetch`` and
+    ``with_options``, which must be deterministic per batch (no stateful ``tf.random``:
+    use `fw.transform`). Under anything else (unbatch, filter, zip, skip, ...) it is
+    rebuilt and replayed with ``.skip``, as user pipelines are.
+
     Args:
         xs: features, ``[N, ...]``, any numeric dtype (uint8 images stay uint8).
         ys: labels ``[N]`` (integer class ids, yielded as int32) or float targets, or

@@ -62,6 +62,14 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
     (``drop_remainder`` when training) and prefetched. Evaluation is one pass that keeps
     the last partial batch.
 
+    Each training epoch's file order and shuffle are seeded by (seed, epoch), so
+    a resumed estimator run starts at its epoch directly and drops the records before its
+    batch unparsed (`fenwicks.data.epochs`); the estimator then uses the dataset as it is,
+    or behind per-batch maps, ``prefetch`` and ``with_options``, which must be
+    deterministic per batch (no stateful ``tf.random``: use `fw.transform`). Under
+    anything else (unbatch, filter, zip, skip, ...) it is rebuilt and replayed with
+    ``.skip``, as user pipelines are.
+
     Args:
         file_pattern: glob pattern(s), local or ``gs://``.
         parser: serialized record -> ``(features, label)``, e.g. a lambda around

@@ -167,7 +167,10 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
     """A dataset of ``(image, label)`` batches from tensorflow-datasets.
 
     The same pipeline as `tfrecord_ds` after reading: cache, shuffle, repeat, augment,
-    batch, prefetch. Training reads the split's files in a shuffled order.
+    batch, prefetch. Training reads the split's files in a shuffled order; for TFRecord
+    splits with ``(image, label)`` supervised keys it reads them itself, decoding as tfds
+    does, so that a resumed run starts at its batch without reading the epochs before it,
+    as `tfrecord_ds` does (other splits are read by tfds and replayed with ``.skip``).
 
     Args:
         name: a tfds name, e.g. ``'cifar10'``.
