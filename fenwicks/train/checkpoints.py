@@ -400,8 +400,8 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
 # when TensorFlow is imported. Such an error says nothing about the checkpoint's
 # content: it must never be taken for a damaged checkpoint and set aside.
 
-_STORAGE_ERRORS = (tf.errors.AbortedError, tf.errors.UnavailableError,
-                   tf.errors.DeadlineExceededError)
+# By status code: Checkpoint.read raises a bare OpError carrying ABORTED.
+_STORAGE_CODES = (tf.errors.ABORTED, tf.errors.UNAVAILABLE, tf.errors.DEADLINE_EXCEEDED)
 
 
 class CheckpointReadError(OSError):
@@ -430,8 +430,8 @@ _STORAGE_STATUSES = ("ABORTED:", "UNAVAILABLE:", "DEADLINE_EXCEEDED:")
 def is_storage_error(err: BaseException) -> bool:
     """True for a failure to reach storage (retries used up, unavailable, timed out),
     as opposed to a file that was reached and is missing or damaged."""
-    if isinstance(err, _STORAGE_ERRORS):
-        return True
+    if isinstance(err, tf.errors.OpError):
+        return err.error_code in _STORAGE_CODES
     return isinstance(err, ValueError) and any(s in str(err) for s in _STORAGE_STATUSES)
 
 

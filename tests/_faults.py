@@ -1,0 +1,73 @@
+"""Training processes for `tests/test_faults.py` to kill, preempt and starve of disk.
+
+    python -m tests._faults train WORK_DIR MAX_STEPS [STEPS_PER_LOOP]
+
+trains a narrow `mnist_net` on the digits (as `tests._flagship` does) with a checkpoint
+after every compiled loop, and prints one JSON line: the step it started from, the step
+it reached and every model variable. Environment knobs for the tests:
+
+* ``FAULTS_SLOW_STATE=<secs>``: from the second checkpoint on, sleep before TensorFlow
+  names it in the ``checkpoint`` state file (its data and index files are written by
+  then), printing ``STATE_UPDATE ckpt-<n>`` first: a window wide enough to kill the process
+  mid-save on purpose.
+* ``FAULTS_WARMUP=1``: train one step and print ``READY`` before the long run, so a
+  test can signal the process while it is inside a compiled loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint_management
+
+from tests import _flagship as flagship
+
+MODEL = "mnist_net"
+
+
+def _slow_state_updates(seconds: float) -> None:
+    """Widens the kill window between a checkpoint's files and its state-file entry."""
+    original = checkpoint_management.update_checkpoint_state_internal
+    first: list[str] = []
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        path = kwargs["model_checkpoint_path"] if "model_checkpoint_path" in kwargs else args[1]
+        named = os.path.basename(path)
+        first[:] = first or [named]
+        print(f"STATE_UPDATE {named}", flush=True)
+        if named != first[0]:
+            time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    checkpoint_management.update_checkpoint_state_internal = slow
+
+
+def latest_step(work_dir: str) -> int:
+    latest = tf.train.latest_checkpoint(work_dir) if os.path.isdir(work_dir) else None
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def train(work_dir: str, max_steps: str, steps_per_loop: str = "5") -> dict[str, Any]:
+    if os.environ.get("FAULTS_SLOW_STATE"):
+        _slow_state_updates(float(os.environ["FAULTS_SLOW_STATE"]))
+    start = latest_step(work_dir)
+    x, y = flagship.digits(MODEL)
+    est = flagship.estimator(MODEL, work_dir, steps_per_loop=int(steps_per_loop),
+                             save_every_loops=1, save_every_secs=None)
+    train_fn = flagship.train_input(x, y)
+    if os.environ.get("FAULTS_WARMUP"):
+        est.train(train_fn, steps=1)
+        print("READY", flush=True)
+    est.train(train_fn, max_steps=int(max_steps))
+    return {"start": start, "step": est.global_step,
+            "variables": [np.asarray(v).tolist() for v in est.model.variables]}
+
+
+if __name__ == "__main__":
+    print(json.dumps({"train": train}[sys.argv[1]](*sys.argv[2:])), flush=True)

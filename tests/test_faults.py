@@ -1,0 +1,324 @@
+"""Faults really injected: SIGKILL mid-training and mid-save, SIGTERM, corrupt and
+truncated checkpoints, a full disk, and two processes on one work_dir.
+
+Each run that is killed is a real process (`tests._faults`); the property checked after
+every fault is the one users rely on: with a seed, the restarted run ends with the same
+weights as a run that was never interrupted, and nothing saved before the fault is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fenwicks as fw
+from fenwicks.train import lock
+from tests import _faults, _flagship
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+class Trainer:
+    """A `python -m tests._faults train` process whose stdout is read line by line."""
+
+    def __init__(self, work_dir, max_steps, steps_per_loop="5", **env):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests._faults", "train", str(work_dir), str(max_steps),
+             steps_per_loop], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
+                            **env})
+        self.lines: list[str] = []
+        self.stderr = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+
+    def wait_for(self, marker, timeout=240):
+        deadline = time.monotonic() + timeout
+        while marker not in self.lines:
+            assert self.proc.poll() is None or marker in self.lines, self.finish()
+            assert time.monotonic() < deadline, f"no {marker!r} in {timeout} s"
+            time.sleep(0.05)
+
+    def finish(self, timeout=300):
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        self.stderr = self.proc.stderr.read()
+        return self.stderr[-3000:]
+
+    def result(self):
+        self.finish()
+        assert self.proc.returncode == 0, self.stderr[-3000:]
+        return json.loads(self.lines[-1])
+
+
+def _train(work_dir, max_steps, **env):
+    return Trainer(work_dir, max_steps, **env).result()
+
+
+def _assert_same_weights(got, want):
+    for a, b in zip(got["variables"], want["variables"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _wait_until(condition, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+# --------------------------------------------------------------------------- kill, term
+
+
+def test_killed_at_random_steps_the_run_still_ends_with_the_uninterrupted_weights(tmp_path):
+    work, total = tmp_path / "run", 300
+    reference = Trainer(tmp_path / "reference", total)
+    rng, reached = random.Random(7), []
+    for _ in range(3):
+        trainer = Trainer(work, total)
+        before = _faults.latest_step(str(work))
+        _wait_until(lambda b=before: _faults.latest_step(str(work)) > b)  # resumed and saved
+        time.sleep(rng.uniform(0.0, 0.8))
+        trainer.proc.send_signal(signal.SIGKILL)
+        trainer.finish()
+        reached.append(_faults.latest_step(str(work)))
+    assert reached == sorted(reached) and 0 < reached[-1] < total, reached
+    final = Trainer(work, total)
+    out = final.result()
+    assert out["start"] == reached[-1] and out["step"] == total
+    assert "stale lock" in final.stderr  # the killed run's lock did not block the restart
+    _assert_same_weights(out, reference.result())
+
+
+def test_killed_mid_save_restarts_from_the_previous_complete_checkpoint(tmp_path):
+    work = tmp_path / "run"
+    reference = Trainer(tmp_path / "reference", 30)
+    trainer = Trainer(work, 30, FAULTS_SLOW_STATE="120")
+    trainer.wait_for("STATE_UPDATE ckpt-10")  # ckpt-10's files are written, not yet named
+    trainer.proc.send_signal(signal.SIGKILL)
+    trainer.finish()
+    assert (work / "ckpt-10.index").exists()
+    assert _faults.latest_step(str(work)) == 5
+    out = _train(work, 30)
+    assert out["start"] == 5 and out["step"] == 30
+    _assert_same_weights(out, reference.result())
+
+
+def test_sigterm_saves_the_step_in_progress_and_the_restart_continues_exactly(tmp_path):
+    work, endless = tmp_path / "run", 10**6
+    # One compiled loop of a million steps: only a check inside the loop can stop it.
+    trainer = Trainer(work, endless, steps_per_loop=str(endless), FAULTS_WARMUP="1")
+    trainer.wait_for("READY")
+    time.sleep(2.0)
+    sent = time.monotonic()
+    trainer.proc.send_signal(signal.SIGTERM)
+    trainer.finish(timeout=60)
+    latency = time.monotonic() - sent
+    assert trainer.proc.returncode == fw.train.Preempted(0, None).code == 143
+    assert "Traceback" not in trainer.stderr and "SIGTERM received" in trainer.stderr
+    saved = _faults.latest_step(str(work))
+    assert 1 < saved < endless
+    assert latency < 15, latency  # saved within seconds, mid-loop
+    resumed = _train(work, saved + 15)
+    assert resumed["start"] == saved and resumed["step"] == saved + 15
+    _assert_same_weights(resumed, _train(tmp_path / "reference", saved + 15))
+
+
+# --------------------------------------------------------------------------- damaged files
+
+
+def _estimator(work_dir, **kwargs):
+    return _flagship.estimator("mnist_net", str(work_dir), save_every_loops=1,
+                               steps_per_loop=5, **kwargs)
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path):
+    """A work_dir holding ckpt-5 and ckpt-10, and the variables at step 5."""
+    x, y = _flagship.digits("mnist_net")
+    est = _estimator(tmp_path / "run")
+    est.train(_flagship.train_input(x, y), steps=5)
+    at_five = [np.asarray(v) for v in est.model.variables]
+    est.train(_flagship.train_input(x, y), steps=5)
+    assert _faults.latest_step(str(tmp_path / "run")) == 10
+    return tmp_path / "run", at_five, (x, y)
+
+
+def _reopen(work_dir, data):
+    est = _estimator(work_dir)
+    est.evaluate(_flagship.eval_input(*data))
+    return est
+
+
+def _flip_bytes(path, count=16):
+    raw = bytearray(path.read_bytes())
+    for i in range(len(raw) // 3, len(raw) // 3 + count):
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("damage", ["flipped data bytes", "truncated index",
+                                    "missing data file"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_with_a_warning(
+        two_checkpoints, damage, caplog):
+    work, at_five, data = two_checkpoints
+    if damage == "flipped data bytes":
+        _flip_bytes(work / "ckpt-10.data-00000-of-00001")
+    elif damage == "truncated index":
+        index = work / "ckpt-10.index"
+        index.write_bytes(index.read_bytes()[:40])
+    else:
+        (work / "ckpt-10.data-00000-of-00001").unlink()
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        est = _reopen(work, data)
+    assert est.global_step == 5
+    for got, want in zip(est.model.variables, at_five, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    assert "ckpt-10 is unreadable" in caplog.text and "ckpt-5" in caplog.text
+    assert (work / "ckpt-10.index.corrupt").exists()  # kept, not deleted
+    assert tf.train.latest_checkpoint(str(work)).endswith("ckpt-5")
+
+
+def test_no_readable_checkpoint_is_a_clear_error_that_changes_nothing(two_checkpoints):
+    work, _, data = two_checkpoints
+    for step in (5, 10):
+        _flip_bytes(work / f"ckpt-{step}.data-00000-of-00001")
+    before = sorted(os.listdir(work))
+    with pytest.raises(fw.train.CheckpointCorruptError, match="none can be read"):
+        _reopen(work, data)
+    assert sorted(os.listdir(work)) == before
+
+
+def test_a_damaged_state_file_finds_the_checkpoints_by_name(two_checkpoints, caplog):
+    work, _, data = two_checkpoints
+    (work / "checkpoint").write_text("model_checkpoint_path: {{{ not a proto")
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        est = _reopen(work, data)
+    assert est.global_step == 10 and "looking for checkpoints by name" in caplog.text
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        message = f"cannot mount a tmpfs (needs root): {done.stderr.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(directory, leave_bytes):
+    """Fills the file system of `directory` but for about `leave_bytes`."""
+    stat = os.statvfs(directory)
+    free = stat.f_bavail * stat.f_frsize
+    with open(directory / "filler", "wb") as f:
+        f.write(b"\0" * max(0, free - leave_bytes))
+    return directory / "filler"
+
+
+def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_still_loads(small_disk):
+    x, y = _flagship.digits("mnist_net")
+    work = small_disk / "run"
+    est = _estimator(work)
+    est.train(_flagship.train_input(x, y), steps=5)
+    at_five = [np.asarray(v) for v in est.model.variables]
+    size = sum(p.stat().st_size for p in work.glob("ckpt-5.*"))
+    filler = _fill(small_disk, leave_bytes=16 * 1024)  # room for the lock, not a checkpoint
+    assert size > 16 * 1024
+    with pytest.raises(fw.train.CheckpointWriteError, match=r"ckpt-10: .*The previous "
+                                                            r"checkpoint .*ckpt-5\) is intact"):
+        est.train(_flagship.train_input(x, y), steps=5)
+    assert not list(work.glob("ckpt-10*"))  # partial files removed
+    reopened = _reopen(work, (x, y))
+    assert reopened.global_step == 5
+    for got, want in zip(reopened.model.variables, at_five, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    filler.unlink()  # space again: the same estimator saves what it trained meanwhile
+    est.train(_flagship.train_input(x, y), steps=1)
+    assert _faults.latest_step(str(work)) == 11
+
+
+# --------------------------------------------------------------------------- two runs
+
+
+def test_a_second_run_on_a_busy_work_dir_is_refused_naming_the_first(tmp_path):
+    work = tmp_path / "run"
+    first = Trainer(work, 10**6, steps_per_loop="10", FAULTS_WARMUP="1")
+    first.wait_for("READY")
+    second = subprocess.run(
+        [sys.executable, "-m", "tests._faults", "train", str(work), "10"], cwd=ROOT,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert second.returncode != 0
+    assert "WorkDirLockedError" in second.stderr
+    assert f"pid {first.proc.pid} on host {socket.gethostname()!r}" in second.stderr
+    steps_while_refused = _faults.latest_step(str(work))
+    first.proc.send_signal(signal.SIGTERM)  # the first run saves and leaves cleanly
+    first.finish()
+    assert first.proc.returncode == 143
+    assert not (work / lock.LOCK_NAME).exists()  # released on the way out
+    out = _train(work, _faults.latest_step(str(work)) + 5)
+    assert out["start"] >= steps_while_refused
+
+
+def _write_lock(work_dir, **holder):
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / lock.LOCK_NAME).write_text(json.dumps(holder))
+
+
+def test_a_lock_from_another_host_blocks_until_its_heartbeat_is_stale(tmp_path, caplog):
+    work = tmp_path / "run"
+    _write_lock(work, host="tpu-vm-7", pid=4242, heartbeat=time.time() - 5)
+    with pytest.raises(fw.train.WorkDirLockedError, match="pid 4242 on host 'tpu-vm-7'"):
+        lock.WorkDirLock(str(work)).acquire()
+    _write_lock(work, host="tpu-vm-7", pid=4242, heartbeat=time.time() - lock.STALE_SECS - 1)
+    taker = lock.WorkDirLock(str(work))
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        taker.acquire()
+    assert "stale lock" in caplog.text
+    assert json.loads((work / lock.LOCK_NAME).read_text())["pid"] == os.getpid()
+    taker.release()
+    assert not (work / lock.LOCK_NAME).exists()
+
+
+def test_the_lock_works_on_gcs(gcs_emulator):
+    path = gcs_emulator.unique_url("lock")
+    out = gcs_emulator.run_json(f"""
+import json
+from fenwicks.train import lock
+first, second = lock.WorkDirLock({path!r}), lock.WorkDirLock({path!r})
+first.acquire()
+try:
+    second.acquire()
+    refused = None
+except lock.WorkDirLockedError as err:
+    refused = str(err)
+first.release()
+second.acquire()
+print(json.dumps({{"refused": refused, "holder": second._read()["token"] == second._token}}))
+""")
+    assert out["refused"] and "is in use" in out["refused"]
+    assert out["holder"]
+
