@@ -12,6 +12,21 @@ reached over the network can only read and write ``gs://``, so `get_project_dirs
 Every ``gs://`` operation first checks that credentials exist (`fw.gcs.check_credentials`)
 so that a machine without them gets a clear error at once instead of minutes of retries.
 With ``STORAGE_EMULATOR_HOST`` set, gcsfs talks to that emulator anonymously.
+
+Storage faults. Both GCS clients retry what is transient (HTTP 408, 429, 5xx, a dropped
+or timed-out connection), then fail:
+
+* gcsfs (`upload`, `download`): 6 attempts per request, waiting 1, 2, 4, 8, 16 s (plus
+  up to 1 s of jitter each), so about 35 s of waiting. Fenwicks bounds each attempt: 30 s
+  to connect and `GCS_STALL_TIMEOUT` s (60, or ``FENWICKS_GCS_STALL_TIMEOUT``) without a
+  byte from the server, so a stalled server fails within ~7 minutes, not gcsfs's default
+  5 minutes per attempt. Then `TransferError` names the source and destination; a
+  repeated call sends only what is missing (objects appear whole or not at all).
+* TensorFlow's client (``tf.io.gfile``, checkpoints, TFRecords, summaries): 10 retries
+  waiting 1, 2, 4 ... 32 s (about 3.2 minutes per request), 60 s idle timeout per
+  request. Set before TensorFlow is imported, ``GCS_RETRY_CONFIG_MAX_RETRIES``,
+  ``GCS_RETRY_CONFIG_INIT_DELAY_TIME_US``, ``GCS_RETRY_CONFIG_MAX_DELAY_TIME_US`` and
+  ``GCS_REQUEST_IDLE_TIMEOUT_SECS`` change that; Fenwicks leaves them to the user.
 """
 
 from __future__ import annotations
@@ -29,11 +44,24 @@ GCS_PREFIX = "gs://"
 ROOT_ENV = "FENWICKS_ROOT"
 BUCKET_ENV = "FENWICKS_BUCKET"
 
-__all__ = ["copy", "create_clean_dir", "default_root", "download", "exists",
+__all__ = ["TransferError", "copy", "create_clean_dir", "default_root", "download", "exists",
            "get_project_dirs", "glob", "is_gcs", "join", "listdir", "makedirs", "stage",
            "upload"]
+GCS_CONNECT_TIMEOUT = 30  # seconds to open a connection to GCS, per attempt
+GCS_STALL_TIMEOUT = 60  # seconds without a byte from GCS before an attempt is retried
+STALL_TIMEOUT_ENV = "FENWICKS_GCS_STALL_TIMEOUT"
 _GLOB_CHARS = frozenset("*?[")
 _HASH_BLOCK = 1 << 20  # bytes read at a time when hashing local files
+
+
+
+
+class TransferError(OSError):
+    """An `upload` or `download` failed after the storage client's retries.
+
+    Files already transferred are complete (GCS objects appear whole or not at all), and
+    calling again sends only what is missing.
+    """
 
 
 # --------------------------------------------------------------------------- roots
@@ -488,8 +516,21 @@ def _transfer(source: str, dest_dir: str, workers: int, progress: bool,
             if rel not in present or not _same(src, wanted[rel], dst, present[rel])]
     pairs = [(src.child(rel), dst.child(rel)) for rel in todo]
     if pairs:
-        _copy_files(src, dst, pairs, workers, progress, f"{verb} {name}")
+        try:
+            _copy_files(src, dst, pairs, workers, progress, f"{verb} {name}")
+        except Exception as err:  # gcsfs's HttpError, aiohttp's errors, OSError...
+            raise TransferError(
+                f"{verb} of {source!r} to {dst.url(dst.path)!r} failed after the storage "
+                f"client's retries ({len(pairs)} file(s) to send, e.g. "
+                f"{dst.url(pairs[0][1])!r}): {type(err).__name__}: {_first_line(err)}. "
+                f"Files already sent are complete; call {verb}() again to send the rest"
+            ) from err
     return [dst.url(target) for _, target in pairs]
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else "no message"
 
 
 class _Side:
@@ -529,10 +570,22 @@ def _filesystem(path: str):
         # An emulator takes no credentials; real GCS uses google.auth's defaults only,
         # never gcsfs's silent fall-back to anonymous access.
         token = "anon" if os.environ.get(gcs.EMULATOR_ENV) else "google_default"
-        return gcsfs.GCSFileSystem(token=token)
+        return gcsfs.GCSFileSystem(token=token, requests_timeout=_request_timeout())
     from fsspec.implementations.local import LocalFileSystem
 
     return LocalFileSystem(auto_mkdir=True)
+
+
+def _request_timeout() -> Any:
+    """Per-attempt bounds for gcsfs: aiohttp's default is 5 minutes for a whole request.
+
+    No bound on the total: a large file may take long; only a silent server is cut off.
+    """
+    import aiohttp
+
+    stall = float(os.environ.get(STALL_TIMEOUT_ENV) or GCS_STALL_TIMEOUT)
+    return aiohttp.ClientTimeout(total=None, sock_connect=GCS_CONNECT_TIMEOUT,
+                                 sock_read=stall)
 
 
 def _same(src: _Side, src_info: dict, dst: _Side, dst_info: dict) -> bool:

@@ -400,7 +400,7 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
 # when TensorFlow is imported. Such an error says nothing about the checkpoint's
 # content: it must never be taken for a damaged checkpoint and set aside.
 
-# By status code: Checkpoint.read raises a bare OpError carrying ABORTED.
+# Errors that kept their status code (a failed save raises AbortedError).
 _STORAGE_CODES = (tf.errors.ABORTED, tf.errors.UNAVAILABLE, tf.errors.DEADLINE_EXCEEDED)
 
 
@@ -423,16 +423,19 @@ class CheckpointReadError(OSError):
             "network or the bucket's status, then create the estimator again")
 
 
-# tf.train.list_variables reports the same failures as a ValueError carrying the status.
-_STORAGE_STATUSES = ("ABORTED:", "UNAVAILABLE:", "DEADLINE_EXCEEDED:")
+# The status code does not always survive: tf.train.list_variables reports it inside a
+# ValueError's text, and a metadata read as a bare OpError(UNKNOWN) whose text starts with
+# the retry loop's "All N retry attempts failed".
+_STORAGE_TEXTS = ("retry attempts failed", "ABORTED:", "UNAVAILABLE:", "DEADLINE_EXCEEDED:")
 
 
 def is_storage_error(err: BaseException) -> bool:
     """True for a failure to reach storage (retries used up, unavailable, timed out),
     as opposed to a file that was reached and is missing or damaged."""
-    if isinstance(err, tf.errors.OpError):
-        return err.error_code in _STORAGE_CODES
-    return isinstance(err, ValueError) and any(s in str(err) for s in _STORAGE_STATUSES)
+    if isinstance(err, tf.errors.OpError) and err.error_code in _STORAGE_CODES:
+        return True
+    return (isinstance(err, (tf.errors.OpError, ValueError))
+            and any(text in str(err) for text in _STORAGE_TEXTS))
 
 
 def read(root: tf.train.Checkpoint, prefix: str, work_dir: str | None = None,

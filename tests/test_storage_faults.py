@@ -1,0 +1,145 @@
+"""Storage faults on gs://: 503s, dropped connections and slow answers, injected by a real
+proxy (tests/_fault_proxy.py) between the clients and the GCS emulator.
+
+Transient faults are retried and nothing is lost; an outage ends in an error that names
+the path within a bounded time; a checkpoint that was not completely written is never
+taken for one. The scenarios run in tests/_storage_faults.py inside the namespace.
+
+TensorFlow's retries are scaled down here (0.1 s first wait instead of 1 s, 0.5 s cap
+instead of 32 s, 5 retries instead of 10, 1 s idle timeout instead of 60 s) so an outage
+costs seconds, not minutes; the defaults are documented in fw.io and checkpoints.py.
+gcsfs's retries are fixed (6 attempts, 1+2+4+8+16 s of waiting): an upload outage takes
+~35 s here as it would for a user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FAST_TF_RETRIES = {
+    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
+    "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "500000",
+    "GCS_RETRY_CONFIG_MAX_RETRIES": "5",
+    "GCS_REQUEST_IDLE_TIMEOUT_SECS": "1",  # the 3 s delay fault is then a stalled request
+    "FENWICKS_GCS_STALL_TIMEOUT": "1",  # the same for gcsfs
+}
+# Worst case of one request under FAST_TF_RETRIES: 5 waits of at most 0.5 s plus 6
+# attempts; several requests in a row fail during one save or restore.
+OUTAGE_BOUND_SECS = 30
+
+
+def _run(emulator, *args):
+    return emulator.run_module_json("tests._storage_faults", *args, env=FAST_TF_RETRIES,
+                                    timeout=400)
+
+
+@pytest.fixture(scope="module")
+def save_and_restore(gcs_fault_emulator):
+    work_dir = gcs_fault_emulator.unique_url("faults") + "/work"
+    return work_dir, _run(gcs_fault_emulator, "save_and_restore", work_dir)
+
+
+@pytest.fixture(scope="module")
+def restore_outage(gcs_fault_emulator):
+    work_dir = gcs_fault_emulator.unique_url("outage") + "/work"
+    return work_dir, _run(gcs_fault_emulator, "restore_outage", work_dir)
+
+
+def test_transient_faults_during_saves_are_retried(save_and_restore):
+    work_dir, out = save_and_restore
+    phase = out["transient_save"]
+    assert phase["error"] is None
+    # 3 x 503, a reset upload POST and PUT, 2 answers cut mid-body, 1 stalled request.
+    assert phase["fired"] == [3, 1, 1, 2, 1]
+    assert phase["latest"] == work_dir + "/ckpt-4"
+
+
+def test_a_save_that_cannot_be_written_names_the_path_and_keeps_the_previous(
+        save_and_restore):
+    work_dir, out = save_and_restore
+    phase = out["failed_save"]
+    error = phase["error"]
+    assert error is not None and "OSError" in error["mro"]
+    assert f"{work_dir}/ckpt-6" in error["message"]
+    assert "503" in error["message"]
+    assert phase["seconds"] < OUTAGE_BOUND_SECS
+    assert phase["fired"][0] >= 6  # TensorFlow retried before giving up
+    assert phase["latest"] == work_dir + "/ckpt-4"
+    assert not [name for name in phase["objects"] if name.startswith("ckpt-6")]
+
+
+def test_new_checkpoint_without_its_state_file_is_not_taken_as_latest(save_and_restore):
+    work_dir, out = save_and_restore
+    phase = out["failed_state_file"]
+    assert phase["error"] is not None and f"{work_dir}/ckpt-6" in phase["error"]["message"]
+    assert phase["latest"] == work_dir + "/ckpt-4"
+
+
+def test_restart_reads_the_last_complete_checkpoint_through_faults(save_and_restore):
+    _, out = save_and_restore
+    phase = out["transient_restore"]
+    assert phase["error"] is None
+    assert phase["fired"][0] == 3 and sum(phase["fired"]) >= 4
+    assert phase["value"]["global_step"] == 4
+    # Data lost: none. The restored weights are those trained to step 4, bit for bit.
+    for restored, saved in zip(phase["weights"], out["saved_weights"], strict=True):
+        np.testing.assert_array_equal(restored, saved)
+
+
+def test_read_names_the_checkpoint_when_storage_is_down(restore_outage):
+    work_dir, out = restore_outage
+    phase = out["read_outage"]
+    assert phase["error"]["type"] == "CheckpointReadError"
+    assert f"could not read checkpoint {work_dir}/ckpt-4" in phase["error"]["message"]
+    assert "not known to be damaged" in phase["error"]["message"]
+    assert phase["seconds"] < OUTAGE_BOUND_SECS
+    assert out["read_transient"]["error"] is None
+    assert out["read_transient"]["value"] == 4  # global_step of ckpt-4
+
+
+@pytest.mark.xfail(strict=True, reason="until Estimator restores through checkpoints.read: "
+                   "an unreachable ckpt-4 is set aside as corrupt and ckpt-2 resumed")
+def test_estimator_does_not_take_an_unreachable_checkpoint_for_a_damaged_one(
+        restore_outage):
+    work_dir, out = restore_outage
+    assert out["latest"] == work_dir + "/ckpt-4"
+    assert out["outage"]["error"]["type"] == "CheckpointReadError"
+    assert work_dir + "/ckpt-4" in out["outage"]["error"]["message"]
+    assert out["latest_after"] == work_dir + "/ckpt-4"
+    assert "ckpt-4.index" in out["objects_after"]
+
+
+def test_upload_retries_transient_faults_then_names_the_path(gcs_fault_emulator, tmp_path):
+    local = tmp_path / "dataset"
+    (local / "sub").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    files = {"a.bin": 200_000, "b.bin": 5_000, "sub/c.bin": 70_000, "empty.bin": 0}
+    md5 = {}
+    for name, size in files.items():
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        (local / name).write_bytes(data)
+        md5[name] = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    remote = gcs_fault_emulator.unique_url("upload")
+    out = _run(gcs_fault_emulator, "upload", remote, str(local))
+
+    transient = out["transient"]
+    assert transient["error"] is None
+    assert sorted(transient["value"]) == sorted(f"{remote}/dataset/{n}" for n in files)
+    assert transient["fired"][:4] == [3, 2, 1, 1]
+    assert out["downloaded_md5"] == md5  # every byte arrived, nothing duplicated
+
+    outage = out["outage"]
+    assert outage["error"]["type"] == "TransferError"
+    message = outage["error"]["message"]
+    assert f"{str(local)!r} to '{remote}/dataset'" in message
+    assert f"{remote}/dataset/late.bin" in message
+    assert outage["fired"] == [6]  # gcsfs's 6 attempts
+    assert outage["seconds"] < 45  # 1+2+4+8+16 s of waiting, plus up to 5 s of jitter
+    assert out["after_outage"]["value"] == [f"{remote}/dataset/late.bin"]
+    assert os.path.exists(local / "late.bin")
