@@ -393,8 +393,9 @@ class Estimator:
     def _summary_writer(self, kind: str) -> Any:
         """One writer per estimator and kind: creating one opens a new event file."""
         if kind not in self._writers:
-            self._writers[kind] = tf.summary.create_file_writer(
-                f"{self.config.work_dir}/{kind}")
+            self._writers[kind] = (tf.summary.create_file_writer(
+                f"{self.config.work_dir}/{kind}") if self._is_chief
+                else tf.summary.create_noop_writer())
         return self._writers[kind]
 
     def _loop(self, kind: str, make: Callable[[], Any]) -> Any:
@@ -461,11 +462,23 @@ class Estimator:
         """Only valid once the model is built: a resumed run's step is known then."""
         return self.global_step + steps if steps is not None else max_steps
 
+    @property
+    def _is_chief(self) -> bool:
+        """False on the non-chief workers of a multi-worker run: they write no files."""
+        return bool(self._strategy.extended.should_checkpoint)
+
     def _save(self) -> None:
         if self._manager.latest_checkpoint and self._manager.latest_checkpoint.endswith(
                 f"-{self.global_step}"):
             return  # nothing new since the last save
-        checkpoints.save(self._manager, self.global_step)
+        if self._is_chief:
+            checkpoints.save(self._manager, self.global_step)
+            return
+        # Every worker takes part in a save (a variable may need a collective to be read);
+        # the others write to a scratch directory that is removed at once.
+        scratch = f"{self.config.work_dir}/.worker-{self._strategy.cluster_resolver.task_id}"
+        tf.train.CheckpointManager(self._root, scratch, 1).save(self.global_step)
+        tf.io.gfile.rmtree(scratch)
 
     def train(self, input_fn: InputFn, steps: int | None = None,
               max_steps: int | None = None) -> Estimator:
@@ -632,12 +645,19 @@ class Estimator:
             with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
                 self._checked_inputs.add(input_fn)
 
+        workers = self._acc.num_workers
+
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            dataset = inputs.call_input_fn(input_fn, self._params(mode, global_batch,
-                                                                  context), what)
+            # Several workers: the estimator shards the batches itself (round-robin) and
+            # gives the input_fn no input_context, so that each example is counted once
+            # whether or not the input_fn would shard by it.
+            params = self._params(mode, global_batch, None if workers > 1 else context)
+            dataset = inputs.call_input_fn(input_fn, params, what)
             per_step = self.num_replicas // context.num_input_pipelines
             if steps is not None:
-                dataset = dataset.take(steps * per_step)
+                dataset = dataset.take(steps * self.num_replicas)
+            if workers > 1:
+                dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
             return inputs.pad_and_mask(dataset, batch_size, per_step, what)
 
         return self._strategy.distribute_datasets_from_function(dataset_fn)
@@ -720,6 +740,12 @@ class Estimator:
             ...                     params['batch_size'], training=False))
         """
         self._reload_if_stale()
+        if self._acc.num_workers > 1:
+            raise ValueError(
+                f"predict runs on one host, and this run spans {self._acc.num_workers} "
+                "workers (TF_CONFIG): each would return only its own share of the rows. "
+                "Predict in a single-host process on the work_dir (a new estimator there "
+                "restores the model), or export_saved_model and serve that")
 
         def run(global_batch: int) -> list[Any]:
             dataset = self._padded_dataset(input_fn, global_batch, "predict", None)
