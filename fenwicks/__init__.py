@@ -7,13 +7,14 @@ Importing Fenwicks imports TensorFlow and Keras but probes no device, opens no
 connection and imports nothing of Colab or Kaggle: detection runs on first use.
 """
 
+import importlib
+
 from fenwicks import _tf_check
 
 _tf_check.require_tensorflow()
 
 from fenwicks import (  # noqa: E402  (after the TensorFlow check, on purpose)
     accel,
-    bench,
     colab_utils,
     data,
     gcs,
@@ -45,3 +46,17 @@ __all__ = [
     "train",
     "transform",
 ]
+
+# PEP 562: `import fenwicks` leaves these out (a benchmark is no part of training);
+# `fw.bench` imports it on first use.
+_ON_FIRST_USE = ("bench",)
+
+
+def __getattr__(name: str) -> object:
+    if name in _ON_FIRST_USE:
+        return importlib.import_module(f"fenwicks.{name}")  # also binds fenwicks.<name>
+    raise AttributeError(f"module 'fenwicks' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ON_FIRST_USE})

@@ -86,7 +86,9 @@ def _run(args: argparse.Namespace) -> int:
         demo.report(epochs=args.epochs, batch_size=args.batch_size, work_dir=args.work_dir,
                     fresh=args.fresh)
     elif args.command == "bench":
-        report = fw.bench.run(n=args.n, repeats=args.repeats, trials=args.trials)
+        from fenwicks import bench  # not imported by `import fenwicks`
+
+        report = bench.run(n=args.n, repeats=args.repeats, trials=args.trials)
         print(json.dumps(report.as_dict()) if args.json else report.table())
     return 0
 

@@ -15,12 +15,20 @@ Decay exclusions are regular expressions searched in each variable's path (e.g.
 (or `BN_AND_BIAS`) skips every bias and normalisation scale/offset. A pattern that
 matches no variable triggers a warning when the optimizer is built.
 
-Gradient clipping (``clip_norm``) is by global norm of the all-reduced gradients: Keras's
-own ``global_clipnorm`` clips each replica's partial gradient before the all-reduce.
+Both are Keras optimizer subclasses written against public hooks only: `build` makes the
+slots, `update_step` updates one variable (decay included, so it acts once per step on
+the variable itself), and `apply` runs a step. `apply` is ours because Keras's runs its
+clipping (``clipnorm``, ``global_clipnorm``) on each replica's partial gradient *before*
+its all-reduce and offers no hook between the all-reduce and the updates; here `apply`
+all-reduces with `tf.distribute.ReplicaContext.all_reduce`, clips the global gradient
+(``clip_norm``), and updates each variable once with `tf.distribute.StrategyExtended.update`.
+Keras-spelled arguments (``weight_decay``, ``beta_1``, ``global_clipnorm``, ``use_ema``,
+...) are errors that give the Fenwicks spelling, never silently dropped.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import re
@@ -55,6 +63,47 @@ def _check_number(value: Any, name: str, low: float = 0.0, high: float = math.in
         raise ValueError(f"{name}={value!r} must be a finite number in {left}{low}, {high}"
                          f"{right}")
     return float(value)
+
+
+# Keras's names for arguments Fenwicks spells otherwise (shared by the classes and the
+# opt_func factories), and what to do about Keras options these optimizers do not have.
+_SPELLINGS = {"weight_decay": "wd", "global_clipnorm": "clip_norm"}
+_SGD_SPELLINGS = {**_SPELLINGS, "momentum": "mom"}
+_ADAM_SPELLINGS = {**_SPELLINGS, "beta_1": "beta1", "beta_2": "beta2"}
+_FACTORY_SPELLINGS = {"learning_rate": "lr_func"}
+_NO_EMA = "Fenwicks optimizers keep no moving average of the weights"
+_UNSUPPORTED = {
+    "clipnorm": "there is no per-variable clipping; clip_norm= clips the global norm of "
+                "all gradients after the all-reduce",
+    "clipvalue": "gradients are clipped by global norm only (clip_norm=)",
+    "use_ema": _NO_EMA, "ema_momentum": _NO_EMA, "ema_overwrite_frequency": _NO_EMA,
+    "loss_scale_factor": "wrap the optimizer in keras.optimizers.LossScaleOptimizer "
+                         "(the estimator does so under float16)",
+    "gradient_accumulation_steps": "each step applies one global batch",
+    "amsgrad": "keras.optimizers.Adam(amsgrad=True) has AMSGrad; fw.train.AdamW does not",
+    "decay": "give a schedule as the learning rate instead, e.g. fw.train.exp_decay_lr",
+}
+
+
+def _reject_keras_arguments(where: str, kwargs: dict[str, Any], spellings: dict[str, str],
+                            takes: str) -> None:
+    """A ValueError naming every argument in `kwargs`, with its Fenwicks spelling if any.
+
+    `kwargs` is what a ``**kwargs`` caught: Keras optimizer arguments that would otherwise
+    reach Keras and be honoured with other semantics, or be dropped.
+    """
+    problems = []
+    for key, value in kwargs.items():
+        if key in spellings:
+            problems.append(f"{key}={value!r}: Fenwicks spells it {spellings[key]}={value!r}")
+        elif key in _UNSUPPORTED:
+            problems.append(f"{key}={value!r}: {where} does not support it; "
+                            f"{_UNSUPPORTED[key]}")
+        else:
+            problems.append(f"{key}={value!r}: not an argument of {where}, which takes "
+                            f"{takes}")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def exclusion_patterns(exclude_from_wd: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -106,8 +155,17 @@ def _check_adam(lr: Any, wd: Any, beta1: Any, beta2: Any, epsilon: Any,
             _check_number(epsilon, "epsilon", low_inclusive=False))
 
 
+def _path(variable: Any) -> str:
+    return getattr(variable, "path", variable.name)
+
+
+def _backend_variable(variable: Any) -> Any:
+    """The `tf.Variable` (distributed under a strategy) behind a `keras.Variable`."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
 class _DecayMixin:
-    """Per-variable decay decisions from path patterns, and clipping after the all-reduce."""
+    """Decay decisions from path patterns; a step that clips after the all-reduce."""
 
     def _init_decay(self, wd: float, exclude_from_wd: Any, clip_norm: float | None) -> None:
         self.wd = _check_number(wd, "wd")
@@ -119,11 +177,11 @@ class _DecayMixin:
     def build(self, variables: Sequence[Any]) -> None:
         if self.built:
             return
-        super().build(variables)  # the Keras optimizer's own slots
+        super().build(variables)  # the Keras optimizer's own slots and variable index
         self._build_decay(variables)
 
     def _build_decay(self, variables: Sequence[Any]) -> None:
-        paths = [getattr(v, "path", v.name) for v in variables]
+        paths = [_path(v) for v in variables]
         compiled = [re.compile(p) for p in self.exclude_from_wd]
         self._decay_flags = [not any(c.search(path) for c in compiled) for path in paths]
         unused = [p for p, c in zip(self.exclude_from_wd, compiled, strict=True)
@@ -133,25 +191,61 @@ class _DecayMixin:
                           f"{len(paths)} trainable variables (paths such as {paths[:2]}); "
                           "they exclude nothing; check them against these paths", stacklevel=3)
 
-    def _use_weight_decay(self, variable: Any) -> bool:
-        return self._decay_flags[self._get_variable_index(variable)]
+    def _decays(self, variable: Any) -> bool:
+        """Whether `variable` (as `update_step` sees it) gets weight decay."""
+        return self.wd > 0 and self._decay_flags[self._get_variable_index(variable)]
 
-    def _backend_update_step(self, grads: Any, trainable_variables: Any,
-                             learning_rate: Any) -> None:
-        # Keras clips before its all-reduce (per-replica partial gradients); clip after.
-        variables = [v.value if isinstance(v, keras.Variable) else v
-                     for v in trainable_variables]
-        grads_and_vars = self._all_reduce_sum_gradients(list(zip(grads, variables, strict=True)))
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None
+              ) -> None:
+        """One step: all-reduce the gradients, clip their global norm, update each variable.
+
+        Called in a replica context (inside `strategy.run`), as Keras's `apply` is. Each
+        variable is updated once, by `update_step` with the global gradient, through
+        `StrategyExtended.update` (a merge call where the strategy needs one).
+        """
+        if trainable_variables is None:  # Keras allows it; its variable list is private
+            raise ValueError(f"{type(self).__name__}.apply(grads) needs the variables too: "
+                             "apply(grads, model.trainable_variables)")
+        variables = list(trainable_variables)
+        if not self.built:
+            self.build(variables)
+        pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
+        if not pairs:
+            raise ValueError(f"no gradient for any of the {len(variables)} variables "
+                             f"{[_path(v) for v in variables][:3]}...; does the loss use "
+                             "them?")
+        if len(pairs) < len(variables):
+            missing = [_path(v) for g, v in zip(grads, variables, strict=True) if g is None]
+            warnings.warn(f"no gradient for {missing}; they are not updated", stacklevel=2)
+        grads = self._global_gradients([g for g, _ in pairs])
+        learning_rate = self.learning_rate  # at this step, before iterations moves
+        extended = tf.distribute.get_strategy().extended
+        for grad, variable in zip(grads, [v for _, v in pairs], strict=True):
+            update = functools.partial(self._update_one,
+                                       constraint=getattr(variable, "constraint", None))
+            extended.update(_backend_variable(variable), update, args=(grad, learning_rate),
+                            group=False)
+        self.iterations.assign_add(1)
+
+    def _global_gradients(self, grads: list[Any]) -> list[Any]:
+        context = tf.distribute.get_replica_context()
+        if context is not None:  # None: cross-replica context, gradients already global
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         if self.clip_norm is not None:
-            clipped, _ = tf.clip_by_global_norm([g for g, _ in grads_and_vars],
-                                                self.clip_norm)
-            grads_and_vars = list(zip(clipped, [v for _, v in grads_and_vars], strict=True))
-        tf.__internal__.distribute.interim.maybe_merge_call(
-            self._distributed_tf_update_step, self._distribution_strategy,
-            grads_and_vars, learning_rate)
+            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
+        return list(grads)
 
-    def _decay_config(self) -> dict[str, Any]:
-        return {"wd": self.wd, "exclude_from_wd": list(self.exclude_from_wd),
+    def _update_one(self, variable: Any, gradient: Any, learning_rate: Any,
+                    constraint: Callable[[Any], Any] | None) -> None:
+        self.update_step(gradient, variable, learning_rate)
+        if constraint is not None:  # as Keras does after each update
+            self.assign(variable, constraint(variable))
+
+    def _fenwicks_config(self, keras_config: dict[str, Any]) -> dict[str, Any]:
+        # Only Fenwicks spellings: from_config passes them back to __init__, which
+        # refuses Keras's (weight_decay, clipnorm, ...).
+        return {"name": keras_config["name"], "learning_rate": keras_config["learning_rate"],
+                "wd": self.wd, "exclude_from_wd": list(self.exclude_from_wd),
                 "clip_norm": self.clip_norm}
 
 
@@ -179,7 +273,9 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
         exclude_from_wd: regular expressions (or ``'bn_and_bias'``) for variable paths
             that get no decay. Defaults to `None`.
         clip_norm: clip the all-reduced gradients to this global norm. Defaults to `None`.
-        **kwargs: `keras.optimizers.Optimizer` arguments (name, loss_scale_factor, ...).
+        name: the optimizer's name. Defaults to `None` (Keras picks one).
+        **keras_kwargs: refused with the Fenwicks spelling (``weight_decay`` is ``wd``,
+            ``momentum`` is ``mom``, ``global_clipnorm`` is ``clip_norm``).
 
     Example:
         >>> opt = fw.train.SGD(fw.train.piecewise_linear([0, 5, 24], [0, 0.4, 0]), wd=5e-4)
@@ -187,11 +283,15 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
 
     def __init__(self, learning_rate: Any = 0.01, mom: float = 0.9, wd: float = 0.0,
                  nesterov: bool = True, exclude_from_wd: Any = None,
-                 clip_norm: float | None = None, **kwargs: Any) -> None:
+                 clip_norm: float | None = None, name: str | None = None,
+                 **keras_kwargs: Any) -> None:
+        _reject_keras_arguments("fw.train.SGD", keras_kwargs, _SGD_SPELLINGS,
+                                "learning_rate, mom, wd, nesterov, exclude_from_wd, "
+                                "clip_norm, name")
         if isinstance(mom, dict):
             mom = keras.saving.deserialize_keras_object(mom)
         learning_rate, mom = _check_sgd(learning_rate, mom, wd, exclude_from_wd, clip_norm)
-        super().__init__(learning_rate=learning_rate, **kwargs)
+        super().__init__(learning_rate=learning_rate, name=name)
         self.mom = mom
         self.nesterov = bool(nesterov)
         self._init_decay(wd, exclude_from_wd, clip_norm)
@@ -207,7 +307,7 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
         lr = tf.cast(learning_rate, dtype)
         mom = tf.cast(schedule_value(self.mom, self.iterations), dtype)
         gradient = tf.cast(gradient, dtype)
-        if self.wd > 0 and self._use_weight_decay(variable):
+        if self._decays(variable):
             gradient = gradient + tf.cast(self.wd, dtype) * variable
         velocity = self.velocities[self._get_variable_index(variable)]
         self.assign(velocity, mom * velocity + gradient)
@@ -215,9 +315,8 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
         self.assign_sub(variable, lr * step)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "nesterov": self.nesterov,
-                "mom": keras.saving.serialize_keras_object(self.mom),
-                **self._decay_config()}
+        return {**self._fenwicks_config(super().get_config()), "nesterov": self.nesterov,
+                "mom": keras.saving.serialize_keras_object(self.mom)}
 
 
 @_register
@@ -237,7 +336,9 @@ class AdamW(_DecayMixin, keras.optimizers.Adam):
         epsilon: > 0. Defaults to `1e-7`.
         exclude_from_wd: regular expressions (or ``'bn_and_bias'``). Defaults to `None`.
         clip_norm: clip the all-reduced gradients to this global norm. Defaults to `None`.
-        **kwargs: `keras.optimizers.Optimizer` arguments.
+        name: the optimizer's name. Defaults to `None` (Keras picks one).
+        **keras_kwargs: refused with the Fenwicks spelling (``weight_decay`` is ``wd``,
+            ``beta_1`` is ``beta1``, ``global_clipnorm`` is ``clip_norm``).
 
     Example:
         >>> opt = fw.train.AdamW(1e-3, wd=1e-2, exclude_from_wd='bn_and_bias')
@@ -245,22 +346,32 @@ class AdamW(_DecayMixin, keras.optimizers.Adam):
 
     def __init__(self, learning_rate: Any = 0.001, wd: float = 0.0, beta1: float = 0.9,
                  beta2: float = 0.999, epsilon: float = 1e-7, exclude_from_wd: Any = None,
-                 clip_norm: float | None = None, **kwargs: Any) -> None:
-        for key in ("weight_decay", "beta_1", "beta_2", "clipnorm", "global_clipnorm"):
-            kwargs.pop(key, None)  # from a Keras get_config round trip; ours win
+                 clip_norm: float | None = None, name: str | None = None,
+                 **keras_kwargs: Any) -> None:
+        _reject_keras_arguments("fw.train.AdamW", keras_kwargs, _ADAM_SPELLINGS,
+                                "learning_rate, wd, beta1, beta2, epsilon, "
+                                "exclude_from_wd, clip_norm, name")
         learning_rate, beta1, beta2, epsilon = _check_adam(
             learning_rate, wd, beta1, beta2, epsilon, exclude_from_wd, clip_norm)
+        # Keras's weight_decay attribute reports wd; the decay itself is in update_step.
         super().__init__(learning_rate=learning_rate, beta_1=beta1, beta_2=beta2,
-                         epsilon=epsilon, weight_decay=wd if wd > 0 else None, **kwargs)
+                         epsilon=epsilon, weight_decay=wd if wd > 0 else None, name=name)
         self._init_decay(wd, exclude_from_wd, clip_norm)
 
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        if self._decays(variable):  # decoupled: on the weights, not through the moments
+            lr = tf.cast(learning_rate, variable.dtype)
+            self.assign_sub(variable, variable * tf.cast(self.wd, variable.dtype) * lr)
+        super().update_step(gradient, variable, learning_rate)
+
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "beta1": self.beta_1, "beta2": self.beta_2,
-                **self._decay_config()}
+        return {**self._fenwicks_config(super().get_config()), "beta1": self.beta_1,
+                "beta2": self.beta_2, "epsilon": self.epsilon}
 
 
 def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: bool = True,
-                  exclude_from_wd: Any = None, clip_norm: float | None = None) -> OptFunc:
+                  exclude_from_wd: Any = None, clip_norm: float | None = None,
+                  **keras_kwargs: Any) -> OptFunc:
     """Returns an ``opt_func`` building `SGD` (PyTorch semantics, coupled L2 decay).
 
     Args:
@@ -272,12 +383,15 @@ def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: boo
         exclude_from_wd: patterns of variable paths without decay, or ``'bn_and_bias'``.
             Defaults to `None` (decay everything, as PyTorch SGD does).
         clip_norm: global-norm clipping of the all-reduced gradients. Defaults to `None`.
+        **keras_kwargs: refused with the Fenwicks spelling (``learning_rate`` is
+            ``lr_func``, ``momentum`` is ``mom``, ``weight_decay`` is ``wd``).
 
     Returns:
         A zero-argument callable that returns a new `SGD`.
 
     Raises:
-        ValueError: for a negative or non-finite hyperparameter, now rather than later.
+        ValueError: for a negative or non-finite hyperparameter, now rather than later,
+            and for a Keras-spelled argument (``weight_decay=5e-4``: use ``wd=5e-4``).
 
     Example:
         >>> lr_func = fw.train.piecewise_linear([0, 5 * spe, 24 * spe], [0, 0.4, 0])
@@ -286,6 +400,9 @@ def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: boo
     """
     # Validate now, in plain Python: creating an optimizer here would initialise
     # TensorFlow's devices before fw.accel chooses them.
+    _reject_keras_arguments("fw.train.sgd_optimizer", keras_kwargs,
+                            {**_SGD_SPELLINGS, **_FACTORY_SPELLINGS},
+                            "lr_func, mom, wd, nesterov, exclude_from_wd, clip_norm")
     _check_sgd(lr_func, mom, wd, exclude_from_wd, clip_norm)
     return lambda: SGD(lr_func, mom=mom, wd=wd, nesterov=nesterov,
                        exclude_from_wd=exclude_from_wd, clip_norm=clip_norm)
@@ -293,7 +410,7 @@ def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: boo
 
 def adam_optimizer(lr_func: Any, wd: float | None = None, beta1: float = 0.9,
                    beta2: float = 0.999, epsilon: float = 1e-7, exclude_from_wd: Any = None,
-                   clip_norm: float | None = None) -> OptFunc:
+                   clip_norm: float | None = None, **keras_kwargs: Any) -> OptFunc:
     """Returns an ``opt_func`` building `AdamW` (Adam with decoupled weight decay).
 
     Args:
@@ -305,13 +422,21 @@ def adam_optimizer(lr_func: Any, wd: float | None = None, beta1: float = 0.9,
         exclude_from_wd: patterns of variable paths without decay; ``'bn_and_bias'``
             excludes biases and BatchNorm parameters. Defaults to `None`.
         clip_norm: global-norm clipping of the all-reduced gradients. Defaults to `None`.
+        **keras_kwargs: refused with the Fenwicks spelling (``learning_rate`` is
+            ``lr_func``, ``weight_decay`` is ``wd``, ``beta_1`` is ``beta1``).
 
     Returns:
         A zero-argument callable that returns a new `AdamW`.
 
+    Raises:
+        ValueError: for an out-of-range hyperparameter or a Keras-spelled argument.
+
     Example:
         >>> opt_func = fw.train.adam_optimizer(1e-3, wd=1e-2, exclude_from_wd='bn_and_bias')
     """
+    _reject_keras_arguments("fw.train.adam_optimizer", keras_kwargs,
+                            {**_ADAM_SPELLINGS, **_FACTORY_SPELLINGS},
+                            "lr_func, wd, beta1, beta2, epsilon, exclude_from_wd, clip_norm")
     wd = 0.0 if wd is None else wd
     kwargs = dict(wd=wd, beta1=beta1, beta2=beta2, epsilon=epsilon,
                   exclude_from_wd=exclude_from_wd, clip_norm=clip_norm)
