@@ -15,6 +15,9 @@ should be >= 0.95 (padding costs at most 5%).
 
     python benchmarks/train_throughput.py                 # both replica counts
     python benchmarks/train_throughput.py --steps 20      # quicker, noisier
+
+Beside it, `estimator_throughput.py` measures one model through the estimator alone:
+``train_throughput(model_func, input_fn, batch_size)``, the median examples/s.
 """
 
 from __future__ import annotations
