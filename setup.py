@@ -21,7 +21,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["fenwicks", "fenwicks.*"]),
     install_requires=[
-        "keras>=3.0",
+        "keras>=3.10,<4",  # 3.10: Optimizer.add_optimizer_variables; tests/test_optimizers.py
         "tensorflow-datasets>=4.9",
         # tensorflow-datasets 4.9 imports it (lazily, when a dataset builder is used) but
         # declares it only for Python < 3.9: without it tfds.load('mnist') fails at once.

@@ -3,12 +3,16 @@ shrinks weights, exclusions, clipping after the all-reduce, 8 replicas and loss 
 
 from __future__ import annotations
 
+import inspect
+import re
 import warnings
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from packaging.version import Version
 
 import fenwicks as fw
 from tests.conftest import run_json
@@ -235,3 +239,172 @@ def test_eight_replicas_and_loss_scaling_match_numpy():
         for got, ref in ((out["sgd" + scale], sgd), (out["adam" + scale], adam)):
             np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(got[1], ref[1], rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------- Keras-spelled arguments are refused
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: fw.train.sgd_optimizer(0.1, weight_decay=0.01),
+     "weight_decay=0.01: Fenwicks spells it wd=0.01"),
+    (lambda: fw.train.sgd_optimizer(0.1, momentum=0.9), "momentum=0.9: Fenwicks spells it mom=0.9"),
+    (lambda: fw.train.sgd_optimizer(0.1, global_clipnorm=1.0),
+     "global_clipnorm=1.0: Fenwicks spells it clip_norm=1.0"),
+    (lambda: fw.train.adam_optimizer(0.1, beta_1=0.8), "beta_1=0.8: Fenwicks spells it beta1=0.8"),
+    (lambda: fw.train.adam_optimizer(0.1, beta_2=0.95),
+     "beta_2=0.95: Fenwicks spells it beta2=0.95"),
+    (lambda: fw.train.adam_optimizer(0.1, weight_decay=0.1),
+     "weight_decay=0.1: Fenwicks spells it wd=0.1"),
+    (lambda: fw.train.adam_optimizer(0.1, clipnorm=1.0),
+     "clipnorm=1.0: fw.train.adam_optimizer does not support it; there is no per-variable "
+     "clipping; clip_norm= clips the global norm"),
+    (lambda: fw.train.SGD(0.1, weight_decay=5e-4), "weight_decay=0.0005: Fenwicks spells it wd="),
+    (lambda: fw.train.SGD(0.1, use_ema=True),
+     "use_ema=True: fw.train.SGD does not support it; Fenwicks optimizers keep no moving"),
+    (lambda: fw.train.SGD(0.1, clipvalue=1.0), "clipvalue=1.0: fw.train.SGD does not support"),
+    (lambda: fw.train.SGD(0.1, loss_scale_factor=128.0), "LossScaleOptimizer"),
+    (lambda: fw.train.SGD(0.1, gradient_accumulation_steps=4),
+     "gradient_accumulation_steps=4: fw.train.SGD does not support it"),
+    (lambda: fw.train.AdamW(0.1, beta_1=0.5), "beta_1=0.5: Fenwicks spells it beta1=0.5"),
+    (lambda: fw.train.AdamW(0.1, global_clipnorm=2.0), "Fenwicks spells it clip_norm=2.0"),
+    (lambda: fw.train.AdamW(0.1, amsgrad=True), "amsgrad=True: fw.train.AdamW does not"),
+    (lambda: fw.train.AdamW(0.1, ema_momentum=0.9), "ema_momentum=0.9"),
+    (lambda: fw.train.AdamW(0.1, nesterov=True),
+     "nesterov=True: not an argument of fw.train.AdamW, which takes learning_rate, wd,"),
+])
+def test_keras_spelled_arguments_are_errors(make, message):
+    """Before, **kwargs passed these to Keras (which applied its own decay or clipped each
+    replica's partial gradient) or AdamW dropped them: a silent change of semantics."""
+    with pytest.raises(ValueError) as info:
+        make()
+    assert message in str(info.value)
+
+
+def test_every_keras_spelled_argument_is_named():
+    with pytest.raises(ValueError) as info:
+        fw.train.sgd_optimizer(0.1, weight_decay=0.01, clipnorm=1.0)
+    assert "weight_decay=0.01" in str(info.value) and "clipnorm=1.0" in str(info.value)
+
+
+def test_config_has_only_fenwicks_spellings():
+    """from_config hands the config back to __init__, which refuses Keras's spellings."""
+    keras_only = {"weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema",
+                  "ema_momentum", "beta_1", "beta_2", "momentum", "amsgrad"}
+    for opt in (fw.train.SGD(0.1, wd=1e-4), fw.train.AdamW(0.1, wd=0.1, clip_norm=1.0)):
+        config = opt.get_config()
+        assert not keras_only & set(config)
+        assert type(opt).from_config(config).get_config() == config
+
+
+# --------------------------------------------------------------- the step, through `apply`
+
+def test_constraints_apply_after_the_update():
+    """Keras applies a variable's constraint after each update; so does Fenwicks's apply."""
+    layer = keras.layers.Dense(2, kernel_constraint=keras.constraints.NonNeg())
+    layer.build((None, 3))
+    layer.kernel.assign(W0)
+    layer.bias.assign(B0)
+    grad_w, grad_b = _grads(W0.astype(np.float64), B0.astype(np.float64))
+    opt = fw.train.sgd_optimizer(0.1, mom=0.0)()
+    opt.apply([tf.constant(grad_w, tf.float32), tf.constant(grad_b, tf.float32)],
+              layer.trainable_variables)
+    np.testing.assert_allclose(layer.kernel.numpy(), np.maximum(W0 - 0.1 * grad_w, 0),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(layer.bias.numpy(), B0 - 0.1 * grad_b, rtol=1e-6, atol=1e-7)
+
+
+def test_missing_gradient_warns_and_others_still_step():
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    layer.kernel.assign(W0)
+    layer.bias.assign(B0)
+    opt = fw.train.sgd_optimizer(0.1, mom=0.0)()
+    with pytest.warns(UserWarning, match="no gradient for .*bias"):
+        opt.apply([tf.ones((3, 2)), None], layer.trainable_variables)
+    np.testing.assert_allclose(layer.kernel.numpy(), W0 - 0.1, rtol=1e-6)
+    np.testing.assert_allclose(layer.bias.numpy(), B0)
+    assert int(opt.iterations) == 1
+    with pytest.raises(ValueError, match="needs the variables"):
+        opt.apply([tf.ones((3, 2)), tf.ones(2)])
+
+
+# ---------------------------------------- the BatchNorm name that decay patterns rely on
+
+def test_batchnorm_name_keeps_keras_exclusion_patterns_matching():
+    """Why fw.layers.BatchNorm names itself 'batch_normalization' (layers.py, __init__).
+
+    Keras names an unnamed layer after its class: a subclass called BatchNorm would be
+    'batch_norm', and the pattern users copy from Keras code and DESIGN.md,
+    ``exclude_from_wd=['bias', 'batch_normalization']``, would match none of fw's
+    BatchNorm variables: gamma and beta would be decayed, with only a warning. The
+    optimizer sees variables, not layers, so the layer's name is what carries its type.
+    """
+    plain_subclass = type("BatchNorm", (keras.layers.BatchNormalization,), {})()
+    assert "batch_normalization" not in plain_subclass.name  # 'batch_norm': the trap
+    model = fw.models.mnist_net(c=2)
+    opt = fw.train.adam_optimizer(0.1, wd=0.1, exclude_from_wd=["batch_normalization"])()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pattern matching nothing would warn
+        opt.build(model.trainable_variables)
+    bn_params = {v.path for layer in model._flatten_layers()
+                 if isinstance(layer, keras.layers.BatchNormalization)
+                 for v in layer.trainable_variables}
+    excluded = {v.path for v, flag in zip(model.trainable_variables, opt._decay_flags,
+                                          strict=True) if not flag}
+    assert len(bn_params) == 6 and excluded == bn_params  # gamma, beta of 3 ConvBN blocks
+    assert fw.layers.BatchNorm(name="bn").name == "bn"  # an explicit name is the user's
+
+
+# ------------------------------------------ the Keras and TensorFlow this code depends on
+
+def _setup_range(package):
+    text = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    match = re.search(rf'"{package}>=([\d.]+),<([\d.]+)"', text)
+    assert match, f"setup.py should declare {package}>=low,<high"
+    return Version(match[1]), Version(match[2])
+
+
+def test_keras_and_tensorflow_versions_and_hooks():
+    """Fails loudly when an upgrade moves what fw.train's optimizers are built on.
+
+    Keras >= 3.10 for `add_optimizer_variables`; < 4 because the hooks below are Keras 3's.
+    The step uses only public hooks: Keras calls `build` and `update_step`; our `apply`
+    replaces Keras's (which clips before its all-reduce) and uses public tf.distribute.
+    """
+    low, high = _setup_range("keras")
+    assert low <= Version(keras.__version__) < high, (keras.__version__, low, high)
+    assert Version(tf.__version__) >= Version("2.16"), tf.__version__  # first with Keras 3
+    base = keras.optimizers.Optimizer
+    expected = {
+        "update_step": ["self", "gradient", "variable", "learning_rate"],
+        "apply": ["self", "grads", "trainable_variables"],
+        "build": ["self", "variables"],
+        "add_optimizer_variables": ["self", "trainable_variables", "name", "initializer"],
+        "assign": ["self", "variable", "value"],
+        "assign_sub": ["self", "variable", "value"],
+        "_get_variable_index": ["self", "variable"],  # what Keras's own SGD and Adam use
+    }
+    for method, params in expected.items():
+        assert list(inspect.signature(getattr(base, method)).parameters) == params, method
+    adam_step = inspect.signature(keras.optimizers.Adam.update_step).parameters
+    assert list(adam_step) == expected["update_step"]
+    assert list(inspect.signature(tf.distribute.ReplicaContext.all_reduce).parameters)[:3] \
+        == ["self", "reduce_op", "value"]
+    assert list(inspect.signature(tf.distribute.StrategyExtended.update).parameters)[:4] \
+        == ["self", "var", "fn", "args"]
+
+
+def test_loss_scale_optimizer_steps_through_our_apply():
+    """float16 training wraps the optimizer; the wrapper must call the inner `apply`,
+    or clipping and decay would fall back to Keras's step."""
+    calls = []
+
+    class Spy(fw.train.SGD):
+        def apply(self, grads, trainable_variables=None):
+            calls.append(len(grads))
+            return super().apply(grads, trainable_variables)
+
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    opt = keras.optimizers.LossScaleOptimizer(Spy(0.1, mom=0.0), initial_scale=4.0)
+    opt.apply([tf.fill((3, 2), 4.0), tf.fill((2,), 4.0)], layer.trainable_variables)
+    assert calls == [2]
