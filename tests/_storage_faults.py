@@ -129,16 +129,20 @@ def restore_outage(work_dir: str) -> dict[str, Any]:
     est.train(helpers.train_input(x, y), steps=4)  # ckpt-2 and ckpt-4
     out: dict[str, Any] = {"latest": tf.train.latest_checkpoint(work_dir)}
     outage = [{"fault": "503", "method": "GET", "path": "ckpt-4"}]
-    # The helper the estimator restores through: an error naming ckpt-4, or success.
+    # The helper the estimator restores through, on a bare checkpoint of its own (no
+    # estimator internals): an error naming the prefix, or success through faults.
     from fenwicks.train import checkpoints
 
-    prefix = f"{work_dir}/ckpt-4"
-    out["read_outage"] = _phase(lambda: checkpoints.read(est._root, prefix, work_dir),
-                                outage)
-    est._global_step.assign(0)
+    bare_dir = work_dir + "-bare"
+    variable = tf.Variable([1.0, 2.0, 3.0])
+    root = tf.train.Checkpoint(v=variable)
+    prefix = tf.train.CheckpointManager(root, bare_dir, 1, checkpoint_name="ckpt").save(4)
+    variable.assign([0.0, 0.0, 0.0])
+    out["read_outage"] = _phase(lambda: checkpoints.read(root, prefix, bare_dir), outage)
     transient = [{"fault": "503", "method": "GET", "path": "ckpt-4", "times": 2}]
     out["read_transient"] = _phase(
-        lambda: checkpoints.read(est._root, prefix, work_dir) or est.global_step, transient)
+        lambda: checkpoints.read(root, prefix, bare_dir) or variable.numpy().tolist(),
+        transient)
     # The estimator itself, starting on that work_dir during the outage.
     fresh = _estimator(work_dir)
     out["outage"] = _phase(lambda: fresh.evaluate(helpers.eval_input(x, y)), outage)
