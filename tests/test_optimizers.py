@@ -408,3 +408,14 @@ def test_loss_scale_optimizer_steps_through_our_apply():
     opt = keras.optimizers.LossScaleOptimizer(Spy(0.1, mom=0.0), initial_scale=4.0)
     opt.apply([tf.fill((3, 2), 4.0), tf.fill((2,), 4.0)], layer.trainable_variables)
     assert calls == [2]
+
+
+def test_no_private_keras_method_is_overridden():
+    """The old step overrode Keras's private `_backend_update_step` and `_use_weight_decay`;
+    a Keras release could change those without notice. Private helpers here are our own."""
+    keras_classes = (keras.optimizers.Optimizer, keras.optimizers.Adam)
+    for cls in (fw.train.SGD, fw.train.AdamW):
+        ours = {name for klass in cls.__mro__ if klass.__module__.startswith("fenwicks")
+                for name in vars(klass) if name.startswith("_") and not name.startswith("__")}
+        assert ours and not {name for name in ours
+                             if any(hasattr(k, name) for k in keras_classes)}, cls
