@@ -445,7 +445,7 @@ def test_out_of_memory_retries_with_smaller_batches(tmp_path, caplog):
         return global_batch
 
     with caplog.at_level("WARNING", logger="fenwicks"):
-        assert est._with_smaller_batches(run, 128, "evaluation") == 32
+        assert est._evaluator._with_smaller_batches(run, 128, "evaluation") == 32
     assert tried == [128, 64, 32]
     assert "out of memory at evaluation batch 128; retrying with 64" in caplog.text
 

@@ -103,8 +103,6 @@ def test_read_names_the_checkpoint_when_storage_is_down(restore_outage):
     assert out["read_transient"]["value"] == [1.0, 2.0, 3.0]  # what ckpt-4 holds
 
 
-@pytest.mark.xfail(strict=True, reason="until Estimator restores through checkpoints.read: "
-                   "an unreachable ckpt-4 is set aside as corrupt and ckpt-2 resumed")
 def test_estimator_does_not_take_an_unreachable_checkpoint_for_a_damaged_one(
         restore_outage):
     work_dir, out = restore_outage

@@ -1,5 +1,6 @@
 """Training: optimizers, schedules, the LR finder and the estimator. (Being built.)"""
 
+from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401
 from fenwicks.train.checkpoints import (  # noqa: E402, F401  (public names)
     CheckpointCorruptError,
     CheckpointCoverageError,

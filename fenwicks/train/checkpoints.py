@@ -254,7 +254,7 @@ def restore_latest(root: tf.train.Checkpoint, work_dir: str,
     damaged: list[tuple[str, str]] = []
     for prefix in candidates:
         try:
-            restore(root, prefix, work_dir, scratch_dir)
+            read(root, prefix, work_dir, scratch_dir)  # storage down: CheckpointReadError
         except CheckpointMismatchError:
             raise
         except (tf.errors.OpError, ValueError, AssertionError) as err:
@@ -293,6 +293,7 @@ def save(manager: tf.train.CheckpointManager, step: int) -> str:
     ``latest``. A failed write (disk full, a storage error after its retries) raises
     `CheckpointWriteError` naming the path, after removing the partial files.
     """
+    before = manager.latest_checkpoint  # TF updates it before writing the state file
     try:
         return manager.save(checkpoint_number=step)
     except tf.errors.OpError as err:
@@ -302,7 +303,7 @@ def save(manager: tf.train.CheckpointManager, step: int) -> str:
                 _remove_quietly(partial)
         raise CheckpointWriteError(
             f"could not write checkpoint {path}: {_first_line(err)}. The previous "
-            f"checkpoint ({manager.latest_checkpoint or 'none'}) is intact and the "
+            f"checkpoint ({before or 'none'}) is intact and the "
             "training state in memory is unchanged: free space or fix the storage, then "
             "call train() again") from err
 

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.train import inputs, loops
-from fenwicks.train.estimator import _precision_policy, build_model
+from fenwicks.train.building import build_model, make_params, precision_policy
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.schedules import Schedule, _number, _register, _steps
 
@@ -105,22 +105,24 @@ def _check_args(start_lr: float, end_lr: float, num_steps: int, smoothing: float
 
 
 def _params(acc: accel.Accelerator, batch_size: int, seed: int | None,
-            context: Any = None) -> dict:
-    return {"batch_size": batch_size // acc.num_replicas, "global_batch_size": batch_size,
-            "num_replicas": acc.num_replicas, "seed": seed, "mode": "train",
-            "precision": acc.precision, "input_context": context}
+            steps_per_epoch: int | None, context: Any = None) -> dict:
+    """The estimator's params (`fenwicks.train.building.make_params`), for training."""
+    return make_params("train", batch_size, acc.num_replicas, seed=seed,
+                       precision=acc.precision, steps_per_epoch=steps_per_epoch,
+                       input_context=context)
 
 
 def _distributed_batches(acc: accel.Accelerator, input_fn: Callable, batch_size: int,
-                         seed: int | None, num_steps: int) -> tuple[Any, Any]:
+                         seed: int | None, num_steps: int,
+                         steps_per_epoch: int | None) -> tuple[Any, Any]:
     """The distributed iterator over `input_fn`, and its per-replica element spec."""
-    params = _params(acc, batch_size, seed)
+    params = _params(acc, batch_size, seed, steps_per_epoch)
     spec = inputs.call_input_fn(input_fn, params, "training").element_spec
     inputs.check_train_spec(spec, params["batch_size"])
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        dataset = inputs.call_input_fn(input_fn, _params(acc, batch_size, seed, context),
-                                       "training")
+        dataset = inputs.call_input_fn(
+            input_fn, _params(acc, batch_size, seed, steps_per_epoch, context), "training")
         # Only what the sweep can use, so that `_drain` ends.
         return dataset.take(num_steps * acc.num_replicas // context.num_input_pipelines)
 
@@ -128,12 +130,13 @@ def _distributed_batches(acc: accel.Accelerator, input_fn: Callable, batch_size:
 
 
 def _build(acc: accel.Accelerator, model_func: Callable, batch_size: int,
-           seed: int | None, features_spec: Any) -> tuple[ModelSpec, Any]:
+           seed: int | None, features_spec: Any,
+           steps_per_epoch: int | None) -> tuple[ModelSpec, Any]:
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    with acc.strategy.scope(), _precision_policy(acc.precision):
-        return build_model(model_func, _params(acc, batch_size, seed), acc.precision,
-                           features_spec)
+    with acc.strategy.scope(), precision_policy(acc.precision):
+        return build_model(model_func, _params(acc, batch_size, seed, steps_per_epoch),
+                           acc.precision, features_spec)
 
 
 def _suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, float | None]:
@@ -150,7 +153,8 @@ def _suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, float
 def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], Any],
             start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100,
             batch_size: int = 128, smoothing: float = 0.98, diverge_factor: float = 4.0,
-            seed: int | None = None, verbose: bool = True) -> LRFinderResult:
+            seed: int | None = None, verbose: bool = True,
+            steps_per_epoch: int | None = None) -> LRFinderResult:
     """Runs the learning-rate range test and suggests a learning rate.
 
     The model and optimizer come from `model_func` as in the estimator (same replicas,
@@ -172,6 +176,8 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
         seed: seeds Keras and is passed in ``params['seed']``. Defaults to `None`.
         verbose: show a progress bar: steps done of the `num_steps` expected (fewer if
             the loss diverges first), the current rate and loss. Defaults to True.
+        steps_per_epoch: given to input and model functions as
+            ``params['steps_per_epoch']``, as the estimator does. Defaults to `None`.
 
     Returns:
         An `LRFinderResult` with the curve, the suggestion and a `plot()` method.
@@ -191,8 +197,10 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
         raise ValueError(f"batch_size={batch_size} must be divisible by the "
                          f"{acc.num_replicas} replicas; try "
                          f"{batch_size // acc.num_replicas * acc.num_replicas or acc.num_replicas}")
-    iterator, spec = _distributed_batches(acc, input_fn, batch_size, seed, num_steps)
-    model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0])
+    iterator, spec = _distributed_batches(acc, input_fn, batch_size, seed, num_steps,
+                                          steps_per_epoch)
+    model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0],
+                                   steps_per_epoch)
     saved = [w.copy() for w in model_spec.model.get_weights()]
     sweep = ExponentialSweep(start_lr, end_lr, num_steps)
     optimizer.learning_rate = sweep  # Keras allows replacing a schedule with a schedule

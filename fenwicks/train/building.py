@@ -1,0 +1,115 @@
+"""Building a model for training: the `params` input functions see, the model and its
+optimizer under the precision policy, and the checks made before anything compiles.
+
+Shared by the estimator and `find_lr`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from fenwicks.train.model_func import ModelSpec
+
+ModelFunc = Callable[[dict], ModelSpec]
+
+
+def make_params(mode: str, global_batch: int, num_replicas: int, *, seed: int | None,
+                precision: str, steps_per_epoch: int | None,
+                input_context: Any = None) -> dict[str, Any]:
+    """The ``params`` dict given to model and input functions, as TPUEstimator did.
+
+    ``params['batch_size']`` is the per-replica batch size.
+
+    Example:
+        >>> make_params("train", 512, 8, seed=1, precision="bfloat16", steps_per_epoch=97)
+        {'batch_size': 64, 'global_batch_size': 512, ...}
+    """
+    return {"batch_size": global_batch // num_replicas, "global_batch_size": global_batch,
+            "num_replicas": num_replicas, "seed": seed, "mode": mode,
+            "precision": precision, "steps_per_epoch": steps_per_epoch,
+            "input_context": input_context}
+
+
+@contextlib.contextmanager
+def precision_policy(precision: str) -> Iterator[None]:
+    """Builds layers under the mixed policy, then restores the user's global policy."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32" if precision == "float32"
+                                  else f"mixed_{precision}")
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _zeros_like_spec(spec: Any) -> Any:
+    return tf.nest.map_structure(lambda s: tf.zeros([1] + s.shape.as_list()[1:], s.dtype),
+                                 spec)
+
+
+def build_model(model_func: ModelFunc, params: dict, precision: str,
+                features_spec: Any) -> tuple[ModelSpec, Any]:
+    """Calls `model_func`; builds the model and the optimizer's slots.
+
+    Called inside the strategy's scope and under `precision_policy`. Returns the spec and
+    the optimizer to step with (wrapped in a `LossScaleOptimizer` under float16).
+    """
+    spec = model_func(params)
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"model_func returned {type(spec).__name__}; it must return "
+                         "fw.train.ModelSpec (e.g. from fw.train.get_clf_model_func)")
+    check_input_shape(spec.model, features_spec)
+    if not spec.model.built:
+        spec.model(_zeros_like_spec(features_spec), training=False)
+    optimizer = spec.optimizer
+    if precision == "float16" and not isinstance(
+            optimizer, keras.optimizers.LossScaleOptimizer):
+        # float16 gradients underflow without a loss scale; bfloat16 has float32's range.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer.build(spec.model.trainable_variables)
+    return spec, optimizer
+
+
+def check_input_shape(model: keras.Model, features_spec: Any) -> None:
+    """The data's feature shape against the shape the model declares, before compiling.
+
+    A fully convolutional net declared for 28x28 images also runs on 8x8 ones, silently
+    training something other than what the user built.
+    """
+    try:
+        declared = model.input_shape
+    except (AttributeError, ValueError):
+        return  # a subclassed model declares nothing until it is called
+    if not isinstance(features_spec, tf.TensorSpec) or not isinstance(declared, tuple) \
+            or any(isinstance(d, (tuple, list)) for d in declared):
+        return  # several inputs: Keras checks their structure itself
+    got = tuple(features_spec.shape.as_list())
+    if len(got) != len(declared) or any(
+            want is not None and have is not None and want != have
+            for want, have in zip(declared[1:], got[1:], strict=True)):
+        raise ValueError(
+            f"the model expects inputs of shape {declared} but the input_fn gives "
+            f"{got}; build the model for the data (e.g. input_shape={tuple(got[1:])}) "
+            "or fix the input_fn. Nothing was compiled or written")
+
+
+@contextlib.contextmanager
+def training_randomness_kept(model: keras.Model) -> Iterator[None]:
+    """Evaluation and prediction leave the training random state as it was.
+
+    Keras's recurrent layers advance their seed generator on every call, inference
+    included, so an evaluation between two training steps would change the next dropout
+    masks: a run that evaluates would no longer equal one that resumed from a checkpoint.
+    """
+    states = [v for v in model.variables if v.path.endswith("seed_generator_state")]
+    saved = [v.numpy() for v in states]
+    try:
+        yield
+    finally:
+        for variable, value in zip(states, saved, strict=True):
+            variable.assign(value)

@@ -1,0 +1,189 @@
+"""Callbacks: standard `keras.callbacks.Callback` objects, and two Keras lacks.
+
+`Estimator.train` and `train_and_evaluate` call Keras callbacks as `model.fit` would, at
+the boundaries Fenwicks has: ``on_train_begin/end``; ``on_epoch_begin/end`` at every
+``steps_per_epoch`` steps, with the epoch's mean training ``loss`` and, after an
+evaluation, ``val_loss``, ``val_accuracy``, ...; ``on_train_batch_begin/end`` around each
+compiled loop of ``steps_per_loop`` steps (``batch`` is the global step, ``logs['loss']``
+the loop's last loss). ``self.model.stop_training = True`` stops at the next loop
+boundary; ``self.params`` holds ``epochs``, ``steps`` (per epoch) and ``verbose``.
+
+Keras callbacks that cannot apply raise a `ValueError` saying why: ReduceLROnPlateau and
+LearningRateScheduler set ``model.optimizer.learning_rate``, but Fenwicks' rate comes
+from the schedule in ``opt_func``; BackupAndRestore duplicates what work_dir does;
+SwapEMAWeights needs an optimizer with ``use_ema``, which Fenwicks' optimizers lack.
+
+State across a resume: a Keras callback's state (EarlyStopping's ``wait`` and ``best``)
+lives in the Python object, as with `model.fit`, so a new process starts it afresh.
+`EarlyStopping` and `BestExporter` here replay the epoch log in work_dir
+(`fenwicks.train.history`) when training begins, so their decisions are exact across
+resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from fenwicks.train import history
+
+logger = logging.getLogger("fenwicks")
+
+_UNSUPPORTED = {
+    "ReduceLROnPlateau": "it sets model.optimizer.learning_rate, but Fenwicks' learning "
+                         "rate comes from the schedule in opt_func; use a schedule such as "
+                         "fw.train.exp_decay_lr or one_cycle_lr",
+    "LearningRateScheduler": "it sets model.optimizer.learning_rate, but Fenwicks' learning "
+                             "rate comes from opt_func; pass the schedule there instead "
+                             "(fw.train.FunctionSchedule wraps a Python function)",
+    "BackupAndRestore": "Fenwicks already resumes from work_dir (weights, optimizer, step, "
+                        "input position); drop the callback",
+    "SwapEMAWeights": "it needs an optimizer built with use_ema=True, which Fenwicks' "
+                      "optimizers do not offer",
+}
+
+
+def check_supported(callbacks: Sequence[Any]) -> list[keras.callbacks.Callback]:
+    """The callbacks as a list, or a ValueError naming one that cannot apply and why."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.Callback):
+        callbacks = [callbacks]
+    out = []
+    for callback in callbacks:
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ValueError(f"callbacks must be keras.callbacks.Callback objects; got "
+                             f"{callback!r}")
+        for cls in type(callback).__mro__:
+            if cls.__module__.startswith("keras") and cls.__name__ in _UNSUPPORTED:
+                raise ValueError(f"callbacks: keras.callbacks.{cls.__name__} cannot be used "
+                                 f"with Fenwicks: {_UNSUPPORTED[cls.__name__]}")
+        out.append(callback)
+    return out
+
+
+def callback_list(callbacks: list[keras.callbacks.Callback], estimator: Any,
+                  epochs: int) -> keras.callbacks.CallbackList:
+    """Keras's own CallbackList over `callbacks`, with the model and `params` set."""
+    for callback in callbacks:
+        if hasattr(callback, "set_estimator"):
+            callback.set_estimator(estimator)
+    return keras.callbacks.CallbackList(
+        callbacks, model=estimator.model, epochs=epochs,
+        steps=estimator.config.steps_per_epoch, verbose=0)
+
+
+def val_logs(result: dict[str, float]) -> dict[str, float]:
+    """Evaluation results under Keras's names: loss -> val_loss, accuracy -> val_accuracy."""
+    return {f"val_{k}": float(v) for k, v in result.items()
+            if k not in ("global_step", "num_examples")}
+
+
+class _Replaying(keras.callbacks.Callback):
+    """Replays the epochs of work_dir's epoch log before training goes on."""
+
+    estimator: Any = None
+
+    def set_estimator(self, estimator: Any) -> None:
+        self.estimator = estimator
+
+    def _replay(self) -> None:
+        work_dir = self.estimator.config.work_dir
+        for entry in history.read_epochs(work_dir, self.estimator.global_step):
+            self._on_past_epoch(entry["epoch"], entry["logs"])
+
+    def _on_past_epoch(self, epoch: int, logs: dict[str, float]) -> None:
+        raise NotImplementedError
+
+
+class EarlyStopping(_Replaying, keras.callbacks.EarlyStopping):
+    """Keras's EarlyStopping, exact across resumes.
+
+    Takes Keras's arguments (``monitor='val_loss'``, ``patience``, ``min_delta``,
+    ``mode``, ``baseline``, ``start_from_epoch``). When training begins it replays the
+    epochs work_dir has logged, so a resumed run stops at the same epoch as an
+    uninterrupted one. ``restore_best_weights`` restores the best weights this process
+    has seen (earlier processes' weights are gone); to keep the best model across
+    resumes, add `BestExporter`.
+
+    Example:
+        >>> est.train_and_evaluate(train_fn, eval_fn, epochs=50,
+        ...                        callbacks=[fw.train.EarlyStopping(patience=3)])
+    """
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        super().on_train_begin(logs)
+        self._replay()  # may already stop: the run had run out of patience
+
+    def _on_past_epoch(self, epoch: int, logs: dict[str, float]) -> None:
+        # Keras's own bookkeeping, minus copying weights this process never had.
+        restore, self.restore_best_weights = self.restore_best_weights, False
+        try:
+            keras.callbacks.EarlyStopping.on_epoch_end(self, epoch, logs)
+        finally:
+            self.restore_best_weights = restore
+
+
+class BestExporter(_Replaying):
+    """Exports a SavedModel whenever an evaluation metric reaches a new best.
+
+    The export goes to `export_dir` (local or gs://), replaced each time, with
+    ``best.json`` beside it naming the step and the value. Past epochs in work_dir's
+    epoch log count, so a resumed run exports only what beats the whole run's best.
+
+    Args:
+        export_dir: where the best model is written.
+        monitor: a key of the epoch logs, e.g. ``'val_accuracy'``. Defaults to
+            ``'val_loss'``.
+        mode: ``'min'``, ``'max'`` or ``'auto'`` (max for accuracy-like names).
+            Defaults to ``'auto'``.
+
+    Example:
+        >>> best = fw.train.BestExporter(work_dir + '/best', monitor='val_accuracy')
+        >>> est.train_and_evaluate(train_fn, eval_fn, epochs=30, callbacks=[best])
+    """
+
+    def __init__(self, export_dir: str, monitor: str = "val_loss", mode: str = "auto") -> None:
+        super().__init__()
+        if mode not in ("auto", "min", "max"):
+            raise ValueError(f"mode={mode!r} must be 'auto', 'min' or 'max'")
+        if mode == "auto":
+            mode = "max" if any(s in monitor for s in ("acc", "auc", "precision",
+                                                       "recall")) else "min"
+        self.export_dir, self.monitor, self.mode = export_dir.rstrip("/"), monitor, mode
+        self.best = math.inf if mode == "min" else -math.inf
+        self.exports = 0
+
+    def _better(self, value: float) -> bool:
+        return value < self.best if self.mode == "min" else value > self.best
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.best = math.inf if self.mode == "min" else -math.inf
+        self._replay()
+
+    def _on_past_epoch(self, epoch: int, logs: dict[str, float]) -> None:
+        value = logs.get(self.monitor)
+        if value is not None and self._better(value):
+            self.best = value
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        value = (logs or {}).get(self.monitor)
+        if value is None or not np.isfinite(value) or not self._better(value):
+            return
+        self.best = float(value)
+        if tf.io.gfile.exists(self.export_dir):
+            tf.io.gfile.rmtree(self.export_dir)
+        self.estimator.export_saved_model(self.export_dir)
+        with tf.io.gfile.GFile(f"{self.export_dir}/best.json", "w") as f:
+            f.write(json.dumps({"step": self.estimator.global_step, "epoch": epoch,
+                                "monitor": self.monitor, "value": self.best}))
+        self.exports += 1
+        logger.info("fenwicks: %s=%.6g is the best so far; exported to %s", self.monitor,
+                    self.best, self.export_dir)

@@ -1,0 +1,106 @@
+"""Exact evaluation and prediction: the compiled loops over padded, masked batches, sums
+finished on the host in float64, and a smaller batch after a GPU out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from fenwicks import accel
+from fenwicks.train import building, loops
+from fenwicks.train.input_manager import InputFn, InputManager
+from fenwicks.train.progress import write_eval_summary
+from fenwicks.train.state import RunState
+
+logger = logging.getLogger("fenwicks")
+
+
+class Evaluator:
+    """Evaluates and predicts with one `RunState`'s model.
+
+    Example:
+        >>> evaluator = Evaluator(config, fw.accel.current(), state, input_manager)
+        >>> evaluator.evaluate(eval_input_fn)   # {'loss', 'accuracy', ...}
+    """
+
+    def __init__(self, config: Any, accelerator: accel.Accelerator, state: RunState,
+                 input_manager: InputManager) -> None:
+        self.config = config
+        self._acc = accelerator
+        self._strategy = accelerator.strategy
+        self._state = state
+        self._inputs = input_manager
+        self._loops: dict[str, Any] = {}
+
+    def _loop(self, kind: str) -> Any:
+        if kind not in self._loops:
+            make = loops.make_eval_loop if kind == "eval" else loops.make_predict_loop
+            self._loops[kind] = make(self._strategy, self._state.spec, self.config.jit_compile)
+        return self._loops[kind]
+
+    def _with_smaller_batches(self, run: Callable[[int], Any], global_batch: int,
+                              what: str) -> Any:
+        """Runs `run(batch)`, halving the batch after an out-of-memory error on a GPU."""
+        replicas = self._acc.num_replicas
+        while True:
+            try:
+                return run(global_batch)
+            except tf.errors.ResourceExhaustedError:
+                smaller = (global_batch // replicas // 2) * replicas
+                if smaller < replicas:
+                    raise
+                logger.warning("fenwicks: out of memory at %s batch %d; retrying with %d "
+                               "(results are unchanged: evaluation is exact)", what,
+                               global_batch, smaller)
+                global_batch = smaller
+
+    def evaluate(self, input_fn: InputFn, steps: int | None) -> dict[str, float]:
+        """Loss and metrics over every example of `input_fn` (see `Estimator.evaluate`)."""
+        def run(global_batch: int) -> np.ndarray:
+            dataset = self._inputs.padded_dataset(input_fn, global_batch, "eval", steps)
+            loop = self._loop("eval")
+            with building.training_randomness_kept(self._state.spec.model):
+                per_step = loop(iter(dataset)).numpy().astype(np.float64)
+            width = 2 + len(self._state.spec.metric_fns)  # loss, metrics, count
+            return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
+
+        sums = self._with_smaller_batches(run, self.config.eval_batch_size, "evaluation")
+        count = sums[-1]
+        if count == 0:
+            raise ValueError("the evaluation input_fn yielded no examples")
+        result = {"loss": float(sums[0] / count)}
+        result.update({name: float(sums[1 + i] / count)
+                       for i, name in enumerate(self._state.spec.metric_fns)})
+        result.update(global_step=self._state.global_step, num_examples=int(count))
+        write_eval_summary(self._state.summary_writer("eval"), self._state.global_step,
+                           result)
+        return result
+
+    def predict(self, input_fn: InputFn) -> Any:
+        """One row per example, in input order (see `Estimator.predict`)."""
+        if self._acc.num_workers > 1:
+            raise ValueError(
+                f"predict runs on one host, and this run spans {self._acc.num_workers} "
+                "workers (TF_CONFIG): each would return only its own share of the rows. "
+                "Predict in a single-host process on the work_dir (a new estimator there "
+                "restores the model), or export_saved_model and serve that")
+
+        def run(global_batch: int) -> list[Any]:
+            dataset = self._inputs.padded_dataset(input_fn, global_batch, "predict", None)
+            loop = self._loop("predict")
+            with building.training_randomness_kept(self._state.spec.model):
+                return loop(iter(dataset))
+
+        results = self._with_smaller_batches(run, self.config.predict_batch_size,
+                                             "prediction")
+        if not results:
+            raise ValueError("the prediction input_fn yielded no examples")
+        mask = np.concatenate([np.asarray(mask) for _, mask in results])
+        flat = [np.concatenate([np.asarray(leaf) for leaf in leaves])[mask]
+                for leaves in zip(*(tf.nest.flatten(p) for p, _ in results), strict=True)]
+        return tf.nest.pack_sequence_as(results[0][0], flat)

@@ -1,0 +1,63 @@
+"""What a run recorded: the in-memory `History` for plots, and the epoch log in work_dir.
+
+The epoch log (``<work_dir>/epochs.jsonl``, one JSON object per finished epoch with its
+callback ``logs``) outlives the process, so callbacks whose decisions depend on past
+epochs (`fw.train.EarlyStopping`, `fw.train.BestExporter`) replay it when a run resumes
+and decide exactly as an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import tensorflow as tf
+
+EPOCH_LOG = "epochs.jsonl"
+
+
+@dataclasses.dataclass
+class History:
+    """What a run recorded, ready for plots: one entry per step, one per evaluation.
+
+    Example:
+        >>> plt.plot(history.steps, history.losses)
+        >>> plt.plot(*history.metric('accuracy'))
+    """
+
+    steps: list[int] = dataclasses.field(default_factory=list)
+    losses: list[float] = dataclasses.field(default_factory=list)
+    learning_rates: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    examples_per_sec: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    evals: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+    def metric(self, name: str) -> tuple[list[int], list[float]]:
+        """(global steps, values) of evaluation metric `name`, e.g. ``'accuracy'``."""
+        return ([int(e["global_step"]) for e in self.evals],
+                [float(e[name]) for e in self.evals])
+
+
+def read_epochs(work_dir: str, up_to_step: int) -> list[dict[str, Any]]:
+    """The epoch log's entries ``{'epoch', 'step', 'logs'}`` up to global step `up_to_step`.
+
+    Entries past `up_to_step` belong to steps the checkpoint does not hold (the run was
+    interrupted after logging, before saving); they are left out, as they will be redone.
+    """
+    path = f"{work_dir}/{EPOCH_LOG}"
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path) as f:
+        entries = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+    return [e for e in entries if e["step"] <= up_to_step]
+
+
+def append_epoch(work_dir: str, epoch: int, step: int, logs: dict[str, Any]) -> None:
+    """Adds an epoch to the log, dropping entries a resumed run is redoing."""
+    entries = [e for e in read_epochs(work_dir, step) if e["step"] < step]
+    entries.append({"epoch": epoch, "step": step,
+                    "logs": {k: float(v) for k, v in logs.items()}})
+    path = f"{work_dir}/{EPOCH_LOG}"
+    with tf.io.gfile.GFile(path + ".tmp", "w") as f:  # whole file: gs:// cannot append
+        f.write("".join(json.dumps(e) + "\n" for e in entries))
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)

@@ -1,0 +1,126 @@
+"""Keras's own callbacks driven by the estimator, the same code on 1 and on 8 replicas.
+
+    python -m tests._callbacks WORK_ROOT      # (under FENWICKS_DEVICE=cpu:8) prints JSON
+
+`tests/test_callbacks.py` calls `scenarios` in-process (one replica) and through this
+module in a `cpu:8` subprocess, and checks both against what Keras documents.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import fenwicks as fw
+from tests import _flagship as flagship
+
+MODEL = "mnist_net"
+STEPS_PER_EPOCH = flagship.NUM_TRAIN // flagship.GLOBAL_BATCH  # 32
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    return flagship.digits(MODEL)
+
+
+def _estimator(work_dir: str, **kwargs: Any) -> Any:
+    return flagship.estimator(MODEL, work_dir, steps_per_loop=10, **kwargs)
+
+
+def early_stopping(work_dir: str) -> dict[str, Any]:
+    """Keras's EarlyStopping: no epoch after the first improves by 10, patience 1."""
+    x, y = _data()
+    est = _estimator(work_dir)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10,
+                                         restore_best_weights=True)
+    est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y), epochs=6,
+                           callbacks=[stop])
+    evals = [e["loss"] for e in est.history.evals]
+    after = est.evaluate(flagship.eval_input(x, y))
+    reopened = _estimator(work_dir).evaluate(flagship.eval_input(x, y))
+    return {"step": est.global_step, "evals": evals,
+            "stopped_epoch": stop.stopped_epoch, "after": after["loss"],
+            "reopened": reopened["loss"]}
+
+
+def csv_and_lambda(work_dir: str) -> dict[str, Any]:
+    """CSVLogger's rows and every call LambdaCallback sees over two epochs."""
+    x, y = _data()
+    calls: list[Any] = []
+    spy = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: calls.append(["train_begin"]),
+        on_epoch_begin=lambda epoch, logs: calls.append(["epoch_begin", epoch]),
+        on_train_batch_end=lambda batch, logs: calls.append(["batch_end", batch,
+                                                             logs["loss"]]),
+        on_epoch_end=lambda epoch, logs: calls.append(["epoch_end", epoch, logs]),
+        on_train_end=lambda logs: calls.append(["train_end"]))
+    log_path = os.path.join(work_dir, "log.csv")
+    os.makedirs(work_dir, exist_ok=True)
+    est = _estimator(work_dir)
+    est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y), epochs=2,
+                           callbacks=[spy, keras.callbacks.CSVLogger(log_path)])
+    with open(log_path) as f:
+        rows = list(csv.DictReader(f))
+    return {"calls": calls, "rows": rows, "params": spy.params,
+            "losses": est.history.losses, "evals": est.history.evals}
+
+
+def stop_training(work_dir: str) -> dict[str, Any]:
+    """A callback sets model.stop_training once step 20 is reached."""
+    x, y = _data()
+    est = _estimator(work_dir)
+
+    def stop(batch: int, logs: dict) -> None:
+        if batch >= 20:
+            est.model.stop_training = True
+
+    est.train(flagship.train_input(x, y), steps=100,
+              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=stop)])
+    return {"step": est.global_step, "latest": tf.train.latest_checkpoint(work_dir)}
+
+
+def terminate_on_nan(work_dir: str) -> dict[str, Any]:
+    """Features turn NaN from the 26th batch on: TerminateOnNaN stops without raising."""
+    x, y = _data()
+    est = _estimator(work_dir, save_every_loops=1)
+
+    def poisoned(params: dict) -> tf.data.Dataset:
+        ds = flagship.train_input(x, y)(params).enumerate()
+        per_step = fw.accel.current().num_replicas
+        return ds.map(lambda i, b: (tf.where(i >= 25 * per_step, np.nan, b[0]), b[1]))
+
+    est.train(poisoned, steps=60, callbacks=[keras.callbacks.TerminateOnNaN()])
+    before = est.global_step
+    est.evaluate(flagship.eval_input(x, y))  # reloads the last good checkpoint
+    return {"stopped_at": before, "reloaded": est.global_step}
+
+
+def model_checkpoint(work_dir: str) -> dict[str, Any]:
+    """ModelCheckpoint writes a .keras file each epoch; the last equals the model."""
+    x, y = _data()
+    path = os.path.join(work_dir, "model.keras")
+    est = _estimator(work_dir)
+    est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y), epochs=2,
+                           callbacks=[keras.callbacks.ModelCheckpoint(path)])
+    saved = keras.saving.load_model(path)
+    logits = np.asarray(saved(x[flagship.NUM_TRAIN:], training=False), np.float64)
+    probs = est.predict(flagship.eval_input(x, y)) if fw.accel.current().num_workers == 1 \
+        else None
+    return {"logits": logits.tolist(), "probs": None if probs is None else probs.tolist()}
+
+
+def scenarios(work_root: str) -> dict[str, Any]:
+    return {name: func(os.path.join(work_root, name)) for name, func in [
+        ("early_stopping", early_stopping), ("csv_and_lambda", csv_and_lambda),
+        ("stop_training", stop_training), ("terminate_on_nan", terminate_on_nan),
+        ("model_checkpoint", model_checkpoint)]}
+
+
+if __name__ == "__main__":
+    print(json.dumps(scenarios(sys.argv[1]), default=float))

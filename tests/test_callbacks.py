@@ -1,0 +1,117 @@
+"""Callbacks: Keras's own (EarlyStopping with restore_best_weights, CSVLogger,
+TerminateOnNaN, LambdaCallback, ModelCheckpoint) on 1 and 8 replicas; the ones that
+cannot apply are refused; Fenwicks' EarlyStopping and BestExporter are exact across a
+resume in a new process."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import fenwicks as fw
+from tests import _callbacks
+from tests import _flagship as flagship
+from tests.conftest import run_module_json
+
+pytestmark = pytest.mark.slow
+SPE = _callbacks.STEPS_PER_EPOCH
+
+
+@pytest.fixture(scope="module", params=[1, 8], ids=["1-replica", "8-replicas"])
+def runs(request, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp(f"callbacks{request.param}"))
+    if request.param == 1:
+        return _callbacks.scenarios(root)
+    return run_module_json("tests._callbacks", root, env={"FENWICKS_DEVICE": "cpu:8"})
+
+
+def test_early_stopping_stops_and_restores_the_best_weights(runs):
+    out = runs["early_stopping"]
+    # Epoch 0 sets the best; epoch 1 does not improve by min_delta=10: patience 1 is up.
+    assert out["stopped_epoch"] == 1 and out["step"] == 2 * SPE
+    assert len(out["evals"]) == 2
+    # restore_best_weights put epoch 0's weights back, and the checkpoint holds them.
+    assert out["after"] == pytest.approx(out["evals"][0], abs=1e-6)
+    assert out["reopened"] == pytest.approx(out["evals"][0], abs=1e-6)
+    assert abs(out["evals"][1] - out["evals"][0]) > 1e-4  # so the restore did something
+
+
+def test_callbacks_see_keras_calls_params_and_logs(runs):
+    out = runs["csv_and_lambda"]
+    assert out["params"] == {"epochs": 2, "steps": SPE, "verbose": 0}
+    kinds = [c[0] for c in out["calls"]]
+    assert kinds[0] == "train_begin" and kinds[-1] == "train_end"
+    assert [c[1] for c in out["calls"] if c[0] == "epoch_begin"] == [0, 1]
+    # Loops of 10 steps, cut at each epoch's end (32 steps).
+    batch_ends = [c[1] for c in out["calls"] if c[0] == "batch_end"]
+    assert batch_ends == [10, 20, 30, 32, 42, 52, 62, 64]
+    losses = out["losses"]
+    for call in (c for c in out["calls"] if c[0] == "batch_end"):
+        assert call[2] == pytest.approx(losses[call[1] - 1])  # the loop's last loss
+    epoch_ends = [c for c in out["calls"] if c[0] == "epoch_end"]
+    for epoch, (_, index, logs) in enumerate(epoch_ends):
+        assert index == epoch
+        assert logs["loss"] == pytest.approx(np.mean(losses[epoch * SPE:(epoch + 1) * SPE]))
+        assert logs["val_loss"] == pytest.approx(out["evals"][epoch]["loss"])
+        assert logs["val_accuracy"] == pytest.approx(out["evals"][epoch]["accuracy"])
+    # CSVLogger wrote one row per epoch with the same numbers.
+    assert [int(r["epoch"]) for r in out["rows"]] == [0, 1]
+    for row, (_, _, logs) in zip(out["rows"], epoch_ends, strict=True):
+        assert {k: pytest.approx(float(row[k])) for k in logs} == logs
+
+
+def test_stop_training_is_honoured_at_the_next_loop_boundary(runs):
+    out = runs["stop_training"]
+    assert out["step"] == 20 and out["latest"].endswith("ckpt-20")
+
+
+def test_terminate_on_nan_stops_without_an_exception_and_nothing_nan_is_saved(runs):
+    out = runs["terminate_on_nan"]
+    assert out["stopped_at"] == 26  # the first NaN step
+    assert out["reloaded"] == 20  # evaluate went back to the last good checkpoint
+
+
+def test_model_checkpoint_writes_a_keras_file_of_the_trained_model(runs):
+    out = runs["model_checkpoint"]
+    logits = np.asarray(out["logits"])
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(probs, np.asarray(out["probs"]), atol=1e-5)
+
+
+@pytest.mark.parametrize("callback,why", [
+    (keras.callbacks.ReduceLROnPlateau(), "comes from the schedule in opt_func"),
+    (keras.callbacks.LearningRateScheduler(lambda epoch: 0.1), "comes from opt_func"),
+    (keras.callbacks.BackupAndRestore("/tmp/x"), "already resumes from work_dir"),
+])
+def test_callbacks_that_cannot_apply_are_refused_before_training(tmp_path, callback, why):
+    est = _callbacks._estimator(str(tmp_path))
+    x, y = _callbacks._data()
+    with pytest.raises(ValueError, match=why):
+        est.train(flagship.train_input(x, y), steps=5, callbacks=[callback])
+    assert est.global_step == 0 and not (tmp_path / "checkpoint").exists()
+
+
+# --------------------------------------------------------------------------- across resume
+
+
+def test_fenwicks_early_stopping_and_best_exporter_are_exact_across_a_resume(tmp_path):
+    whole = run_module_json("tests._callbacks_resume", str(tmp_path / "whole"), "6")
+    run_module_json("tests._callbacks_resume", str(tmp_path / "half"), "1")
+    resumed = run_module_json("tests._callbacks_resume", str(tmp_path / "half"), "6")
+    # Uninterrupted: epoch 0 is the best, epoch 1 is not better by 10: stop at step 64.
+    assert whole["step"] == 2 * SPE
+    # The resumed process replays epoch 0 from work_dir's epoch log and stops at the
+    # same step (a plain Keras EarlyStopping would start afresh and run to step 96).
+    assert resumed["step"] == whole["step"]
+    assert resumed["best"] == whole["best"]  # BestExporter kept the whole run's best
+    assert json.loads((tmp_path / "half" / "best" / "best.json").read_text())["step"] == \
+        whole["best"]["step"]
+
+
+def test_best_exporter_rejects_a_bad_mode():
+    with pytest.raises(ValueError, match="mode='best'"):
+        fw.train.BestExporter("/tmp/x", mode="best")
