@@ -59,7 +59,7 @@ def _estimator(work_dir: str):
     from tests import _estimator_helpers as helpers
 
     # Two steps per compiled loop and a save after each: checkpoints at steps 2, 4, ...
-    return fw.train.get_tpu_estimator(5, helpers.model_func(), work_dir, trn_bs=32, seed=2,
+    return fw.train.get_tpu_estimator(10, helpers.model_func(), work_dir, trn_bs=32, seed=2,
                                       steps_per_loop=2, save_every_loops=1, verbose=False)
 
 
