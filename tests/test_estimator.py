@@ -508,3 +508,53 @@ def test_steps_on_a_resumed_work_dir_count_from_the_restored_step(tmp_path):
     resumed.train(h.train_input(x, y), steps=3)
     assert resumed.global_step == 13
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-13")
+
+
+# --------------------------------------------------------------------------- sample weights
+
+
+def _weighted_input(x, y, w, training):
+    def input_fn(params):
+        ds = tf.data.Dataset.from_tensor_slices((x, y, w))
+        if training:
+            ds = ds.shuffle(len(x), seed=5).repeat()
+        return ds.batch(params["batch_size"], drop_remainder=training)
+    return input_fn
+
+
+def test_sample_weights_scale_the_training_loss(tmp_path):
+    x, y = h.make_data(256)
+    runs = {}
+    for name, weight, lr in (("zero", 0.0, 0.1), ("one", 1.0, 0.1), ("two", 2.0, 0.05)):
+        est = fw.train.get_tpu_estimator(
+            8, h.model_func(lr=lr, wd=0.0), str(tmp_path / name), trn_bs=32, seed=1,
+            verbose=False)
+        est.train(_weighted_input(x, y, np.full(len(x), weight, np.float32), True), steps=8)
+        runs[name] = (est.model.get_weights(), est.history.losses)
+    fresh = fw.train.get_tpu_estimator(8, h.model_func(), str(tmp_path / "fresh"), trn_bs=32,
+                                       seed=1, verbose=False)
+    fresh.evaluate(h.eval_input(x, y))  # builds the same initial weights
+    for got, start in zip(runs["zero"][0], fresh.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, start)  # weight 0: no gradient at all
+    assert runs["zero"][1] == [0.0] * 8
+    # Weights of 2 double the gradient: half the learning rate gives the same steps.
+    for got, want in zip(runs["two"][0], runs["one"][0], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(runs["two"][1], 2 * np.asarray(runs["one"][1]), rtol=1e-5)
+
+
+def test_evaluation_with_sample_weights_is_the_weighted_mean(tmp_path):
+    x, y = h.make_data(203)
+    w = np.random.default_rng(3).uniform(0, 2, size=len(x)).astype(np.float32)
+    est = fw.train.get_tpu_estimator(10, h.model_func(), str(tmp_path), trn_bs=32,
+                                     val_bs=64, seed=1, verbose=False)
+    est.train(h.train_input(x, y), steps=10)
+    result = est.evaluate(_weighted_input(x, y, w, False))
+    probs = np.asarray(est.predict(h.eval_input(x, y)), np.float64)
+    per_example = -np.log(probs[np.arange(len(y)), y])
+    assert result["num_examples"] == len(y)
+    assert result["loss"] == pytest.approx(np.sum(w * per_example) / np.sum(w), abs=1e-5)
+    correct = probs.argmax(axis=1) == y
+    assert result["accuracy"] == pytest.approx(np.sum(w * correct) / np.sum(w), abs=1e-6)
+    # predict takes the same (features, labels, weights) dataset and ignores the rest
+    np.testing.assert_allclose(est.predict(_weighted_input(x, y, w, False)), probs, atol=1e-6)

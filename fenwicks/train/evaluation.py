@@ -66,15 +66,18 @@ class Evaluator:
             loop = self._loop("eval")
             with building.training_randomness_kept(self._state.spec.model):
                 per_step = loop(iter(dataset)).numpy().astype(np.float64)
-            width = 2 + len(self._state.spec.metric_fns)  # loss, metrics, count
+            width = 3 + len(self._state.spec.metric_fns)  # loss, metrics, count, weight
             return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
 
         sums = self._with_smaller_batches(run, self.config.eval_batch_size, "evaluation")
-        count = sums[-1]
+        count, weight = sums[-2], sums[-1]
         if count == 0:
             raise ValueError("the evaluation input_fn yielded no examples")
-        result = {"loss": float(sums[0] / count)}
-        result.update({name: float(sums[1 + i] / count)
+        if weight == 0:
+            raise ValueError("the evaluation's sample weights add up to 0; nothing to average")
+        # Weighted means, as Keras's evaluate(sample_weight=...): sum(w * v) / sum(w).
+        result = {"loss": float(sums[0] / weight)}
+        result.update({name: float(sums[1 + i] / weight)
                        for i, name in enumerate(self._state.spec.metric_fns)})
         result.update(global_step=self._state.global_step, num_examples=int(count))
         write_eval_summary(self._state.summary_writer("eval"), self._state.global_step,

@@ -92,15 +92,15 @@ class InputManager:
         params = self.params("train", self.config.train_batch_size, self._probe_context())
         dataset = inputs.call_input_fn(input_fn, params, "training")
         inputs.check_train_spec(dataset.element_spec, batch_size)
-        self._state.build(dataset.element_spec[0], params)
+        self._state.build(inputs.unpack(dataset.element_spec)[0], params)
         self._check_labels(dataset)
 
     def _check_labels(self, dataset: tf.data.Dataset) -> None:
         """Runs the loss eagerly on a few examples: the built-in losses then raise a
         ValueError for out-of-range labels (compiled, they can only return NaN)."""
         spec = self._state.spec
-        for features, labels in dataset.take(1):
-            features, labels = _head((features, labels), 64)
+        for element in dataset.take(1):
+            features, labels, _ = inputs.unpack(_head(element, 64))
             with self._strategy.scope(), building.training_randomness_kept(spec.model):
                 spec.loss_fn(labels, loops._float32(spec.model(features, training=False)))
 
@@ -120,8 +120,7 @@ class InputManager:
         if mode == "eval":
             inputs.check_pair(probe.element_spec, what)
         inputs.check_eval_spec(probe.element_spec, batch_size, what)
-        spec = probe.element_spec
-        features = spec[0] if isinstance(spec, tuple) and len(spec) == 2 else spec
+        features = inputs.unpack(probe.element_spec)[0]
         self._state.build(features, self.params(mode, self.config.train_batch_size))
         if mode == "eval" and input_fn not in self._checked:
             self._check_labels(probe)

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from fenwicks.data import position
@@ -25,6 +26,20 @@ from fenwicks.data import position
 logger = logging.getLogger("fenwicks")
 
 InputFn = Callable[[dict], tf.data.Dataset]
+
+
+def unpack(element: Any) -> tuple[Any, Any, Any]:
+    """``(features, labels, sample_weight)`` of a dataset element, by Keras's convention.
+
+    An element is ``features`` alone, ``(features,)``, ``(features, labels)`` or
+    ``(features, labels, sample_weight)``; what is absent comes back as None. The same
+    function unpacks element specs. (`keras.utils.unpack_x_y_sample_weight`.)
+
+    Example:
+        >>> unpack((x, y))
+        (x, y, None)
+    """
+    return keras.utils.unpack_x_y_sample_weight(element)
 
 
 def call_input_fn(input_fn: InputFn, params: dict, what: str) -> tf.data.Dataset:
@@ -73,10 +88,12 @@ def _batch_dims(spec: Any) -> set:
 
 
 def check_pair(spec: Any, what: str) -> None:
-    """The element must be a (features, labels) pair of batched tensors."""
-    if not (isinstance(spec, tuple) and len(spec) == 2):
-        raise ValueError(f"{what} input_fn must yield (features, labels) pairs, but its "
-                         f"element spec is {spec}; map the dataset to a 2-tuple, e.g. "
+    """The element must be (features, labels) or (features, labels, sample_weight),
+    batched."""
+    if not (isinstance(spec, tuple) and len(spec) in (2, 3)):
+        raise ValueError(f"{what} input_fn must yield (features, labels) pairs (or "
+                         f"(features, labels, sample_weight)), but its element spec is "
+                         f"{spec}; map the dataset to a tuple, e.g. "
                          "ds.map(lambda d: (d['image'], d['label']))")
     if "scalar" in _batch_dims(spec):
         raise ValueError(f"{what} input_fn yields unbatched elements ({spec}); batch it "

@@ -19,6 +19,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from fenwicks.train import inputs
 from fenwicks.train.model_func import ModelSpec
 
 
@@ -34,10 +35,10 @@ def _train_step(spec: ModelSpec, optimizer: Any, global_batch_size: int,
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def step(batch: Any) -> tf.Tensor:
-        features, labels = batch
+        features, labels, weights = inputs.unpack(batch)
         with tf.GradientTape() as tape:
             outputs = _float32(model(features, training=True))
-            loss_sum = tf.reduce_sum(spec.loss_fn(labels, outputs))
+            loss_sum = tf.reduce_sum(_weighted(spec.loss_fn(labels, outputs), weights))
             loss = loss_sum / global_batch_size if spec.reduction == "mean" else loss_sum
             if model.losses:  # regularisers: gradients are summed over replicas, so / R
                 loss += tf.add_n([tf.cast(x, tf.float32) for x in model.losses]) / num_replicas
@@ -102,30 +103,44 @@ def make_train_loop(strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer
     return loop
 
 
+def _weighted(values: tf.Tensor, weights: Any) -> tf.Tensor:
+    """Per-example values times the sample weights (Keras's ``sample_weight``), if any."""
+    if weights is None:
+        return values
+    return tf.cast(values, tf.float32) * tf.reshape(tf.cast(weights, tf.float32),
+                                                    tf.shape(values))
+
+
 def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
     names = list(spec.metric_fns)
 
     def step(batch: Any) -> tf.Tensor:
-        (features, labels), mask = batch
+        element, mask = batch
+        features, labels, weights = inputs.unpack(element)
         outputs = _float32(spec.model(features, training=False))
         values = [spec.loss_fn(labels, outputs)]
         values += [spec.metric_fns[name](labels, outputs) for name in names]
+        ones = tf.ones_like(mask, tf.float32)
+        weight = ones if weights is None else _weighted(ones, weights)
         # where, not multiply: a NaN on a padding row must not leak into the sum.
-        sums = [tf.reduce_sum(tf.where(mask, tf.cast(v, tf.float32), 0.0)) for v in values]
-        return tf.stack(sums + [tf.reduce_sum(tf.cast(mask, tf.float32))])
+        sums = [tf.reduce_sum(tf.where(mask, weight * tf.cast(v, tf.float32), 0.0))
+                for v in values]
+        count = tf.reduce_sum(tf.cast(mask, tf.float32))
+        return tf.stack(sums + [count, tf.reduce_sum(tf.where(mask, weight, 0.0))])
 
     return step
 
 
 def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
                    jit_compile: bool) -> Callable[[Any], tf.Tensor]:
-    """Builds ``loop(dist_iterator) -> [steps, 2 + metrics]`` masked per-step sums.
+    """Builds ``loop(dist_iterator) -> [steps, 3 + metrics]`` masked per-step sums.
 
     The iterator is created eagerly (``iter(dist_dataset)``): iterating a dataset inside
     the function makes tf.data read its options in graph mode, which warns on every call
     ("To make it possible to preserve tf.data options across serialization boundaries").
 
-    Columns: loss sum, one sum per metric (in `spec.metric_fns` order), example count.
+    Columns: loss sum, one sum per metric (in `spec.metric_fns` order), example count,
+    weight sum (the count without sample weights); sums are weighted by the sample weights.
     Per-step sums leave the device in float32 and are added up on the host in float64,
     so rounding does not grow with the number of steps.
     """
@@ -147,9 +162,8 @@ def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
 
 def _predict_step(spec: ModelSpec) -> Callable[[Any], Any]:
     def step(batch: Any) -> Any:
-        features, mask = batch
-        if isinstance(features, tuple) and len(features) == 2:
-            features = features[0]  # (features, labels) datasets: labels are not needed
+        element, mask = batch
+        features, _, _ = inputs.unpack(element)  # labels and weights are not needed
         predictions = spec.predict_fn(_float32(spec.model(features, training=False)))
         return predictions, mask
 
