@@ -518,3 +518,16 @@ def test_tfds_dir_follows_the_storage_rule(remote_tpu, monkeypatch):
     monkeypatch.setenv("FENWICKS_BUCKET", "my-bucket")
     assert _tfds_dir(None) == "gs://my-bucket/tensorflow_datasets"
     assert _tfds_dir("gs://other/tfds") == "gs://other/tfds"
+
+
+def test_the_three_pipelines_share_their_options_as_keyword_only_arguments():
+    import inspect
+
+    shared = {"shuffle_buf_sz", "seed", "input_context", "batch_transform", "deterministic"}
+    for pipeline in (fw.data.numpy_ds, fw.data.tfrecord_ds, fw.data.tfds_ds):
+        params = inspect.signature(pipeline).parameters
+        positional = [n for n, p in params.items() if p.kind != p.KEYWORD_ONLY]
+        assert positional[-2:] == ["batch_size", "training"], pipeline.__name__
+        assert all(params[n].kind == params[n].KEYWORD_ONLY for n in shared), pipeline.__name__
+    with pytest.raises(TypeError):
+        fw.data.numpy_ds(np.zeros((4, 2)), None, 2, True, None, 1)  # seed by position

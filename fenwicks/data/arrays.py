@@ -20,7 +20,7 @@ _GRAPH_CONSTANT_LIMIT = 2**31 - 2**26
 
 
 def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: bool = True,
-             shuffle_buf_sz: int | None = None, seed: int | None = None, *,
+             *, shuffle_buf_sz: int | None = None, seed: int | None = None,
              input_context: tf.distribute.InputContext | None = None,
              batch_transform: pipeline.Transform | None = None,
              deterministic: bool | None = None) -> tf.data.Dataset:

@@ -47,9 +47,9 @@ def count_records(file_pattern: str | Sequence[str]) -> int:
 
 
 def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: int,
-                training: bool = True, shuffle_buf_sz: int = 10_000,
+                training: bool = True, *, shuffle_buf_sz: int = 10_000,
                 cache: bool | str = False, transform: pipeline.Transform | None = None,
-                batch_transform: pipeline.Transform | None = None, *,
+                batch_transform: pipeline.Transform | None = None,
                 augmented_epochs: int = 0, seed: int | None = None,
                 deterministic: bool | None = None,
                 input_context: tf.distribute.InputContext | None = None,

@@ -156,10 +156,10 @@ def tfds_load(name: str, split: Any = None, data_dir: str | None = None,
     return tfds_builder(name, data_dir, download).as_dataset(split=split, **as_dataset_kwargs)
 
 
-def tfds_ds(name: str, split: str, batch_size: int, training: bool = True,
+def tfds_ds(name: str, split: str, batch_size: int, training: bool = True, *,
             data_dir: str | None = None, shuffle_buf_sz: int = 10_000,
             cache: bool | str = False, transform: pipeline.Transform | None = None,
-            batch_transform: pipeline.Transform | None = None, *,
+            batch_transform: pipeline.Transform | None = None,
             augmented_epochs: int = 0, seed: int | None = None,
             deterministic: bool | None = None,
             input_context: tf.distribute.InputContext | None = None,
