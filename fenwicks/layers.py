@@ -28,6 +28,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from fenwicks._checks import positive_int
+
 __all__ = ["BN_MODES", "PYTORCH_PARAMS", "BatchNorm", "Classifier", "ConvBN", "ConvBlk",
            "ConvResBlk", "DenseBN", "GlobalPools2D", "Sequential", "check_bn", "init_pytorch"]
 
@@ -56,12 +58,6 @@ def _unique_name(prefix: str) -> str:
     """`prefix`, `prefix_1`, ... the way Keras names layers."""
     uid = keras.backend.get_uid(prefix)
     return prefix if uid == 1 else f"{prefix}_{uid - 1}"
-
-
-def _check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-    return value
 
 
 @_register
@@ -260,7 +256,7 @@ class ConvBN(_Block):
                  kernel_initializer: Any = "glorot_uniform", bn_mom: float = 0.99,
                  bn_eps: float = 1e-3, bn: str | int = "replica", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.c = _check_positive_int(c, "c")
+        self.c = positive_int("c", c)
         self.kernel_size, self.strides = kernel_size, strides
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
@@ -296,7 +292,7 @@ class ConvBlk(_Block):
                  kernel_initializer: Any = "glorot_uniform", bn_mom: float = 0.99,
                  bn_eps: float = 1e-3, bn: str | int = "replica", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.c, self.convs = _check_positive_int(c, "c"), _check_positive_int(convs, "convs")
+        self.c, self.convs = positive_int("c", c), positive_int("convs", convs)
         self.conv_args = dict(kernel_size=kernel_size, bn_mom=bn_mom, bn_eps=bn_eps,
                               bn=check_bn(bn),
                               kernel_initializer=_deserialize_initializer(kernel_initializer))
@@ -339,7 +335,7 @@ class ConvResBlk(ConvBlk):
     def __init__(self, c: int, pool: Any = None, convs: int = 1, res_convs: int = 2,
                  **kwargs: Any) -> None:
         super().__init__(c, pool=pool, convs=convs, **kwargs)
-        self.res_convs = _check_positive_int(res_convs, "res_convs")
+        self.res_convs = positive_int("res_convs", res_convs)
         for i in range(res_convs):  # attributes, not a list: see `_Block`
             setattr(self, f"res_{i}", ConvBN(c, dtype=self.dtype_policy, **self.conv_args))
 
@@ -381,7 +377,7 @@ class DenseBN(_Block):
         super().__init__(**kwargs)
         if not 0.0 <= drop_rate < 1.0:
             raise ValueError(f"drop_rate={drop_rate!r} must be in [0, 1)")
-        self.c, self.drop_rate = _check_positive_int(c, "c"), float(drop_rate)
+        self.c, self.drop_rate = positive_int("c", c), float(drop_rate)
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
         self._add(dense=keras.layers.Dense(
@@ -423,7 +419,7 @@ class Classifier(keras.layers.Layer):
         super().__init__(**kwargs)
         if not math.isfinite(weight) or weight == 0:
             raise ValueError(f"weight={weight!r} must be a finite non-zero number")
-        self.n_classes = _check_positive_int(n_classes, "n_classes")
+        self.n_classes = positive_int("n_classes", n_classes)
         self.weight, self.use_bias = float(weight), use_bias
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.dense = keras.layers.Dense(

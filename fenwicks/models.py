@@ -16,6 +16,7 @@ from typing import Any
 import keras
 
 from fenwicks import layers
+from fenwicks._checks import positive_int
 from fenwicks.layers import check_bn
 
 __all__ = ["ResBlock", "mnist_net", "resnet", "resnet9", "rnn_forecaster"]
@@ -38,12 +39,6 @@ def _image_shape(input_shape: Sequence[int], min_side: int) -> tuple[int, ...]:
     return shape
 
 
-def _positive(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
-
-
 def mnist_net(n_classes: int = 10, c: int = 32, input_shape: Sequence[int] = (28, 28, 1),
               bn: str | int = "replica") -> keras.Model:
     """The tutorial-1 MNIST network: ConvBN(c) -> ConvBlk(2c) -> ConvBlk(4c) -> pools -> logits.
@@ -63,7 +58,7 @@ def mnist_net(n_classes: int = 10, c: int = 32, input_shape: Sequence[int] = (28
         (None, 10)
     """
     shape, bn = _image_shape(input_shape, 4), check_bn(bn)
-    c, n_classes = _positive(c, "c"), _positive(n_classes, "n_classes")
+    c, n_classes = positive_int("c", c), positive_int("n_classes", n_classes)
     params = {**layers.PYTORCH_PARAMS, "bn": bn}
     model = layers.Sequential(name="mnist_net")
     model.add(keras.Input(shape))
@@ -98,7 +93,7 @@ def resnet9(n_classes: int = 10, c: int = 64, weight: float = 0.125,
         >>> model = fw.models.resnet9(c=64)    # 6.57M parameters, as in DavidNet
     """
     shape, bn = _image_shape(input_shape, 8), check_bn(bn)
-    c, n_classes = _positive(c, "c"), _positive(n_classes, "n_classes")
+    c, n_classes = positive_int("c", c), positive_int("n_classes", n_classes)
     params = {**layers.PYTORCH_PARAMS, "bn": bn}
     model = layers.Sequential(name="resnet9")
     model.add(keras.Input(shape))
@@ -130,7 +125,8 @@ class ResBlock(keras.layers.Layer):
     def __init__(self, c: int, strides: int = 1, bn: str | int = "replica",
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.c, self.strides, self.bn = _positive(c, "c"), _positive(strides, "strides"), bn
+        self.c, self.strides = positive_int("c", c), positive_int("strides", strides)
+        self.bn = bn
         policy = self.dtype_policy
         self.conv1 = layers.ConvBN(c, 3, strides=strides, bn=bn, dtype=policy)
         self.conv2 = keras.layers.Conv2D(c, 3, padding="same", use_bias=False, dtype=policy)
@@ -195,7 +191,7 @@ def resnet(blocks: Sequence[int] = (2, 2, 2, 2), n_classes: int = 10, c: int = 6
         raise ValueError(f"blocks={blocks!r} must be a non-empty sequence of positive ints, "
                          "e.g. (2, 2, 2, 2) for ResNet-18")
     shape, bn = _image_shape(input_shape, 2 ** (len(blocks) + 1)), check_bn(bn)
-    c, n_classes = _positive(c, "c"), _positive(n_classes, "n_classes")
+    c, n_classes = positive_int("c", c), positive_int("n_classes", n_classes)
     model = layers.Sequential(name=f"resnet{2 + 2 * sum(blocks)}")
     model.add(keras.Input(shape))
     model.add(layers.ConvBN(c, kernel_size=7, strides=2, bn=bn))
@@ -239,8 +235,8 @@ def rnn_forecaster(input_shape: Sequence[int], horizon: int = 1, units: int = 32
         raise ValueError(f"cell={cell!r} must be 'lstm' or 'gru'")
     if not 0.0 <= drop_rate < 1.0:
         raise ValueError(f"drop_rate={drop_rate!r} must be in [0, 1)")
-    horizon, units = _positive(horizon, "horizon"), _positive(units, "units")
-    num_layers = _positive(num_layers, "num_layers")
+    horizon, units = positive_int("horizon", horizon), positive_int("units", units)
+    num_layers = positive_int("num_layers", num_layers)
     model = layers.Sequential(name=f"{cell}_forecaster")
     model.add(keras.Input(shape))
     for index in range(num_layers):

@@ -531,3 +531,18 @@ def test_the_three_pipelines_share_their_options_as_keyword_only_arguments():
         assert all(params[n].kind == params[n].KEYWORD_ONLY for n in shared), pipeline.__name__
     with pytest.raises(TypeError):
         fw.data.numpy_ds(np.zeros((4, 2)), None, 2, True, None, 1)  # seed by position
+
+
+def test_small_arrays_gathered_in_the_graph_give_the_numpy_gathers_batches(monkeypatch):
+    xs = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    ys = np.arange(50) % 4
+
+    def batches():
+        ds = fw.data.numpy_ds(xs, ys, 8, seed=2)
+        return [(a.numpy(), b.numpy()) for a, b in ds.take(14)]  # into the second epoch
+
+    in_graph = batches()
+    monkeypatch.setattr(fw.data.arrays, "_IN_GRAPH_BYTES", 0)  # the numpy_function path
+    for (a, b), (c, d) in zip(in_graph, batches(), strict=True):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, d)

@@ -558,3 +558,15 @@ def test_evaluation_with_sample_weights_is_the_weighted_mean(tmp_path):
     assert result["accuracy"] == pytest.approx(np.sum(w * correct) / np.sum(w), abs=1e-6)
     # predict takes the same (features, labels, weights) dataset and ignores the rest
     np.testing.assert_allclose(est.predict(_weighted_input(x, y, w, False)), probs, atol=1e-6)
+
+
+def test_close_flushes_the_logs_and_lets_go_of_the_input(tmp_path):
+    x, y = h.make_data(256)
+    with fw.train.get_tpu_estimator(8, h.model_func(), str(tmp_path), trn_bs=32,
+                                    steps_per_loop=4, verbose=False) as est:
+        est.train(h.train_input(x, y), steps=12)
+    assert est._inputs._train is None
+    losses = [v for path in glob.glob(str(tmp_path / "train" / "events*"))
+              for event in tf.compat.v1.train.summary_iterator(path)
+              for v in event.summary.value if v.tag == "loss"]
+    assert len(losses) == 3  # one per loop of 4 steps, all on disk after close()

@@ -156,9 +156,10 @@ def _release(inputs: InputManager, state: RunState) -> None:
 class Estimator:
     """Trains, evaluates, predicts and exports one model; see `get_tpu_estimator`.
 
-    Use it as a context manager, or call `close()`, to release the live input iterator
-    and the summary writers at once; otherwise they are released when the estimator is
-    garbage-collected or the interpreter exits.
+    Use it as a context manager, or call `close()`, to flush and close the summary
+    writers and let go of the live input iterator at once (the iterator is destroyed at
+    interpreter exit; see `input_manager._park`); otherwise that happens when the
+    estimator is garbage-collected.
 
     Attributes:
         config: the validated `EstimatorConfig`.
@@ -183,7 +184,7 @@ class Estimator:
         self._finalizer = weakref.finalize(self, _release, self._inputs, self._state)
 
     def close(self) -> None:
-        """Releases the input iterator and flushes and closes the summary writers."""
+        """Flushes and closes the summary writers and lets go of the input iterator."""
         self._finalizer()
 
     def __enter__(self) -> Estimator:
