@@ -2,8 +2,8 @@
 
 `tests/test_state.py` runs this module in two processes, as a user meets a resume:
 
-    python -m tests._state_catalogue train WORK_ROOT   # train each entry, record its state
-    python -m tests._state_catalogue check WORK_ROOT   # new estimators on the same work_dirs
+    python -m tests._state_catalogue train WORK_ROOT [NAME...]  # train each (or the named)
+    python -m tests._state_catalogue check WORK_ROOT [NAME...]  # reopen the same work_dirs
     python -m tests._state_catalogue user WORK_DIR STEPS   # a user's list-held layer
 
 A model or layer added to `fw.models.__all__` or `fw.layers.__all__` later is covered
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -141,11 +140,20 @@ def _saved_model_variables(work_dir: str) -> int:
                and key.endswith("/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
-def train(work_root: str) -> dict[str, Any]:
+def _selected(names: tuple[str, ...]) -> dict[str, Callable[[], keras.Model]]:
+    found = entries()
+    return {name: found[name] for name in names} if names else found
+
+
+def _join(root: str, name: str) -> str:
+    return f"{root}/{name}"  # local or gs://
+
+
+def train(work_root: str, *names: str) -> dict[str, Any]:
     out = {}
-    for name, build in entries().items():
+    for name, build in _selected(names).items():
         x, y, classify = _data(build())
-        work_dir = os.path.join(work_root, name)
+        work_dir = _join(work_root, name)
         est = _estimator(build, classify, work_dir)
         train_fn, eval_fn = _inputs(x, y)
         est.train(train_fn, steps=TRAIN_STEPS)
@@ -156,16 +164,16 @@ def train(work_root: str) -> dict[str, Any]:
     return out
 
 
-def check(work_root: str) -> dict[str, Any]:
+def check(work_root: str, *names: str) -> dict[str, Any]:
     """New estimators on the trained work_dirs, and warm starts from them."""
     out = {}
-    for name, build in entries().items():
+    for name, build in _selected(names).items():
         x, y, classify = _data(build())
-        work_dir = os.path.join(work_root, name)
+        work_dir = _join(work_root, name)
         train_fn, eval_fn = _inputs(x, y)
         est = _estimator(build, classify, work_dir)
         result = est.evaluate(eval_fn)  # builds the model, restoring work_dir
-        warm = _estimator(build, classify, os.path.join(work_root, "warm", name),
+        warm = _estimator(build, classify, _join(work_root, "warm/" + name),
                           warm_start_from=work_dir)
         warm.evaluate(eval_fn)
         out[name] = {**_state(est), "step": est.global_step, "eval": result,

@@ -68,6 +68,20 @@ def test_every_variable_is_saved_and_restored_in_a_new_process(runs, name):
 
 
 @pytest.mark.slow
+def test_the_flagship_net_resumes_bit_for_bit_from_a_gcs_work_dir(gcs_emulator):
+    root, name = gcs_emulator.unique_url("catalogue"), "fw.models.mnist_net"
+    trained = gcs_emulator.run_module_json("tests._state_catalogue", "train", root, name)
+    reopened = gcs_emulator.run_module_json("tests._state_catalogue", "check", root, name)
+    trained, reopened = trained[name], reopened[name]
+    assert trained["saved"] == trained["in_model"] == 16
+    assert reopened["step"] == catalogue.TRAIN_STEPS
+    assert _equal(reopened["model"], trained["model"])
+    assert _equal(reopened["optimizer"], trained["optimizer"])
+    np.testing.assert_array_equal(reopened["predict"], trained["predict"])
+    assert reopened["warm_report"]["not_loaded"] == []
+
+
+@pytest.mark.slow
 def test_the_catalogue_has_batchnorm_statistics_and_dropout_state(runs):
     paths = [p for entry in runs["train"].values() for p in entry["paths"]]
     assert any(p.endswith("moving_variance") for p in paths)
