@@ -1,7 +1,15 @@
 """Tiny data, models and input functions shared by the estimator tests and their
-subprocesses (multi-replica runs must start a fresh interpreter, see conftest.py)."""
+subprocesses (multi-replica runs must start a fresh interpreter, see conftest.py).
+
+    python -m tests._estimator_helpers replicas WORK_ROOT [BAD_ROOT]  # under cpu:2 / cpu:8
+    python -m tests._estimator_helpers resume WORK_DIR                # 40 steps, resumed
+"""
 
 from __future__ import annotations
+
+import json
+import os
+import sys
 
 import keras
 import numpy as np
@@ -102,3 +110,39 @@ def numpy_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     logits -= logits.max(axis=1, keepdims=True)
     exp = np.exp(logits)
     return exp / exp.sum(axis=1, keepdims=True)
+
+
+VAL_BATCHES_8 = [8, 56, 64, 1000, 1008, 4096]  # on 8 replicas a global batch divides by 8
+
+
+def replicas(work_root: str, bad_root: str | None = None) -> dict:
+    """Invariance losses; on 8 replicas also exact evaluation and batch-size errors."""
+    out: dict = {"invariance": invariance_losses(os.path.join(work_root, "inv"))}
+    if bad_root is not None:
+        out["exact"] = exact_eval(os.path.join(work_root, "exact"), VAL_BATCHES_8)
+        errors = []
+        for batch_size in (100, 7):
+            try:
+                fw.train.get_tpu_estimator(10, model_func(), bad_root, trn_bs=batch_size)
+            except ValueError as err:
+                errors.append(str(err))
+        out["errors"] = errors
+    return out
+
+
+def resume(work_dir: str) -> dict:
+    """Resumes a run to step 40 (then asks for 40 again: nothing must happen)."""
+    x, y = make_data()
+    est = fw.train.get_tpu_estimator(10, model_func(dropout=0.25), work_dir, trn_bs=32,
+                                     seed=1, steps_per_loop=7, verbose=False)
+    est.train(train_input(x, y), max_steps=40)
+    files = sorted(os.listdir(work_dir))
+    est.train(train_input(x, y), max_steps=40)  # already there: nothing happens
+    return {"step": est.global_step, "files": files,
+            "files_after": sorted(os.listdir(work_dir)),
+            "weights": [w.tolist() for w in est.model.get_weights()]}
+
+
+if __name__ == "__main__":
+    commands = {"replicas": replicas, "resume": resume}
+    print(json.dumps(commands[sys.argv[1]](*sys.argv[2:])))

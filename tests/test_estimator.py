@@ -16,11 +16,11 @@ import tensorflow as tf
 
 import fenwicks as fw
 from tests import _estimator_helpers as h
-from tests.conftest import run_json
+from tests.conftest import run_module_json
 
 VAL_BATCHES_1 = [1, 7, 64, 1000, 1001, 4096]
 # On 8 replicas a global batch must divide by 8: 1 -> 8, 7 -> 56, 1001 -> 1008.
-VAL_BATCHES_8 = [8, 56, 64, 1000, 1008, 4096]
+VAL_BATCHES_8 = h.VAL_BATCHES_8
 
 
 def _numpy_metrics(probs, y):
@@ -47,31 +47,13 @@ def _assert_exact(runs, y, weights, x):
 def multi_replica(tmp_path_factory):
     """One cpu:8 and one cpu:2 subprocess, started together to share the wall time."""
     root = tmp_path_factory.mktemp("multi")
-    code8 = f"""
-        import json
-        import fenwicks as fw
-        from tests import _estimator_helpers as h
-        out = {{"invariance": h.invariance_losses({str(root / 'inv8')!r})}}
-        out["exact"] = h.exact_eval({str(root / 'exact8')!r}, {VAL_BATCHES_8})
-        errors = []
-        for bs in (100, 7):
-            try:
-                fw.train.get_tpu_estimator(10, h.model_func(), {str(root / 'bad')!r}, trn_bs=bs)
-            except ValueError as err:
-                errors.append(str(err))
-        out["errors"] = errors
-        print(json.dumps(out))
-    """
-    code2 = f"""
-        import json
-        from tests import _estimator_helpers as h
-        print(json.dumps({{"invariance": h.invariance_losses({str(root / 'inv2')!r})}}))
-    """
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as pool:
-        eight = pool.submit(run_json, code8, {"FENWICKS_DEVICE": "cpu:8"})
-        two = pool.submit(run_json, code2, {"FENWICKS_DEVICE": "cpu:2"})
+        eight = pool.submit(run_module_json, "tests._estimator_helpers", "replicas",
+                            str(root / "8"), str(root / "bad"), env={"FENWICKS_DEVICE": "cpu:8"})
+        two = pool.submit(run_module_json, "tests._estimator_helpers", "replicas",
+                          str(root / "2"), env={"FENWICKS_DEVICE": "cpu:2"})
         return {8: eight.result(), 2: two.result()}
 
 
@@ -153,22 +135,6 @@ def test_batch_sizes_must_divide_by_the_replicas(multi_replica):
 # --------------------------------------------------------------------------- resume
 
 
-RESUME_CODE = """
-    import json, os
-    import fenwicks as fw
-    from tests import _estimator_helpers as h
-    x, y = h.make_data()
-    est = fw.train.get_tpu_estimator(10, h.model_func(dropout=0.25), {work_dir!r}, trn_bs=32,
-                                     seed=1, steps_per_loop=7, verbose=False)
-    est.train(h.train_input(x, y), max_steps=40)
-    files = sorted(os.listdir({work_dir!r}))
-    est.train(h.train_input(x, y), max_steps=40)   # already there: nothing happens
-    print(json.dumps({{"step": est.global_step, "files": files,
-                      "files_after": sorted(os.listdir({work_dir!r})),
-                      "weights": [w.tolist() for w in est.model.get_weights()]}}))
-"""
-
-
 def test_resume_in_a_new_process_equals_an_uninterrupted_run(tmp_path):
     x, y = h.make_data()
     kwargs = dict(trn_bs=32, seed=1, steps_per_loop=7, verbose=False)
@@ -179,7 +145,7 @@ def test_resume_in_a_new_process_equals_an_uninterrupted_run(tmp_path):
                                       **kwargs)
     half.train(h.train_input(x, y), steps=20)
     assert half.global_step == 20
-    out = run_json(RESUME_CODE.format(work_dir=str(tmp_path / "b")))
+    out = run_module_json("tests._estimator_helpers", "resume", str(tmp_path / "b"))
     assert out["step"] == 40
     assert out["files"] == out["files_after"]  # max_steps reached: no new checkpoint
     assert "ckpt-40.index" in out["files"]
