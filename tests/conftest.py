@@ -86,14 +86,7 @@ def gcs_emulator(tmp_path_factory):
             out = gcs_emulator.run_json(code)
             assert out == "hi"
     """
-    try:
-        emulator = _gcs_emulator.start(tmp_path_factory.mktemp("gcs_emulator"))
-    except _gcs_emulator.EmulatorUnavailable as err:
-        _gcs_emulator.skip_or_fail(str(err))
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
+    yield from _running_emulator(tmp_path_factory.mktemp("gcs_emulator"))
 
 
 @pytest.fixture(scope="session")
@@ -104,9 +97,13 @@ def gcs_fault_emulator(tmp_path_factory):
     ``tests._fault_proxy.set_rules([...])`` and reads what happened with ``report()``. A
     separate server and namespace, so faults never reach tests using `gcs_emulator`.
     """
+    yield from _running_emulator(tmp_path_factory.mktemp("gcs_fault_emulator"), faults=True)
+
+
+def _running_emulator(directory, faults: bool = False):
+    """Starts the emulator (skipping, or failing under CI, if it cannot), yields, stops."""
     try:
-        emulator = _gcs_emulator.start(tmp_path_factory.mktemp("gcs_fault_emulator"),
-                                       faults=True)
+        emulator = _gcs_emulator.start(directory, faults=faults)
     except _gcs_emulator.EmulatorUnavailable as err:
         _gcs_emulator.skip_or_fail(str(err))
     try:
