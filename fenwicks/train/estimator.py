@@ -157,9 +157,9 @@ class Estimator:
     """Trains, evaluates, predicts and exports one model; see `get_tpu_estimator`.
 
     Use it as a context manager, or call `close()`, to flush and close the summary
-    writers and let go of the live input iterator at once (the iterator is destroyed at
-    interpreter exit; see `input_manager._park`); otherwise that happens when the
-    estimator is garbage-collected.
+    writers and destroy the live input iterator at once; otherwise that happens when the
+    estimator is garbage-collected, or at interpreter exit (`weakref.finalize`), while
+    the interpreter is still whole.
 
     Attributes:
         config: the validated `EstimatorConfig`.
@@ -184,7 +184,7 @@ class Estimator:
         self._finalizer = weakref.finalize(self, _release, self._inputs, self._state)
 
     def close(self) -> None:
-        """Flushes and closes the summary writers and lets go of the input iterator."""
+        """Flushes and closes the summary writers and destroys the input iterator."""
         self._finalizer()
 
     def __enter__(self) -> Estimator:

@@ -5,7 +5,6 @@ padded, masked datasets of exact evaluation and prediction.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import logging
@@ -145,27 +144,13 @@ class InputManager:
         return self._strategy.distribute_datasets_from_function(dataset_fn)
 
     def release(self) -> None:
-        """Lets go of the live training iterator; see `_park` for when it is destroyed."""
+        """Destroys the live training iterator (and its prefetch threads) now.
+
+        A distributed tf.data iterator left to interpreter shutdown can block for
+        minutes in its destructor (seen with TF 2.21 on 8 logical CPUs), and one whose
+        prefetch threads are inside a Python callback when it is destroyed deadlocks on
+        the GIL; `fw.data.numpy_ds` therefore gathers small arrays inside the graph.
+        """
         if self._train is not None:
-            _park(self._train[1])
             self._train = None
-
-
-# Released training iterators, destroyed at interpreter exit. Destroying a distributed
-# tf.data iterator blocks until its prefetch threads stop; a thread inside a Python
-# callback (`fw.data.numpy_ds` gathers with one) needs the GIL, which the destroying
-# thread holds: a deadlock (TF 2.21, seen right after training on 8 logical CPUs). At
-# exit, long after the last step, the threads sit idle on full buffers and stop at once;
-# left to interpreter shutdown instead, they can be killed mid-callback and hang it too.
-_PARKED: list[Any] = []
-
-
-def _park(iterator: Any) -> None:
-    if not _PARKED:
-        atexit.register(_destroy_parked)
-    _PARKED.append(iterator)
-
-
-def _destroy_parked() -> None:
-    _PARKED.clear()
-    gc.collect()
+            gc.collect()
