@@ -153,7 +153,7 @@ class Controller:
         if due:
             self.state.save()  # each evaluated step is also a checkpoint, as before
             logs.update(val_logs(evaluate()))
-        if self.state.is_chief:
+        if due and self.state.is_chief:  # evaluated epochs: what resumable callbacks replay
             history.append_epoch(self.config.work_dir, epoch, step, logs)
         callbacks.on_epoch_end(epoch, logs)
         return logs

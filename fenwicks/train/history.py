@@ -1,9 +1,9 @@
 """What a run recorded: the in-memory `History` for plots, and the epoch log in work_dir.
 
-The epoch log (``<work_dir>/epochs.jsonl``, one JSON object per finished epoch with its
-callback ``logs``) outlives the process, so callbacks whose decisions depend on past
-epochs (`fw.train.EarlyStopping`, `fw.train.BestExporter`) replay it when a run resumes
-and decide exactly as an uninterrupted run would.
+The epoch log (``<work_dir>/epochs.jsonl``, one JSON object per evaluated epoch with its
+callback ``logs``, written by `train_and_evaluate`) outlives the process, so callbacks
+whose decisions depend on past epochs (`fw.train.EarlyStopping`, `fw.train.BestExporter`)
+replay it when a run resumes and decide exactly as an uninterrupted run would.
 """
 
 from __future__ import annotations
