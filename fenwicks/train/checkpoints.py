@@ -27,6 +27,7 @@ import collections
 import logging
 import os
 import tempfile
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -144,6 +145,12 @@ def _shapes(prefix: str) -> dict[str, tuple[int, ...]]:
             if name not in _IGNORED_KEYS}
 
 
+# root -> its keys and shapes: fixed once the variables exist, and finding them writes the
+# whole model, so a restore that falls back past damaged checkpoints (or a catch-up after
+# another process trained) does not write it again for every checkpoint it compares.
+_EXPECTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def expected_shapes(root: tf.train.Checkpoint,
                     scratch_dir: str | None = None) -> dict[str, tuple[int, ...]]:
     """Keys and shapes `root` would save, found by writing it once to a scratch dir.
@@ -152,6 +159,13 @@ def expected_shapes(root: tf.train.Checkpoint,
     (unlike `save`) leaves the save counter alone. A TPU reached over the network cannot
     write local files, so the estimator passes a gs:// scratch dir there.
     """
+    if root not in _EXPECTED:
+        _EXPECTED[root] = _write_probe(root, scratch_dir)
+    return _EXPECTED[root]
+
+
+def _write_probe(root: tf.train.Checkpoint,
+                 scratch_dir: str | None) -> dict[str, tuple[int, ...]]:
     if scratch_dir is None:
         with tempfile.TemporaryDirectory() as tmp:
             return _shapes(root.write(os.path.join(tmp, "probe")))

@@ -31,7 +31,6 @@ from fenwicks import accel
 from fenwicks._checks import divisible_by_replicas, positive_int
 from fenwicks.train import callbacks as callbacks_lib
 from fenwicks.train import export
-from fenwicks.train.building import build_model  # noqa: F401  (kept importable here)
 from fenwicks.train.controller import Controller, epochs_to
 from fenwicks.train.evaluation import Evaluator
 from fenwicks.train.history import History
