@@ -6,6 +6,7 @@ from fenwicks.train.checkpoints import (  # noqa: E402, F401  (public names)
     CheckpointCoverageError,
     CheckpointMismatchError,
     CheckpointWriteError,
+    ProbeWriteError,
 )
 from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     Estimator,
@@ -15,7 +16,10 @@ from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     get_tpu_estimator,
     train_and_evaluate,
 )
-from fenwicks.train.lock import WorkDirLockedError  # noqa: E402, F401
+from fenwicks.train.lock import (  # noqa: E402, F401  (public names)
+    WorkDirLockedError,
+    WorkDirNotWritableError,
+)
 from fenwicks.train.lr_finder import (  # noqa: E402, F401  (public names)
     ExponentialSweep,
     LRFinderResult,
@@ -38,7 +42,7 @@ from fenwicks.train.optimizers import (  # noqa: E402, F401  (public names)
     adam_optimizer,
     sgd_optimizer,
 )
-from fenwicks.train.preemption import Preempted  # noqa: E402, F401
+from fenwicks.train.preemption import Interrupted, Preempted  # noqa: E402, F401
 from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     Constant,
     CosineDecay,

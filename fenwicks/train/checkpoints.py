@@ -33,6 +33,7 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint_management
 
 logger = logging.getLogger("fenwicks")
 
@@ -250,29 +251,60 @@ def _first_line(err: BaseException) -> str:
     return text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__
 
 
+# What a damaged file raises while it is read: TensorFlow's errors, and plain Python ones
+# from its C++ reader ("IndexError: Read less bytes than requested" for a data file cut
+# short). A bug of ours (TypeError, AttributeError ...) is not damage and propagates.
+_DAMAGE = (tf.errors.OpError, ValueError, AssertionError, IndexError, EOFError)
+
+
+class ProbeWriteError(OSError):
+    """The model's probe checkpoint could not be written to scratch space (a full or
+    tiny temp dir, ``ulimit -f``); the checkpoints in work_dir were not touched."""
+
+
+def _probe(root: tf.train.Checkpoint, scratch_dir: str | None) -> None:
+    """Writes the probe before any checkpoint is read, so a failure to write scratch
+    files is never mistaken for damage to the user's checkpoints."""
+    try:
+        expected_shapes(root, scratch_dir)
+    except (tf.errors.OpError, OSError) as err:
+        where = scratch_dir or f"the temp dir {tempfile.gettempdir()!r}"
+        raise ProbeWriteError(
+            f"could not write a probe copy of the model to {where}: {_first_line(err)}. "
+            "Fenwicks writes the model once there to learn its variables' checkpoint "
+            "names before restoring. This is not about your checkpoints: nothing in the "
+            "work_dir was read, changed or set aside. Free space there, or point TMPDIR "
+            "at a folder with room for one checkpoint (before starting Python)") from err
+
+
 def restore_latest(root: tf.train.Checkpoint, work_dir: str,
                    scratch_dir: str | None = None) -> str | None:
     """Restores the newest readable checkpoint of `work_dir`; None if there is none.
 
-    A corrupt or truncated checkpoint (bytes flipped, index cut, files missing) is never
-    loaded: the next older one is, with a warning naming both, and the damaged files are
-    renamed ``*.corrupt`` (kept, not deleted) so the run continues from a sound state.
+    A corrupt, truncated, empty or incomplete checkpoint (bytes flipped, a file cut
+    short or missing) is never loaded: the next older one is, with a warning naming the
+    damaged file, and the damaged files are renamed ``*.corrupt`` (kept, not deleted;
+    left in place if the work_dir is read-only) so the run continues from a sound state.
 
     Raises:
         CheckpointMismatchError: the checkpoint belongs to another model.
         CheckpointCorruptError: checkpoints are listed but none can be read.
+        CheckpointReadError: the storage did not answer (nothing is set aside).
+        ProbeWriteError: scratch space for the model's probe could not be written.
     """
     if not tf.io.gfile.exists(work_dir):
         return None
     candidates = _listed(work_dir)
+    if candidates:
+        _probe(root, scratch_dir)
     damaged: list[tuple[str, str]] = []
     for prefix in candidates:
         try:
             read(root, prefix, work_dir, scratch_dir)  # storage down: CheckpointReadError
         except CheckpointMismatchError:
             raise
-        except (tf.errors.OpError, ValueError, AssertionError) as err:
-            damaged.append((prefix, _first_line(err)))
+        except _DAMAGE as err:
+            damaged.append((prefix, f"{diagnose(prefix)}; {_first_line(err)}"))
             continue
         if damaged:
             _set_aside(work_dir, damaged, prefix)
@@ -286,17 +318,83 @@ def restore_latest(root: tf.train.Checkpoint, work_dir: str,
     return None
 
 
+def diagnose(prefix: str) -> str:
+    """Which file of checkpoint `prefix` is missing, empty or cut short, in words.
+
+    Example:
+        >>> diagnose('/run/ckpt-10')
+        '/run/ckpt-10.data-00000-of-00001 is missing'
+    """
+    index = prefix + ".index"
+    if not tf.io.gfile.exists(index):
+        return f"{index} is missing"
+    if tf.io.gfile.stat(index).length == 0:
+        return f"{index} is empty"
+    shards = tf.io.gfile.glob(prefix + ".data-*-of-*")
+    total = int(shards[0].rsplit("-of-", 1)[1]) if shards else 1
+    expected = [f"{prefix}.data-{i:05d}-of-{total:05d}" for i in range(total)]
+    for path in expected:
+        if not tf.io.gfile.exists(path):
+            return f"{path} is missing"
+        if tf.io.gfile.stat(path).length == 0:
+            return f"{path} is empty"
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+    except _DAMAGE:
+        return f"{index} is damaged"
+    # Each tensor carries a checksum: the first that cannot be read shows where the data
+    # is cut short or altered.
+    for name in sorted(reader.get_variable_to_shape_map()):
+        try:
+            reader.get_tensor(name)
+        except _DAMAGE as err:
+            return (f"{', '.join(expected)} is cut short or damaged ({_short(name)} cannot "
+                    f"be read: {_first_line(err)})")
+    return f"{', '.join(expected)} (data) is damaged"
+
+
 def _set_aside(work_dir: str, damaged: list[tuple[str, str]], used: str) -> None:
     for prefix, why in damaged:
         logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the older "
                        "%s instead. Its files are kept as %s*%s", prefix, why, used, prefix,
                        _CORRUPT_SUFFIX)
-        for path in tf.io.gfile.glob(prefix + ".*"):
-            if not path.endswith(_CORRUPT_SUFFIX):
-                tf.io.gfile.rename(path, path + _CORRUPT_SUFFIX, overwrite=True)
-    bad = {prefix for prefix, _ in damaged}
-    good = sorted((p for p in _listed(work_dir) if p not in bad), key=_step_of)
-    tf.compat.v1.train.update_checkpoint_state(work_dir, used, all_model_checkpoint_paths=good)
+    try:
+        for prefix, _ in damaged:
+            for path in tf.io.gfile.glob(prefix + ".*"):
+                if not path.endswith(_CORRUPT_SUFFIX):
+                    tf.io.gfile.rename(path, path + _CORRUPT_SUFFIX, overwrite=True)
+        bad = {prefix for prefix, _ in damaged}
+        good = sorted((p for p in _listed(work_dir) if p not in bad), key=_step_of)
+        checkpoint_management.update_checkpoint_state_internal(
+            work_dir, used, all_model_checkpoint_paths=good, save_relative_paths=True)
+    except tf.errors.OpError as err:  # a read-only work_dir: read around them each time
+        logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
+                       "(%s); they stay in place and are skipped", work_dir,
+                       _first_line(err))
+
+
+def remove_partial_saves(work_dir: str) -> None:
+    """Removes ``ckpt-N_temp*`` folders: the shards of a save cut short (a run killed
+    while writing). Call only while holding the work_dir's lock."""
+    for path in tf.io.gfile.glob(f"{work_dir}/ckpt-*_temp*"):
+        if tf.io.gfile.isdir(path):
+            logger.warning("fenwicks: removing %s, the partial files of a checkpoint save "
+                           "that was cut short", path)
+            _remove_quietly(path)
+
+
+def fingerprint(prefix: str | None) -> tuple | None:
+    """``(prefix, mtime, size)`` of a checkpoint's index: which checkpoint, which copy.
+
+    Tells a checkpoint from another run's that was put in its place under the same name.
+    """
+    if prefix is None:
+        return None
+    try:
+        stat = tf.io.gfile.stat(prefix + ".index")
+    except tf.errors.OpError:
+        return (prefix,)
+    return (prefix, stat.mtime_nsec, stat.length)
 
 
 def save(manager: tf.train.CheckpointManager, step: int) -> str:

@@ -4,7 +4,7 @@ run them in one compiled call, record, maybe save, maybe evaluate, call back, st
 Each concern it calls lives elsewhere: the compiled loop in `loops.py`, state and
 checkpoints in `state.py`, preemption in `preemption.py`, progress in `progress.py`,
 callbacks in `callbacks.py`. When to save: every `save_every_loops` loops, every
-`save_every_secs`, on SIGTERM, and at the end.
+`save_every_secs`, on SIGTERM, on Ctrl-C (when quick), and at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ from fenwicks.train.progress import Progress
 from fenwicks.train.state import NonFiniteLossError, RunState
 
 logger = logging.getLogger("fenwicks")
+
+# Ctrl-C saves the step reached unless the last checkpoint took longer than this to write:
+# someone pressing stop wants control back, not minutes of upload to a bucket.
+QUICK_SAVE_SECS = 10.0
 
 
 class Controller:
@@ -53,7 +57,8 @@ class Controller:
             state = self.state
             self._loop = loops.make_train_loop(
                 strategy, state.spec, state.optimizer, state.step_counter,
-                self.config.train_batch_size, self.config.jit_compile, self._watcher.flag)
+                self.config.train_batch_size, self.config.jit_compile, self._watcher.flag,
+                state.input_steps)
         return self._loop
 
     def train(self, strategy: tf.distribute.Strategy, iterator: Any, target: int,
@@ -75,29 +80,54 @@ class Controller:
                                      self.config.verbose) as progress:
             saver = _SavePolicy(self.config)
             epoch_losses: list[float] = []
-            while state.global_step < target and not model.stop_training:
-                epoch = state.global_step // self.config.steps_per_epoch
-                if state.global_step % self.config.steps_per_epoch == 0 or not epoch_losses:
-                    callbacks.on_epoch_begin(epoch)
-                losses = self._run_loop(loop, iterator, target, callbacks, progress)
-                epoch_losses += [float(x) for x in losses]
-                if self._stopped_on_non_finite(losses):
-                    return  # a callback (TerminateOnNaN) asked to stop: nothing saved
-                if self._watcher.requested:
-                    state.save()
-                    raise preemption.Preempted(state.global_step, state.latest_checkpoint)
-                state.heartbeat()
-                if saver.due():
-                    state.save()
-                    progress.restart_clock()
-                epoch_logs = self._maybe_end_epoch(epoch, epoch_losses, target, callbacks,
-                                                   evaluate, eval_every)
-                if epoch_logs:
-                    logs, epoch_losses = epoch_logs, []
+            try:
+                while state.global_step < target and not model.stop_training:
+                    epoch = state.global_step // self.config.steps_per_epoch
+                    if (state.global_step % self.config.steps_per_epoch == 0
+                            or not epoch_losses):
+                        callbacks.on_epoch_begin(epoch)
+                    losses = self._run_loop(loop, iterator, target, callbacks, progress)
+                    epoch_losses += [float(x) for x in losses]
+                    if self._stopped_on_non_finite(losses):
+                        return  # a callback (TerminateOnNaN) asked to stop: nothing saved
+                    if self._watcher.requested:
+                        state.save()
+                        raise preemption.Preempted(state.global_step,
+                                                   state.latest_checkpoint)
+                    if self._watcher.interrupted:
+                        raise KeyboardInterrupt
+                    state.heartbeat()
+                    if saver.due():
+                        state.save()
+                        progress.restart_clock()
+                    epoch_logs = self._maybe_end_epoch(epoch, epoch_losses, target,
+                                                       callbacks, evaluate, eval_every)
+                    if epoch_logs:
+                        logs, epoch_losses = epoch_logs, []
+            except KeyboardInterrupt:
+                raise self._interrupted() from None
         callbacks.on_train_end(logs)
         # After on_train_end: a callback may have changed the weights (EarlyStopping's
         # restore_best_weights); the checkpoint then holds what the callbacks left.
         state.save(force=bool(callbacks.callbacks))
+
+    def _interrupted(self) -> preemption.Interrupted:
+        """Saves the step reached after Ctrl-C when that is quick; says what it did."""
+        state = self.state
+        step = state.global_step
+        if self._watcher.forced:
+            reason = "interrupted twice"
+        elif (state.last_save_secs or 0.0) > QUICK_SAVE_SECS:
+            reason = (f"the last checkpoint took {state.last_save_secs:.0f} s to write; "
+                      f"{step - _step_of(state.latest_checkpoint)} step(s) are only in memory")
+        else:
+            try:
+                state.save()
+                return preemption.Interrupted(step, state.latest_checkpoint, True)
+            except KeyboardInterrupt:
+                reason = "interrupted again while saving"
+        saved = _step_of(state.latest_checkpoint) == step
+        return preemption.Interrupted(step, state.latest_checkpoint, saved, reason)
 
     def _run_loop(self, loop: Any, iterator: Any, target: int,
                   callbacks: keras.callbacks.CallbackList, progress: Progress) -> np.ndarray:
@@ -109,14 +139,13 @@ class Controller:
         try:
             losses = loop(iterator, tf.constant(num_steps, tf.int64)).numpy()
         except tf.errors.OutOfRangeError as err:
-            # The steps that did run are complete and valid: keep them.
-            state.input_steps.assign_add(state.global_step - start)
+            # The steps that did run are complete and valid (the loop counted them and
+            # the input position together): keep them.
             state.save()
             raise ValueError(
                 f"the training input ran out of data at step {state.global_step}; end "
                 "the input_fn's dataset with .repeat() so it can feed any number of "
                 "steps") from err
-        state.input_steps.assign_add(len(losses))
         self._record(start, losses, progress)
         last = float(losses[-1]) if len(losses) else float("nan")
         callbacks.on_train_batch_end(state.global_step, {"loss": last})
@@ -189,6 +218,10 @@ class _SavePolicy:
             self._last, self._loops = time.monotonic(), 0
             return True
         return False
+
+
+def _step_of(checkpoint: str | None) -> int:
+    return int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
 
 
 def epochs_to(target: int, steps_per_epoch: int) -> int:

@@ -80,8 +80,11 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
     Args:
         steps_per_epoch: training steps per pass over the data.
         model_func: ``params -> ModelSpec``, e.g. from `get_clf_model_func`.
-        work_dir: checkpoints and TensorBoard logs (local or ``gs://``). An existing
-            checkpoint there is resumed.
+        work_dir: checkpoints and TensorBoard logs: a local path (str or
+            `pathlib.Path`, ``~`` expanded) or a ``gs://`` URL. An existing checkpoint
+            there is resumed. The work_dir is the model: if its checkpoints are removed
+            between calls, the next `train` starts from a fresh initialisation (and says
+            so); if another run's replace them, those are restored.
         trn_bs: global training batch size, divisible by the replica count.
             Defaults to 128.
         val_bs: global evaluation batch size. Defaults to `trn_bs`.
@@ -121,8 +124,9 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
     if not callable(model_func):
         raise ValueError(f"model_func={model_func!r} must be callable params -> ModelSpec, "
                          "e.g. fw.train.get_clf_model_func(build_nn, opt_func)")
-    if not isinstance(work_dir, str) or not work_dir:
-        raise ValueError(f"work_dir={work_dir!r} must be a local path or a gs:// URL")
+    work_dir = path_arg("work_dir", work_dir)
+    warm_start_from = None if warm_start_from is None else path_arg("warm_start_from",
+                                                                    warm_start_from)
     if "://" not in work_dir and os.path.exists(work_dir) and not os.path.isdir(work_dir):
         raise ValueError(f"work_dir={work_dir!r} is a file, not a directory; give a "
                          "directory for checkpoints and logs (it is created if missing)")
@@ -144,6 +148,20 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         save_every_loops, positive_int("keep_checkpoints", keep_checkpoints), verbose)
     return Estimator(model_func, config, acc)
 
+
+
+def path_arg(name: str, path: Any) -> str:
+    """A local path or ``gs://`` URL given as a str or an `os.PathLike`, ``~`` expanded.
+
+    Example:
+        >>> path_arg('work_dir', pathlib.Path('~/runs/mnist'))
+        '/home/me/runs/mnist'
+    """
+    value = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name}={path!r} must be a local path (a str or pathlib.Path) "
+                         "or a gs:// URL")
+    return value if "://" in value else os.path.expanduser(value)
 
 
 def _release(inputs: InputManager, state: RunState) -> None:
@@ -234,6 +252,15 @@ class Estimator:
         if self._state.reload_if_stale():
             self._inputs.restart_training_input()
 
+    def _follow_work_dir(self) -> None:
+        """The work_dir is the model: pick up checkpoints that changed under us."""
+        changed = self._state.catch_up()
+        if changed == "reset":  # rebuilt on next use: nothing compiled for the old one
+            self._controller = None
+            self._evaluator.reset()
+        if changed:
+            self._inputs.restart_training_input()
+
     def train(self, input_fn: InputFn, steps: int | None = None,
               max_steps: int | None = None, callbacks: Callbacks = None) -> Estimator:
         """Trains until `steps` more steps, or until global step `max_steps`.
@@ -246,8 +273,9 @@ class Estimator:
         Args:
             input_fn: ``params -> tf.data.Dataset`` of (features, labels) batches of
                 ``params['batch_size']`` (per replica) examples, static batch size,
-                repeated. Calling `train` again with the same function continues where
-                the data left off.
+                repeated. The input position belongs to the run: calling `train` again,
+                with this function or a new one (a re-run notebook cell), continues
+                where the data left off.
             steps: number of steps to run. Give this or `max_steps`.
             max_steps: global step to stop at; nothing happens if already reached.
             callbacks: `keras.callbacks.Callback` objects, called as `model.fit` calls
@@ -262,6 +290,11 @@ class Estimator:
                 checkpoint is left as it was, and the estimator reloads it on next use.
             WorkDirLockedError: another process is training in work_dir.
             Preempted: SIGTERM arrived; the step in progress finished and was saved.
+            Interrupted: Ctrl-C (a notebook's stop button) arrived; training stopped
+                after the step in progress, which was saved if saving is quick (the
+                message says). The estimator stays consistent: `train` again continues
+                exactly. A second Ctrl-C stops at once, without saving.
+            WorkDirNotWritableError: work_dir is read-only (one line naming it).
             CheckpointWriteError: a checkpoint could not be written (disk full, storage);
                 the previous one is intact.
 
@@ -278,8 +311,7 @@ class Estimator:
         callbacks = callbacks_lib.check_supported(callbacks)
         self._reload_if_stale()
         with self._state.locked():
-            if self._state.catch_up():  # another process trained here meanwhile
-                self._inputs.restart_training_input()
+            self._follow_work_dir()  # another run trained here, or the dir was cleaned
             iterator = self._inputs.train_iterator(input_fn)  # builds, restoring the step
             target = self.global_step + steps if steps is not None else max_steps
             if self.global_step >= target:
@@ -313,6 +345,14 @@ class Estimator:
         Returns:
             ``{'loss', <each metric, e.g. 'accuracy'>, 'global_step', 'num_examples'}``.
 
+        Raises:
+            ValueError: the evaluation data has class labels out of range or NaN/inf
+                features (counts named): its loss and metrics would be wrong.
+            NonFiniteLossError: the loss is NaN/inf on valid data.
+
+        A work_dir without a checkpoint gives a warning: the model was never trained. A
+        read-only work_dir is fine (TensorBoard summaries are skipped with a warning).
+
         Example:
             >>> est.evaluate(lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
             ...                                              training=False))
@@ -321,6 +361,7 @@ class Estimator:
         if steps is not None:
             steps = positive_int("steps", steps)
         self._reload_if_stale()
+        self._follow_work_dir()
         result = self._evaluator.evaluate(input_fn, steps)
         self.history.evals.append(result)
         return result
@@ -340,11 +381,14 @@ class Estimator:
         Raises:
             ValueError: on a multi-worker run (predict is single-host).
 
+        A work_dir without a checkpoint gives a warning: the model was never trained.
+
         Example:
             >>> probs = est.predict(lambda params: fw.data.numpy_ds(X, None,
             ...                     params['batch_size'], training=False))
         """
         self._reload_if_stale()
+        self._follow_work_dir()
         return self._evaluator.predict(input_fn)
 
     # ---------------------------------------------------------------- export, loops of loops
@@ -353,7 +397,7 @@ class Estimator:
         """Writes a SavedModel whose ``serving_default`` signature gives predictions.
 
         Args:
-            export_dir: local or gs:// directory.
+            export_dir: local directory (str or `pathlib.Path`) or gs:// URL.
 
         Returns:
             `export_dir`; reload with ``tf.saved_model.load(export_dir)`` and call
@@ -363,6 +407,7 @@ class Estimator:
             >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/m'))
             >>> loaded.serve(X[:5])['predictions']
         """
+        export_dir = path_arg("export_dir", export_dir)
         spec = self._state.spec
         self._reload_if_stale()
         return export.export_saved_model(spec, self._state.features_spec, export_dir)

@@ -15,7 +15,7 @@ from fenwicks import accel
 from fenwicks.train import building, loops
 from fenwicks.train.input_manager import InputFn, InputManager
 from fenwicks.train.progress import write_eval_summary
-from fenwicks.train.state import RunState
+from fenwicks.train.state import NonFiniteLossError, RunState
 
 logger = logging.getLogger("fenwicks")
 
@@ -59,6 +59,19 @@ class Evaluator:
                                global_batch, smaller)
                 global_batch = smaller
 
+    def reset(self) -> None:
+        """Forgets the compiled loops (after the model was rebuilt)."""
+        self._loops.clear()
+
+    def warn_if_untrained(self, doing: str) -> None:
+        """Warns when the (built) model was never trained, restored or warm-started."""
+        state = self._state
+        if state.global_step or state.latest_checkpoint or state.warm_start_report:
+            return
+        logger.warning("fenwicks: %s a model that was never trained: %s holds no checkpoint, "
+                       "so the weights are a random initialisation (step 0). Train first, or "
+                       "give the work_dir of a trained run", doing, self.config.work_dir)
+
     def evaluate(self, input_fn: InputFn, steps: int | None) -> dict[str, float]:
         """Loss and metrics over every example of `input_fn` (see `Estimator.evaluate`)."""
         def run(global_batch: int) -> np.ndarray:
@@ -66,11 +79,17 @@ class Evaluator:
             loop = self._loop("eval")
             with building.training_randomness_kept(self._state.spec.model):
                 per_step = loop(iter(dataset)).numpy().astype(np.float64)
-            width = 3 + len(self._state.spec.metric_fns)  # loss, metrics, count, weight
+            # loss, metrics, count, weight, then the checks' counts
+            width = 3 + len(self._state.spec.metric_fns) + len(loops.EVAL_CHECKS)
             return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
 
         sums = self._with_smaller_batches(run, self.config.eval_batch_size, "evaluation")
+        self.warn_if_untrained("evaluated")
+        checks = dict(zip(loops.EVAL_CHECKS, sums[-len(loops.EVAL_CHECKS):].astype(int),
+                          strict=True))
+        sums = sums[:-len(loops.EVAL_CHECKS)]
         count, weight = sums[-2], sums[-1]
+        _check_evaluation(checks, int(count), self._state.spec.model)
         if count == 0:
             raise ValueError("the evaluation input_fn yielded no examples")
         if weight == 0:
@@ -101,9 +120,37 @@ class Evaluator:
 
         results = self._with_smaller_batches(run, self.config.predict_batch_size,
                                              "prediction")
+        self.warn_if_untrained("predicted with")
         if not results:
             raise ValueError("the prediction input_fn yielded no examples")
         mask = np.concatenate([np.asarray(mask) for _, mask in results])
         flat = [np.concatenate([np.asarray(leaf) for leaf in leaves])[mask]
                 for leaves in zip(*(tf.nest.flatten(p) for p, _ in results), strict=True)]
         return tf.nest.pack_sequence_as(results[0][0], flat)
+
+
+def _num_classes(model: Any) -> str:
+    try:
+        return str(int(model.output_shape[-1]))
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return "C"
+
+
+def _check_evaluation(checks: dict[str, int], count: int, model: Any) -> None:
+    """Bad evaluation data is an error, as in training, never a silent NaN or a skew."""
+    labels, features = checks["labels_out_of_range"], checks["non_finite_features"]
+    if labels or features:
+        found = []
+        if labels:
+            found.append(f"{labels} class label(s) outside [0, {_num_classes(model)})")
+        if features:
+            found.append(f"{features} example(s) with NaN or infinite features")
+        raise ValueError(
+            f"the evaluation data has {' and '.join(found)}, of {count} examples; the "
+            "loss and metrics would be NaN or wrong. Fix the evaluation input_fn (training "
+            "checks its data the same way)")
+    if checks["non_finite_loss"]:
+        raise NonFiniteLossError(
+            f"the evaluation loss is NaN or infinite for {checks['non_finite_loss']} of "
+            f"{count} examples, whose inputs and labels are valid: the model's outputs "
+            "overflow (train with a lower learning rate, or check the loss function)")

@@ -63,14 +63,17 @@ class InputManager:
         self._train = None
 
     def train_iterator(self, input_fn: InputFn) -> Any:
-        """The live iterator for `input_fn`; a fresh estimator resumes the input position."""
+        """The live iterator for `input_fn`, positioned where the run's input stands.
+
+        The input position belongs to the run, not to the function object: a new but
+        identical input_fn (a notebook cell run again makes a new lambda) continues at the
+        same batch as the old one would, and so does a fresh estimator on work_dir.
+        """
         if self._train is not None and self._train[0] is input_fn:
             return self._train[1]
         batch_size = self.config.train_batch_size // self.num_replicas
         self._check_first_batch(input_fn, batch_size)
         state = self._state
-        if self._train is not None:  # another input function: it starts from its beginning
-            state.input_steps.assign(0)
         skip_steps = int(state.input_steps.numpy())
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -102,7 +105,12 @@ class InputManager:
         for element in dataset.take(1):
             features, labels, _ = inputs.unpack(_head(element, 64))
             with self._strategy.scope(), building.training_randomness_kept(spec.model):
-                spec.loss_fn(labels, loops._float32(spec.model(features, training=False)))
+                outputs = loops._float32(spec.model(features, training=False))
+                try:
+                    spec.loss_fn(labels, outputs)
+                except (tf.errors.InvalidArgumentError, ValueError) as err:
+                    inputs.explain_one_hot(labels, outputs, err)
+                    raise
 
     # ---------------------------------------------------------------- evaluation
 

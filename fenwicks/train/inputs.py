@@ -14,6 +14,7 @@ hands the pipeline's batches out round-robin: step s gives replica r batch ``s *
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -48,11 +49,46 @@ def call_input_fn(input_fn: InputFn, params: dict, what: str) -> tf.data.Dataset
         raise ValueError(f"{what} input_fn={input_fn!r} must be a callable params -> "
                          "tf.data.Dataset, e.g. lambda params: fw.data.numpy_ds(X, y, "
                          "params['batch_size'])")
+    _check_takes_params(input_fn, what)
     dataset = input_fn(params)
     if not isinstance(dataset, tf.data.Dataset):
         raise ValueError(f"{what} input_fn returned {type(dataset).__name__}; it must return "
                          "a tf.data.Dataset of (features, labels) batches")
     return dataset
+
+
+def _check_takes_params(input_fn: InputFn, what: str) -> None:
+    try:
+        signature = inspect.signature(input_fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: no signature to check
+    try:
+        signature.bind({})
+    except TypeError:
+        raise ValueError(
+            f"{what} input_fn must take one argument, params (a dict; "
+            f"params['batch_size'] is the per-replica batch size), but its signature is "
+            f"{getattr(input_fn, '__name__', type(input_fn).__name__)}{signature}; e.g. "
+            "lambda params: fw.data.numpy_ds(X, y, params['batch_size'])") from None
+
+
+def explain_one_hot(labels: Any, outputs: Any, err: BaseException) -> None:
+    """Raises a ValueError naming both fixes if `labels` look one-hot for `outputs`,
+    which a sparse (class index) loss rejected with `err`; else returns."""
+    if not (isinstance(labels, tf.Tensor) and isinstance(outputs, tf.Tensor)):
+        return
+    shape = labels.shape
+    if (shape.rank is None or shape.rank != outputs.shape.rank or shape.rank < 2
+            or shape[-1] != outputs.shape[-1] or (shape[-1] or 0) < 2):
+        return
+    raise ValueError(
+        f"the labels have shape {shape.as_list()}, one-hot (or probabilities) over the "
+        f"model's {shape[-1]} outputs, but the loss takes class indices, shape "
+        f"{shape.as_list()[:-1]}. Either argmax the labels (y.argmax(axis=-1) in NumPy, "
+        "or ds.map(lambda x, y: (x, tf.argmax(y, -1))) in the input_fn), or use a "
+        "categorical loss: fw.train.get_model_func(build_nn, opt_func, loss_fn=lambda y, "
+        "out: keras.losses.categorical_crossentropy(y, out, from_logits=True), "
+        "metric_fns=...)") from err
 
 
 def resumed_train_dataset(input_fn: InputFn, params: dict,

@@ -41,6 +41,10 @@ class WorkDirLockedError(RuntimeError):
     """Another process is training in this work_dir."""
 
 
+class WorkDirNotWritableError(PermissionError):
+    """Training needs to write in work_dir, and it is read-only (or not ours)."""
+
+
 class WorkDirLock:
     """The lock of one work_dir; `acquire` before writing checkpoints, `release` after.
 
@@ -64,7 +68,10 @@ class WorkDirLock:
         """Takes the lock, or raises `WorkDirLockedError` naming the live holder."""
         if self._held:
             return
-        tf.io.gfile.makedirs(self._work_dir)
+        try:
+            tf.io.gfile.makedirs(self._work_dir)
+        except (OSError, tf.errors.PermissionDeniedError) as err:
+            raise WorkDirNotWritableError(_not_writable(self._work_dir, err)) from None
         holder = self._read()
         if holder is not None and holder.get("token") != self._token:
             if not _is_stale(holder):
@@ -106,10 +113,15 @@ class WorkDirLock:
             except FileExistsError:
                 raise WorkDirLockedError(
                     _locked_message(self._work_dir, self._read() or {})) from None
+            except OSError as err:  # read-only, another user's, full
+                raise WorkDirNotWritableError(_not_writable(self._work_dir, err)) from None
             with os.fdopen(fd, "w") as f:
                 json.dump(record, f)
             return
-        self._write(record)
+        try:
+            self._write(record)
+        except tf.errors.PermissionDeniedError as err:
+            raise WorkDirNotWritableError(_not_writable(self._work_dir, err)) from None
         time.sleep(_REMOTE_SETTLE_SECS)  # let a concurrent writer's object land first
         holder = self._read()
         if holder is None or holder.get("token") != self._token:
@@ -165,3 +177,11 @@ def _locked_message(work_dir: str, holder: dict[str, Any]) -> str:
             "runs would interleave their checkpoints. Use another work_dir, or wait for it "
             f"to finish; if that run is gone, its lock goes stale after {STALE_SECS:.0f} s "
             f"(at once on the same host), or delete {work_dir}/{LOCK_NAME}")
+
+
+def _not_writable(work_dir: str, err: BaseException) -> str:
+    reason = getattr(err, "strerror", None) or getattr(err, "message", None) or str(err)
+    return (f"work_dir={work_dir!r} is not writable ({reason.splitlines()[0]}), and "
+            "training writes its checkpoints there. evaluate, predict and "
+            "export_saved_model work on it as it is; to train on, copy it to a writable "
+            "folder and train there, or start a new work_dir with warm_start_from=it")

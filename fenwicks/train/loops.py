@@ -67,13 +67,16 @@ def _sum_over_replicas(strategy: tf.distribute.Strategy, per_replica: Any) -> tf
 
 def make_train_loop(strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer: Any,
                     global_step: tf.Variable, global_batch_size: int,
-                    jit_compile: bool,
-                    stop: tf.Variable | None = None) -> Callable[[Any, tf.Tensor], tf.Tensor]:
+                    jit_compile: bool, stop: tf.Variable | None = None,
+                    input_steps: tf.Variable | None = None,
+                    ) -> Callable[[Any, tf.Tensor], tf.Tensor]:
     """Builds the compiled training loop.
 
     Args:
         stop: a boolean variable read before every step; when it turns True the loop
             returns after the step in progress (preemption, see `preemption.py`).
+        input_steps: the input position, counted with `global_step` inside each step, so
+            the two agree however the loop is left (an interrupt, an exception).
 
     Returns:
         ``loop(iterator, num_steps)`` returning a float32 vector of the mean loss of each
@@ -93,6 +96,8 @@ def make_train_loop(strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer
             loss = _sum_over_replicas(strategy, per_replica) / global_batch_size
             with tf.control_dependencies([loss]):  # count a step only once it has run
                 global_step.assign_add(1)
+                if input_steps is not None:
+                    input_steps.assign_add(1)
             return i + 1, loss, losses.write(tf.cast(i, tf.int32), loss)
 
         losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
@@ -111,6 +116,34 @@ def _weighted(values: tf.Tensor, weights: Any) -> tf.Tensor:
                                                     tf.shape(values))
 
 
+def _non_finite_rows(features: Any) -> tf.Tensor:
+    """Per example: True if any floating feature value is NaN or infinite."""
+    rows = None
+    for t in tf.nest.flatten(features):
+        if not t.dtype.is_floating:
+            continue
+        bad = tf.logical_not(tf.math.is_finite(t))
+        bad = tf.reduce_any(tf.reshape(bad, [tf.shape(t)[0], -1]), axis=1)
+        rows = bad if rows is None else tf.logical_or(rows, bad)
+    return rows
+
+
+def _bad_label_rows(labels: Any, outputs: Any) -> tf.Tensor | None:
+    """Per example: True if an integer class label lies outside the outputs' classes.
+
+    Only for one integer label per example and one ``[B, C]`` output (a classifier).
+    """
+    if not (isinstance(labels, tf.Tensor) and isinstance(outputs, tf.Tensor)):
+        return None
+    if not labels.dtype.is_integer or outputs.shape.rank != 2 or not outputs.shape[-1]:
+        return None
+    if labels.shape.rank == 2 and labels.shape[-1] == 1:
+        labels = labels[:, 0]
+    if labels.shape.rank != 1:
+        return None
+    return tf.logical_or(labels < 0, labels >= outputs.shape[-1])
+
+
 def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
     names = list(spec.metric_fns)
 
@@ -126,14 +159,27 @@ def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
         sums = [tf.reduce_sum(tf.where(mask, weight * tf.cast(v, tf.float32), 0.0))
                 for v in values]
         count = tf.reduce_sum(tf.cast(mask, tf.float32))
-        return tf.stack(sums + [count, tf.reduce_sum(tf.where(mask, weight, 0.0))])
+
+        def masked_count(rows: tf.Tensor | None) -> tf.Tensor:
+            if rows is None:
+                return tf.constant(0.0)
+            return tf.reduce_sum(tf.cast(tf.logical_and(mask, rows), tf.float32))
+
+        checks = [masked_count(tf.logical_not(tf.math.is_finite(
+                      tf.cast(values[0], tf.float32)))),
+                  masked_count(_non_finite_rows(features)),
+                  masked_count(_bad_label_rows(labels, outputs))]
+        return tf.stack(sums + [count, tf.reduce_sum(tf.where(mask, weight, 0.0))] + checks)
 
     return step
 
 
+EVAL_CHECKS = ("non_finite_loss", "non_finite_features", "labels_out_of_range")
+
+
 def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
                    jit_compile: bool) -> Callable[[Any], tf.Tensor]:
-    """Builds ``loop(dist_iterator) -> [steps, 3 + metrics]`` masked per-step sums.
+    """Builds ``loop(dist_iterator) -> [steps, 6 + metrics]`` masked per-step sums.
 
     The iterator is created eagerly (``iter(dist_dataset)``): iterating a dataset inside
     the function makes tf.data read its options in graph mode, which warns on every call
@@ -141,6 +187,8 @@ def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
 
     Columns: loss sum, one sum per metric (in `spec.metric_fns` order), example count,
     weight sum (the count without sample weights); sums are weighted by the sample weights.
+    Then the checks, as counts of examples: non-finite loss, non-finite features, class
+    labels out of range (`EVAL_CHECKS`).
     Per-step sums leave the device in float32 and are added up on the host in float64,
     so rounding does not grow with the number of steps.
     """

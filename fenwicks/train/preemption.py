@@ -1,10 +1,23 @@
-"""Preemption: SIGTERM stops training at the next step boundary, which is then saved.
+"""Stopping cleanly: SIGTERM (preemption) and Ctrl-C (SIGINT, a notebook's stop button)
+end training at the next step boundary, with the steps done saved.
 
 Colab and Kaggle end a session, and preemptible TPU VMs and GPUs are reclaimed, with
 SIGTERM followed by SIGKILL a little later. While `Estimator.train` runs, SIGTERM sets a
 flag that the compiled training loop reads before every step; the loop returns early,
 the estimator saves the steps done and raises `Preempted` (a `SystemExit`, so a script
 exits without a traceback, with status 143 as after an unhandled SIGTERM).
+
+Ctrl-C in a terminal and the stop button of Jupyter, Colab and Kaggle send SIGINT, which
+Python turns into `KeyboardInterrupt`. Left alone, that exception could only be raised
+when a compiled call returns: with the default of one call per epoch, after up to a whole
+epoch. While `train` runs, SIGINT instead sets the same flag: the loop stops after the
+step in progress, the estimator saves it (when saving is quick) and raises `Interrupted`,
+a `KeyboardInterrupt` that says which step was saved. Step counter, input position and
+weights are advanced together inside the compiled step, so whatever stops training, they
+agree, and the next `train` continues as if nothing had happened. A second Ctrl-C raises
+`KeyboardInterrupt` at once (an evaluation or a save in progress is abandoned; the
+work_dir keeps its previous checkpoint). The previous SIGINT handler is put back when
+`train` returns; one that ignores SIGINT, or a handler of the user's, is left in charge.
 
 Why not `tf.distribute.experimental.PreemptionCheckpointHandler`: it checks for the
 signal only between calls of the function it wraps, and Fenwicks runs `steps_per_loop`
@@ -13,8 +26,10 @@ restores the checkpoint itself, bypassing Fenwicks' model check and corrupt-chec
 fallback, and exits the process from inside. A Python signal handler cannot run while
 the main thread is inside a compiled call either, so the signal is also written to a
 wakeup pipe (`signal.set_wakeup_fd`) that a small thread watches and turns into the
-flag at once. Where the wakeup fd is taken (an asyncio loop, as in Jupyter) the flag is
-set when the current loop returns instead.
+flag at once. Where a wakeup fd is already set (an asyncio event loop, e.g. a Jupyter
+kernel's), the thread passes every byte on to it, so its owner still sees its signals;
+should the pipe be unavailable, the Python handler still sets the flag when the current
+compiled call returns.
 """
 
 from __future__ import annotations
@@ -50,38 +65,87 @@ class Preempted(SystemExit):
                 "run the same code again to resume")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Training stopped on Ctrl-C (SIGINT) at a step boundary.
+
+    The estimator in memory is consistent (weights, optimizer, step, input position):
+    calling `train` again continues exactly where it stopped, with the same input_fn or
+    a new one.
+
+    Attributes:
+        step: the global step training stopped at.
+        checkpoint: the work_dir's latest checkpoint afterwards (None if there is none).
+        saved: True if `checkpoint` holds `step`; False if the steps since it were not
+            saved (a second Ctrl-C, or saving takes long): they are only in memory.
+
+    Example:
+        >>> try:
+        ...     est.train(train_fn, max_steps=10_000)
+        ... except fw.train.Interrupted as stop:
+        ...     print(stop.step, stop.saved)
+    """
+
+    def __init__(self, step: int, checkpoint: str | None, saved: bool,
+                 reason: str = "") -> None:
+        super().__init__(step, checkpoint, saved, reason)
+        self.step, self.checkpoint, self.saved, self._reason = step, checkpoint, saved, reason
+
+    def __str__(self) -> str:
+        if self.saved:
+            where = f"saved to {self.checkpoint}"
+        else:
+            where = (f"not saved ({self._reason}); work_dir's latest checkpoint is "
+                     f"{self.checkpoint or 'none'}")
+        return (f"training interrupted at step {self.step}, {where}. The estimator is "
+                "consistent: call train() again to continue exactly where it stopped")
+
+
+def _own_sigint(handler: Any) -> bool:
+    """Whether Fenwicks may take SIGINT over: only from Python's (or the OS's) default."""
+    return handler in (signal.default_int_handler, signal.SIG_DFL)
+
+
 class PreemptionWatcher:
-    """While entered (from the main thread), SIGTERM sets `flag` and `requested`.
+    """While entered (from the main thread), SIGTERM and SIGINT set `flag`.
+
+    `requested` tells SIGTERM (preemption), `interrupted` Ctrl-C. A second SIGINT
+    raises `KeyboardInterrupt` at once.
 
     Example:
         >>> with PreemptionWatcher() as watcher:
-        ...     losses = loop(iterator, num_steps, watcher.flag)
-        ...     if watcher.requested: ...
+        ...     losses = loop(iterator, num_steps)   # reads watcher.flag before each step
+        ...     if watcher.requested or watcher.interrupted: ...
     """
 
     def __init__(self) -> None:
         with tf.device("CPU:0"):
             self.flag = tf.Variable(False, trainable=False, name="preempted")
         self.requested = False
-        self._previous: Any = None
+        self.interrupted = False
+        self._sigints = 0
+        self._previous: dict[int, Any] = {}
         self._pipe: tuple[int, int] | None = None
+        self._forward = -1  # the wakeup fd that was set before ours (-1: none)
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> PreemptionWatcher:
-        self.requested = False
+        self.requested = self.interrupted = False
+        self._sigints = 0
         self.flag.assign(False)
         if threading.current_thread() is not threading.main_thread():
             return self  # signal handlers can only be installed from the main thread
-        self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+        if _own_sigint(signal.getsignal(signal.SIGINT)):
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
         self._watch_wakeup_fd()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
         if self._pipe is not None:
-            signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(self._forward)
             read_end, write_end = self._pipe
             os.close(write_end)  # the watcher thread reads EOF and ends
             if self._thread is not None:
@@ -95,23 +159,40 @@ class PreemptionWatcher:
         self.requested = True
         self.flag.assign(True)
 
+    def _interrupt(self) -> None:
+        if not self.interrupted:
+            logger.warning("fenwicks: interrupted; stopping after the step in progress "
+                           "(interrupt again to stop at once, without saving)")
+        self.interrupted = True
+        self.flag.assign(True)
+
+    @property
+    def forced(self) -> bool:
+        """True after a second Ctrl-C: stop at once, without saving."""
+        return self._sigints > 1
+
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._request()
+        if signum == signal.SIGTERM:
+            self._request()
+            return
+        self._sigints += 1
+        if self._sigints > 1:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+        self._interrupt()
 
     def _watch_wakeup_fd(self) -> None:
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
-        with contextlib.suppress(ValueError):
-            previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-            if previous == -1:
-                self._pipe = (read_end, write_end)
-                self._thread = threading.Thread(target=self._read_wakeups, daemon=True,
-                                                name="fenwicks-preemption")
-                self._thread.start()
-                return
-            signal.set_wakeup_fd(previous)  # someone else's (asyncio): leave it to them
-        os.close(read_end)
-        os.close(write_end)
+        try:
+            self._forward = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(read_end)
+            os.close(write_end)
+            return
+        self._pipe = (read_end, write_end)
+        self._thread = threading.Thread(target=self._read_wakeups, daemon=True,
+                                        name="fenwicks-preemption")
+        self._thread.start()
 
     def _read_wakeups(self) -> None:
         read_end = self._pipe[0] if self._pipe else -1
@@ -122,5 +203,10 @@ class PreemptionWatcher:
                 return
             if not data:
                 return
+            if self._forward != -1:  # an event loop's wakeup fd: it gets its bytes too
+                with contextlib.suppress(OSError):
+                    os.write(self._forward, data)
             if signal.SIGTERM in data:
                 self._request()
+            if signal.SIGINT in data and signal.SIGINT in self._previous:
+                self._interrupt()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,10 @@ from fenwicks.train import building, checkpoints, lock
 from fenwicks.train.model_func import ModelSpec
 
 logger = logging.getLogger("fenwicks")
+
+
+def _first_line(err: BaseException) -> str:
+    return (getattr(err, "message", None) or str(err)).strip().split("\n")[0][:200]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -45,6 +50,8 @@ class RunState:
         self.config = config
         self.warm_start_report: dict[str, list[str]] | None = None
         self.stale = False  # True after a NaN: the weights in memory are not trusted
+        self.last_save_secs: float | None = None  # how long the last checkpoint took
+        self._seen: tuple | None = None  # (prefix, mtime, size) last written or read
         self._model_func = model_func
         self._acc = accelerator
         self._strategy = accelerator.strategy
@@ -99,6 +106,14 @@ class RunState:
                                                             self.config.warm_start_from)
         self._manager = self._make_manager()
         self._spec = spec
+        self._seen = checkpoints.fingerprint(restored)
+
+    def reset(self) -> None:
+        """Forgets model, optimizer and counters: the next `build` starts afresh."""
+        self._spec = None
+        self.optimizer = self.warm_start_report = None
+        self.stale = False
+        self._seen = None
 
     # ---------------------------------------------------------------- reading
 
@@ -124,16 +139,34 @@ class RunState:
         self.stale = False
         return True
 
-    def catch_up(self) -> bool:
-        """Reloads work_dir if another process trained there since; True if it did."""
-        if not self.built or (checkpoints.latest(self.config.work_dir)
-                              == self._manager.latest_checkpoint):
-            return False
+    def catch_up(self) -> str | None:
+        """Follows work_dir if its checkpoints changed since this state wrote or read them.
+
+        The work_dir is the model, as in TPUEstimator: checkpoints written meanwhile by
+        another run (or put there by hand) are restored; if they were all removed (a
+        k-fold loop that cleans the work_dir), the state is reset, so the next `build`
+        initialises a fresh model, as a new estimator would.
+
+        Returns:
+            ``'restored'``, ``'reset'``, or None if nothing changed.
+        """
+        if not self.built:
+            return None
+        current = checkpoints.latest(self.config.work_dir)
+        if checkpoints.fingerprint(current) == self._seen:
+            return None
+        if current is None:
+            logger.warning("fenwicks: %s no longer holds checkpoint %s; starting from a "
+                           "fresh initialisation (step 0), as a new estimator would",
+                           self.config.work_dir, self._seen[0] if self._seen else None)
+            self.reset()
+            return "reset"
         restored = self._restore()
         logger.warning("fenwicks: %s changed since this estimator read it; continuing from "
                        "%s", self.config.work_dir, restored)
         self._manager = self._make_manager()
-        return True
+        self._seen = checkpoints.fingerprint(restored)
+        return "restored"
 
     # ---------------------------------------------------------------- writing
 
@@ -143,7 +176,10 @@ class RunState:
         if not force and latest and latest.endswith(f"-{self.global_step}"):
             return  # nothing new since the last save
         if self.is_chief:
-            checkpoints.save(self._manager, self.global_step)
+            started = time.monotonic()
+            saved = checkpoints.save(self._manager, self.global_step)
+            self.last_save_secs = time.monotonic() - started
+            self._seen = checkpoints.fingerprint(saved)
             return
         # Every worker takes part in a save (a variable may need a collective to be read);
         # the others write to a scratch directory that is removed at once.
@@ -160,6 +196,7 @@ class RunState:
         if self._lock is None:
             self._lock = lock.WorkDirLock(self.config.work_dir)
         self._lock.acquire()
+        checkpoints.remove_partial_saves(self.config.work_dir)  # a killed run's leftovers
         try:
             yield
         finally:
@@ -172,10 +209,21 @@ class RunState:
     def summary_writer(self, kind: str) -> Any:
         """One writer per kind (``'train'``, ``'eval'``): each opens a new event file."""
         if kind not in self._writers:
-            self._writers[kind] = (tf.summary.create_file_writer(
-                f"{self.config.work_dir}/{kind}") if self.is_chief
-                else tf.summary.create_noop_writer())
+            self._writers[kind] = self._create_writer(kind)
         return self._writers[kind]
+
+    def _create_writer(self, kind: str) -> Any:
+        if not self.is_chief:
+            return tf.summary.create_noop_writer()
+        try:
+            return tf.summary.create_file_writer(f"{self.config.work_dir}/{kind}")
+        except tf.errors.OpError as err:
+            # A finished run read from a read-only folder (Kaggle's /kaggle/input, a
+            # shared Drive) is still evaluated; only its TensorBoard scalars are lost.
+            logger.warning("fenwicks: cannot write TensorBoard summaries to %s/%s (%s); "
+                           "%s results are returned but not logged there",
+                           self.config.work_dir, kind, _first_line(err), kind)
+            return tf.summary.create_noop_writer()
 
     def close(self) -> None:
         """Flushes and closes the summary writers."""
