@@ -202,7 +202,8 @@ def _check_path(path: Any, name: str) -> str:
         bucket = path[len(GCS_PREFIX):].split("/", 1)[0]
         if not bucket or not bucket[0].isalnum():
             raise ValueError(f"{name}={path!r} names no bucket; use 'gs://BUCKET/path'")
-    return path
+        return path
+    return os.path.expanduser(path)  # '~/runs' is the home's, never a folder named '~'
 
 
 def _check_project(project: Any) -> None:

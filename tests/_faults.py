@@ -10,6 +10,10 @@ it reached and every model variable. Environment knobs for the tests:
   names it in the ``checkpoint`` state file (its data and index files are written by
   then), printing ``STATE_UPDATE ckpt-<n>`` first: a window wide enough to kill the process
   mid-save on purpose.
+* ``FAULTS_SLOW_MERGE=<secs>``: from the second checkpoint on, sleep after the shards
+  are written to ``ckpt-<n>_temp/`` and before TensorFlow merges them into
+  ``ckpt-<n>.*``, printing ``MERGE ckpt-<n>`` first: killing the process then leaves the
+  ``_temp`` folder a save cut short leaves.
 * ``FAULTS_WARMUP=1``: train one step and print ``READY`` before the long run, so a
   test can signal the process while it is inside a compiled loop.
 """
@@ -48,6 +52,26 @@ def _slow_state_updates(seconds: float) -> None:
     checkpoint_management.update_checkpoint_state_internal = slow
 
 
+def _slow_merges(seconds: float) -> None:
+    """Widens the kill window between a save's shards and their merge."""
+    from tensorflow.python.checkpoint import functional_saver
+
+    io_ops = functional_saver.gen_io_ops
+    original = io_ops.merge_v2_checkpoints
+    merges: list[str] = []
+
+    def slow(checkpoint_prefixes: Any, destination_prefix: Any, *args: Any,
+             **kwargs: Any) -> Any:
+        named = os.path.basename(destination_prefix.numpy().decode())
+        merges.append(named)
+        print(f"MERGE {named}", flush=True)
+        if len(merges) > 1:
+            time.sleep(seconds)
+        return original(checkpoint_prefixes, destination_prefix, *args, **kwargs)
+
+    io_ops.merge_v2_checkpoints = slow
+
+
 def latest_step(work_dir: str) -> int:
     latest = tf.train.latest_checkpoint(work_dir) if os.path.isdir(work_dir) else None
     return int(latest.rsplit("-", 1)[1]) if latest else 0
@@ -56,6 +80,8 @@ def latest_step(work_dir: str) -> int:
 def train(work_dir: str, max_steps: str, steps_per_loop: str = "5") -> dict[str, Any]:
     if os.environ.get("FAULTS_SLOW_STATE"):
         _slow_state_updates(float(os.environ["FAULTS_SLOW_STATE"]))
+    if os.environ.get("FAULTS_SLOW_MERGE"):
+        _slow_merges(float(os.environ["FAULTS_SLOW_MERGE"]))
     start = latest_step(work_dir)
     x, y = flagship.digits(MODEL)
     est = flagship.estimator(MODEL, work_dir, steps_per_loop=int(steps_per_loop),

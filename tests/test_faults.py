@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -107,17 +108,27 @@ def test_killed_at_random_steps_the_run_still_ends_with_the_uninterrupted_weight
     _assert_same_weights(out, reference.result())
 
 
-def test_killed_mid_save_restarts_from_the_previous_complete_checkpoint(tmp_path):
+@pytest.mark.parametrize("window", ["before the state file", "before the merge"])
+def test_killed_mid_save_restarts_from_the_previous_complete_checkpoint(tmp_path, window):
     work = tmp_path / "run"
     reference = Trainer(tmp_path / "reference", 30)
-    trainer = Trainer(work, 30, FAULTS_SLOW_STATE="120")
-    trainer.wait_for("STATE_UPDATE ckpt-10")  # ckpt-10's files are written, not yet named
+    if window == "before the state file":  # ckpt-10's files written, not yet named
+        trainer = Trainer(work, 30, FAULTS_SLOW_STATE="120")
+        trainer.wait_for("STATE_UPDATE ckpt-10")
+    else:  # ckpt-10's shards in ckpt-10_temp/, not yet merged
+        trainer = Trainer(work, 30, FAULTS_SLOW_MERGE="120")
+        trainer.wait_for("MERGE ckpt-10")
     trainer.proc.send_signal(signal.SIGKILL)
     trainer.finish()
-    assert (work / "ckpt-10.index").exists()
+    leftover = work / ("ckpt-10.index" if window == "before the state file"
+                       else "ckpt-10_temp")
+    assert leftover.exists()
     assert _faults.latest_step(str(work)) == 5
-    out = _train(work, 30)
+    restart = Trainer(work, 30)
+    out = restart.result()
     assert out["start"] == 5 and out["step"] == 30
+    if window == "before the merge":  # the partial save is removed at the next start
+        assert not leftover.exists() and "ckpt-10_temp, the partial files" in restart.stderr
     _assert_same_weights(out, reference.result())
 
 
@@ -174,26 +185,52 @@ def _flip_bytes(path, count=16):
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("damage", ["flipped data bytes", "truncated index",
-                                    "missing data file"])
+DATA, INDEX = "ckpt-10.data-00000-of-00001", "ckpt-10.index"
+DAMAGES = {  # what is done to ckpt-10, and the file the warning must name
+    "flipped data bytes": (lambda work: _flip_bytes(work / DATA), DATA),
+    "data one byte short": (lambda work: _truncate(work / DATA, 1), DATA),
+    "empty data file": (lambda work: _truncate(work / DATA, None), DATA),
+    "missing data file": (lambda work: (work / DATA).unlink(), DATA),
+    "truncated index": (lambda work: _truncate(work / INDEX, 40, keep=True), INDEX),
+    "empty index": (lambda work: _truncate(work / INDEX, None), INDEX),
+    "missing index": (lambda work: (work / INDEX).unlink(), INDEX),
+}
+
+
+def _truncate(path, count, keep=False):
+    """Cuts `count` bytes off the end (keep=True: keeps only `count`); None: empties."""
+    raw = path.read_bytes()
+    path.write_bytes(b"" if count is None else raw[:count] if keep else raw[:-count])
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_with_a_warning(
         two_checkpoints, damage, caplog):
     work, at_five, data = two_checkpoints
-    if damage == "flipped data bytes":
-        _flip_bytes(work / "ckpt-10.data-00000-of-00001")
-    elif damage == "truncated index":
-        index = work / "ckpt-10.index"
-        index.write_bytes(index.read_bytes()[:40])
-    else:
-        (work / "ckpt-10.data-00000-of-00001").unlink()
+    spoil, named = DAMAGES[damage]
+    spoil(work)
     with caplog.at_level(logging.WARNING, logger="fenwicks"):
         est = _reopen(work, data)
     assert est.global_step == 5
     for got, want in zip(est.model.variables, at_five, strict=True):
         np.testing.assert_array_equal(np.asarray(got), want)
     assert "ckpt-10 is unreadable" in caplog.text and "ckpt-5" in caplog.text
-    assert (work / "ckpt-10.index.corrupt").exists()  # kept, not deleted
+    assert f"{work / named} is" in caplog.text  # the damaged file, by name
+    assert list(work.glob("ckpt-10.*.corrupt"))  # kept, not deleted
     assert tf.train.latest_checkpoint(str(work)).endswith("ckpt-5")
+
+
+def test_a_full_temp_dir_is_not_taken_for_damaged_checkpoints(two_checkpoints, small_disk,
+                                                              monkeypatch):
+    work, _, data = two_checkpoints
+    _fill(small_disk, leave_bytes=0)
+    monkeypatch.setattr(tempfile, "tempdir", str(small_disk))  # as TMPDIR=<tiny tmpfs>
+    before = sorted(os.listdir(work))
+    with pytest.raises(fw.train.ProbeWriteError, match=rf"{small_disk}.*This is not about "
+                                                       r"your checkpoints: nothing in the "
+                                                       r"work_dir was read, changed"):
+        _reopen(work, data)
+    assert sorted(os.listdir(work)) == before  # nothing set aside as corrupt
 
 
 def test_no_readable_checkpoint_is_a_clear_error_that_changes_nothing(two_checkpoints):

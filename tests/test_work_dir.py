@@ -1,0 +1,155 @@
+"""The work_dir is the model: cleaned or replaced between calls, read-only, given as a
+`pathlib.Path` or with ``~``. On the flagship mnist_net at width 4, on 8x8 digits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import fenwicks as fw
+from tests import _flagship as flagship
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return flagship.digits("mnist_net")
+
+
+def _estimator(work_dir, **kwargs):
+    return flagship.estimator("mnist_net", work_dir, steps_per_loop=5, **kwargs)
+
+
+def _fold_input(x, y, fold, folds=2):
+    """The training examples of every fold but `fold` (k-fold cross-validation)."""
+    keep = np.arange(flagship.NUM_TRAIN) % folds != fold
+    return flagship.train_input(x[:flagship.NUM_TRAIN][keep], y[:flagship.NUM_TRAIN][keep])
+
+
+def _values(est):
+    return [np.asarray(v) for v in est.model.variables]
+
+
+def _assert_same(got, want):
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_k_fold_loop_that_cleans_the_work_dir_trains_each_fold_from_scratch(
+        tmp_path, digits, caplog):
+    x, y = digits
+    work = str(tmp_path / "kfold")
+    est, steps = _estimator(work), []
+    for fold in range(2):  # the original Fenwicks' loop: clean, train, evaluate
+        fw.io.create_clean_dir(work)
+        with caplog.at_level(logging.WARNING, logger="fenwicks"):
+            est.train(_fold_input(x, y, fold), steps=10)
+        steps.append(est.global_step)
+    assert steps == [10, 10]  # not 20: the second fold did not continue the first
+    assert caplog.text.count("starting from a fresh initialisation") == 1
+    assert "no longer holds checkpoint" in caplog.text and "ckpt-10" in caplog.text
+    fresh = _estimator(str(tmp_path / "fresh"))  # fold 2 by an estimator of its own
+    fresh.train(_fold_input(x, y, 1), steps=10)
+    _assert_same(_values(est), _values(fresh))
+
+
+@pytest.mark.slow
+def test_checkpoints_replaced_by_another_runs_are_restored(tmp_path, digits):
+    x, y = digits
+    work, other_dir = tmp_path / "run", tmp_path / "other"
+    est = _estimator(str(work))
+    est.train(_fold_input(x, y, 0), steps=10)  # ckpt-10 of this run
+    other = _estimator(str(other_dir))
+    other.train(_fold_input(x, y, 1), steps=10)  # another run's ckpt-10: the same name
+    fw.io.create_clean_dir(str(work))
+    for path in other_dir.glob("ckpt-10.*"):
+        shutil.copy(path, work)
+    shutil.copy(other_dir / "checkpoint", work)
+    est.train(_fold_input(x, y, 1), steps=5)
+    other.train(_fold_input(x, y, 1), steps=5)
+    assert est.global_step == other.global_step == 15
+    _assert_same(_values(est), _values(other))
+
+
+# --------------------------------------------------------------------------- read-only
+
+
+@pytest.fixture
+def read_only_run(tmp_path, digits):
+    """A finished run on a tmpfs that is then remounted read-only (as /kaggle/input is).
+
+    Root ignores file permissions, so a read-only mount is how this is made real as root.
+    Yields the work_dir and what the run's own estimator evaluated and predicted.
+    """
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        message = f"cannot mount a tmpfs (needs root): {done.stderr.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    x, y = digits
+    try:
+        with _estimator(str(mount / "run")) as est:
+            est.train(flagship.train_input(x, y), steps=10)
+            expected = (est.evaluate(flagship.eval_input(x, y)),
+                        est.predict(flagship.eval_input(x, y)))
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        yield mount / "run", expected
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_a_read_only_work_dir_evaluates_predicts_and_exports(read_only_run, digits,
+                                                            tmp_path, caplog):
+    work, (evaluated, predicted) = read_only_run
+    x, y = digits
+    before = sorted(os.listdir(work))
+    est = _estimator(str(work))
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        result = est.evaluate(flagship.eval_input(x, y))
+        est.evaluate(flagship.eval_input(x, y))
+        probs = est.predict(flagship.eval_input(x, y))
+    assert result == evaluated and result["global_step"] == 10
+    np.testing.assert_array_equal(probs, predicted)
+    assert caplog.text.count("cannot write TensorBoard summaries") == 1  # one note
+    assert "never trained" not in caplog.text
+    export_dir = est.export_saved_model(tmp_path / "export")  # a pathlib.Path
+    assert os.path.exists(os.path.join(export_dir, "saved_model.pb"))
+    with pytest.raises(fw.train.WorkDirNotWritableError) as caught:
+        est.train(flagship.train_input(x, y), steps=1)
+    message = str(caught.value)
+    assert f"work_dir={str(work)!r} is not writable" in message and "\n" not in message
+    assert est.global_step == 10 and sorted(os.listdir(work)) == before
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def test_work_dir_export_dir_and_warm_start_accept_paths_and_expand_home(
+        tmp_path, digits, monkeypatch):
+    x, y = digits
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    est = _estimator(pathlib.Path("~/runs/digits"))
+    assert est.config.work_dir == str(tmp_path / "home" / "runs" / "digits")
+    est.train(flagship.train_input(x, y), steps=5)
+    assert (tmp_path / "home" / "runs" / "digits" / "ckpt-5.index").exists()
+    assert not (tmp_path / "~").exists()  # never a folder literally named '~'
+    warm = _estimator(str(tmp_path / "warm"), warm_start_from=pathlib.Path("~/runs/digits"))
+    warm.train(flagship.train_input(x, y), steps=1)
+    assert warm.warm_start_report["loaded"] and not warm.warm_start_report["not_loaded"]
+    assert fw.io.create_clean_dir("~/scratch") == str(tmp_path / "home" / "scratch")
+    assert fw.io.exists(pathlib.Path("~/scratch")) and not (tmp_path / "~").exists()
+    with pytest.raises(ValueError, match=r"work_dir=3 must be a local path"):
+        _estimator(3)
