@@ -1,0 +1,83 @@
+"""No silent wrong numbers, clear errors: bad evaluation data, an untrained model, one-hot
+labels for a sparse classifier, an input_fn without `params`. One trained flagship
+mnist_net (width 4, 8x8 digits) is shared by the module.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import fenwicks as fw
+from tests import _flagship as flagship
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    x, y = flagship.digits("mnist_net")
+    est = flagship.estimator("mnist_net", str(tmp_path_factory.mktemp("bad") / "run"))
+    est.train(flagship.train_input(x, y), steps=5)
+    return est, x[flagship.NUM_TRAIN:], y[flagship.NUM_TRAIN:]
+
+
+def _eval_fn(x, y):
+    return lambda params: fw.data.numpy_ds(x, y, params["batch_size"], training=False)
+
+
+def test_evaluation_data_with_a_label_out_of_range_is_an_error_with_the_count(trained):
+    est, x, y = trained
+    y = y.copy()
+    y[-3:] = [10, 12, -1]  # past the first batch: the up-front check cannot see them
+    with pytest.raises(ValueError, match=r"3 class label\(s\) outside \[0, 10\), of 773 "
+                                         r"examples"):
+        est.evaluate(_eval_fn(x, y))
+
+
+def test_evaluation_data_with_nan_features_is_an_error_with_the_count(trained):
+    est, x, y = trained
+    x = x.copy()
+    x[-1, 3, 3, 0], x[-2, 0, 0, 0] = np.nan, np.inf
+    with pytest.raises(ValueError, match=r"2 example\(s\) with NaN or infinite features, "
+                                         r"of 773 examples"):
+        est.evaluate(_eval_fn(x, y))
+    good = est.evaluate(_eval_fn(x[:-2], y[:-2]))  # the rest evaluates as before
+    assert good["num_examples"] == 771 and np.isfinite(good["loss"])
+
+
+def test_evaluating_or_predicting_without_a_checkpoint_warns_that_it_is_untrained(
+        tmp_path, trained, caplog):
+    _, x, y = trained
+    est = flagship.estimator("mnist_net", str(tmp_path / "empty"))
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        result = est.evaluate(_eval_fn(x, y))
+        est.predict(_eval_fn(x, None))
+    assert result["global_step"] == 0
+    assert caplog.text.count("a model that was never trained") == 2
+    assert str(tmp_path / "empty") in caplog.text
+    caplog.clear()
+    trained_est = trained[0]
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        trained_est.evaluate(_eval_fn(x, y))
+    assert "never trained" not in caplog.text
+
+
+def test_one_hot_labels_for_a_sparse_classifier_name_both_fixes(trained):
+    est, x, y = trained
+    one_hot = np.eye(10, dtype=np.float32)[y]
+    fn = lambda params: fw.data.numpy_ds(x, one_hot, params["batch_size"])  # noqa: E731
+    with pytest.raises(ValueError, match=r"labels have shape \[32, 10\], one-hot") as caught:
+        est.train(fn, steps=1)
+    assert "argmax" in str(caught.value)
+    assert "categorical_crossentropy" in str(caught.value)
+    assert est.global_step == 5  # nothing ran
+
+
+def test_an_input_fn_without_params_is_named(trained):
+    est, x, y = trained
+    for call in (lambda: est.train(lambda: fw.data.numpy_ds(x, y, 32), steps=1),
+                 lambda: est.evaluate(lambda: fw.data.numpy_ds(x, y, 32, training=False))):
+        with pytest.raises(ValueError, match=r"input_fn must take one argument, params "
+                                             r".*signature is <lambda>\(\)"):
+            call()
