@@ -15,8 +15,10 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from fenwicks.train import preemption
+from tests import _interrupts
 from tests.conftest import ROOT, run_module_json
 
 
@@ -200,3 +202,20 @@ def test_an_event_loops_wakeup_fd_still_gets_its_signals():
         signal.set_wakeup_fd(previous)
         os.close(read_end)
         os.close(write_end)
+
+
+@pytest.mark.slow
+def test_when_saving_is_slow_ctrl_c_says_what_was_not_saved(tmp_path):
+    est = _interrupts.estimator(str(tmp_path / "run"))
+    input_fn = _interrupts.new_input_fn()
+    est.train(input_fn, steps=3)  # ckpt-3
+    est._state.last_save_secs = 60.0  # as if each save took a minute (a slow bucket)
+    stop = _interrupts._train_until_interrupted(est, input_fn, past=10)
+    lost = stop["step"] - 3
+    assert not stop["saved"] and stop["saved_step"] == 3  # the work_dir is still at 3
+    assert (f"training interrupted at step {stop['step']}, not saved (the last checkpoint "
+            f"took 60 s to write; {lost} step(s) are only in memory)") in stop["message"]
+    assert stop["input_steps"] == stop["global_step"] == stop["step"]
+    est.train(input_fn, steps=1)  # the steps in memory are saved with the next ones
+    latest = tf.train.latest_checkpoint(str(tmp_path / "run"))
+    assert latest.endswith(f"ckpt-{stop['step'] + 1}")
