@@ -27,7 +27,7 @@ import tensorflow as tf
 import fenwicks as fw
 from fenwicks.train import lock
 from tests import _faults, _flagship
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_json
 
 pytestmark = pytest.mark.slow
 
@@ -231,6 +231,27 @@ def test_a_full_temp_dir_is_not_taken_for_damaged_checkpoints(two_checkpoints, s
                                                        r"work_dir was read, changed"):
         _reopen(work, data)
     assert sorted(os.listdir(work)) == before  # nothing set aside as corrupt
+
+
+def test_a_file_size_limit_is_not_taken_for_damaged_checkpoints(two_checkpoints):
+    """``ulimit -f``: the 20 kB probe cannot be written; the checkpoints are fine."""
+    work, _, _ = two_checkpoints
+    before = sorted(os.listdir(work))
+    out = run_json(f"""
+import json, resource
+import fenwicks as fw
+from tests import _flagship
+resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))  # as ulimit -f 10 (kB)
+x, y = _flagship.digits("mnist_net")
+try:
+    _flagship.estimator("mnist_net", {str(work)!r}).evaluate(_flagship.eval_input(x, y))
+    print(json.dumps(None))
+except Exception as err:
+    print(json.dumps([type(err).__name__, str(err)]))
+""")
+    assert out[0] == "ProbeWriteError" and "File too large" in out[1], out
+    assert "nothing in the work_dir was read, changed or set aside" in out[1]
+    assert sorted(os.listdir(work)) == before
 
 
 def test_no_readable_checkpoint_is_a_clear_error_that_changes_nothing(two_checkpoints):

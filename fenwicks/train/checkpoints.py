@@ -325,6 +325,13 @@ def diagnose(prefix: str) -> str:
         >>> diagnose('/run/ckpt-10')
         '/run/ckpt-10.data-00000-of-00001 is missing'
     """
+    try:
+        return _diagnose(prefix)
+    except tf.errors.OpError as err:  # the storage, not the files: say so, do not guess
+        return f"{prefix}'s files could not be examined ({_first_line(err)})"
+
+
+def _diagnose(prefix: str) -> str:
     index = prefix + ".index"
     if not tf.io.gfile.exists(index):
         return f"{index} is missing"
