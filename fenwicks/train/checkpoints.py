@@ -304,7 +304,8 @@ def restore_latest(root: tf.train.Checkpoint, work_dir: str,
         except CheckpointMismatchError:
             raise
         except _DAMAGE as err:
-            damaged.append((prefix, f"{diagnose(prefix)}; {_first_line(err)}"))
+            why, cause = diagnose(prefix), _first_line(err)
+            damaged.append((prefix, why if cause in why else f"{why}; {cause}"))
             continue
         if damaged:
             _set_aside(work_dir, damaged, prefix)
