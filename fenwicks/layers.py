@@ -272,7 +272,8 @@ class ConvBN(_Block):
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
         self._add(conv=keras.layers.Conv2D(
-                      self.c, self.kernel_size, strides=self.strides, padding="same", use_bias=False,
+                      self.c, self.kernel_size, strides=self.strides, padding="same",
+                      use_bias=False,
                       kernel_initializer=_initializer(self.kernel_initializer),
                       dtype=self.dtype_policy),
                   norm=_batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy),

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
+from fenwicks._removed import removed_error
+
 __all__ = [
     "compose",
     "cutout",
@@ -536,3 +538,20 @@ def get_fastai_transforms(h: int, w: int, training: bool,
                               p=p_affine),
             functools.partial(random_lighting, max_lighting=max_lighting, p=p_lighting),
             normalizer]
+
+
+_REMOVED = {
+    "tfm_fastai": "get_fastai_transforms(h, w, training=True) (a list of transforms)",
+    "fastai_transforms": "get_fastai_transforms(h, w, training=True)",
+    "get_inception_transforms": "random_crop_resize(x, size) then random_flip",
+    "random_rotate": "random_rotate_zoom(x, max_rotate=10, max_zoom=1.0, p=1.0)",
+    "random_zoom": "random_rotate_zoom(x, max_rotate=0, max_zoom=1.1, p=1.0)",
+    "random_dihedral": "tfm_random_flip(flip_vert=True)",
+    "tfm_central_crop": "a lambda around tf.image.central_crop",
+    "distort_color": "random_lighting",
+    "reverse_imagenet_normalize_tf": "lambda x: (x + 1) / 2",
+}
+
+
+def __getattr__(name: str) -> object:
+    raise removed_error("fenwicks.transform", name, _REMOVED)

@@ -17,6 +17,7 @@ folders, a CSV of labels or a test folder to TFRecords), `parsers`, `readers`
 `position` (where a resumed run's training input starts).
 """
 
+from fenwicks._removed import removed_error
 from fenwicks.data._checks import RecordError
 from fenwicks.data.arrays import numpy_ds
 from fenwicks.data.image_folders import (
@@ -71,3 +72,20 @@ __all__ = [
     "tfexample_numpy_image_parser",
     "tfrecord_ds",
 ]
+
+_REMOVED = {
+    "numpy_tfrecord_shards": "numpy_tfrecord(fn, X, y, num_shards=N)",
+    "data_dir_tfrecord_shards": "class_folders_tfrecord(data_dir, fn, num_shards=N)",
+    "data_dir_tfrecord_split": "data_dir_tfrecord(data_dir, fn, valid_fraction=0.2, "
+                               "valid_fn=...)",
+    "to_tfrecord_split": "data_dir_tfrecord(data_dir, fn, valid_fraction=, valid_fn=)",
+    "data_dir_re_tfrecord": "files_tfrecord(fn, paths, labels) with labels from your regex",
+    "tfexample_raw_parser": "get_tfexample_image_parser(tfms, has_label=...)",
+    "crossval_ds": "tfrecord_ds(..., n_folds=, val_fold_idx=)",
+    "numpy_tfexample": "numpy_tfrecord (it writes the records)",
+    "raw_image_tfexample": "image_example(image_bytes, label)",
+}
+
+
+def __getattr__(name: str) -> object:
+    raise removed_error("fenwicks.data", name, _REMOVED)

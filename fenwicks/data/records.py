@@ -128,7 +128,7 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
         fn: output path, local or ``gs://``. With ``num_shards > 1`` the files are
             ``fn-00000-of-0000N``...; read them all with the pattern ``fn + '*'``.
         X: examples ``[N, ...]`` (e.g. uint8 images ``[N, H, W, C]``).
-        y: integer class ids ``[N]``.
+        y: integer class ids ``[N]`` (or ``[N, 1]``, as ``keras.datasets`` gives them).
         num_shards: files to spread the examples over, round robin. Defaults to 1.
         overwrite: replace an earlier write to ``fn``. Defaults to False (refuse).
 
@@ -144,6 +144,9 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
         >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128)
     """
     X = check_features(X, "X")
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1:] == (1,) and y.dtype.kind in "iu":
+        y = y.reshape(-1)  # [N, 1] class ids, as keras.datasets.cifar10 gives them
     y = check_labels(y, len(X), "y")
     if y.dtype.kind == "f":
         raise ValueError(f"y has dtype {y.dtype}; numpy_tfrecord stores integer class ids")
