@@ -411,3 +411,48 @@ def test_tutorial5_flowers_kfold_calls(flower_dir, tmp_path):
     result = [train_eval_fold(0), train_eval_fold(1)]
     acc = [res['accuracy'] for res in result]
     assert all(0 <= a <= 1 for a in acc) and np.isfinite(np.mean([r['loss'] for r in result]))
+
+
+# ----------------------------------------------------------------- the guide stays true
+
+
+def _guide_rows() -> list[tuple[str, str]]:
+    path = os.path.join(os.path.dirname(__file__), "..", "tutorials", "PORTING.md")
+    with open(path, encoding="utf-8") as f:
+        rows = [line.split("|")[1:3] for line in f if line.startswith("| `")]
+    return [(left, right) for left, right in rows]
+
+
+def _fw_names(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"\bfw\.((?:[a-z_]+\.)?[A-Za-z_]+)(?![\w.])", text)
+
+
+def _resolve(dotted: str):
+    obj = fw
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def test_every_replacement_the_guide_names_exists():
+    names = {n for _, right in _guide_rows() for n in _fw_names(right)}
+    assert len(names) >= 15  # the regex found the table
+    missing = []
+    for name in sorted(names):
+        try:
+            _resolve(name)
+        except AttributeError:
+            missing.append(name)
+    assert not missing
+
+
+def test_every_original_name_the_guide_lists_works_or_names_its_replacement():
+    names = {n for left, _ in _guide_rows() for n in _fw_names(left)}
+    assert {"anim.show_input_func", "datasets.untar_data", "data.crossval_ds"} <= names
+    for name in sorted(names):
+        try:
+            _resolve(name)
+        except AttributeError as err:
+            assert "PORTING.md" in str(err), name
