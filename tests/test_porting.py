@@ -69,7 +69,7 @@ def flower_dir(tmp_path_factory):
     return str(root)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _fresh_keras():
     keras.backend.clear_session()  # layer names restart, as in a fresh notebook
 
@@ -157,6 +157,7 @@ def _mnist_net(n_classes, c=2, c_dense=8):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("_fresh_keras")
 def test_tutorial1_mnist_calls(tmp_path):
     from sklearn.datasets import load_digits
 
@@ -218,6 +219,7 @@ def _davidnet(n_classes, c=4, weight=0.125):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("_fresh_keras")
 def test_tutorial2_cifar10_calls(tmp_path):
     rng = np.random.default_rng(2)
     y_all = rng.integers(0, 3, (80, 1))  # [N, 1], as keras.datasets.cifar10 gives
@@ -277,6 +279,7 @@ def test_tutorial2_cifar10_calls(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("_fresh_keras")
 def test_tutorial3_kaggle_cifar10_calls(kaggle_archives, tmp_path, monkeypatch):
     root, rows = kaggle_archives
     monkeypatch.chdir(tmp_path)
@@ -355,6 +358,7 @@ def test_tutorial3_kaggle_cifar10_calls(kaggle_archives, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("_fresh_keras")
 def test_tutorial5_flowers_kfold_calls(flower_dir, tmp_path):
     data_dir, work_dir = fw.io.get_project_dirs(str(tmp_path), "tutorial5")
     # Offline stand-in for get_model(MODEL, ROOT_DIR): no download, a narrow MobileNetV2.
