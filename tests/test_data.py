@@ -709,3 +709,16 @@ def test_numpy_tfrecord_accepts_keras_style_n_by_1_labels(tmp_path):
     assert [int(y) for _, y in tf.data.TFRecordDataset(fn).map(_parser)] == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="shape"):
         fw.data.numpy_tfrecord(str(tmp_path / "e"), xs, np.zeros((5, 2), np.int64))
+
+
+def test_numpy_ds_k_folds_hold_out_every_n_th_example():
+    xs, _ = _images(11)
+    ys = np.arange(11)
+    held = [[int(v) for _, y in fw.data.numpy_ds(xs, ys, 4, training=False, n_folds=3,
+                                                  val_fold_idx=k) for v in y] for k in range(3)]
+    assert held == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8]]  # example i in fold i % 3
+    train = fw.data.numpy_ds(xs, ys, 2, training=True, n_folds=3, val_fold_idx=1, seed=0)
+    seen = {int(v) for _, y in train.take(8) for v in y}  # 16 draws, 2 epochs of 7
+    assert seen == {0, 2, 3, 5, 6, 8, 9}
+    with pytest.raises(ValueError, match="val_fold_idx=3"):
+        fw.data.numpy_ds(xs, ys, 2, n_folds=3, val_fold_idx=3)

@@ -12,7 +12,7 @@ import tensorflow as tf
 from fenwicks import accel
 from fenwicks import io as fw_io
 from fenwicks.data import epochs, pipeline, position
-from fenwicks.data._checks import RecordError, check_batch_size, pipeline_shard
+from fenwicks.data._checks import RecordError, check_batch_size, check_folds, pipeline_shard
 from fenwicks.data.scan import FileScan, scan_tfrecord
 
 logger = logging.getLogger("fenwicks")
@@ -187,19 +187,12 @@ def _fold_spec(files: list[str], n_folds: Any, val_fold_idx: Any,
                training: bool) -> Folds | None:
     """Validates the fold arguments; record offsets come from the (cached) file scans,
     over all files, so every input pipeline assigns a record to the same fold."""
-    if isinstance(n_folds, bool) or not isinstance(n_folds, (int, np.integer)) \
-            or n_folds < 1:
-        raise ValueError(f"n_folds={n_folds!r} must be a positive integer (1 = no folds)")
-    if isinstance(val_fold_idx, bool) or not isinstance(val_fold_idx, (int, np.integer)) \
-            or not 0 <= val_fold_idx < n_folds:
-        raise ValueError(f"val_fold_idx={val_fold_idx!r} must be an integer in "
-                         f"[0, n_folds={n_folds})")
-    if n_folds == 1:
+    if n_folds == 1 and val_fold_idx == 0:
         return None
     counts = [scan_tfrecord(f).records for f in files]
-    if sum(counts) < n_folds:
-        raise ValueError(f"n_folds={n_folds} but file_pattern has {sum(counts)} records; "
-                         "each fold needs at least one")
+    n_folds, val_fold_idx = check_folds(n_folds, val_fold_idx, sum(counts))
+    if n_folds == 1:
+        return None
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
     return Folds(offsets, int(n_folds), int(val_fold_idx), bool(training))
 
