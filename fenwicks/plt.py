@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from fenwicks._removed import removed_error
+
 # Bookkeeping an evaluation or a log row carries next to its metrics: never a curve.
 _NOT_CURVES = ("step", "epoch", "global_step", "num_examples")
 
@@ -558,3 +560,16 @@ __all__ = [
     "show_batch",
     "show_image_files",
 ]
+
+
+_REMOVED = {
+    "setup": "nothing: fw.plt draws matplotlib figures, which notebooks show inline",
+    "plot_scatter": "matplotlib directly (fw.plt functions return their Figure)",
+    "plot_df_counts": "plot_counts_pie(df[col]) or df[col].value_counts().plot.bar()",
+    "plot_pie_df": "plot_counts_pie(labels, class_names)",
+    "plot_counts_pie_df": "plot_counts_pie(df[col])",
+}
+
+
+def __getattr__(name: str) -> object:
+    raise removed_error("fenwicks.plt", name, _REMOVED)
