@@ -249,7 +249,8 @@ def random_crop_resize(x: tf.Tensor, size: int | Sequence[int],
         >>> fw.transform.random_crop_resize(tf.zeros([64, 48, 3]), 32).shape
         TensorShape([32, 32, 3])
     """
-    out_h, out_w = (size, size) if isinstance(size, int) else tuple(size)
+    out_h, out_w = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    out_h, out_w = int(out_h), int(out_w)
     if not 0 < scale[0] <= scale[1] <= 1:
         raise ValueError(f"scale={scale!r} must satisfy 0 < low <= high <= 1")
     if not 0 < ratio[0] <= ratio[1]:

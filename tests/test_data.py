@@ -722,3 +722,14 @@ def test_numpy_ds_k_folds_hold_out_every_n_th_example():
     assert seen == {0, 2, 3, 5, 6, 8, 9}
     with pytest.raises(ValueError, match="val_fold_idx=3"):
         fw.data.numpy_ds(xs, ys, 2, n_folds=3, val_fold_idx=3)
+
+
+def test_numpy_integers_are_accepted_for_sizes_and_counts(tmp_path):
+    xs, ys = _images(6)
+    fn = str(tmp_path / "d")
+    paths = fw.data.numpy_tfrecord(fn, xs, ys, num_shards=np.int64(2))
+    assert len(paths) == 2
+    h, w, c = (np.int64(v) for v in xs.shape[1:])  # e.g. from a memmap's shape
+    ds = fw.data.tfrecord_ds(fn + "*", lambda r: fw.data.tfexample_numpy_image_parser(
+        r, h, w, c), np.int64(3), training=False, shuffle_buf_sz=np.int32(4))
+    assert sorted(int(v) for _, y in ds for v in y) == list(ys)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 
-def _check_size(h, w, c) -> None:
+def _check_size(h, w, c) -> tuple[int, int, int]:
     for name, value in (("h", h), ("w", w), ("c", c)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer (pixels/channels)")
+    return int(h), int(w), int(c)  # NumPy integers (e.g. X.shape[1] of a memmap) too
 
 
 def _features(tfexample: tf.Tensor, numpy_meta: bool = False) -> dict[str, tf.Tensor]:
@@ -99,7 +101,7 @@ def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 
         >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
         >>> ds = fw.data.tfrecord_ds('/tmp/cifar/train*', parser, 128)
     """
-    _check_size(h, w, c)
+    h, w, c = _check_size(h, w, c)
     dtype = tf.as_dtype(dtype)
     features = _features(tfexample, numpy_meta=True)
     if tf.executing_eagerly():
@@ -135,7 +137,7 @@ def tfexample_image_parser(tfexample: tf.Tensor, h: int, w: int,
     Example:
         >>> parser = lambda r: fw.data.tfexample_image_parser(r, 224, 224)
     """
-    _check_size(h, w, c)
+    h, w, c = _check_size(h, w, c)
     features = _features(tfexample)
     image = tf.io.decode_image(features["image"], channels=c, expand_animations=False)
     image = tf.image.resize(image, [h, w], antialias=True)

@@ -44,8 +44,10 @@ def image_example(image: bytes, label: int) -> bytes:
 
 def shard_paths(fn: str, num_shards: int) -> list[str]:
     """The files a write to ``fn`` produces: ``fn`` itself, or ``fn-00000-of-00004``..."""
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) \
+            or num_shards < 1:
         raise ValueError(f"num_shards={num_shards!r} must be a positive integer")
+    num_shards = int(num_shards)
     if num_shards == 1:
         return [fn]
     return [f"{fn}-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
