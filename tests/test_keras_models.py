@@ -34,6 +34,7 @@ def test_model_func_builds_a_frozen_or_trainable_base():
     assert len(model.trainable_weights) == 1  # only the head's kernel
 
 
+@pytest.mark.slow  # ~5 s on a loaded machine: two MobileNetV2 builds
 def test_imagenet_weights_come_through_keras_get_file(tmp_path, monkeypatch):
     # Stand-in for the download on Colab: a weights file saved here, served by a
     # stand-in for keras' get_file (what keras.applications calls for weights='imagenet').
