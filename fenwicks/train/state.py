@@ -227,6 +227,11 @@ class RunState:
 
     def close(self) -> None:
         """Flushes and closes the summary writers."""
-        for writer in self._writers.values():
-            writer.close()
+        # This runs from a finalizer too, so at any moment: even while TensorFlow traces
+        # another estimator's tf.data function. init_scope runs the flush and close
+        # eagerly; otherwise they became ops of that function, which then failed with
+        # "Resource ... SummaryWriterInterface does not exist" once the writer was gone.
+        with tf.init_scope():
+            for writer in self._writers.values():
+                writer.close()
         self._writers.clear()
