@@ -4,7 +4,10 @@
 # without a TensorFlow extra, then `pip check`, `python -m fenwicks info`, the demo and
 # the fast tests. Prints one summary line per version at the end.
 #
-# Usage:  tools/tf_matrix.sh [VERSION ...]          (default: 2.20 2.21, the range's ends)
+# Usage:  tools/tf_matrix.sh [VERSION[+PACKAGE==X[+...]] ...]
+#         (default: 2.20 2.21, the range's ends). Packages after '+' are installed together
+#         with TensorFlow, before Fenwicks: e.g. 2.20+protobuf==5.28.3 is a machine whose
+#         TF 2.20 came with the oldest protobuf it allows, as a pinned image may have it.
 # Environment:
 #   TF_MATRIX_TESTS   pytest arguments (default: -m "not slow"), e.g.
 #                     TF_MATRIX_TESTS="tests/test_accel.py tests/test_package.py"
@@ -29,15 +32,16 @@ STATUS=0
 log() { printf '[tf_matrix %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 run_version() {
-  local version="$1" dir="$BASE/tf-$1" venv line ok=1
+  local spec="$1" version="${1%%+*}" extra=() dir="$BASE/tf-$1" venv line ok=1
+  [ "$spec" != "$version" ] && IFS=+ read -r -a extra <<<"${spec#*+}"
   venv="$dir/venv"
   mkdir -p "$dir"
   log "TF $version: venv in $venv"
   "$PY" -m venv "$venv" || { SUMMARY+=("tf $version: venv failed"); return 1; }
   local pip="$venv/bin/pip" python="$venv/bin/python"
   "$pip" install -q --upgrade pip >/dev/null 2>&1
-  log "TF $version: pip install $DIST==$version.*"
-  if ! "$pip" install -q "$DIST==$version.*" >"$dir/install-tf.log" 2>&1; then
+  log "TF $version: pip install $DIST==$version.* ${extra[*]}"
+  if ! "$pip" install -q "$DIST==$version.*" "${extra[@]}" >"$dir/install-tf.log" 2>&1; then
     SUMMARY+=("tf $version: installing $DIST failed (see $dir/install-tf.log)"); return 1
   fi
   "$pip" freeze --exclude-editable | sort >"$dir/before.txt"
@@ -85,7 +89,8 @@ run_version() {
             | sed 's/=//g; s/^ *//; s/ *$//')
   if [ $rc -eq 0 ]; then tests="${summary:-passed} (wall $((t1 - t0)) s)"; else
     tests="FAILED: ${summary:-exit $rc} (see $dir/tests.log)"; ok=0; fi
-  line="tf $tf_version | pip check $check | upgraded by fenwicks: ${changed:-none}"
+  line="tf $tf_version${extra[*]:+ (with ${extra[*]})} | pip check $check"
+  line+=" | upgraded by fenwicks: ${changed:-none}"
   line+=" | info $info | demo $demo | tests $tests"
   SUMMARY+=("$line")
   if [ "${TF_MATRIX_KEEP:-0}" != 1 ]; then rm -rf "$venv"; fi
