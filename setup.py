@@ -51,6 +51,7 @@ setup(
             "nbformat>=5.9",
             "ipykernel>=6",
             "ruff>=0.5",
+            "py7zr>=0.20",  # fw.io.unzip of Kaggle's .7z archives (tests/test_io.py)
         ],
     },
     entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},
