@@ -58,3 +58,4 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     one_cycle_momentum,
     piecewise_linear,
 )
+from fenwicks.train.state import StorageUnavailableError  # noqa: E402, F401
