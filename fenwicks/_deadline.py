@@ -187,10 +187,10 @@ def _in_thread(fn, args, kwargs, what: str, path: str, seconds: float):
         with _lock:
             _running.append(thread)
         raise StorageTimeoutError(
-            f"{what} of {path} did not finish within {seconds:.0f} s: Google Cloud Storage "
-            f"is not answering (TensorFlow's client kept retrying). The call goes on in the "
-            f"background until its own retries end. Check the network and the bucket; "
-            f"{DEADLINE_ENV} sets this deadline")
+            f"{what} of {path} got no answer from Google Cloud Storage within "
+            f"{seconds:.0f} s. (The call goes on in the background until TensorFlow's "
+            f"own retries end.) Check the network and the bucket; {DEADLINE_ENV} sets "
+            "this deadline")
     if "error" in box:
         raise box["error"]
     logger.debug("fenwicks: %s of %s took %.2f s", what, path, time.monotonic() - start)

@@ -190,10 +190,12 @@ class RunState:
                           best_effort=True, attempt_in_outage=True)
 
     def _unavailable(self, err: BaseException) -> StorageUnavailableError:
-        last = self.last_good_checkpoint
+        last, cause = self.last_good_checkpoint, err
+        while cause.__cause__ is not None:  # the storage error itself, not its wrappers
+            cause = cause.__cause__
         return StorageUnavailableError(
             f"storage of work_dir={self.config.work_dir!r} stopped answering at step "
-            f"{self.global_step} ({type(err).__name__}: {checkpoints._first_line(err)}). "
+            f"{self.global_step} ({checkpoints._first_line(cause).split('. ')[0]}). "
             f"The last good checkpoint is {last or 'none: nothing was saved yet'}. When "
             "storage answers again, call train() again: it continues from there "
             "(a new process resumes from that checkpoint, exactly)", last)
