@@ -29,6 +29,7 @@ from tests import _fault_proxy as proxy
 # Requests for checkpoint objects: data, index, the temp dir and the state file.
 CHECKPOINT_OBJECTS = "ckpt-|checkpoint"
 UPLOADS = ("POST", "PUT")
+_last_error: list[BaseException] = []  # the exceptions `_phase` caught, newest last
 
 
 def _phase(action, rules: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -251,9 +252,6 @@ def outage(work_dir: str, fault: str, seconds: str) -> dict[str, Any]:
     return outcome
 
 
-_last_error: list[BaseException] = []
-
-
 def _error_of(outcome: dict[str, Any]) -> BaseException | None:
     return _last_error[-1] if outcome["error"] and _last_error else None
 
@@ -285,7 +283,12 @@ def main() -> None:
         for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING",
                      "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
             os.environ.pop(name, None)
-    print(json.dumps(SCENARIOS[scenario](*args)))
+    print(json.dumps(SCENARIOS[scenario](*args)), flush=True)
+    if scenario == "outage":
+        # A call abandoned at its deadline may still be inside TensorFlow's client; if it
+        # returns to Python while the interpreter shuts down, the process aborts
+        # ("FATAL: exception not rethrown"). The report is out: leave at once.
+        os._exit(0)
 
 
 if __name__ == "__main__":
