@@ -188,9 +188,8 @@ def _in_thread(fn, args, kwargs, what: str, path: str, seconds: float):
             _running.append(thread)
         raise StorageTimeoutError(
             f"{what} of {path} got no answer from Google Cloud Storage within "
-            f"{seconds:.0f} s. (The call goes on in the background until TensorFlow's "
-            f"own retries end.) Check the network and the bucket; {DEADLINE_ENV} sets "
-            "this deadline")
+            f"{seconds:.0f} s ({DEADLINE_ENV}); the call goes on in the background until "
+            "TensorFlow's own retries end. Check the network and the bucket")
     if "error" in box:
         raise box["error"]
     logger.debug("fenwicks: %s of %s took %.2f s", what, path, time.monotonic() - start)

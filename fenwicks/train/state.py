@@ -191,11 +191,12 @@ class RunState:
 
     def _unavailable(self, err: BaseException) -> StorageUnavailableError:
         last, cause = self.last_good_checkpoint, err
-        while cause.__cause__ is not None:  # the storage error itself, not its wrappers
+        while (cause.__cause__ is not None  # the innermost error of ours names the path
+               and type(cause.__cause__).__module__.startswith("fenwicks")):
             cause = cause.__cause__
         return StorageUnavailableError(
             f"storage of work_dir={self.config.work_dir!r} stopped answering at step "
-            f"{self.global_step} ({checkpoints._first_line(cause).split('. ')[0]}). "
+            f"{self.global_step} ({checkpoints._first_line(cause).split('. The ')[0]}). "
             f"The last good checkpoint is {last or 'none: nothing was saved yet'}. When "
             "storage answers again, call train() again: it continues from there "
             "(a new process resumes from that checkpoint, exactly)", last)
