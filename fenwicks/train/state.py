@@ -196,7 +196,7 @@ class RunState:
             cause = cause.__cause__
         return StorageUnavailableError(
             f"storage of work_dir={self.config.work_dir!r} stopped answering at step "
-            f"{self.global_step} ({checkpoints._first_line(cause).split('. The ')[0]}). "
+            f"{self.global_step} ({checkpoints._first_line(cause).split('. The previous')[0]}). "
             f"The last good checkpoint is {last or 'none: nothing was saved yet'}. When "
             "storage answers again, call train() again: it continues from there "
             "(a new process resumes from that checkpoint, exactly)", last)
