@@ -9,7 +9,10 @@ TensorFlow is present.
 
 from setuptools import find_packages, setup
 
-TF = "tensorflow>=2.16"  # 2.16 is the first release with Keras 3
+# The supported range, each end tested by tools/tf_matrix.sh: 2.20 is Kaggle's TPU pin and
+# the newest tensorflow-tpu; 2.21 the newest release. Raise the ceiling after running the
+# matrix on the new release, not before.
+TF_RANGE = ">=2.20,<2.22"
 
 setup(
     name="fenwicks",
@@ -28,15 +31,16 @@ setup(
         "importlib_resources>=5",
         "numpy>=1.24",
         "gcsfs>=2024.2",
-        "tensorboard>=2.16",
+        "tensorboard>=2.20",
         "tqdm>=4.60",
         "matplotlib>=3.7",
     ],
     extras_require={
         # Exactly one of these on a machine without TensorFlow; none on Colab / TPU VMs.
-        "tensorflow": [TF],
-        "cpu": ["tensorflow-cpu>=2.16"],
-        "gpu": ["tensorflow[and-cuda]>=2.16"],
+        "tensorflow": [f"tensorflow{TF_RANGE}"],
+        "cpu": [f"tensorflow-cpu{TF_RANGE}"],
+        "gpu": [f"tensorflow[and-cuda]{TF_RANGE}"],
+        "tpu": [f"tensorflow-tpu{TF_RANGE}"],  # Colab TPU v5e-1, a TPU VM without TF
         "demo": ["scikit-learn>=1.2"],
         "test": [
             "pytest>=8",
@@ -47,6 +51,7 @@ setup(
             "nbformat>=5.9",
             "ipykernel>=6",
             "ruff>=0.5",
+            "py7zr>=0.20",  # fw.io.unzip of Kaggle's .7z archives (tests/test_io.py)
         ],
     },
     entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},

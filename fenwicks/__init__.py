@@ -9,9 +9,11 @@ connection and imports nothing of Colab or Kaggle: detection runs on first use.
 
 import importlib
 
-from fenwicks import _tf_check
+from fenwicks import _deadline, _tf_check
 
 _tf_check.require_tensorflow()
+# TensorFlow reads its GCS retry and timeout settings once, when it is imported.
+_deadline.configure_tensorflow()
 
 from fenwicks import (  # noqa: E402  (after the TensorFlow check, on purpose)
     accel,

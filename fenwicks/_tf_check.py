@@ -1,30 +1,71 @@
-"""A clear message when no TensorFlow is installed (it is an extra, not a dependency)."""
+"""A clear message when no TensorFlow is installed (it is an extra, not a dependency).
+
+The message names the extra for this machine: ``tpu`` where libtpu is installed (a TPU
+VM: Colab TPU, Kaggle TPU), ``gpu`` where an NVIDIA GPU is present, else ``cpu``.
+"""
+
+from __future__ import annotations
 
 import importlib.util
+import warnings
 
-MIN_VERSION = (2, 16)
+# The supported range, kept green by tools/tf_matrix.sh; setup.py and the README agree.
+MIN_VERSION = (2, 20)
+MAX_TESTED = (2, 21)
+DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly",
+                 "tensorflow-macos", "tensorflow-intel")
 
-_INSTALL_HINT = (
-    "Fenwicks needs TensorFlow >= 2.16 (Keras 3) and does not install it itself, so that it "
-    "never replaces the TensorFlow your machine ships (Colab: tensorflow, TPU VM: "
-    "tensorflow-tpu). On a machine without one: pip install 'fenwicks[cpu]' (CPU only), "
-    "'fenwicks[gpu]' (NVIDIA GPUs) or 'fenwicks[tensorflow]'."
-)
+_WHY = ("Fenwicks needs TensorFlow 2.20 or 2.21 and does not install it itself, so that it "
+        "never replaces the TensorFlow your machine ships (Colab GPU/CPU: tensorflow, "
+        "Kaggle TPU: tensorflow-tpu 2.20).")
+
+
+def suggested_extra() -> tuple[str, str]:
+    """The extra to install on this machine and why: ('tpu'|'gpu'|'cpu', reason)."""
+    from fenwicks import accel  # imports no TensorFlow
+
+    if accel.libtpu_present():
+        return "tpu", "libtpu is installed, so this is a TPU VM"
+    evidence = accel.nvidia_device_evidence()
+    if evidence:
+        return "gpu", f"an NVIDIA GPU is present ({evidence})"
+    return "cpu", "no TPU (libtpu) and no NVIDIA GPU was found"
+
+
+def install_hint() -> str:
+    """The advice `require_tensorflow` gives, naming this machine's extra first."""
+    extra, reason = suggested_extra()
+    return (f"{_WHY} On this machine {reason}: pip install 'fenwicks[{extra}]' (from a "
+            f"clone: pip install -e '.[{extra}]'). The extras are tpu (tensorflow-tpu), "
+            "gpu (tensorflow[and-cuda]), cpu (tensorflow-cpu) and tensorflow.")
+
+
+def _version(numbers: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in numbers.split(".")[:2] if p.isdigit())
 
 
 def require_tensorflow() -> None:
-    """Raises ImportError with install advice if TensorFlow is absent or too old."""
+    """Raises ImportError with install advice if TensorFlow is absent or too old.
+
+    A TensorFlow newer than the tested range imports with a warning.
+
+    Example:
+        >>> require_tensorflow()      # silent where TensorFlow 2.20 or 2.21 is installed
+    """
     if importlib.util.find_spec("tensorflow") is None:
-        raise ImportError(_INSTALL_HINT)
+        raise ImportError(install_hint())
     from importlib import metadata
 
-    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly",
-                 "tensorflow-macos", "tensorflow-intel"):
+    for dist in DISTRIBUTIONS:
         try:
             version = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-        numbers = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-        if numbers < MIN_VERSION:
-            raise ImportError(f"{dist} {version} is installed. {_INSTALL_HINT}")
+        if _version(version) < MIN_VERSION:
+            raise ImportError(f"{dist} {version} is installed, older than 2.20. "
+                              f"{install_hint()}")
+        if _version(version) > MAX_TESTED:
+            warnings.warn(f"{dist} {version} is newer than the TensorFlow versions "
+                          "Fenwicks is tested with (2.20 and 2.21); if something fails, "
+                          "tools/tf_matrix.sh checks a version", stacklevel=3)
         return

@@ -6,6 +6,13 @@ environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``, ``cpu``, ``cpu:8``) 
 ``cpu:N`` splits the CPU into N logical devices under `MirroredStrategy`: the TPU-like test
 mode, since it behaves like N cores sharing one global batch.
 
+A device that is present but unusable is never a silent CPU run: a TPU on this machine
+that cannot be initialised (held by another process, a libtpu mismatch) or an NVIDIA GPU
+that TensorFlow does not list (the CPU-only wheel, a CUDA/cuDNN mismatch) is a warning
+(`AcceleratorWarning` and a ``logging`` warning) naming the device, the original error,
+the fix and what was chosen instead; it is kept in `Accelerator.warnings` for `fw.info()`.
+``FENWICKS_DEVICE=tpu`` or ``gpu`` then fails with the same cause.
+
 This module imports nothing of fenwicks; every higher layer builds on it.
 """
 
@@ -17,6 +24,9 @@ import json
 import logging
 import os
 import re
+import shutil
+import subprocess
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +40,10 @@ _DEVICE_RE = re.compile(r"^(auto|tpu|gpu|cpu)(?::([0-9]+))?$")
 
 class AcceleratorError(RuntimeError):
     """The requested accelerator is absent, or configuration came too late."""
+
+
+class AcceleratorWarning(UserWarning):
+    """A TPU or GPU is present but unusable; the message says why, the fix, and what runs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +64,8 @@ class Accelerator:
         simulated: True under ``cpu:N`` with N > 1 (logical CPU devices).
         reason: why this accelerator, in words, for `fw.info()` and logs: who chose
             (auto-detection, ``FENWICKS_DEVICE`` or `configure`) and what was found.
+        warnings: devices that are present but could not be used, each with the original
+            error, the fix and what was chosen instead (empty when nothing was skipped).
     """
 
     kind: str
@@ -62,6 +78,7 @@ class Accelerator:
     num_workers: int = 1
     simulated: bool = False
     reason: str = ""
+    warnings: tuple[str, ...] = ()
 
     @property
     def compute_dtype(self) -> str:
@@ -189,13 +206,100 @@ def _effective_request(env: Mapping[str, str]) -> _Request:
 # --------------------------------------------------------------------------- detection
 
 
+_LIBTPU_FILES = ("/lib/libtpu.so", "/usr/lib/libtpu.so", "/usr/local/lib/libtpu.so")
+_NVIDIA_PATHS = ("/proc/driver/nvidia", "/dev/nvidia0")
+_TPU_DEVICE_RE = re.compile(r"^/dev/(accel[0-9]+|vfio/.*)$")
+
+
+def libtpu_present() -> bool:
+    """True if libtpu is installed: the mark of a TPU VM (Kaggle, Colab TPU, Cloud).
+
+    Needs no TensorFlow; ``import fenwicks`` uses it to name the ``tpu`` extra.
+
+    Example:
+        >>> fw.accel.libtpu_present()
+        False
+    """
+    if importlib.util.find_spec("libtpu") is not None:
+        return True
+    return any(os.path.exists(path) for path in _LIBTPU_FILES)
+
+
+def nvidia_device_evidence() -> str | None:
+    """What shows an NVIDIA GPU on this machine, or None: a driver entry, a device file, or
+    ``nvidia-smi -L`` listing a GPU. Needs no TensorFlow.
+
+    Example:
+        >>> fw.accel.nvidia_device_evidence()      # on a Colab T4 runtime
+        'nvidia-smi lists GPU 0: Tesla T4 (UUID: GPU-...)'
+    """
+    for path in _NVIDIA_PATHS:
+        if os.path.exists(path):
+            return f"{path} exists"
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = [line.strip() for line in listed.stdout.splitlines()
+            if line.strip().startswith("GPU ")]
+    return f"nvidia-smi lists {gpus[0]}" if listed.returncode == 0 and gpus else None
+
+
 class _TFProbe:
     """The side-effecting half of detection. Tests substitute a fake with the same methods."""
 
     def has_libtpu(self) -> bool:
-        if importlib.util.find_spec("libtpu") is not None:
-            return True
-        return os.path.exists("/lib/libtpu.so") or os.path.exists("/usr/lib/libtpu.so")
+        return libtpu_present()
+
+    def nvidia_evidence(self) -> str | None:
+        return nvidia_device_evidence()
+
+    def tpu_holders(self) -> list[str]:
+        """Other processes with a TPU device (/dev/accel*, /dev/vfio/*) open."""
+        holders = []
+        try:
+            pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+        except OSError:
+            return []
+        for pid in pids:
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                if not any(_TPU_DEVICE_RE.match(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                           for fd in fds):
+                    continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:  # the process ended, or is not ours to inspect
+                continue
+            holders.append(f"pid {pid} ({command[:80] or '?'})")
+        return holders
+
+    def tf_build(self) -> dict[str, Any]:
+        """How the installed TensorFlow was built: is_cuda_build, cuda_version, cudnn_version."""
+        import tensorflow as tf
+
+        info = dict(tf.sysconfig.get_build_info())
+        return {"is_cuda_build": bool(info.get("is_cuda_build")),
+                "cuda_version": info.get("cuda_version"),
+                "cudnn_version": info.get("cudnn_version")}
+
+    def cuda_load_error(self, build: Mapping[str, Any]) -> str | None:
+        """The loader's error for the first CUDA library TensorFlow needs and cannot open."""
+        import ctypes
+
+        cuda = str(build.get("cuda_version") or "").split(".")[0]
+        cudnn = str(build.get("cudnn_version") or "").split(".")[0]
+        names = ["libcuda.so.1"] + ([f"libcudart.so.{cuda}"] if cuda else []) \
+            + ([f"libcudnn.so.{cudnn}"] if cudnn else [])
+        for name in names:
+            try:
+                ctypes.CDLL(name)
+            except OSError as err:
+                return str(err)
+        return None
 
     def tpu_strategy(self, tpu: str) -> tuple[Any, Any]:
         """Connects to a TPU ('local' or a gRPC address); returns (resolver, strategy)."""
@@ -281,13 +385,14 @@ def detect(request: _Request, probe: Any, env: Mapping[str, str] | None = None) 
     """
     env = os.environ if env is None else env
     wanted = request.device
+    unusable: list[str] = []  # devices present but unusable: "<device, error, fix>"
     steps: list[Callable[[], Accelerator | None]] = []
     if wanted in ("auto", "tpu"):
-        steps += [lambda: _try_tpu_vm(probe), lambda: _try_tpu_node(probe, env)]
+        steps += [lambda: _try_tpu_vm(probe, unusable), lambda: _try_tpu_node(probe, env)]
     if wanted == "auto":
         steps.append(lambda: _try_multi_worker(probe, env))
     if wanted in ("auto", "gpu"):
-        steps.append(lambda: _try_gpu(probe, request.replicas, wanted == "auto"))
+        steps.append(lambda: _try_gpu(probe, request.replicas, wanted == "auto", unusable))
     if wanted in ("auto", "cpu"):
         steps.append(lambda: _cpu(probe, request.replicas or 1, wanted == "auto"))
     for step in steps:
@@ -295,21 +400,86 @@ def detect(request: _Request, probe: Any, env: Mapping[str, str] | None = None) 
         if found is not None:
             # Read after the label "chosen by": "auto-detection: no TPU or GPU was found..."
             reason = f"{request.source}: {found.reason}"
-            return _with_precision(dataclasses.replace(found, reason=reason),
-                                   request.precision, probe)
+            found = _with_precision(dataclasses.replace(found, reason=reason),
+                                    request.precision, probe)
+            notes = tuple(f"{problem} Fenwicks chose {_describe(found)} instead."
+                          for problem in unusable)
+            for note in notes:
+                logger.warning("fenwicks: %s", note)
+                warnings.warn(note, AcceleratorWarning, stacklevel=2)
+            return dataclasses.replace(found, warnings=notes)
+    if unusable:  # FENWICKS_DEVICE=tpu|gpu: the device is there but failed; say why
+        raise AcceleratorError(
+            f"device={wanted!r} was requested ({request.source}) but cannot be used: "
+            + " ".join(unusable))
     raise AcceleratorError(
         f"device={wanted!r} was requested but no {wanted.upper()} was found; "
         f"check the runtime type (Colab: Runtime > Change runtime type), or use "
         f"{DEVICE_ENV}=auto to fall back to what is present")
 
 
-def _try_tpu_vm(probe: Any) -> Accelerator | None:
+def _describe(acc: Accelerator) -> str:
+    """'the CPU (1 replica, float32)' for the "chosen instead" part of a warning."""
+    name = {"tpu": "the TPU", "gpu": "the GPU", "cpu": "the CPU"}[acc.kind]
+    return (f"{name} ({acc.num_replicas} replica{'s' if acc.num_replicas > 1 else ''}, "
+            f"{acc.precision})")
+
+
+def _tpu_unusable(probe: Any, err: BaseException) -> str:
+    """The warning for a TPU VM whose TPU did not initialise: error, holders and fix."""
+    try:
+        holders = probe.tpu_holders()
+    except Exception:  # noqa: BLE001 - naming holders is a courtesy, never a failure
+        holders = []
+    held = (f" It is held by {', '.join(holders)}." if holders else "")
+    return (f"a TPU is on this machine (libtpu is installed) but could not be initialised: "
+            f"{type(err).__name__}: {_first_line(err)}.{held} Fix: restart the runtime "
+            "(Colab/Kaggle: Runtime > Restart session) so that no other process or kernel "
+            "holds the TPU, or end the process holding /dev/accel* or /dev/vfio/* (find "
+            "it with `lsof -w /dev/accel* /dev/vfio/*`, then `kill <pid>`); if the error "
+            "names a version, reinstall matching TensorFlow and libtpu with "
+            "pip install 'fenwicks[tpu]'.")
+
+
+def _gpu_unusable(probe: Any, evidence: str) -> str:
+    """The warning for an NVIDIA GPU that TensorFlow does not list: the cause and fix."""
+    cause = "TensorFlow's build information is empty"
+    try:
+        build = probe.tf_build()
+    except Exception as err:  # noqa: BLE001
+        build, cause = {}, f"TensorFlow's build information is unreadable ({err})"
+    if build and not build.get("is_cuda_build"):
+        return (f"an NVIDIA GPU is on this machine ({evidence}) but TensorFlow lists no "
+                "GPU: the installed TensorFlow is built without CUDA (the CPU-only wheel, "
+                "e.g. tensorflow-cpu). Fix: pip uninstall -y tensorflow-cpu, then "
+                "pip install 'fenwicks[gpu]' (tensorflow[and-cuda]), and restart.")
+    if build:
+        wants = (f"CUDA {build.get('cuda_version')} and cuDNN {build.get('cudnn_version')}")
+        try:
+            error = probe.cuda_load_error(build)
+        except Exception as err:  # noqa: BLE001
+            error = str(err)
+        cause = (f"TensorFlow was built for {wants}, and "
+                 + (f"loading them failed: {error}" if error else
+                    "they load, so the driver is likely too old for them"))
+    return (f"an NVIDIA GPU is on this machine ({evidence}) but TensorFlow lists no GPU: "
+            f"{cause}. Fix: match the CUDA and cuDNN versions to TensorFlow's, e.g. "
+            "pip install 'fenwicks[gpu]' (tensorflow[and-cuda] brings matching CUDA "
+            "libraries) and update the NVIDIA driver if it is older, then restart.")
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else "(no message)"
+
+
+def _try_tpu_vm(probe: Any, unusable: list[str]) -> Accelerator | None:
     if not probe.has_libtpu():
         return None
     try:
         resolver, strategy = probe.tpu_strategy("local")
-    except Exception as err:  # noqa: BLE001 - libtpu without a TPU, or a busy TPU
-        logger.info("fenwicks: libtpu is installed but no local TPU answered: %s", err)
+    except Exception as err:  # noqa: BLE001 - a busy TPU, a libtpu mismatch: say so loudly
+        unusable.append(_tpu_unusable(probe, err))
         return None
     return _tpu(strategy, resolver, remote=False,
                 reason="a TPU on this machine answered (a TPU VM, libtpu installed)")
@@ -326,8 +496,10 @@ def _try_tpu_node(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
         resolver, strategy = probe.tpu_strategy(address)
     except Exception as err:  # noqa: BLE001
         raise AcceleratorError(
-            f"{source}={env[source]!r} is set but the TPU there did not answer ({err}); "
-            f"check the address, or unset {source} to use another device") from err
+            f"{source}={env[source]!r} is set but the TPU there did not answer "
+            f"({type(err).__name__}: {_first_line(err)}); check the address (Colab: "
+            f"Runtime > Restart session if another notebook holds it), or unset {source} "
+            "to use another device") from err
     return _tpu(strategy, resolver, remote=True,
                 reason=f"{source} is set and the TPU node there answered (a TPU reached "
                        "over the network: it reads and writes only gs://)")
@@ -366,9 +538,13 @@ def _try_multi_worker(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
                               f"{task.get('index')} of {len(workers)} workers training together")
 
 
-def _try_gpu(probe: Any, replicas: int | None, auto: bool = True) -> Accelerator | None:
+def _try_gpu(probe: Any, replicas: int | None, auto: bool = True,
+             unusable: list[str] | None = None) -> Accelerator | None:
     gpus = probe.gpus()
     if not gpus:
+        evidence = probe.nvidia_evidence()
+        if evidence and unusable is not None:
+            unusable.append(_gpu_unusable(probe, evidence))
         return None
     if replicas is not None and replicas > len(gpus):
         raise AcceleratorError(

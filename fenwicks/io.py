@@ -13,6 +13,10 @@ Every ``gs://`` operation first checks that credentials exist (`fw.gcs.check_cre
 so that a machine without them gets a clear error at once instead of minutes of retries.
 With ``STORAGE_EMULATOR_HOST`` set, gcsfs talks to that emulator anonymously.
 
+Every ``gs://`` call first checks, once per bucket, that the bucket exists: a missing
+one is a `BucketNotFoundError` within seconds (TensorFlow's ``makedirs`` would otherwise
+ask again forever).
+
 Storage faults. Both GCS clients retry what is transient (HTTP 408, 429, 5xx, a dropped
 or timed-out connection), then fail:
 
@@ -22,11 +26,14 @@ or timed-out connection), then fail:
   byte from the server, so a stalled server fails within ~7 minutes, not gcsfs's default
   5 minutes per attempt. Then `TransferError` names the source and destination; a
   repeated call sends only what is missing (objects appear whole or not at all).
-* TensorFlow's client (``tf.io.gfile``, checkpoints, TFRecords, summaries): 10 retries
-  waiting 1, 2, 4 ... 32 s (about 3.2 minutes per request), 60 s idle timeout per
-  request. Set before TensorFlow is imported, ``GCS_RETRY_CONFIG_MAX_RETRIES``,
-  ``GCS_RETRY_CONFIG_INIT_DELAY_TIME_US``, ``GCS_RETRY_CONFIG_MAX_DELAY_TIME_US`` and
-  ``GCS_REQUEST_IDLE_TIMEOUT_SECS`` change that; Fenwicks leaves them to the user.
+* TensorFlow's client (``tf.io.gfile``, checkpoints, TFRecords, summaries): Fenwicks
+  sets its defaults at ``import fenwicks`` (TensorFlow reads them when it is imported):
+  6 retries waiting 1, 2, 4, 8, 16, 16 s, and 20 s to connect or without progress per
+  attempt (``FENWICKS_GCS_REQUEST_TIMEOUT``). ``GCS_*`` variables the user set win.
+* Every ``gs://`` call of Fenwicks' own (these functions, checkpoints, the work_dir
+  lock, summaries) ends within 90 s (``FENWICKS_GCS_DEADLINE``) with
+  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults
+  (see ``fenwicks/_deadline.py``).
 """
 
 from __future__ import annotations
@@ -38,13 +45,15 @@ import posixpath
 import shutil
 from typing import Any
 
-from fenwicks import gcs
+from fenwicks import _deadline, gcs
+from fenwicks._deadline import StorageTimeoutError
 
 GCS_PREFIX = "gs://"
 ROOT_ENV = "FENWICKS_ROOT"
 BUCKET_ENV = "FENWICKS_BUCKET"
 
-__all__ = ["TransferError", "copy", "create_clean_dir", "default_root", "download", "exists",
+__all__ = ["BucketNotFoundError", "StorageTimeoutError", "TransferError", "check_bucket",
+           "copy", "create_clean_dir", "default_root", "download", "exists",
            "get_project_dirs", "glob", "is_gcs", "join", "listdir", "makedirs", "stage",
            "upload"]
 GCS_CONNECT_TIMEOUT = 30  # seconds to open a connection to GCS, per attempt
@@ -54,6 +63,13 @@ _GLOB_CHARS = frozenset("*?[")
 _HASH_BLOCK = 1 << 20  # bytes read at a time when hashing local files
 
 
+
+
+_buckets_seen: set[str] = set()  # buckets known to exist (a bucket is not deleted lightly)
+
+
+class BucketNotFoundError(ValueError):
+    """A ``gs://`` path names a bucket that does not exist (or is not visible)."""
 
 
 class TransferError(OSError):
@@ -221,12 +237,51 @@ def _normalise(path: str) -> str:
 
 
 def _gfile(path: str):
-    """``tf.io.gfile``, after checking credentials when `path` is on GCS."""
+    """``tf.io.gfile``, after checking credentials and the bucket when `path` is on GCS."""
     if is_gcs(path):
-        gcs.check_credentials(path)
+        check_bucket(path)
     import tensorflow as tf
 
     return tf.io.gfile
+
+
+def _call(path: str, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args)``, within the storage deadline when `path` is on GCS."""
+    return _deadline.run(fn, *args, what=what, path=path, **kwargs)
+
+
+def check_bucket(path: str) -> str:
+    """Checks credentials and that the bucket of ``gs://`` `path` exists; returns `path`.
+
+    Done once per bucket and process, before anything else touches it: TensorFlow's
+    ``makedirs`` on a missing bucket asks again forever, and a save would fail only
+    after its retries. Local paths pass unchecked.
+
+    Raises:
+        fw.gcs.GCSCredentialsError: no credentials.
+        BucketNotFoundError: the bucket does not exist; names it and the fix.
+        StorageTimeoutError: storage did not answer within the deadline.
+
+    Example:
+        >>> fw.io.check_bucket('gs://my-bucket/work/cifar10')
+        'gs://my-bucket/work/cifar10'
+    """
+    path = _check_path(path, "path")
+    if not is_gcs(path):
+        return path
+    gcs.check_credentials(path)
+    bucket = GCS_PREFIX + path[len(GCS_PREFIX):].split("/", 1)[0]
+    if bucket in _buckets_seen:
+        return path
+    import tensorflow as tf
+
+    if not _call(bucket, "bucket check", tf.io.gfile.exists, bucket):
+        raise BucketNotFoundError(
+            f"bucket {bucket!r} (of {path!r}) does not exist, or these credentials cannot "
+            f"see it. Create it (`gcloud storage buckets create {bucket}`) or fix the name; "
+            "on a TPU, use a bucket in the TPU's region")
+    _buckets_seen.add(bucket)
+    return path
 
 
 # --------------------------------------------------------------------------- gfile ops
@@ -240,7 +295,7 @@ def exists(path: str) -> bool:
         True
     """
     path = _check_path(path, "path")
-    return bool(_gfile(path).exists(path))
+    return bool(_call(path, "exists", _gfile(path).exists, path))
 
 
 def makedirs(path: str) -> str:
@@ -251,7 +306,7 @@ def makedirs(path: str) -> str:
         '/tmp/fenwicks/work'
     """
     path = _check_path(path, "path")
-    _gfile(path).makedirs(path)
+    _call(path, "makedirs", _gfile(path).makedirs, path)
     return path
 
 
@@ -264,7 +319,8 @@ def glob(pattern: str) -> list[str]:
     """
     pattern = _check_path(pattern, "pattern")
     # On GCS, TensorFlow also returns folder marker objects ('run/' for 'run*/*').
-    return sorted({path for path in _gfile(pattern).glob(pattern) if not path.endswith("/")})
+    found = _call(pattern, "glob", _gfile(pattern).glob, pattern)
+    return sorted({path for path in found if not path.endswith("/")})
 
 
 def listdir(path: str) -> list[str]:
@@ -279,9 +335,9 @@ def listdir(path: str) -> list[str]:
     """
     path = _check_path(path, "path")
     gfile = _gfile(path)
-    if not gfile.isdir(path):
+    if not _call(path, "isdir", gfile.isdir, path):
         raise FileNotFoundError(f"path={path!r} is not a directory")
-    return sorted({name.rstrip("/") for name in gfile.listdir(path)})
+    return sorted({name.rstrip("/") for name in _call(path, "listdir", gfile.listdir, path)})
 
 
 def copy(src: str, dst: str, overwrite: bool = False) -> list[str]:
@@ -307,18 +363,25 @@ def copy(src: str, dst: str, overwrite: bool = False) -> list[str]:
         ['gs://my-bucket/work/model.keras']
     """
     src, dst = _check_path(src, "src"), _check_path(dst, "dst")
-    src_gfile, dst_gfile = _gfile(src), _gfile(dst)
-    if not src_gfile.exists(src):
+    gfile, _ = _gfile(src), _gfile(dst)  # credentials and buckets checked for both
+    remote = src if is_gcs(src) else dst  # which side the deadline is about
+    if not _call(src, "exists", gfile.exists, src):
         raise FileNotFoundError(f"src={src!r} does not exist")
-    pairs = _copy_pairs(src_gfile, src, dst)
-    clashes = [target for _, target in pairs if dst_gfile.exists(target)]
+    pairs = _call(remote, "listing", _copy_pairs, gfile, src, dst)
+    clashes = [target for _, target in pairs if _call(remote, "exists", gfile.exists, target)]
     if clashes and not overwrite:
         raise FileExistsError(f"dst={dst!r}: {len(clashes)} target(s) exist, e.g. "
                               f"{clashes[0]!r}; pass overwrite=True to replace them")
     for source, target in pairs:
-        dst_gfile.makedirs(_dirname(target))
-        src_gfile.copy(source, target, overwrite=overwrite)
+        # No overall deadline on a transfer (a large file may take long); TensorFlow's
+        # per-attempt progress timeout and retries still end a stalled one.
+        _copy_one(gfile, source, target, overwrite)
     return sorted(target for _, target in pairs)
+
+
+def _copy_one(gfile: Any, source: str, target: str, overwrite: bool) -> None:
+    gfile.makedirs(_dirname(target))
+    gfile.copy(source, target, overwrite=overwrite)
 
 
 def _copy_pairs(gfile: Any, src: str, dst: str) -> list[tuple[str, str]]:
@@ -366,7 +429,14 @@ def create_clean_dir(path: str) -> str:
         _check_cleanable_gcs(path)
     else:
         _check_cleanable_local(path)
-    gfile = _gfile(path)
+    _gfile(path)
+    return _call(path, "create_clean_dir", _clean, path)
+
+
+def _clean(path: str) -> str:
+    import tensorflow as tf
+
+    gfile = tf.io.gfile
     if gfile.exists(path):
         if not gfile.isdir(path):
             raise ValueError(f"path={path!r} is a file, not a directory; delete it "

@@ -42,12 +42,15 @@ def info_rows() -> list[tuple[str, str]]:
     except ValueError as err:  # a remote TPU without FENWICKS_BUCKET: say so, don't crash
         root = f"not set ({err})"
     rows.append(("storage root", root))
+    # A TPU or GPU that is present but unusable: the same text as the warning at detection.
+    rows += [("WARNING", note) for note in acc.warnings]
     return rows
 
 
 def info() -> None:
     """Prints TensorFlow and Keras versions, devices, strategy, replicas, precision and
-    the storage root.
+    the storage root, then a WARNING row for each TPU or GPU present but unusable (the
+    original error, the fix and what was chosen instead).
 
     Example:
         >>> fw.info()

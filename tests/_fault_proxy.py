@@ -12,12 +12,17 @@ schedule of rules and then either forwarded to the emulator or broken on purpose
   no answer, never forwarded (a connection dropped during an upload);
 * ``"truncate"``: forwarded, then the answer's headers and half its body are sent and the
   connection reset (a connection dropped while downloading; the request did happen);
-* ``"delay"``: forwarded after ``seconds`` (a slow server).
+* ``"delay"``: forwarded after ``seconds`` (a slow server);
+* ``"down"``: the connection is reset at once, nothing read or forwarded (a server that
+  died, or a network path that is gone);
+* ``"hold"``: held without an answer until the rule's ``until``, then forwarded (a paused
+  server: ``kill -STOP``, then ``kill -CONT``).
 
 A rule is a dict: ``{"fault": "503", "method": "PUT", "path": "regex", "skip": 0,
-"times": 2, "seconds": 0}``. ``method`` and ``path`` (a regex searched in the request
+"times": 2, "seconds": 0, "until": None}``. ``method`` and ``path`` (a regex searched in the request
 line's path, e.g. ``"ckpt-6"``) select requests; the first ``skip`` matches pass, the
-next ``times`` (None = all that follow) get the fault. The first rule that fires wins.
+next ``times`` (None = all that follow) get the fault; ``until`` (a `time.time()`) ends
+the rule then. The first rule that fires wins.
 
 Code inside the namespace controls the proxy over HTTP on port 80 with `set_rules` and
 `report`; each rule reports how many requests it ``matched`` and ``fired`` on, and the
@@ -44,7 +49,7 @@ from typing import Any
 CONTROL_PATH = "/__faults__"
 CONTROL_URL = "http://127.0.0.1:80" + CONTROL_PATH
 READY = "fault-proxy-ready"
-FAULTS = ("503", "reset", "truncate", "delay")
+FAULTS = ("503", "reset", "truncate", "delay", "down", "hold")
 # Hop-by-hop headers: the proxy re-frames every body with a Content-Length.
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "expect",
                 "proxy-connection", "te", "trailer", "upgrade"}
@@ -83,7 +88,7 @@ class Schedule:
 
     def replace(self, rules: list[dict[str, Any]]) -> None:
         with self._lock:
-            self.rules = [{"skip": 0, "times": None, "seconds": 0.0, **rule,
+            self.rules = [{"skip": 0, "times": None, "seconds": 0.0, "until": None, **rule,
                            "matched": 0, "fired": 0} for rule in rules]
             self.log = []
 
@@ -99,6 +104,8 @@ class Schedule:
                 if rule["matched"] <= rule["skip"]:
                     continue
                 if rule["times"] is not None and rule["fired"] >= rule["times"]:
+                    continue
+                if rule["until"] is not None and time.time() >= rule["until"]:
                     continue
                 rule["fired"] += 1
                 return dict(rule)
@@ -178,6 +185,9 @@ def handler_class(schedule: Schedule, upstream: tuple[str, int]):
                 return self._control()
             rule = schedule.take(self.command, self.path)
             fault = rule["fault"] if rule else None
+            if fault == "down":
+                schedule.record(self.command, self.path, "down")
+                return _reset(self)
             if fault == "reset":
                 _read_body(self, limit=max(1, int(self.headers.get("Content-Length")
                                                   or 2) // 2))
@@ -191,6 +201,8 @@ def handler_class(schedule: Schedule, upstream: tuple[str, int]):
                                     json.dumps(error).encode())
             if fault == "delay":
                 time.sleep(float(rule["seconds"]))
+            if fault == "hold":
+                time.sleep(max(0.0, float(rule["until"]) - time.time()))
             status, headers, payload = self._forward(body)
             if fault == "truncate":
                 schedule.record(self.command, self.path, f"truncate({status})")

@@ -8,6 +8,10 @@ message) and what storage holds afterwards.
     python -m tests._storage_faults save_and_restore gs://bucket/run/work
     python -m tests._storage_faults restore_outage gs://bucket/run/work
     python -m tests._storage_faults upload gs://bucket/run/data /tmp/local
+    python -m tests._storage_faults missing_bucket gs://no-such-bucket/run
+    python -m tests._storage_faults outage gs://bucket/run/work down|hold SECONDS
+    python -m tests._storage_faults train_to gs://bucket/run/work MAX_STEPS
+    python -m tests._storage_faults no_credentials gs://bucket/run/work
 """
 
 from __future__ import annotations
@@ -25,16 +29,19 @@ from tests import _fault_proxy as proxy
 # Requests for checkpoint objects: data, index, the temp dir and the state file.
 CHECKPOINT_OBJECTS = "ckpt-|checkpoint"
 UPLOADS = ("POST", "PUT")
+_last_error: list[BaseException] = []  # the exceptions `_phase` caught, newest last
 
 
-def _phase(action, rules: list[dict[str, Any]]) -> dict[str, Any]:
-    """Runs `action()` with `rules` in force; what happened, then clears the rules."""
-    proxy.set_rules(rules)
+def _phase(action, rules: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Runs `action()` with `rules` in force (None: the action sets them); what happened,
+    then clears the rules."""
+    proxy.set_rules(rules or [])
     start = time.monotonic()
     outcome: dict[str, Any] = {"error": None}
     try:
         outcome["value"] = action()
     except Exception as err:  # noqa: BLE001 - the scenario reports every failure
+        _last_error.append(err)
         outcome["error"] = {"type": type(err).__name__, "message": str(err),
                             "mro": [k.__name__ for k in type(err).__mro__],
                             "cause": repr(err.__cause__)[:300],
@@ -187,13 +194,101 @@ def upload(remote_dir: str, local_dir: str) -> dict[str, Any]:
     return out
 
 
+# The deadline scenarios train the narrow mnist_net on 8x8 digits, 2 steps per compiled
+# loop and a checkpoint after each: ckpt-2, ckpt-4, ... up to OUTAGE_TARGET.
+OUTAGE_AT, OUTAGE_TARGET = 4, 10
+
+
+def _digits_estimator(work_dir: str):
+    from tests import _flagship as flagship
+
+    x, y = flagship.digits("mnist_net")
+    est = flagship.estimator("mnist_net", work_dir, steps_per_loop=2, save_every_loops=1,
+                             save_every_secs=None)
+    return est, flagship.train_input(x, y)
+
+
+def _variables(est) -> list[list[float]]:
+    return [np.asarray(v).ravel().tolist() for v in est.model.variables]
+
+
+def missing_bucket(root: str) -> dict[str, Any]:
+    """fw.io and the estimator on a bucket that does not exist: an error within seconds."""
+    import fenwicks as fw
+
+    out = {"io": _phase(lambda: fw.io.get_project_dirs(root, "p"), [])}
+    est, train = _digits_estimator(root + "/work")
+    out["train"] = _phase(lambda: est.train(train, steps=2) and None, [])
+    return out
+
+
+def outage(work_dir: str, fault: str, seconds: str) -> dict[str, Any]:
+    """Storage goes away once step OUTAGE_AT is saved: ``down`` (every connection reset,
+    for good) or ``hold`` (no answer for `seconds`, then normal service)."""
+    import keras
+
+    from fenwicks import _deadline
+
+    est, train = _digits_estimator(work_dir)
+    began: dict[str, float] = {}
+
+    class StorageGoes(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if est.global_step >= OUTAGE_AT and not began:
+                rule = {"fault": fault}
+                if fault == "hold":
+                    rule["until"] = time.time() + float(seconds)
+                proxy.set_rules([rule])
+                began["at"] = time.monotonic()
+
+    outcome = _phase(lambda: est.train(train, max_steps=OUTAGE_TARGET,
+                                       callbacks=[StorageGoes()]) and None, None)
+    outcome["seconds_after_outage"] = round(time.monotonic() - began["at"], 2)
+    outcome["step"] = est.global_step
+    outcome["last_checkpoint"] = getattr(_error_of(outcome), "last_checkpoint", None)
+    outcome["deadline"] = _deadline.deadline_secs()
+    if fault == "hold":
+        outcome["variables"] = _variables(est)
+    return outcome
+
+
+def _error_of(outcome: dict[str, Any]) -> BaseException | None:
+    return _last_error[-1] if outcome["error"] and _last_error else None
+
+
+def train_to(work_dir: str, max_steps: str) -> dict[str, Any]:
+    """A new process on `work_dir` (resumed or fresh) trains to `max_steps`."""
+    import tensorflow as tf
+
+    est, train = _digits_estimator(work_dir)
+    latest = tf.train.latest_checkpoint(work_dir)
+    est.train(train, max_steps=int(max_steps))
+    return {"resumed_from": latest, "step": est.global_step, "variables": _variables(est)}
+
+
+def no_credentials(work_dir: str) -> dict[str, Any]:
+    """`est.train` on gs:// with no credentials at all (no emulator, no token)."""
+    est, train = _digits_estimator(work_dir)
+    return {"train": _phase(lambda: est.train(train, steps=2) and None, [])}
+
+
 SCENARIOS = {"save_and_restore": save_and_restore, "restore_outage": restore_outage,
-             "upload": upload}
+             "upload": upload, "missing_bucket": missing_bucket, "outage": outage,
+             "train_to": train_to, "no_credentials": no_credentials}
 
 
 def main() -> None:
     scenario, *args = sys.argv[1:]
-    print(json.dumps(SCENARIOS[scenario](*args)))
+    if scenario == "no_credentials":  # before TensorFlow or google.auth read them
+        for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING",
+                     "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
+            os.environ.pop(name, None)
+    print(json.dumps(SCENARIOS[scenario](*args)), flush=True)
+    if scenario == "outage":
+        # A call abandoned at its deadline may still be inside TensorFlow's client; if it
+        # returns to Python while the interpreter shuts down, the process aborts
+        # ("FATAL: exception not rethrown"). The report is out: leave at once.
+        os._exit(0)
 
 
 if __name__ == "__main__":

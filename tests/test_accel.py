@@ -31,18 +31,37 @@ class FakeResolver:
 class FakeProbe:
     """Answers like a machine with the given hardware; records what was asked."""
 
-    def __init__(self, libtpu=False, tpu_replicas=8, tpu_fails=False, gpus=(), cpu_name="Fake"):
+    def __init__(self, libtpu=False, tpu_replicas=8, tpu_fails=False, gpus=(), cpu_name="Fake",
+                 nvidia=None, tpu_holders=(), build=None, cuda_error=None):
         self.libtpu, self.tpu_replicas, self.tpu_fails = libtpu, tpu_replicas, tpu_fails
         self._gpus = [dict(g) for g in gpus]
         self.cpu_name_value = cpu_name
         self.tpu_addresses: list[str] = []
         self.cpu_replicas: list[int] = []
+        # An NVIDIA device TensorFlow may not list, and why (see fw.accel._gpu_unusable).
+        self.nvidia, self.holders, self.cuda_error = nvidia, list(tpu_holders), cuda_error
+        self.build = build or {"is_cuda_build": True, "cuda_version": "12.5.1",
+                               "cudnn_version": "9"}
 
     def has_libtpu(self):
         return self.libtpu
 
+    def nvidia_evidence(self):
+        return self.nvidia
+
+    def tpu_holders(self):
+        return self.holders
+
+    def tf_build(self):
+        return self.build
+
+    def cuda_load_error(self, build):
+        return self.cuda_error
+
     def tpu_strategy(self, tpu):
         self.tpu_addresses.append(tpu)
+        if isinstance(self.tpu_fails, BaseException):
+            raise self.tpu_fails
         if self.tpu_fails:
             raise RuntimeError("no TPU here")
         return FakeResolver(), FakeStrategy(self.tpu_replicas)
@@ -80,10 +99,12 @@ def test_tpu_vm_comes_first_even_with_gpus_and_tpu_name():
     assert probe.tpu_addresses == ["local"]
 
 
-def test_libtpu_without_a_tpu_falls_through_to_cpu():
+def test_libtpu_without_a_tpu_falls_through_to_cpu_with_a_warning():
     probe = FakeProbe(libtpu=True, tpu_fails=True)
-    acc = accel.detect(AUTO, probe, env={})
+    with pytest.warns(accel.AcceleratorWarning, match="no TPU here"):
+        acc = accel.detect(AUTO, probe, env={})
     assert acc.kind == "cpu" and acc.num_replicas == 1 and acc.precision == "float32"
+    assert len(acc.warnings) == 1
 
 
 @pytest.mark.parametrize("env,address", [

@@ -322,6 +322,76 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
     assert (tmp_path / "back/staged/b.bin").read_bytes() == files["sub/b.bin"]
 
 
+# --------------------------------------------------------------------------- deadlines
+
+
+@pytest.fixture
+def deadline(monkeypatch):
+    """fenwicks._deadline with a 0.5 s operation deadline and no outage on record."""
+    from fenwicks import _deadline
+
+    monkeypatch.setenv(_deadline.DEADLINE_ENV, "0.5")
+    monkeypatch.setattr(_deadline, "_outage_since", None)
+    monkeypatch.setattr(_deadline, "_running", [])
+    return _deadline
+
+
+def test_a_gs_call_past_its_deadline_raises_naming_the_path(deadline):
+    import threading
+    import time
+
+    release = threading.Event()
+    start = time.monotonic()
+    with pytest.raises(deadline.StorageTimeoutError,
+                       match=r"checkpoint save of gs://b/w/ckpt-2 got no answer .* 0 s \(FEN"):
+        deadline.run(release.wait, 30, what="checkpoint save", path="gs://b/w/ckpt-2")
+    assert time.monotonic() - start < 5  # the 0.5 s deadline, not the 30 s call
+    assert isinstance(deadline.StorageTimeoutError("x"), OSError)
+    assert deadline.in_outage()
+    # Clean-up is skipped while storage is down; a later call first waits for the
+    # abandoned one, so two writes never overlap.
+    assert deadline.run(lambda: 1 / 0, what="cleanup", path="gs://b/w",
+                        best_effort=True) is None
+    release.set()
+    assert deadline.run(lambda: 7, what="read", path="gs://b/w") == 7
+    assert not deadline.in_outage() and deadline._running == []
+
+
+def test_local_calls_and_errors_pass_through(deadline):
+    import threading
+
+    assert deadline.run(threading.get_ident, what="x", path="/tmp/a") == threading.get_ident()
+    assert deadline.run(threading.get_ident, what="x", path="gs://b/a") != threading.get_ident()
+    with pytest.raises(ZeroDivisionError):
+        deadline.run(lambda: 1 / 0, what="x", path="gs://b/a")
+    assert not deadline.in_outage()  # not a storage error
+
+
+def test_tensorflow_settings_are_defaults_the_user_can_override(deadline, monkeypatch):
+    for name in deadline.tensorflow_settings():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GCS_RETRY_CONFIG_MAX_RETRIES", "3")
+    monkeypatch.setenv(deadline.REQUEST_TIMEOUT_ENV, "7")
+    assert deadline.configure_tensorflow() is False  # TensorFlow is imported already
+    assert os.environ["GCS_RETRY_CONFIG_MAX_RETRIES"] == "3"
+    assert os.environ["GCS_REQUEST_IDLE_TIMEOUT_SECS"] == "7"
+    assert os.environ["GCS_RETRY_CONFIG_MAX_DELAY_TIME_US"] == "16000000"
+    monkeypatch.setenv(deadline.DEADLINE_ENV, "soon")
+    with pytest.raises(ValueError, match="FENWICKS_GCS_DEADLINE='soon' must be a positive"):
+        deadline.deadline_secs()
+
+
+@pytest.mark.slow  # a fresh interpreter importing TensorFlow: ~20 s on a busy machine
+def test_import_sets_tensorflow_gcs_settings_before_tensorflow():
+    names = ["GCS_RETRY_CONFIG_MAX_RETRIES", "GCS_REQUEST_IDLE_TIMEOUT_SECS",
+             "GCS_REQUEST_CONNECTION_TIMEOUT_SECS"]
+    code = ("import json, os, sys\n"
+            f"for n in {names!r}: os.environ.pop(n, None)\n"
+            "import fenwicks\n"
+            f"print(json.dumps([os.environ.get(n) for n in {names!r}]))")
+    assert run_json(code) == ["6", "20", "20"]
+
+
 # --------------------------------------------------------------- unzip and upload_to_gcs
 
 
@@ -385,8 +455,9 @@ def test_unzip_refuses_links_and_unknown_types(tmp_path):
         fw.io.unzip(str(tmp_path / "x.rar"), str(tmp_path / "e"))
 
 
-def test_unzip_unpacks_7z_when_py7zr_is_installed(tmp_path):
-    py7zr = pytest.importorskip("py7zr")
+def test_unzip_unpacks_7z(tmp_path):
+    import py7zr  # a test dependency (setup.py, extra "test"): never skipped
+
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "1.png").write_bytes(b"png-bytes")
     with py7zr.SevenZipFile(tmp_path / "train.7z", "w") as archive:

@@ -10,6 +10,11 @@ instead of 32 s, 5 retries instead of 10, 1 s idle timeout instead of 60 s) so a
 costs seconds, not minutes; the defaults are documented in fw.io and checkpoints.py.
 gcsfs's retries are fixed (6 attempts, 1+2+4+8+16 s of waiting): an upload outage takes
 ~35 s here as it would for a user.
+
+The deadline tests (a missing bucket, storage gone or paused mid-training, no
+credentials) keep Fenwicks' own TensorFlow retry settings and scale only the two
+deadlines (DEADLINE_ENV): 2 s per request attempt instead of 20, 20 s per storage
+operation instead of 90. They train the narrow mnist_net on 8x8 digits for 10 steps.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ FAST_TF_RETRIES = {
 # Worst case of one request under FAST_TF_RETRIES: 5 waits of at most 0.5 s plus 6
 # attempts; several requests in a row fail during one save or restore.
 OUTAGE_BOUND_SECS = 30
+
+
+DEADLINE_ENV = {"FENWICKS_GCS_REQUEST_TIMEOUT": "2", "FENWICKS_GCS_DEADLINE": "20"}
+OPERATION_DEADLINE, CLEANUP_DEADLINE = 20, 10  # seconds; fenwicks._deadline.CLEANUP_SECS
+PAUSE_SECS = 6  # longer than one request attempt (2 s), shorter than an operation (20 s)
 
 
 def _run(emulator, *args):
@@ -141,3 +151,92 @@ def test_upload_retries_transient_faults_then_names_the_path(gcs_fault_emulator,
     assert outage["seconds"] < 45  # 1+2+4+8+16 s of waiting, plus up to 5 s of jitter
     assert out["after_outage"]["value"] == [f"{remote}/dataset/late.bin"]
     assert os.path.exists(local / "late.bin")
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+def _run_deadline(emulator, *args, env=None):
+    return emulator.run_module_json("tests._storage_faults", *args,
+                                    env={**DEADLINE_ENV, **(env or {})}, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(gcs_fault_emulator):
+    """10 steps in one go: what every interrupted run must end with."""
+    work_dir = gcs_fault_emulator.unique_url("reference") + "/work"
+    return _run_deadline(gcs_fault_emulator, "train_to", work_dir, "10")
+
+
+@pytest.fixture(scope="module")
+def storage_gone(gcs_fault_emulator):
+    """Every connection reset from step 4 on; then storage is back and a new process
+    resumes the run."""
+    work_dir = gcs_fault_emulator.unique_url("gone") + "/work"
+    out = _run_deadline(gcs_fault_emulator, "outage", work_dir, "down", "0")
+    return work_dir, out, _run_deadline(gcs_fault_emulator, "train_to", work_dir, "10")
+
+
+def _assert_same_variables(got, want):
+    assert len(got) == len(want) > 0
+    for ours, theirs in zip(got, want, strict=True):
+        np.testing.assert_allclose(ours, theirs, atol=1e-6, rtol=0)
+
+
+def test_a_missing_bucket_is_an_error_naming_it_within_seconds(gcs_fault_emulator):
+    out = _run_deadline(gcs_fault_emulator, "missing_bucket", "gs://no-such-bucket-fw/run")
+    for call in ("io", "train"):  # fw.io.get_project_dirs, est.train
+        error = out[call]["error"]
+        assert error is not None and error["type"] == "BucketNotFoundError", out[call]
+        assert "ValueError" in error["mro"]
+        assert "bucket 'gs://no-such-bucket-fw'" in error["message"]
+        assert "gcloud storage buckets create gs://no-such-bucket-fw" in error["message"]
+        assert out[call]["seconds"] < 5  # it used to ask again forever
+
+
+def test_storage_gone_mid_training_ends_the_run_naming_the_last_checkpoint(storage_gone):
+    work_dir, out, _ = storage_gone
+    error = out["error"]
+    assert error is not None and error["type"] == "StorageUnavailableError", out
+    assert "OSError" in error["mro"]
+    # Storage went away after step 4's loop, before its checkpoint: ckpt-2 is the last.
+    assert out["step"] == 4
+    assert out["last_checkpoint"] == f"{work_dir}/ckpt-2"
+    assert f"The last good checkpoint is {work_dir}/ckpt-2" in error["message"]
+    assert f"checkpoint save of {work_dir}/ckpt-4 got no answer" in error["message"]
+    # Fenwicks' deadline (not TensorFlow's 47 s of retries) ended the save, then the
+    # lock release had its clean-up deadline; nothing else waited on storage.
+    assert OPERATION_DEADLINE <= out["seconds_after_outage"]
+    assert out["seconds_after_outage"] < OPERATION_DEADLINE + CLEANUP_DEADLINE + 8
+
+
+def test_resume_after_storage_returns_equals_an_uninterrupted_run(storage_gone,
+                                                                  uninterrupted):
+    work_dir, _, resumed = storage_gone
+    assert resumed["resumed_from"] == f"{work_dir}/ckpt-2"
+    assert resumed["step"] == uninterrupted["step"] == 10
+    assert uninterrupted["resumed_from"] is None
+    _assert_same_variables(resumed["variables"], uninterrupted["variables"])
+
+
+def test_storage_paused_shorter_than_the_deadline_recovers_exactly(gcs_fault_emulator,
+                                                                   uninterrupted):
+    work_dir = gcs_fault_emulator.unique_url("paused") + "/work"
+    out = _run_deadline(gcs_fault_emulator, "outage", work_dir, "hold", str(PAUSE_SECS))
+    assert out["error"] is None, out["error"]
+    assert out["fired"][0] >= 1  # requests were held ...
+    assert out["seconds_after_outage"] >= PAUSE_SECS  # ... and training waited for them
+    assert out["step"] == 10
+    _assert_same_variables(out["variables"], uninterrupted["variables"])
+
+
+def test_train_without_credentials_raises_gcs_credentials_error(gcs_fault_emulator,
+                                                                tmp_path):
+    work_dir = gcs_fault_emulator.unique_url("nocreds") + "/work"
+    # No emulator host, no test token, an empty HOME: no credentials of any kind.
+    out = _run_deadline(gcs_fault_emulator, "no_credentials", work_dir,
+                        env={"HOME": str(tmp_path)})["train"]
+    assert out["error"]["type"] == "GCSCredentialsError"
+    assert f"{work_dir!r} is on Google Cloud Storage" in out["error"]["message"]
+    assert "gcloud auth application-default login" in out["error"]["message"]
+    assert out["seconds"] < 5 and out["requests"] == 0  # nothing reached storage

@@ -31,10 +31,14 @@ INSTALL = """\
 # In Colab, install Fenwicks from your copy of the repository in {source} (upload and
 # unzip it there, or git clone it there: see README.md, Install); elsewhere use the
 # Fenwicks you installed with pip install -e '.[cpu]' (or '.[gpu]', or '.').
+# Colab's GPU and CPU runtimes ship TensorFlow (kept as it is); its TPU runtime ships none,
+# so there the `tpu` extra installs tensorflow-tpu (README.md, Install).
+import importlib.util
 import sys
 
 if 'google.colab' in sys.modules:
-    !pip install -q -e {source}"""
+    extra = '' if importlib.util.find_spec('tensorflow') else '[tpu]'
+    !pip install -q -e {source}{{extra}}"""
 _MAGIC = re.compile(r"^# (%%?\w+|!)", re.M)
 _MARKER = re.compile(r"^# %%(?P<kind> \[markdown\])?(?: tags=(?P<tags>\[.*\]))?\s*$")
 

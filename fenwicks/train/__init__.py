@@ -62,3 +62,5 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     one_cycle_momentum,
     piecewise_linear,
 )
+from fenwicks.train.state import StorageUnavailableError  # noqa: E402, F401
+from fenwicks.train.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401, E501

@@ -35,6 +35,8 @@ import keras
 import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
+from fenwicks import _deadline
+
 logger = logging.getLogger("fenwicks")
 
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -119,6 +121,10 @@ def check_coverage(root: Any, variables: Iterable[Any]) -> None:
 
 def latest(directory: str) -> str | None:
     """The newest checkpoint prefix in `directory` (local or gs://), or None."""
+    return _deadline.run(_latest, directory, what="latest checkpoint", path=directory)
+
+
+def _latest(directory: str) -> str | None:
     if not tf.io.gfile.exists(directory):
         return None
     return tf.train.latest_checkpoint(directory)
@@ -292,9 +298,9 @@ def restore_latest(root: tf.train.Checkpoint, work_dir: str,
         CheckpointReadError: the storage did not answer (nothing is set aside).
         ProbeWriteError: scratch space for the model's probe could not be written.
     """
-    if not tf.io.gfile.exists(work_dir):
+    if not _deadline.run(tf.io.gfile.exists, work_dir, what="exists", path=work_dir):
         return None
-    candidates = _listed(work_dir)
+    candidates = _deadline.run(_listed, work_dir, what="checkpoint listing", path=work_dir)
     if candidates:
         _probe(root, scratch_dir)
     damaged: list[tuple[str, str]] = []
@@ -414,18 +420,24 @@ def save(manager: tf.train.CheckpointManager, step: int) -> str:
     `CheckpointWriteError` naming the path, after removing the partial files.
     """
     before = manager.latest_checkpoint  # TF updates it before writing the state file
+    path = f"{manager.directory}/ckpt-{step}"
     try:
-        return manager.save(checkpoint_number=step)
-    except tf.errors.OpError as err:
-        path = f"{manager.directory}/ckpt-{step}"
+        return _deadline.run(manager.save, checkpoint_number=step, what="checkpoint save",
+                             path=path)
+    except (tf.errors.OpError, _deadline.StorageTimeoutError) as err:
         if manager.latest_checkpoint != path:
-            for partial in tf.io.gfile.glob(path + "*"):
-                _remove_quietly(partial)
+            _deadline.run(_remove_partial, path, what="removing the partial", path=path,
+                          best_effort=True)
         raise CheckpointWriteError(
             f"could not write checkpoint {path}: {_first_line(err)}. The previous "
             f"checkpoint ({before or 'none'}) is intact and the "
             "training state in memory is unchanged: free space or fix the storage, then "
             "call train() again") from err
+
+
+def _remove_partial(path: str) -> None:
+    for partial in tf.io.gfile.glob(path + "*"):
+        _remove_quietly(partial)
 
 
 def _remove_quietly(path: str) -> None:
@@ -571,8 +583,9 @@ def read(root: tf.train.Checkpoint, prefix: str, work_dir: str | None = None,
         >>> read(root, 'gs://bucket/work/ckpt-400', 'gs://bucket/work')
     """
     try:
-        restore(root, prefix, work_dir or os.path.dirname(prefix), scratch_dir)
-    except (tf.errors.OpError, ValueError) as err:
-        if is_storage_error(err):
+        _deadline.run(restore, root, prefix, work_dir or os.path.dirname(prefix),
+                      scratch_dir, what="checkpoint read", path=prefix)
+    except (tf.errors.OpError, ValueError, _deadline.StorageTimeoutError) as err:
+        if is_storage_error(err) or _deadline.is_outage(err):
             raise CheckpointReadError(prefix, err) from err
         raise

@@ -7,6 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from fenwicks import _deadline
+
 
 class Progress:
     """Reports each loop of `Estimator.train`: the bar and ``work_dir/train`` scalars.
@@ -64,7 +66,8 @@ class Progress:
         return rate
 
     def close(self) -> None:
-        self._writer.flush()
+        # Skipped while storage is down, so the error that stopped training comes first.
+        _deadline.run(self._writer.flush, what="summary flush", path=None, best_effort=True)
         if self._bar is not None:
             self._bar.close()
 

@@ -16,7 +16,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks import accel
+from fenwicks import _deadline, accel
+from fenwicks import io as fw_io
 from fenwicks.train import building, checkpoints, lock
 from fenwicks.train.model_func import ModelSpec
 
@@ -29,6 +30,18 @@ def _first_line(err: BaseException) -> str:
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; no checkpoint was written for it."""
+
+
+class StorageUnavailableError(OSError):
+    """Storage stopped answering during `train`; the message names the last good checkpoint.
+
+    Attributes:
+        last_checkpoint: the newest checkpoint known to be complete, or None.
+    """
+
+    def __init__(self, message: str, last_checkpoint: str | None) -> None:
+        super().__init__(message)
+        self.last_checkpoint = last_checkpoint
 
 
 class RunState:
@@ -58,6 +71,7 @@ class RunState:
         self._spec: ModelSpec | None = None
         self._lock: lock.WorkDirLock | None = None
         self._writers: dict[str, Any] = {}
+        self.last_good_checkpoint: str | None = None  # restored or saved, known complete
 
     # ---------------------------------------------------------------- what is built
 
@@ -90,6 +104,7 @@ class RunState:
         """Creates model, optimizer and step counters; restores or warm-starts them."""
         if self.built:
             return
+        fw_io.check_bucket(self.config.work_dir)  # credentials, bucket: before any gs:// call
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
         with self._strategy.scope(), building.precision_policy(self.config.precision):
@@ -121,8 +136,10 @@ class RunState:
         return self.config.work_dir + "/.probe" if self._acc.is_remote else None
 
     def _restore(self) -> str | None:
-        return checkpoints.restore_latest(self._root, self.config.work_dir,
-                                          self._scratch_dir())
+        restored = checkpoints.restore_latest(self._root, self.config.work_dir,
+                                              self._scratch_dir())
+        self.last_good_checkpoint = restored
+        return restored
 
     def _make_manager(self) -> tf.train.CheckpointManager:
         return tf.train.CheckpointManager(
@@ -177,9 +194,9 @@ class RunState:
             return  # nothing new since the last save
         if self.is_chief:
             started = time.monotonic()
-            saved = checkpoints.save(self._manager, self.global_step)
+            self.last_good_checkpoint = checkpoints.save(self._manager, self.global_step)
             self.last_save_secs = time.monotonic() - started
-            self._seen = checkpoints.fingerprint(saved)
+            self._seen = checkpoints.fingerprint(self.last_good_checkpoint)
             return
         # Every worker takes part in a save (a variable may need a collective to be read);
         # the others write to a scratch directory that is removed at once.
@@ -193,18 +210,38 @@ class RunState:
         if not self.is_chief:
             yield  # a non-chief worker writes no checkpoint
             return
+        work_dir = fw_io.check_bucket(self.config.work_dir)
         if self._lock is None:
-            self._lock = lock.WorkDirLock(self.config.work_dir)
-        self._lock.acquire()
-        checkpoints.remove_partial_saves(self.config.work_dir)  # a killed run's leftovers
+            self._lock = lock.WorkDirLock(work_dir)
+        _deadline.run(self._lock.acquire, what="work_dir lock", path=work_dir)
+        checkpoints.remove_partial_saves(work_dir)  # a killed run's leftovers
         try:
             yield
+        except Exception as err:
+            if work_dir.startswith("gs://") and _is_storage_failure(err):
+                _deadline.mark_outage()
+                raise self._unavailable(err) from err
+            raise
         finally:
-            self._lock.release()
+            _deadline.run(self._lock.release, what="releasing the lock", path=work_dir,
+                          best_effort=True, attempt_in_outage=True)
+
+    def _unavailable(self, err: BaseException) -> StorageUnavailableError:
+        last, cause = self.last_good_checkpoint, err
+        while (cause.__cause__ is not None  # the innermost error of ours names the path
+               and type(cause.__cause__).__module__.startswith("fenwicks")):
+            cause = cause.__cause__
+        return StorageUnavailableError(
+            f"storage of work_dir={self.config.work_dir!r} stopped answering at step "
+            f"{self.global_step} ({checkpoints._first_line(cause).split('. The previous')[0]}). "
+            f"The last good checkpoint is {last or 'none: nothing was saved yet'}. When "
+            "storage answers again, call train() again: it continues from there "
+            "(a new process resumes from that checkpoint, exactly)", last)
 
     def heartbeat(self) -> None:
         if self._lock is not None:
-            self._lock.heartbeat()
+            _deadline.run(self._lock.heartbeat, what="lock heartbeat",
+                          path=self.config.work_dir)
 
     def summary_writer(self, kind: str) -> Any:
         """One writer per kind (``'train'``, ``'eval'``): each opens a new event file."""
@@ -215,8 +252,10 @@ class RunState:
     def _create_writer(self, kind: str) -> Any:
         if not self.is_chief:
             return tf.summary.create_noop_writer()
+        path = f"{self.config.work_dir}/{kind}"
         try:
-            return tf.summary.create_file_writer(f"{self.config.work_dir}/{kind}")
+            return _deadline.run(tf.summary.create_file_writer, path,
+                                 what="summary writer", path=path)
         except tf.errors.OpError as err:
             # A finished run read from a read-only folder (Kaggle's /kaggle/input, a
             # shared Drive) is still evaluated; only its TensorBoard scalars are lost.
@@ -233,5 +272,13 @@ class RunState:
         # "Resource ... SummaryWriterInterface does not exist" once the writer was gone.
         with tf.init_scope():
             for writer in self._writers.values():
-                writer.close()
+                _deadline.run(writer.close, what="closing summaries",
+                              path=self.config.work_dir, best_effort=True)
         self._writers.clear()
+
+
+def _is_storage_failure(err: BaseException) -> bool:
+    """An error (or its cause) that says storage could not be reached."""
+    return any(e is not None and (_deadline.is_outage(e) or checkpoints.is_storage_error(e)
+                                  or isinstance(e, checkpoints.CheckpointReadError))
+               for e in (err, err.__cause__))

@@ -1,0 +1,213 @@
+"""`check_tpu_ready`: catch on the CPU what would fail on a TPU, before paying for one.
+
+A TPU runs each step as one XLA program of fixed shapes. Three things break that and
+usually show up only after a TPU session has started: an op XLA cannot compile (a
+`tf.py_function`, string ops inside the model), a tensor whose size depends on the data
+(`tf.unique`, `tf.boolean_mask`: XLA pads them to a bound, if it compiles them at all), and
+an input whose batches are not all the same size (a training dataset batched without
+``drop_remainder``). The check builds a fresh copy of the estimator's model on the CPU and
+lowers its train, eval and predict steps to XLA's HLO exactly as the estimator compiles
+them under `TPUStrategy` (``jit_compile=True``, one replica, the TPU's per-replica batch and
+precision). It reads one batch of each input and writes nothing to the work dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from fenwicks._checks import divisible_by_replicas, positive_int
+from fenwicks.train import building, inputs, loops
+
+PY_FUNC_OPS = ("EagerPyFunc", "PyFunc", "PyFuncStateless")
+_UNSUPPORTED_RE = re.compile(r"(\w+) \(No registered '\w+' OpKernel for XLA_")
+_RESULT_RE = re.compile(r"=\s+(\S+)\s")  # an HLO instruction's result type
+_OP_META_RE = re.compile(r'op_type="([^"]+)" op_name="([^"]+)"')
+
+
+class NotTPUReadyError(ValueError):
+    """What would fail on a TPU: the mode, the op or tensor, and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TPUReadiness:
+    """What `check_tpu_ready` verified.
+
+    Attributes:
+        replicas: the TPU replica count the per-replica batch sizes were computed for.
+        precision: the compute precision the steps were compiled in.
+        batch_sizes: per-replica batch size of each mode checked, e.g. ``{'train': 16}``.
+        shapes: each checked mode's batch shapes as the compiled step sees them.
+    """
+
+    replicas: int
+    precision: str
+    batch_sizes: dict[str, int]
+    shapes: dict[str, list[tuple[int, ...]]]
+
+
+def check_tpu_ready(est: Any, train_input_fn: inputs.InputFn,
+                    eval_input_fn: inputs.InputFn | None = None,
+                    pred_input_fn: inputs.InputFn | None = None,
+                    replicas: int | None = None,
+                    precision: str = "bfloat16") -> TPUReadiness:
+    """Fails on the CPU where the estimator would fail on a TPU; run it before a TPU session.
+
+    Args:
+        est: an `Estimator` from `get_tpu_estimator` (on the CPU). Its model function and
+            batch sizes are used; its model, checkpoints and work dir are left alone.
+        train_input_fn: the training input function (``params -> tf.data.Dataset``).
+        eval_input_fn: the evaluation input function, or None to skip eval.
+        pred_input_fn: the prediction input function, or None to skip predict.
+        replicas: the replica count of the TPU you will use (1 on a v5e-1, 8 on a v5e-8):
+            ``params['batch_size']`` is the global batch size divided by it. Defaults to
+            the estimator's replica count.
+        precision: the compute precision to compile in. Defaults to ``'bfloat16'``, a
+            TPU's automatic choice.
+
+    Returns:
+        A `TPUReadiness` saying what was checked.
+
+    Raises:
+        NotTPUReadyError: naming the mode and the problem: a batch dimension that varies
+            (no ``drop_remainder``), any other dimension that is not static, a string
+            tensor sent to the device, an op XLA cannot compile (a `tf.py_function`, a
+            string op), or a tensor of data-dependent size inside the model.
+        ValueError: for a global batch size not divisible by `replicas`.
+
+    Example:
+        >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=128)
+        >>> fw.train.check_tpu_ready(est, train_input_fn, eval_input_fn, replicas=8)
+        TPUReadiness(replicas=8, precision='bfloat16', batch_sizes={'train': 16, ...}, ...)
+    """
+    config = est.config
+    replicas = est.num_replicas if replicas is None else positive_int("replicas", replicas)
+    globals_ = {"train": config.train_batch_size, "eval": config.eval_batch_size,
+                "predict": config.predict_batch_size}
+    fns = {"train": train_input_fn, "eval": eval_input_fn, "predict": pred_input_fn}
+    fns = {mode: fn for mode, fn in fns.items() if fn is not None}
+    for mode in fns:
+        divisible_by_replicas({"train": "trn_bs", "eval": "val_bs", "predict": "pred_bs"}[mode],
+                              globals_[mode], replicas)
+    params = {mode: building.make_params(mode, globals_[mode], replicas, seed=config.seed,
+                                         precision=precision,
+                                         steps_per_epoch=config.steps_per_epoch)
+              for mode in fns}
+    batches = {mode: _first_batch(mode, fns[mode], params[mode]) for mode in fns}
+    features, _, _ = inputs.unpack(next(iter(batches.values()))[1])
+    features_spec = tf.nest.map_structure(tf.TensorSpec.from_tensor, features)
+    with tf.device("/cpu:0"), building.precision_policy(precision):
+        spec, optimizer = building.build_model(
+            est._state._model_func, params[next(iter(fns))], precision, features_spec)
+    steps = {"train": lambda: loops._train_step(spec, optimizer, globals_["train"], replicas),
+             "eval": lambda: loops._eval_step(spec),
+             "predict": lambda: loops._predict_step(spec)}
+    for mode, (batch, _) in batches.items():
+        _compile(mode, steps[mode](), batch)
+    return TPUReadiness(
+        replicas, precision, {mode: p["batch_size"] for mode, p in params.items()},
+        {mode: [tuple(t.shape.as_list()) for t in tf.nest.flatten(element)]
+         for mode, (_, element) in batches.items()})
+
+
+def _what(mode: str) -> str:
+    return {"train": "training", "eval": "evaluation", "predict": "prediction"}[mode]
+
+
+def _first_batch(mode: str, input_fn: inputs.InputFn, params: dict) -> tuple[Any, Any]:
+    """(what the compiled step gets, the user's element) after the shape checks."""
+    batch_size = params["batch_size"]
+    dataset = input_fn(dict(params))
+    if not isinstance(dataset, tf.data.Dataset):
+        raise NotTPUReadyError(f"{_what(mode)} input_fn returned {type(dataset).__name__}, "
+                               "not a tf.data.Dataset")
+    spec = dataset.element_spec
+    try:
+        if mode == "train":
+            inputs.check_train_spec(spec, batch_size)
+        else:
+            inputs.check_eval_spec(spec, batch_size, _what(mode))
+    except ValueError as err:
+        raise NotTPUReadyError(f"{_what(mode)} input: {err}") from None
+    for path, tensor_spec in _paths(spec):
+        dims = tensor_spec.shape.as_list()
+        if tensor_spec.dtype == tf.string:
+            raise NotTPUReadyError(
+                f"{_what(mode)} input: {path} is a string tensor {tensor_spec.shape}; a TPU "
+                "cannot hold strings. Turn them into numbers in the input_fn (e.g. "
+                "keras.layers.StringLookup or tf.strings.to_number in dataset.map)")
+        dynamic = [i for i, d in enumerate(dims) if d is None and (i > 0 or mode == "train")]
+        if dynamic:
+            raise NotTPUReadyError(
+                f"{_what(mode)} input: {path} has shape {dims}, dimension {dynamic[0]} is "
+                "not static; a TPU compiles for fixed shapes: pad or crop to a fixed size "
+                "in the input_fn (e.g. ds.padded_batch(..., padded_shapes=...), "
+                "tf.image.resize)")
+    if mode == "train":
+        element = next(iter(dataset))
+        return element, element
+    padded = inputs.pad_and_mask(dataset, batch_size, 1, _what(mode))
+    batch = next(iter(padded))
+    return batch, batch[0]
+
+
+def _paths(spec: Any) -> list[tuple[str, tf.TensorSpec]]:
+    """('features[0]', spec) ... for every tensor of an element spec."""
+    features, labels, weights = inputs.unpack(spec)
+    found = []
+    for name, part in (("features", features), ("labels", labels),
+                       ("sample_weight", weights)):
+        if part is None:
+            continue
+        for path, leaf in keras.tree.flatten_with_path(part):
+            found.append((name + "".join(f"[{key!r}]" for key in path), leaf))
+    return found
+
+
+def _compile(mode: str, step: Any, batch: Any) -> None:
+    """Lowers `step` to HLO with XLA as TPUStrategy would; raises naming what fails."""
+    function = tf.function(step, jit_compile=True)
+    graph = function.get_concrete_function(batch).graph
+    for op in graph.get_operations():
+        if op.type in PY_FUNC_OPS:
+            raise NotTPUReadyError(
+                f"the {_what(mode)} step calls Python (op {op.name!r}, {op.type}: a "
+                "tf.py_function or tf.numpy_function), which cannot run on a TPU; do that "
+                "work in the input_fn (dataset.map) or with TensorFlow ops")
+    try:
+        hlo = function.experimental_get_compiler_ir(batch)(stage="hlo")
+    except (ValueError, tf.errors.OpError) as err:
+        message = str(err)
+        unsupported = _UNSUPPORTED_RE.findall(message)
+        if unsupported:
+            names = [op.name for op in graph.get_operations() if op.type in unsupported]
+            kind = ("string ops cannot run on a TPU; turn strings into numbers in the "
+                    "input_fn" if any(_is_string_op(graph, t) for t in unsupported) else
+                    "compute it in the input_fn or replace it with ops XLA supports")
+            raise NotTPUReadyError(
+                f"the {_what(mode)} step does not compile with XLA (as on a TPU): op "
+                f"{', '.join(map(repr, names or unsupported))} ({', '.join(unsupported)}) has "
+                f"no XLA kernel; {kind}") from None
+        first = next((line for line in message.splitlines() if line.strip()), message)
+        raise NotTPUReadyError(f"the {_what(mode)} step does not compile with XLA (as on a "
+                               f"TPU): {first}") from None
+    for line in hlo.splitlines():
+        result, meta = _RESULT_RE.search(line), _OP_META_RE.search(line)
+        if result and meta and "<=" in result.group(1):
+            raise NotTPUReadyError(
+                f"the {_what(mode)} step has a tensor of data-dependent size: op "
+                f"{meta.group(2)!r} ({meta.group(1)}) gives {result.group(1)} (at most "
+                "the bound after '<='); a TPU pads it to the bound or fails to compile. "
+                "Keep shapes fixed: use a mask (tf.where) instead of tf.boolean_mask, "
+                "fixed-size outputs instead of tf.unique")
+
+
+def _is_string_op(graph: tf.Graph, op_type: str) -> bool:
+    for op in graph.get_operations():
+        if op.type == op_type:
+            return any(t.dtype == tf.string for t in (*op.inputs, *op.outputs))
+    return False
