@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import fenwicks as fw
-from tests.conftest import ROOT
+from tests.conftest import run_process
 
 NUM_TRAIN, NUM_TEST, NUM_SHARDS = 40, 13, 4
 OFFLINE_LIMIT = 30  # seconds; tfds.load alone retries for minutes
@@ -152,11 +150,8 @@ def test_download_false_on_a_missing_dataset_is_an_error_naming_data_dir(tmp_pat
 
 
 def _run(code: str, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
-    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    return proc, time.perf_counter() - start
+    proc = run_process(["-c", textwrap.dedent(code)], cwd=tmp_path, timeout=300, check=False)
+    return proc, proc.seconds
 
 
 @pytest.mark.parametrize("name, message", [
