@@ -199,10 +199,31 @@ def _in_tests(obj: object) -> bool:
     return getattr(obj, "__module__", "").split(".")[0] in ("tests", "conftest")
 
 
+# In-process tests over ~1 s (quiet machine) in files being edited by others as this was
+# written: slow from here until their own file carries `@pytest.mark.slow` (then delete
+# the name here). A name that no longer exists marks nothing.
+_SLOW_ELSEWHERE = {f"tests/test_estimator.py::test_{name}" for name in (
+    "small_cnn_learns_digits_with_xla", "exact_evaluation_and_predict_on_one_replica",
+    "export_saved_model_reloads_and_predicts_the_same",
+    "regression_model_func_reports_exact_mse_and_mae",
+    "sample_weights_scale_the_training_loss",
+    "warm_start_loads_matching_variables_and_reports_the_rest",
+    "evaluation_with_sample_weights_is_the_weighted_mean", "float16_applies_a_loss_scale",
+    "steps_on_a_resumed_work_dir_count_from_the_restored_step",
+    "steps_per_loop_stops_exactly_and_logs_scalars",
+    "close_flushes_the_logs_and_lets_go_of_the_input",
+    "bfloat16_computes_in_bfloat16_with_float32_variables",
+    "checkpoints_every_n_loops_keep_the_last_few",
+    "nan_loss_names_the_step_and_keeps_the_last_good_checkpoint")}
+
+
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
         if item.get_closest_marker("slow") or not isinstance(item, pytest.Function):
+            continue
+        if item.nodeid.split("[")[0] in _SLOW_ELSEWHERE:
+            item.add_marker(slow)
             continue
         seen: set[int] = set()
         fixtures = item._fixtureinfo.name2fixturedefs

@@ -16,7 +16,8 @@ import pytest
 from tests import _flagship as flagship
 from tests.conftest import run_module_json
 
-pytestmark = pytest.mark.slow
+# The shared runs take ~4 min on a quiet 2-core machine, all in the first test's set-up.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 BATCHES_1 = [1, 64, 1000]            # 773 evaluation digits: partial last batches
 BATCHES_8 = [8, 56, 1000]            # on 8 replicas a global batch divides by 8

@@ -61,6 +61,7 @@ def check_result(lrs, losses, diverged, suggestion):
     assert crit / 100 < suggestion < crit      # steepest fall: below the limit, not tiny
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_find_lr_shows_progress_against_the_expected_steps(capsys):
     model_func = fw.train.get_reg_model_func(make_model, fw.train.sgd_optimizer(0.1, mom=0.0))
     result = fw.train.find_lr(model_func, input_fn, start_lr=START, end_lr=END,

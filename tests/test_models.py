@@ -68,6 +68,7 @@ def test_counts_and_shapes(make, count, in_shape, out_shape):
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_mixed_precision_float32_outputs_and_variables(policy):
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)

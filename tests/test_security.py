@@ -138,6 +138,7 @@ def _source_files() -> list[pathlib.Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_package_neither_unpickles_nor_unpacks_archives():
     problems = []
     for path in _source_files():

@@ -102,6 +102,7 @@ def test_tfds_load_gives_what_tfds_gives(data_dir):
     assert info.splits["train"].num_examples == NUM_TRAIN
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_training_shuffles_files_repeats_and_keeps_batches_static(data_dir):
     def epoch_orders(seed, epochs=2):
         # shuffle_buf_sz=1: the order is the file order alone, so an epoch is exactly
@@ -122,7 +123,9 @@ def test_training_shuffles_files_repeats_and_keeps_batches_static(data_dir):
     assert any(first != unshuffled for first, _ in orders.values())
 
 
-@pytest.mark.parametrize("pipelines", [2, 4, 3, 8])  # 8 > 4 files: sharded by example
+# 8 > 4 files: sharded by example. The fast subset checks 2; the full run all four.
+@pytest.mark.parametrize("pipelines", [2, *(pytest.param(n, marks=pytest.mark.slow)
+                                            for n in (4, 3, 8))])
 def test_input_context_shards_each_example_to_exactly_one_pipeline(data_dir, pipelines):
     per_pipeline = [_ids(fw.data.tfds_ds("tiny_shapes", "train", 4, training=False,
                                          data_dir=data_dir, input_context=_context(pipelines, i)))
