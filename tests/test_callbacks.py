@@ -16,7 +16,8 @@ from tests import _callbacks, _callbacks_resume
 from tests import _flagship as flagship
 from tests.conftest import run_module_json
 
-pytestmark = pytest.mark.slow
+# The 8-replica process (the first 8-replica test's set-up) needs minutes on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 SPE = _callbacks.STEPS_PER_EPOCH
 
 
