@@ -9,8 +9,12 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -104,6 +108,47 @@ def run_module_json(module: str, *args: str, env: dict[str, str] | None = None,
     return last_json(run_process(["-m", module, *args], env=env, timeout=timeout).stdout)
 
 
+# ------------------------------------------------- one process for several tests' snippets
+
+_SNIPPETS: dict[str, dict[str, str]] = {}  # FENWICKS_DEVICE -> name -> code
+_SHARED: dict[str, dict[str, Any]] = {}  # FENWICKS_DEVICE -> name -> result
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_snippet(device: str, name: str, code: str) -> Callable[[], Any]:
+    """Registers `code` to run under ``FENWICKS_DEVICE=device`` in ONE process shared by
+    every snippet registered for that device (TensorFlow starts once for all of them).
+
+    `code` is what `run_json` takes: a program printing one JSON document last. Register
+    at module level; call the returned function in the test: the first call runs the
+    process (`tests._shared_process`), every call returns that snippet's JSON document,
+    or raises with its traceback if it failed (only its own test fails).
+
+    Example:
+        >>> EIGHT = shared_snippet("cpu:8", "lr_finder", "print(1)")
+        >>> def test_eight(): assert EIGHT() == 1
+    """
+    _SNIPPETS.setdefault(device, {})[name] = textwrap.dedent(code)
+    return lambda: _shared_result(device, name)
+
+
+def _shared_result(device: str, name: str) -> Any:
+    with _SHARED_LOCK:
+        if device not in _SHARED:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(_SNIPPETS[device], f)
+            try:
+                _SHARED[device] = run_module_json("tests._shared_process", f.name,
+                                                  env={"FENWICKS_DEVICE": device})
+            finally:
+                os.unlink(f.name)
+    result = _SHARED[device][name]
+    if "error" in result:
+        raise AssertionError(f"snippet {name!r} failed in the shared FENWICKS_DEVICE="
+                             f"{device} process:\n{result['error']}")
+    return result["json"]
+
+
 @pytest.fixture
 def subprocess_json():
     return run_json
@@ -168,7 +213,7 @@ def _running_emulator(directory, faults: bool = False):
 
 _STARTS_A_PROCESS = re.compile(
     r"\b(run_process|start_process|run_python|run_json|run_module_json|subprocess_json"
-    r"|gcs_emulator|gcs_fault_emulator|NotebookClient"
+    r"|gcs_emulator|gcs_fault_emulator|NotebookClient|_shared_result"
     r"|subprocess\.(run|Popen|call|check_call|check_output))\b")
 
 
@@ -214,7 +259,10 @@ _SLOW_ELSEWHERE = {f"tests/test_estimator.py::test_{name}" for name in (
     "close_flushes_the_logs_and_lets_go_of_the_input",
     "bfloat16_computes_in_bfloat16_with_float32_variables",
     "checkpoints_every_n_loops_keep_the_last_few",
-    "nan_loss_names_the_step_and_keeps_the_last_good_checkpoint")}
+    "nan_loss_names_the_step_and_keeps_the_last_good_checkpoint",
+    "work_dir_with_another_models_checkpoint_is_a_clear_error",
+    "bad_training_input_is_reported_before_compiling",
+    "running_out_of_training_data_keeps_the_steps_done")}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,7 +15,7 @@ import tensorflow as tf
 from packaging.version import Version
 
 import fenwicks as fw
-from tests.conftest import run_json
+from tests.conftest import shared_snippet
 
 RNG = np.random.RandomState(0)
 X = RNG.randn(16, 3).astype("float32")
@@ -231,10 +231,13 @@ print(json.dumps(out))
 """
 
 
+MULTI_REPLICA_RESULT = shared_snippet("cpu:8", "optimizers", MULTI_REPLICA)
+
+
 def test_eight_replicas_and_loss_scaling_match_numpy():
     """Decay counted once and clipping on the global gradient: per-replica decay would be
     8x too strong, per-replica clipping would clip 8 different partial gradients."""
-    out = run_json(MULTI_REPLICA, env={"FENWICKS_DEVICE": "cpu:8"})
+    out = MULTI_REPLICA_RESULT()
     assert out["replicas"] == 8
     sgd = np_sgd(0.9, 0.05, True, decay_bias=False, clip=0.5)
     adam = np_adamw(0.1, 0.8, 0.95, 1e-6, decay_bias=False)

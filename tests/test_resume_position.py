@@ -63,7 +63,7 @@ def data_dir(tmp_path_factory) -> str:
 
 
 def _params(options: dict, fast: str) -> list:
-    """One variant in the fast subset, every variant in the full run."""
+    """The `fast` variant (if any) in the fast subset, every variant in the full run."""
     return [pytest.param(value, id=key, marks=() if key == fast else pytest.mark.slow)
             for key, value in options.items()]
 
@@ -116,7 +116,7 @@ TFRECORD_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("options", _params(TFRECORD_OPTIONS, fast="default"))
+@pytest.mark.parametrize("options", _params(TFRECORD_OPTIONS, fast=""))
 def test_tfrecord_ds_started_at_batch_k_is_the_uninterrupted_stream_from_k(records, options):
     _assert_resumes_exactly(lambda: fw.data.tfrecord_ds(records, _parser, BATCH, seed=3,
                                                         **options))
