@@ -217,9 +217,10 @@ _STARTS_A_PROCESS = re.compile(
     r"|subprocess\.(run|Popen|call|check_call|check_output))\b")
 
 
-def _starts_a_process(obj: object, seen: set[int]) -> bool:
-    """Whether `obj` (a test, fixture or helper in tests/) starts a process, following the
-    functions and classes of tests/ modules it names."""
+def _starts_a_process(obj: object, seen: set[int],
+                      pattern: re.Pattern = _STARTS_A_PROCESS) -> bool:
+    """Whether `obj` (a test, fixture or helper in tests/) starts a process (its source
+    matches `pattern`), following the functions and classes of tests/ modules it names."""
     if id(obj) in seen:
         return False
     seen.add(id(obj))
@@ -227,7 +228,7 @@ def _starts_a_process(obj: object, seen: set[int]) -> bool:
         source = inspect.getsource(obj)
     except (OSError, TypeError):
         return False
-    if _STARTS_A_PROCESS.search(source):
+    if pattern.search(source):
         return True
     module = sys.modules.get(getattr(obj, "__module__", ""), None)
     if module is None:
@@ -235,7 +236,7 @@ def _starts_a_process(obj: object, seen: set[int]) -> bool:
     for name in set(re.findall(r"\b[A-Za-z_]\w*\b", source)):
         helper = getattr(module, name, None)
         if (inspect.isfunction(helper) or inspect.isclass(helper)) and \
-                _in_tests(helper) and _starts_a_process(helper, seen):
+                _in_tests(helper) and _starts_a_process(helper, seen, pattern):
             return True
     return False
 
@@ -265,18 +266,27 @@ _SLOW_ELSEWHERE = {f"tests/test_estimator.py::test_{name}" for name in (
     "running_out_of_training_data_keeps_the_steps_done")}
 
 
+_SHARES_A_PROCESS = re.compile(r"\b_shared_result\b")
+# The first test to ask for a shared process's results waits for all of its snippets.
+SHARED_PROCESS_TIMEOUT = 1800
+
+
+def _uses(item: pytest.Function, pattern: re.Pattern) -> bool:
+    """Whether a test, or a fixture of tests/ it uses, matches `pattern` (see above)."""
+    seen: set[int] = set()
+    return _starts_a_process(item.function, seen, pattern) or any(
+        pattern.fullmatch(name) or any(
+            _in_tests(d.func) and _starts_a_process(d.func, seen, pattern) for d in defs)
+        for name, defs in item._fixtureinfo.name2fixturedefs.items())
+
+
 def pytest_collection_modifyitems(config, items):
-    slow = pytest.mark.slow
     for item in items:
-        if item.get_closest_marker("slow") or not isinstance(item, pytest.Function):
+        if not isinstance(item, pytest.Function):
             continue
-        if item.nodeid.split("[")[0] in _SLOW_ELSEWHERE:
-            item.add_marker(slow)
-            continue
-        seen: set[int] = set()
-        fixtures = item._fixtureinfo.name2fixturedefs
-        if _starts_a_process(item.function, seen) or any(
-                _STARTS_A_PROCESS.fullmatch(name) or any(
-                    _in_tests(d.func) and _starts_a_process(d.func, seen) for d in defs)
-                for name, defs in fixtures.items()):
-            item.add_marker(slow)
+        if not item.get_closest_marker("timeout") and _uses(item, _SHARES_A_PROCESS):
+            item.add_marker(pytest.mark.timeout(SHARED_PROCESS_TIMEOUT))
+        if not item.get_closest_marker("slow") and (
+                item.nodeid.split("[")[0] in _SLOW_ELSEWHERE
+                or _uses(item, _STARTS_A_PROCESS)):
+            item.add_marker(pytest.mark.slow)
