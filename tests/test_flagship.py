@@ -27,7 +27,7 @@ EXACT_STEPS, DRIFT = 8, 2e-3
 
 
 def _run(*args: str, replicas: int = 1):
-    return run_module_json("tests._flagship", *args,
+    return run_module_json("tests._flagship", *args, timeout=1700,
                            env={"FENWICKS_DEVICE": f"cpu:{replicas}" if replicas > 1 else "cpu"})
 
 
