@@ -18,13 +18,16 @@ from fenwicks import (  # noqa: E402  (after the TensorFlow check, on purpose)
     colab_utils,
     data,
     gcs,
+    image,
     io,
+    keras_models,
     layers,
     models,
     plt,
     train,
     transform,
 )
+from fenwicks._removed import removed_error  # noqa: E402
 from fenwicks.layers import Sequential  # noqa: E402
 from fenwicks.report import info  # noqa: E402
 
@@ -38,8 +41,10 @@ __all__ = [
     "colab_utils",
     "data",
     "gcs",
+    "image",
     "info",
     "io",
+    "keras_models",
     "layers",
     "models",
     "plt",
@@ -52,10 +57,31 @@ __all__ = [
 _ON_FIRST_USE = ("bench",)
 
 
+# Modules of the original Fenwicks (2019) that have no place here: what to use instead.
+_REMOVED = {
+    "anim": "fw.plt.show_batch(input_func, converter=...) instead of "
+            "fw.anim.show_input_func, fw.plt.show_image_files(paths) instead of "
+            "fw.anim.show_image_files (still images, no animation)",
+    "datasets": "keras.utils.get_file(fname, origin, extract=True) instead of "
+                "fw.datasets.untar_data, the Kaggle CLI ('!kaggle competitions download -c "
+                "cifar-10') instead of fw.datasets.URLs, or tensorflow-datasets via "
+                "fw.data.tfds_ds",
+    "vision": "fw.image, fw.transform and fw.keras_models",
+    "core": "fw.transform.compose for sequential transforms",
+    "audio": "nothing in Fenwicks (speech support was dropped); tf.signal.stft",
+    "tokenizer": "nothing in Fenwicks (NLP support was dropped); keras_hub",
+    "text": "nothing in Fenwicks (NLP support was dropped); keras_hub",
+    "bert": "nothing in Fenwicks (NLP support was dropped); keras_hub.models.BertClassifier",
+    "android": "nothing in Fenwicks; export with est.export_saved_model and convert with "
+               "tf.lite.TFLiteConverter",
+    "pytorch_keras": "nothing in Fenwicks (model conversion was dropped)",
+}
+
+
 def __getattr__(name: str) -> object:
     if name in _ON_FIRST_USE:
         return importlib.import_module(f"fenwicks.{name}")  # also binds fenwicks.<name>
-    raise AttributeError(f"module 'fenwicks' has no attribute {name!r}")
+    raise removed_error("fenwicks", name, _REMOVED)
 
 
 def __dir__() -> list[str]:

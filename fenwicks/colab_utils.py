@@ -7,6 +7,7 @@ of Colab is imported until a function here is called.
 from __future__ import annotations
 
 from fenwicks import gcs
+from fenwicks._removed import removed_error
 
 __all__ = ["on_colab", "setup_gcs"]
 
@@ -36,3 +37,18 @@ def on_colab() -> bool:
         False
     """
     return gcs.environment() == "colab"
+
+
+_REMOVED = {
+    "setup_kaggle_from_gdrive": "the Kaggle CLI with your own key: upload kaggle.json "
+                                "(google.colab.files.upload()) to ~/.kaggle/kaggle.json and "
+                                "chmod 600 it; on Kaggle itself the data is under "
+                                "/kaggle/input",
+    "mount_google_drive": "google.colab.drive.mount('/content/drive')",
+    "upload_files": "google.colab.files.upload()",
+    "download_file": "google.colab.files.download(fn)",
+}
+
+
+def __getattr__(name: str) -> object:
+    raise removed_error("fenwicks.colab_utils", name, _REMOVED)

@@ -26,6 +26,7 @@ import math
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from fenwicks._checks import positive_int
@@ -47,11 +48,21 @@ def check_bn(bn: Any, name: str = "bn") -> str | int:
     """
     if isinstance(bn, str) and bn in BN_MODES:
         return bn
-    if isinstance(bn, int) and not isinstance(bn, bool) and bn >= 1:
-        return bn
+    if isinstance(bn, (int, np.integer)) and not isinstance(bn, bool) and bn >= 1:
+        return int(bn)  # a NumPy integer (e.g. from np.unique) is as good as an int
     raise ValueError(f"{name}={bn!r} is not a BatchNorm mode; use 'replica' (per-replica "
                      "statistics), 'sync' (across replicas) or an int group size such as "
                      "64 (ghost BatchNorm over groups of 64 examples)")
+
+
+def _plain_ints(value: Any) -> Any:
+    """NumPy integers (what ``len(np.unique(y))``-style code gives) as Python ints: Keras
+    rejects them ("expected a positive integer") deep inside its own checks."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_plain_ints(v) for v in value)
+    return value
 
 
 def _unique_name(prefix: str) -> str:
@@ -257,11 +268,12 @@ class ConvBN(_Block):
                  bn_eps: float = 1e-3, bn: str | int = "replica", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.c = positive_int("c", c)
-        self.kernel_size, self.strides = kernel_size, strides
+        self.kernel_size, self.strides = _plain_ints(kernel_size), _plain_ints(strides)
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
         self._add(conv=keras.layers.Conv2D(
-                      c, kernel_size, strides=strides, padding="same", use_bias=False,
+                      self.c, self.kernel_size, strides=self.strides, padding="same",
+                      use_bias=False,
                       kernel_initializer=_initializer(self.kernel_initializer),
                       dtype=self.dtype_policy),
                   norm=_batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy),
@@ -293,11 +305,11 @@ class ConvBlk(_Block):
                  bn_eps: float = 1e-3, bn: str | int = "replica", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.c, self.convs = positive_int("c", c), positive_int("convs", convs)
-        self.conv_args = dict(kernel_size=kernel_size, bn_mom=bn_mom, bn_eps=bn_eps,
+        self.conv_args = dict(kernel_size=_plain_ints(kernel_size), bn_mom=bn_mom, bn_eps=bn_eps,
                               bn=check_bn(bn),
                               kernel_initializer=_deserialize_initializer(kernel_initializer))
-        self._add(**{f"conv_bn_{i}": ConvBN(c, dtype=self.dtype_policy, **self.conv_args)
-                     for i in range(convs)})
+        self._add(**{f"conv_bn_{i}": ConvBN(self.c, dtype=self.dtype_policy, **self.conv_args)
+                     for i in range(self.convs)})
         if isinstance(pool, dict):
             pool = keras.saving.deserialize_keras_object(pool)
         self._add(pool=pool if pool is not None else keras.layers.MaxPooling2D(
@@ -336,8 +348,8 @@ class ConvResBlk(ConvBlk):
                  **kwargs: Any) -> None:
         super().__init__(c, pool=pool, convs=convs, **kwargs)
         self.res_convs = positive_int("res_convs", res_convs)
-        for i in range(res_convs):  # attributes, not a list: see `_Block`
-            setattr(self, f"res_{i}", ConvBN(c, dtype=self.dtype_policy, **self.conv_args))
+        for i in range(self.res_convs):  # attributes, not a list: see `_Block`
+            setattr(self, f"res_{i}", ConvBN(self.c, dtype=self.dtype_policy, **self.conv_args))
 
     @property
     def res(self) -> list[ConvBN]:
@@ -381,7 +393,7 @@ class DenseBN(_Block):
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.bn_mom, self.bn_eps, self.bn = bn_mom, bn_eps, check_bn(bn)
         self._add(dense=keras.layers.Dense(
-                      c, use_bias=False, dtype=self.dtype_policy,
+                      self.c, use_bias=False, dtype=self.dtype_policy,
                       kernel_initializer=_initializer(self.kernel_initializer)),
                   norm=_batch_norm(self.bn, bn_mom, bn_eps, self.dtype_policy),
                   relu=keras.layers.ReLU(dtype=self.dtype_policy))
@@ -423,7 +435,7 @@ class Classifier(keras.layers.Layer):
         self.weight, self.use_bias = float(weight), use_bias
         self.kernel_initializer = _deserialize_initializer(kernel_initializer)
         self.dense = keras.layers.Dense(
-            n_classes, use_bias=use_bias, dtype=self.dtype_policy,
+            self.n_classes, use_bias=use_bias, dtype=self.dtype_policy,
             kernel_initializer=_initializer(self.kernel_initializer))
 
     def build(self, input_shape: Any) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from fenwicks._removed import removed_error
+
 # Bookkeeping an evaluation or a log row carries next to its metrics: never a curve.
 _NOT_CURVES = ("step", "epoch", "global_step", "num_examples")
 
@@ -102,7 +104,7 @@ def plot_lr_func(lr_func: Callable[[Any], Any], total_steps: int,
 
 
 def plot_counts_pie(labels: Iterable[Any], class_names: Sequence[str] | None = None,
-                    title: str = "Examples per class"):
+                    title: str = "Examples per class", w: int = 500, h: int = 500):
     """Pie chart of how many examples each class has: the first look at class balance.
 
     Args:
@@ -110,6 +112,8 @@ def plot_counts_pie(labels: Iterable[Any], class_names: Sequence[str] | None = N
         class_names: names for integer labels, ``class_names[label]``. Defaults to the
             labels themselves.
         title: the axes title. Defaults to ``"Examples per class"``.
+        w: figure width in pixels (at 100 dpi). Defaults to 500.
+        h: figure height in pixels. Defaults to 500.
 
     Returns:
         The figure; wedge ``i`` is the ``i``-th class in sorted order, its text
@@ -121,12 +125,14 @@ def plot_counts_pie(labels: Iterable[Any], class_names: Sequence[str] | None = N
     Example:
         >>> fw.plt.plot_counts_pie(y_train, class_names=['cat', 'dog'])
     """
+    _check_positive_int("w", w)
+    _check_positive_int("h", h)
     values = np.asarray(labels.numpy() if hasattr(labels, "numpy") else list(labels))
     if values.size == 0:
         raise ValueError("labels is empty; pass one label per example")
     classes, counts = np.unique(values.reshape(-1), return_counts=True)
     names = [_class_name(c, class_names) for c in classes]
-    fig, (ax,) = _new_figure(figsize=(5.0, 5.0))
+    fig, (ax,) = _new_figure(figsize=(w / 100, h / 100))
     ax.pie(counts, labels=[f"{name} ({count})" for name, count in zip(names, counts, strict=True)],
            autopct="%1.1f%%", startangle=90, counterclock=False)
     ax.set_title(title, pad=24)  # clear of the wedge labels at the top
@@ -190,6 +196,52 @@ def show_batch(data: Any, n: int = 16, converter: Callable[[np.ndarray], Any] | 
     for ax, image, label in zip(axes.flat, images, labels, strict=False):
         _show_image(ax, converter(image) if converter else image)
         ax.set_title(_label_text(label, class_names), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def show_image_files(paths: Sequence[str], n_img: int = 20, h_inch: float = 2.0,
+                     w_inch: float = 2.0, labels: Sequence[Any] | None = None,
+                     class_names: Sequence[str] | None = None, cols: int | None = None):
+    """Shows the first `n_img` image files (JPEG, PNG, GIF, BMP; local or ``gs://``) as
+    a grid, each titled by its file name or its label.
+
+    Args:
+        paths: image files, e.g. the ``paths`` `fw.data.data_dir_tfrecord` returns.
+        n_img: how many to show. Defaults to 20.
+        h_inch: height of each image in inches. Defaults to 2.
+        w_inch: width of each image in inches. Defaults to 2.
+        labels: one label per path (titles). Defaults to the file names.
+        class_names: names for integer labels.
+        cols: images per row. Defaults to ``ceil(sqrt(n))``.
+
+    Returns:
+        The figure; one axes per image.
+
+    Example:
+        >>> paths, y, labels = fw.data.data_dir_tfrecord(data_dir, fn, shuffle=True)
+        >>> fw.plt.show_image_files(paths, labels=y, class_names=labels)
+    """
+    import tensorflow as tf  # only for decoding (and reading gs://)
+
+    _check_positive_int("n_img", n_img)
+    paths = list(paths)[:n_img]
+    if not paths:
+        raise ValueError("paths is empty; give at least one image file")
+    cols = cols or math.ceil(math.sqrt(len(paths)))
+    rows = math.ceil(len(paths) / cols)
+    pyplot = _pyplot()
+    fig, axes = pyplot.subplots(rows, cols, figsize=(w_inch * cols, (h_inch + 0.3) * rows),
+                                squeeze=False)
+    pyplot.close(fig)
+    for ax in axes.flat[len(paths):]:
+        fig.delaxes(ax)
+    for i, (ax, path) in enumerate(zip(axes.flat, paths, strict=False)):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        _show_image(ax, image.numpy())
+        title = _label_text(labels[i], class_names) if labels is not None \
+            else path.replace("\\", "/").rsplit("/", 1)[-1]
+        ax.set_title(title, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -506,4 +558,18 @@ __all__ = [
     "plot_lr_find",
     "plot_lr_func",
     "show_batch",
+    "show_image_files",
 ]
+
+
+_REMOVED = {
+    "setup": "nothing: fw.plt draws matplotlib figures, which notebooks show inline",
+    "plot_scatter": "matplotlib directly (fw.plt functions return their Figure)",
+    "plot_df_counts": "plot_counts_pie(df[col]) or df[col].value_counts().plot.bar()",
+    "plot_pie_df": "plot_counts_pie(labels, class_names)",
+    "plot_counts_pie_df": "plot_counts_pie(df[col])",
+}
+
+
+def __getattr__(name: str) -> object:
+    raise removed_error("fenwicks.plt", name, _REMOVED)

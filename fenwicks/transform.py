@@ -26,11 +26,21 @@ import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 import tensorflow as tf
+
+from fenwicks._removed import removed_error
 
 __all__ = [
     "compose",
     "cutout",
+    "get_fastai_transforms",
+    "imagenet_normalize_caffe",
+    "imagenet_normalize_pytorch",
+    "imagenet_normalize_tf",
+    "random_lighting",
+    "random_rotate_90",
+    "random_rotate_zoom",
     "random_crop_resize",
     "random_flip",
     "random_pad_crop",
@@ -39,7 +49,10 @@ __all__ = [
     "standard_scaler",
     "tfm_cutout",
     "tfm_pad_crop",
+    "tfm_random_flip",
+    "tfm_resize",
     "tfm_reverse_standard_scaler",
+    "tfm_set_shape",
     "tfm_standard_scaler",
 ]
 
@@ -87,9 +100,9 @@ def _image_or_batch(x: tf.Tensor) -> tf.Tensor:
 
 
 def _non_negative_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name}={value!r} must be a non-negative integer (pixels)")
-    return value
+    return int(value)
 
 
 def random_pad_crop(x: tf.Tensor, pad: int, mode: str = "CONSTANT") -> tf.Tensor:
@@ -236,7 +249,8 @@ def random_crop_resize(x: tf.Tensor, size: int | Sequence[int],
         >>> fw.transform.random_crop_resize(tf.zeros([64, 48, 3]), 32).shape
         TensorShape([32, 32, 3])
     """
-    out_h, out_w = (size, size) if isinstance(size, int) else tuple(size)
+    out_h, out_w = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+    out_h, out_w = int(out_h), int(out_w)
     if not 0 < scale[0] <= scale[1] <= 1:
         raise ValueError(f"scale={scale!r} must satisfy 0 < low <= high <= 1")
     if not 0 < ratio[0] <= ratio[1]:
@@ -334,3 +348,211 @@ def compose(*transforms: Callable[[tf.Tensor], tf.Tensor]) -> Callable[[tf.Tenso
         return x
 
     return composed
+
+
+# ----------------------------------------------------------------- single-image transforms
+# The transforms below take one image [H, W, C] (float, values in [0, 1] unless said
+# otherwise): they are what `fw.data.get_tfexample_image_parser` applies per record.
+
+
+def tfm_random_flip(flip_vert: bool = False) -> Callable[[tf.Tensor], tf.Tensor]:
+    """`random_flip`, plus (``flip_vert=True``) a random multiple of 90 degrees of rotation.
+
+    With ``flip_vert`` every one of the 8 symmetries of a square is equally likely
+    (satellite or microscope images have no "up"); images must then be square.
+
+    Example:
+        >>> tfms = [fw.transform.tfm_random_flip(flip_vert=True)]
+    """
+    if not flip_vert:
+        return random_flip
+    return lambda x: random_rotate_90(random_flip(x))
+
+
+def random_rotate_90(x: tf.Tensor) -> tf.Tensor:
+    """Rotates one square image ``[H, H, C]`` by 0, 90, 180 or 270 degrees, uniformly.
+
+    Example:
+        >>> fw.transform.random_rotate_90(tf.zeros([8, 8, 3])).shape
+        TensorShape([8, 8, 3])
+    """
+    x = _image_or_batch(x)
+    if x.shape.rank != 3:
+        raise ValueError(f"x has shape {x.shape}; random_rotate_90 takes one image [H, W, C]")
+    quarter_turns = _uniform([], 0, 4, tf.int32)
+    return tf.ensure_shape(tf.image.rot90(x, quarter_turns), x.shape)
+
+
+def tfm_set_shape(h: int | None = None, w: int | None = None,
+                  c: int = 3) -> Callable[[tf.Tensor], tf.Tensor]:
+    """Declares the static shape ``[h, w, c]`` of a decoded image (None = unknown).
+
+    A decoded JPEG has an unknown height and width; models and TPUs need them known.
+    The shape is checked when the data flows: a record of another size is an error.
+
+    Example:
+        >>> tfms = [fw.transform.tfm_set_shape(32, 32)]
+    """
+    shape = [_optional_size("h", h), _optional_size("w", w), _optional_size("c", c)]
+    return lambda x: tf.ensure_shape(x, shape)
+
+
+def _optional_size(name: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer or None")
+    return int(value)
+
+
+def tfm_resize(h: int, w: int) -> Callable[[tf.Tensor], tf.Tensor]:
+    """Resizes an image to ``h`` x ``w`` (bilinear, aspect not kept), float32 out.
+
+    Example:
+        >>> fw.transform.tfm_resize(4, 6)(tf.zeros([8, 8, 3])).shape
+        TensorShape([4, 6, 3])
+    """
+    size = [_optional_size("h", h), _optional_size("w", w)]
+    if None in size:
+        raise ValueError(f"h={h!r}, w={w!r}: both are needed to resize")
+    return lambda x: tf.image.resize(tf.cast(x, tf.float32), size)
+
+
+def random_rotate_zoom(x: tf.Tensor, max_rotate: float = 10.0, max_zoom: float = 1.1,
+                       p: float = 0.75) -> tf.Tensor:
+    """Rotates (uniform in +-``max_rotate`` degrees) and zooms in (uniform in
+    ``[1, max_zoom]``) about the centre, each with probability ``p``; fastai's affine set.
+
+    Pixels that come from outside the image are filled by reflection, as fastai does, so
+    no black corners appear.
+
+    Args:
+        x: one image ``[H, W, C]``.
+        max_rotate: largest rotation in degrees. Defaults to 10.
+        max_zoom: largest zoom factor (>= 1). Defaults to 1.1.
+        p: probability of each of rotation and zoom. Defaults to 0.75.
+
+    Returns:
+        The float32 image, same shape.
+
+    Example:
+        >>> y = fw.transform.random_rotate_zoom(tf.random.uniform([32, 32, 3]))
+    """
+    if max_zoom < 1 or not 0 <= p <= 1:
+        raise ValueError(f"max_zoom={max_zoom!r} must be >= 1 and p={p!r} in [0, 1]")
+    x = tf.cast(_image_or_batch(x), tf.float32)
+    if x.shape.rank != 3:
+        raise ValueError(f"x has shape {x.shape}; random_rotate_zoom takes one image")
+    angle = _uniform([], -max_rotate, max_rotate) * (np.pi / 180)
+    angle *= tf.cast(_uniform([], 0.0, 1.0) < p, tf.float32)
+    zoom = tf.where(_uniform([], 0.0, 1.0) < p, _uniform([], 1.0, max_zoom), 1.0)
+    height, width = tf.cast(tf.shape(x)[0], tf.float32), tf.cast(tf.shape(x)[1], tf.float32)
+    # The transform maps output pixel (col, row) to the input pixel it samples: rotate
+    # by `angle` and shrink by 1 / zoom about the centre (cx, cy).
+    cos, sin = tf.cos(angle) / zoom, tf.sin(angle) / zoom
+    cx, cy = (width - 1) / 2, (height - 1) / 2
+    matrix = tf.stack([cos, -sin, cx - cos * cx + sin * cy,
+                       sin, cos, cy - sin * cx - cos * cy, 0.0, 0.0])
+    out = tf.raw_ops.ImageProjectiveTransformV3(
+        images=x[tf.newaxis], transforms=matrix[tf.newaxis],
+        output_shape=tf.shape(x)[:2], fill_value=0.0, interpolation="BILINEAR",
+        fill_mode="REFLECT")
+    return tf.ensure_shape(out[0], x.shape)
+
+
+def random_lighting(x: tf.Tensor, max_lighting: float = 0.2, p: float = 0.75) -> tf.Tensor:
+    """Random brightness (+-``max_lighting / 2``) and contrast (factor in
+    ``[1 - max_lighting, 1 / (1 - max_lighting)]``), each with probability ``p``;
+    for images in ``[0, 1]``, clipped back to it.
+
+    Example:
+        >>> y = fw.transform.random_lighting(tf.random.uniform([32, 32, 3]))
+    """
+    if not 0 <= max_lighting < 1 or not 0 <= p <= 1:
+        raise ValueError(f"max_lighting={max_lighting!r} must be in [0, 1) and p={p!r} "
+                         "in [0, 1]")
+    x = tf.cast(x, tf.float32)
+    delta = _uniform([], -max_lighting / 2, max_lighting / 2)
+    x = x + delta * tf.cast(_uniform([], 0.0, 1.0) < p, tf.float32)
+    # Contrast: log-uniform so that shrinking and stretching are equally likely.
+    log_low = float(np.log(1 - max_lighting))
+    factor = tf.exp(_uniform([], log_low, -log_low))
+    factor = tf.where(_uniform([], 0.0, 1.0) < p, factor, 1.0)
+    mean = tf.reduce_mean(x, axis=[0, 1], keepdims=True)
+    return tf.clip_by_value((x - mean) * factor + mean, 0.0, 1.0)
+
+
+# ImageNet normalisations the Keras applications expect, from images in [0, 1].
+_IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+_CAFFE_BGR_MEAN = (103.939, 116.779, 123.68)  # in 0..255 pixel units, BGR order
+
+
+def imagenet_normalize_tf(x: tf.Tensor) -> tf.Tensor:
+    """``[0, 1]`` -> ``[-1, 1]``: Inception, Xception, MobileNet, ResNet V2, EfficientNetV2."""
+    return tf.cast(x, tf.float32) * 2.0 - 1.0
+
+
+def imagenet_normalize_pytorch(x: tf.Tensor) -> tf.Tensor:
+    """``[0, 1]`` -> ImageNet mean/std standardised per channel: DenseNet."""
+    return standard_scaler(x, _IMAGENET_MEAN, _IMAGENET_STD)
+
+
+def imagenet_normalize_caffe(x: tf.Tensor) -> tf.Tensor:
+    """``[0, 1]`` RGB -> BGR in 0..255 minus the ImageNet BGR mean: VGG, ResNet (V1)."""
+    return tf.cast(x, tf.float32)[..., ::-1] * 255.0 - tf.constant(_CAFFE_BGR_MEAN)
+
+
+def get_fastai_transforms(h: int, w: int, training: bool,
+                          normalizer: Callable[[tf.Tensor], tf.Tensor] = imagenet_normalize_tf,
+                          flip_vert: bool = False, max_rotate: float = 10.0,
+                          max_zoom: float = 1.1, max_lighting: float = 0.2,
+                          p_affine: float = 0.75,
+                          p_lighting: float = 0.75) -> list[Callable[[tf.Tensor], tf.Tensor]]:
+    """The fastai default augmentation set, as a list for `get_tfexample_image_parser`.
+
+    Training: resize to ``h`` x ``w``, random flip (and with ``flip_vert`` quarter
+    turns), rotation and zoom (each with probability ``p_affine``), brightness and
+    contrast (each with probability ``p_lighting``), then ``normalizer``. Evaluation:
+    resize and normalise only.
+
+    Args:
+        h: output height.
+        w: output width.
+        training: augment (True) or only resize and normalise (False).
+        normalizer: images in ``[0, 1]`` -> model input, e.g. a Keras application's
+            (`fw.keras_models.get_model` gives it). Defaults to `imagenet_normalize_tf`.
+        flip_vert, max_rotate, max_zoom, max_lighting, p_affine, p_lighting: the
+            fastai ``get_transforms`` options. Defaults to fastai's.
+
+    Returns:
+        A list of single-image transforms, applied in order.
+
+    Example:
+        >>> tfms = fw.transform.get_fastai_transforms(224, 224, training=True)
+        >>> parser = fw.data.get_tfexample_image_parser(tfms)
+    """
+    resize = tfm_resize(h, w)
+    if not training:
+        return [resize, normalizer]
+    return [resize, tfm_random_flip(flip_vert and h == w),
+            functools.partial(random_rotate_zoom, max_rotate=max_rotate, max_zoom=max_zoom,
+                              p=p_affine),
+            functools.partial(random_lighting, max_lighting=max_lighting, p=p_lighting),
+            normalizer]
+
+
+_REMOVED = {
+    "tfm_fastai": "get_fastai_transforms(h, w, training=True) (a list of transforms)",
+    "fastai_transforms": "get_fastai_transforms(h, w, training=True)",
+    "get_inception_transforms": "random_crop_resize(x, size) then random_flip",
+    "random_rotate": "random_rotate_zoom(x, max_rotate=10, max_zoom=1.0, p=1.0)",
+    "random_zoom": "random_rotate_zoom(x, max_rotate=0, max_zoom=1.1, p=1.0)",
+    "random_dihedral": "tfm_random_flip(flip_vert=True)",
+    "tfm_central_crop": "a lambda around tf.image.central_crop",
+    "distort_color": "random_lighting",
+    "reverse_imagenet_normalize_tf": "lambda x: (x + 1) / 2",
+}
+
+
+def __getattr__(name: str) -> object:
+    raise removed_error("fenwicks.transform", name, _REMOVED)

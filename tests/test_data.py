@@ -550,3 +550,190 @@ def test_small_arrays_gathered_in_the_graph_give_the_numpy_gathers_batches(monke
     for (a, b), (c, d) in zip(in_graph, batches(), strict=True):
         np.testing.assert_array_equal(a, c)
         np.testing.assert_array_equal(b, d)
+
+
+# ------------------------------------------------- image folders, CSV labels, test folders
+
+
+def _write_png(path, pixels):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tf.io.write_file(str(path), tf.io.encode_png(pixels))
+
+
+def _marked_png(path, mark: int, size: int = 5):
+    """A PNG whose first pixel holds `mark`, so a parsed image says which file it was."""
+    pixels = np.full((size, size, 3), 7, np.uint8)
+    pixels[0, 0, 0] = mark
+    _write_png(path, pixels)
+
+
+def _mark(image) -> int:
+    return int(round(float(np.asarray(image)[0, 0, 0]) * 255))
+
+
+def test_label_csv_tfrecord_writes_csv_order_and_parses_back(tmp_path):
+    rows = [(3, "dog"), (1, "cat"), (2, "ant"), (4, "dog")]
+    for file_id, _ in rows:
+        _marked_png(tmp_path / "train" / f"{file_id}.png", 10 * file_id)
+    csv_fn = tmp_path / "labels.csv"
+    csv_fn.write_text("id,label\n" + "".join(f"{i},{name}\n" for i, name in rows))
+    out = str(tmp_path / "train.tfrec")
+    paths, y, labels = fw.data.data_dir_label_csv_tfrecord(
+        str(tmp_path / "train"), str(csv_fn), out, file_ext="png")
+    assert labels == ["ant", "cat", "dog"]  # sorted class names
+    assert [os.path.basename(p) for p in paths] == ["3.png", "1.png", "2.png", "4.png"]
+    assert y == [2, 1, 0, 2]
+    parser = fw.data.get_tfexample_image_parser([fw.transform.tfm_set_shape(5, 5)])
+    got = [(_mark(x), int(label)) for x, label in tf.data.TFRecordDataset(out).map(parser)]
+    assert got == [(30, 2), (10, 1), (20, 0), (40, 2)]
+
+
+def test_label_csv_tfrecord_bad_inputs(tmp_path):
+    _marked_png(tmp_path / "train" / "1.png", 1)
+    csv_fn = tmp_path / "labels.csv"
+    csv_fn.write_text("name,label\n1,cat\n")
+    with pytest.raises(ValueError, match="id_col='id' is not a column"):
+        fw.data.data_dir_label_csv_tfrecord(str(tmp_path / "train"), str(csv_fn),
+                                            str(tmp_path / "a"), file_ext="png")
+    csv_fn.write_text("id,label\n1,cat\n2,dog\n")
+    with pytest.raises(ValueError, match="2.png .*does not exist"):
+        fw.data.data_dir_label_csv_tfrecord(str(tmp_path / "train"), str(csv_fn),
+                                            str(tmp_path / "a"), file_ext="png")
+    with pytest.raises(ValueError, match="not in _labels"):
+        fw.data.data_dir_label_csv_tfrecord(str(tmp_path / "train"), str(csv_fn),
+                                            str(tmp_path / "a"), file_ext="png",
+                                            _labels=["cat"])
+    with pytest.raises(TypeError, match="numpy_tfrecord"):
+        fw.data.data_dir_label_csv_tfrecord(str(tmp_path / "train"), str(csv_fn),
+                                            str(tmp_path / "a"), extractor=np.load)
+    assert not os.path.exists(tmp_path / "a")  # nothing written by a refused call
+
+
+def test_no_label_tfrecord_keeps_sorted_order_and_has_no_label(tmp_path):
+    for i in (2, 10, 1):
+        _marked_png(tmp_path / "test" / f"{i}.png", i)
+    (tmp_path / "test" / "notes.txt").write_text("not an image")
+    out = str(tmp_path / "test.tfrec")
+    paths = fw.data.data_dir_no_label_tfrecord(str(tmp_path / "test"), out, file_ext="png")
+    assert [os.path.basename(p) for p in paths] == ["1.png", "10.png", "2.png"]
+    parser = fw.data.get_tfexample_image_parser(has_label=False)
+    marks = [_mark(x) for x in tf.data.TFRecordDataset(out).map(parser)]
+    assert marks == [1, 10, 2]
+    record = next(iter(tf.data.TFRecordDataset(out))).numpy()
+    assert set(tf.train.Example.FromString(record).features.feature) == {"image"}
+    with pytest.raises(FileExistsError):
+        fw.data.data_dir_no_label_tfrecord(str(tmp_path / "test"), out, file_ext="png")
+
+
+def test_get_tfexample_image_parser_decodes_to_unit_floats_and_applies_tfms(tmp_path):
+    pixels = np.arange(5 * 5 * 3, dtype=np.uint8).reshape(5, 5, 3)
+    _write_png(tmp_path / "a" / "x.png", pixels)
+    fn = str(tmp_path / "r")
+    fw.data.files_tfrecord(fn, [str(tmp_path / "a" / "x.png")], [4])
+    record = next(iter(tf.data.TFRecordDataset(fn)))
+    x, y = fw.data.get_tfexample_image_parser()(record)
+    np.testing.assert_allclose(x.numpy(), pixels / 255.0, atol=1e-6)
+    assert x.dtype == tf.float32 and int(y) == 4
+    double = fw.data.get_tfexample_image_parser([lambda im: im * 2, lambda im: im + 1])
+    np.testing.assert_allclose(double(record)[0].numpy(), pixels / 255.0 * 2 + 1, atol=1e-5)
+    with pytest.raises(ValueError, match=r"tfms\[1\]"):
+        fw.data.get_tfexample_image_parser([lambda im: im, "resize"])
+
+
+def _class_tree(root, counts):
+    for label, count in enumerate(counts):
+        for i in range(count):
+            _marked_png(root / f"class{label}" / f"{i}.png", 10 * label + i)
+
+
+def test_data_dir_tfrecord_shuffle_returns_paths_labels_and_names(tmp_path):
+    _class_tree(tmp_path / "imgs", [3, 4])
+    out = str(tmp_path / "all")
+    paths, y, labels = fw.data.data_dir_tfrecord(str(tmp_path / "imgs"), out, shuffle=False)
+    assert labels == ["class0", "class1"] and y == [0, 0, 0, 1, 1, 1, 1]
+    parser = fw.data.get_tfexample_image_parser()
+    stored = [(_mark(x), int(label)) for x, label in tf.data.TFRecordDataset(out).map(parser)]
+    expected = [(10 * label + int(os.path.basename(p)[:-4]), label)
+                for p, label in zip(paths, y, strict=True)]
+    assert stored == expected  # paths[i] and y[i] describe record i
+    shuffled = fw.data.data_dir_tfrecord(str(tmp_path / "imgs"), str(tmp_path / "s"),
+                                         shuffle=True)
+    assert sorted(zip(shuffled.paths, shuffled.y, strict=True)) == sorted(
+        zip(paths, y, strict=True))
+    assert list(shuffled.paths) != list(paths)  # seed 0 moves 7 files (checked once)
+    # The split form is unchanged: it still returns the class names.
+    assert fw.data.data_dir_tfrecord(str(tmp_path / "imgs"), str(tmp_path / "t")) == labels
+    with pytest.raises(ValueError, match="n_folds"):
+        fw.data.data_dir_tfrecord(str(tmp_path / "imgs"), str(tmp_path / "u"), shuffle=True,
+                                  valid_fraction=0.2, valid_fn=str(tmp_path / "v"))
+
+
+def _fold_labels(fn, n_folds, fold, training, **kwargs):
+    parser = lambda r: fw.data.tfexample_numpy_image_parser(r, H, W, C)  # noqa: E731
+    ds = fw.data.tfrecord_ds(fn, parser, 4, training=training, n_folds=n_folds,
+                             val_fold_idx=fold, seed=3, **kwargs)
+    if training:
+        return [int(v) for _, y in ds.take(10) for v in y]  # > 2 epochs: every record
+    return [int(v) for _, y in ds for v in y]
+
+
+@pytest.mark.slow  # ~8 s: six pipelines over three shards
+def test_tfrecord_ds_k_folds_partition_every_record(tmp_path):
+    xs, ys = _images(23)
+    ys = np.arange(23)  # label = global record index
+    fn = str(tmp_path / "d")
+    fw.data.numpy_tfrecord(fn, xs, ys, num_shards=3)  # round robin over 3 files
+    files = sorted(tf.io.gfile.glob(fn + "*"))
+    order = [int(y) for f in files for _, y in tf.data.TFRecordDataset(f).map(_parser)]
+    folds = [sorted(_fold_labels(fn + "*", 5, k, False)) for k in range(5)]
+    # Expected independently: record i of the files in sorted order is in fold i % 5.
+    assert folds == [sorted(order[k::5]) for k in range(5)]
+    assert sorted(sum(folds, [])) == list(range(23))  # each record in exactly one fold
+    for k in (3,):
+        seen = set(_fold_labels(fn + "*", 5, k, True))
+        assert seen == set(range(23)) - set(folds[k])  # training reads all folds but k
+
+
+def test_tfrecord_ds_k_folds_bad_arguments(tmp_path):
+    xs, ys = _images(4)
+    fn = str(tmp_path / "d")
+    fw.data.numpy_tfrecord(fn, xs, ys)
+    for kwargs, match in [({"n_folds": 0}, "n_folds=0"), ({"n_folds": 3, "val_fold_idx": 3},
+                                                           r"val_fold_idx=3 .*\[0, n_folds=3\)"),
+                          ({"n_folds": 5}, "n_folds=5 but .* 4 records")]:
+        with pytest.raises(ValueError, match=match):
+            fw.data.tfrecord_ds(fn, _parser, 2, **kwargs)
+    assert len(_fold_labels(fn, np.int64(2), np.int64(1), False)) == 2  # numpy ints
+
+
+def test_numpy_tfrecord_accepts_keras_style_n_by_1_labels(tmp_path):
+    xs, _ = _images(5)
+    fn = str(tmp_path / "d")
+    fw.data.numpy_tfrecord(fn, xs, np.arange(5).reshape(5, 1))
+    assert [int(y) for _, y in tf.data.TFRecordDataset(fn).map(_parser)] == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="shape"):
+        fw.data.numpy_tfrecord(str(tmp_path / "e"), xs, np.zeros((5, 2), np.int64))
+
+
+def test_numpy_ds_k_folds_hold_out_every_n_th_example():
+    xs, _ = _images(11)
+    ys = np.arange(11)
+    held = [[int(v) for _, y in fw.data.numpy_ds(xs, ys, 4, training=False, n_folds=3,
+                                                  val_fold_idx=k) for v in y] for k in range(3)]
+    assert held == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8]]  # example i in fold i % 3
+    train = fw.data.numpy_ds(xs, ys, 2, training=True, n_folds=3, val_fold_idx=1, seed=0)
+    seen = {int(v) for _, y in train.take(8) for v in y}  # 16 draws, 2 epochs of 7
+    assert seen == {0, 2, 3, 5, 6, 8, 9}
+    with pytest.raises(ValueError, match="val_fold_idx=3"):
+        fw.data.numpy_ds(xs, ys, 2, n_folds=3, val_fold_idx=3)
+
+
+def test_numpy_integers_are_accepted_for_sizes_and_counts(tmp_path):
+    xs, ys = _images(6)
+    fn = str(tmp_path / "d")
+    paths = fw.data.numpy_tfrecord(fn, xs, ys, num_shards=np.int64(2))
+    assert len(paths) == 2
+    h, w, c = (np.int64(v) for v in xs.shape[1:])  # e.g. from a memmap's shape
+    ds = fw.data.tfrecord_ds(fn + "*", lambda r: fw.data.tfexample_numpy_image_parser(
+        r, h, w, c), np.int64(3), training=False, shuffle_buf_sz=np.int32(4))
+    assert sorted(int(v) for _, y in ds for v in y) == list(ys)

@@ -320,3 +320,114 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
     assert out["staged_exists"] is True
     assert out["staged_down"] == [str(tmp_path / "back/staged/b.bin")]
     assert (tmp_path / "back/staged/b.bin").read_bytes() == files["sub/b.bin"]
+
+
+# --------------------------------------------------------------- unzip and upload_to_gcs
+
+
+def _zip(path, members: dict[str, bytes]) -> str:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return str(path)
+
+
+def _tar(path, members: dict[str, bytes], symlink: str | None = None) -> str:
+    import io as io_lib
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tf_archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf_archive.addfile(info, io_lib.BytesIO(data))
+        if symlink:
+            info = tarfile.TarInfo(symlink)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tf_archive.addfile(info)
+    return str(path)
+
+
+def test_unzip_unpacks_zip_and_tar_lists(tmp_path):
+    a = _zip(tmp_path / "train.zip", {"train/1.png": b"one", "train/sub/2.png": b"two"})
+    b = _tar(tmp_path / "test.tar.gz", {"test/3.png": b"three"})
+    dest = tmp_path / "data"
+    written = fw.io.unzip([a, b], str(dest))
+    assert written == sorted(str(dest / p) for p in ("train/1.png", "train/sub/2.png",
+                                                     "test/3.png"))
+    assert (dest / "train/sub/2.png").read_bytes() == b"two"
+    assert (dest / "test/3.png").read_bytes() == b"three"
+    assert fw.io.unzip(a, str(dest)) == []  # dest_dir exists: left alone, as the original
+    (dest / "train/1.png").write_bytes(b"changed")
+    fw.io.unzip(a, str(dest), overwrite=True)
+    assert (dest / "train/1.png").read_bytes() == b"one"
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "/tmp/abs-escape.txt", "a/../../up.txt"])
+def test_unzip_refuses_members_outside_dest_dir(tmp_path, name):
+    dest = tmp_path / "deep" / "dest"
+    for archive in (_zip(tmp_path / "bad.zip", {"ok.txt": b"ok", name: b"evil"}),
+                    _tar(tmp_path / "bad.tar.gz", {"ok.txt": b"ok", name: b"evil"})):
+        with pytest.raises(ValueError, match="outside dest_dir"):
+            fw.io.unzip(archive, str(dest), overwrite=True)
+    assert not (dest / "ok.txt").exists()  # checked before anything is written
+    assert not any(p.name in ("escape.txt", "up.txt") for p in tmp_path.rglob("*"))
+
+
+def test_unzip_refuses_links_and_unknown_types(tmp_path):
+    archive = _tar(tmp_path / "link.tar.gz", {"ok.txt": b"ok"}, symlink="passwd")
+    with pytest.raises(ValueError, match="link"):
+        fw.io.unzip(archive, str(tmp_path / "d"))
+    (tmp_path / "x.rar").write_bytes(b"Rar!")
+    with pytest.raises(ValueError, match="unknown archive type"):
+        fw.io.unzip(str(tmp_path / "x.rar"), str(tmp_path / "e"))
+
+
+def test_unzip_unpacks_7z_when_py7zr_is_installed(tmp_path):
+    py7zr = pytest.importorskip("py7zr")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "1.png").write_bytes(b"png-bytes")
+    with py7zr.SevenZipFile(tmp_path / "train.7z", "w") as archive:
+        archive.write(tmp_path / "src" / "1.png", "train/1.png")
+    written = fw.io.unzip([str(tmp_path / "train.7z")], str(tmp_path / "data"))
+    assert written == [str(tmp_path / "data" / "train" / "1.png")]
+    assert (tmp_path / "data" / "train" / "1.png").read_bytes() == b"png-bytes"
+    with py7zr.SevenZipFile(tmp_path / "bad.7z", "w") as archive:
+        archive.write(tmp_path / "src" / "1.png", "../escape.png")
+    with pytest.raises(ValueError, match="outside dest_dir"):
+        fw.io.unzip(str(tmp_path / "bad.7z"), str(tmp_path / "d2"))
+    assert not (tmp_path / "escape.png").exists()
+
+
+def test_upload_to_gcs_copies_once_to_the_full_path(tmp_path):
+    local = tmp_path / "train.tfrec"
+    local.write_bytes(b"records")
+    bucket = tmp_path / "bucket" / "data"
+    assert fw.io.upload_to_gcs(str(local), str(bucket / "train.tfrec")) == [
+        str(bucket / "train.tfrec")]
+    assert (bucket / "train.tfrec").read_bytes() == b"records"
+    local.write_bytes(b"newer")
+    assert fw.io.upload_to_gcs(str(local), str(bucket / "train.tfrec")) == []  # skipped
+    assert (bucket / "train.tfrec").read_bytes() == b"records"
+    fw.io.upload_to_gcs(str(local), str(bucket / "renamed.tfrec"))  # another file name
+    assert (bucket / "renamed.tfrec").read_bytes() == b"newer"
+
+
+@pytest.mark.slow  # ~19 s: a subprocess in the emulator's namespace
+def test_upload_to_gcs_against_emulator(gcs_emulator, tmp_path):
+    """The original call `upload_to_gcs(local_fn, gs_fn)` on a real GCS server."""
+    (tmp_path / "train.tfrec").write_bytes(b"records\n")
+    target = gcs_emulator.unique_url("compat") + "/data/train.tfrec"
+    out = gcs_emulator.run_json(f"""
+        import json
+        import tensorflow as tf
+        import fenwicks as fw
+
+        first = fw.io.upload_to_gcs({str(tmp_path / "train.tfrec")!r}, {target!r})
+        again = fw.io.upload_to_gcs({str(tmp_path / "train.tfrec")!r}, {target!r})
+        data = tf.io.gfile.GFile({target!r}, "rb").read().decode()
+        print(json.dumps(dict(first=first, again=again, data=data)))
+    """)
+    assert out == {"first": [target], "again": [], "data": "records\n"}

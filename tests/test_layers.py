@@ -226,3 +226,21 @@ def test_batch_norm_modes_on_eight_replicas():
     for got, want in zip(res["conv1"], res["conv8"], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert not np.allclose(res["conv8"][1], 0)  # the statistics did move
+
+
+def test_numpy_integers_work_wherever_an_int_is_asked():
+    """`len(np.unique(y))`-style code gives NumPy integers; Keras rejects them itself."""
+    layers = [fw.layers.ConvBN(np.int64(3), kernel_size=np.int64(3), strides=np.int32(1),
+                               bn=np.int64(2)),
+              fw.layers.ConvBlk(np.int32(4), convs=np.int64(2), kernel_size=(np.int64(3), 3)),
+              fw.layers.ConvResBlk(np.int64(4), res_convs=np.int64(1)),
+              keras.layers.Flatten(), fw.layers.DenseBN(np.int64(5)),
+              fw.layers.Classifier(np.int64(7))]
+    model = fw.Sequential(layers)
+    assert model(np.zeros((2, 8, 8, 3), np.float32)).shape == (2, 7)
+    assert type(layers[0].c) is int and layers[0].bn == 2 and type(layers[0].bn) is int
+    assert layers[0].conv.kernel_size == (3, 3)
+    config = layers[-1].get_config()
+    assert config["n_classes"] == 7 and type(config["n_classes"]) is int
+    with pytest.raises(ValueError, match="n_classes"):
+        fw.layers.Classifier(np.int64(0))

@@ -23,7 +23,7 @@ def test_every_public_name_imports():
         missing = [n for n in names if not hasattr(module, n)]
         assert not missing, f"{module_name} lacks {missing}"
     for module_name in ("accel", "io", "gcs", "colab_utils", "data", "transform", "layers",
-                        "models", "train", "plt", "bench"):
+                        "models", "train", "plt", "bench", "image", "keras_models"):
         module = getattr(fw, module_name)
         for name in getattr(module, "__all__", []):
             assert hasattr(module, name), f"fw.{module_name}.__all__ names missing {name}"

@@ -273,3 +273,27 @@ def test_plot_forecast_bad_input():
         fw.plt.plot_forecast(np.zeros(4), np.zeros(4), labels=["a", "b"])
     with pytest.raises(ValueError, match="shape"):
         fw.plt.plot_forecast(np.zeros((2, 2, 2)), np.zeros((2, 2, 2)))
+
+
+def test_plot_counts_pie_takes_the_originals_width_in_pixels():
+    fig = fw.plt.plot_counts_pie([0, 1, 1], ["a", "b"], w=450)
+    assert tuple(fig.get_size_inches()) == (4.5, 5.0)  # 450 px and the default 500 px
+    assert tuple(fw.plt.plot_counts_pie([0], w=300, h=200).get_size_inches()) == (3.0, 2.0)
+    with pytest.raises(ValueError, match="w=0"):
+        fw.plt.plot_counts_pie([0], w=0)
+
+
+def test_show_image_files_shows_each_file_titled_by_name_or_label(tmp_path):
+    paths = []
+    for i in range(3):
+        pixels = np.full((4, 6, 3), 40 * i, np.uint8)
+        paths.append(str(tmp_path / f"img{i}.png"))
+        tf.io.write_file(paths[-1], tf.io.encode_png(pixels))
+    fig = fw.plt.show_image_files(paths, n_img=2, h_inch=1, w_inch=1)
+    assert [ax.get_title() for ax in fig.axes] == ["img0.png", "img1.png"]
+    np.testing.assert_array_equal(fig.axes[1].images[0].get_array(),
+                                  np.full((4, 6, 3), 40, np.uint8))
+    fig = fw.plt.show_image_files(paths, labels=[1, 0, 1], class_names=["cat", "dog"])
+    assert [ax.get_title() for ax in fig.axes] == ["dog", "cat", "dog"]
+    with pytest.raises(ValueError, match="paths is empty"):
+        fw.plt.show_image_files([])

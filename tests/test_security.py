@@ -132,6 +132,10 @@ def test_gcs_flows_never_show_the_bearer_token(credential, gcs_fault_emulator, t
 _FORBIDDEN_MODULES = {"pickle", "cPickle", "dill", "joblib", "marshal", "shelve", "tarfile",
                       "zipfile"}
 _FORBIDDEN_CALLS = {"unpack_archive", "extractall", "load_model", "eval", "exec"}
+# fw.io.unzip reads archives member by member, refusing any member whose path leaves the
+# target folder and any link (tests/test_io.py::test_unzip_refuses_*): the one place that
+# may open archive modules. It never calls extractall/unpack_archive (still forbidden).
+_ARCHIVE_READER = ("fenwicks/io.py", {"tarfile", "zipfile"})
 
 
 def _source_files() -> list[pathlib.Path]:
@@ -149,8 +153,10 @@ def test_package_neither_unpickles_nor_unpacks_archives():
                 names = [alias.name for alias in node.names]
                 if isinstance(node, ast.ImportFrom) and node.module:
                     names.append(node.module)
+                allowed = _ARCHIVE_READER[1] if path.relative_to(ROOT).as_posix() \
+                    == _ARCHIVE_READER[0] else set()
                 problems += [f"{where} imports {name}" for name in names
-                             if name.split(".")[0] in _FORBIDDEN_MODULES]
+                             if name.split(".")[0] in _FORBIDDEN_MODULES - allowed]
             elif isinstance(node, ast.Call):
                 name = getattr(node.func, "attr", getattr(node.func, "id", ""))
                 if name in _FORBIDDEN_CALLS:

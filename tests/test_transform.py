@@ -149,3 +149,87 @@ def test_seeded_scope_is_reproducible_and_seed_dependent():
 def test_bad_arguments_name_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ------------------------------------------------------- single-image (original-style) tfms
+
+
+def _radial(size: int = 9) -> tf.Tensor:
+    """An image whose value is the distance from the centre: rotations keep it."""
+    r = np.arange(size) - (size - 1) / 2
+    dist = np.sqrt(r[:, None] ** 2 + r[None, :] ** 2) / 10
+    return tf.constant(np.repeat(dist[..., None], 3, axis=2), tf.float32)
+
+
+def test_random_rotate_zoom_rotates_about_the_centre_and_zooms_in():
+    x = _radial()
+    centre = (4, 4)
+    for _ in range(5):
+        rotated = fw.transform.random_rotate_zoom(x, max_rotate=45, max_zoom=1.0, p=1.0)
+        # Rotation keeps the distance from the centre (bilinear error grows with it).
+        np.testing.assert_allclose(rotated.numpy()[2:7, 2:7], x.numpy()[2:7, 2:7], atol=0.02)
+    zoomed = fw.transform.random_rotate_zoom(x, max_rotate=0, max_zoom=2.0, p=1.0)
+    zoomed, plain = zoomed.numpy()[..., 0], x.numpy()[..., 0]
+    assert zoomed[centre] == pytest.approx(0.0, abs=1e-6)
+    # Zooming in by z samples radius r / z: every ring moves inwards, none outwards.
+    assert np.all(zoomed[4, 5:] <= plain[4, 5:] + 1e-6) and zoomed[4, 8] < plain[4, 8]
+    same = fw.transform.random_rotate_zoom(x, max_rotate=30, max_zoom=1.5, p=0.0)
+    np.testing.assert_allclose(same.numpy(), x.numpy(), atol=1e-6)  # p=0: unchanged
+
+
+def test_random_lighting_changes_brightness_and_contrast_within_range():
+    x = tf.random.stateless_uniform([8, 8, 3], [1, 2], 0.3, 0.7)
+    means = [float(tf.reduce_mean(fw.transform.random_lighting(x, 0.2, p=1.0)))
+             for _ in range(40)]
+    # Brightness moves the mean by at most +-0.1 (contrast keeps it, no clipping here).
+    assert max(abs(m - float(tf.reduce_mean(x))) for m in means) <= 0.1 + 1e-5
+    assert np.std(means) > 0.01
+    np.testing.assert_allclose(fw.transform.random_lighting(x, 0.2, p=0.0), x, atol=1e-6)
+
+
+def test_tfm_random_flip_with_flip_vert_reaches_all_eight_symmetries():
+    x = tf.reshape(tf.range(9, dtype=tf.float32), [3, 3, 1])
+    seen = {tuple(fw.transform.tfm_random_flip(flip_vert=True)(x).numpy().ravel())
+            for _ in range(200)}
+    assert len(seen) == 8
+    flips = {tuple(fw.transform.tfm_random_flip()(x).numpy().ravel()) for _ in range(40)}
+    assert flips == {tuple(range(9)), (2, 1, 0, 5, 4, 3, 8, 7, 6)}
+
+
+def test_tfm_set_shape_declares_and_checks_the_shape():
+    spec = tf.TensorSpec([None, None, 3], tf.float32)
+    traced = tf.function(fw.transform.tfm_set_shape(4, 5)).get_concrete_function(spec)
+    assert traced.output_shapes == tf.TensorShape([4, 5, 3])
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+        fw.transform.tfm_set_shape(4, 5)(tf.zeros([4, 6, 3]))
+    with pytest.raises(ValueError, match="h=0"):
+        fw.transform.tfm_set_shape(0, 5)
+
+
+def test_imagenet_normalizers_match_keras_preprocessing():
+    import keras
+
+    x = np.random.default_rng(0).uniform(0, 1, (2, 4, 4, 3)).astype(np.float32)
+    for ours, family in [(fw.transform.imagenet_normalize_tf, "mobilenet_v2"),
+                         (fw.transform.imagenet_normalize_caffe, "resnet50"),
+                         (fw.transform.imagenet_normalize_pytorch, "densenet")]:
+        module = getattr(keras.applications, family)
+        expected = module.preprocess_input(x * 255.0)
+        np.testing.assert_allclose(ours(x).numpy(), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_get_fastai_transforms_training_and_evaluation():
+    x = tf.random.stateless_uniform([12, 10, 3], [3, 4])
+    train = fw.transform.get_fastai_transforms(8, 8, training=True)
+    evaluate = fw.transform.get_fastai_transforms(8, 8, training=False,
+                                                  normalizer=lambda im: im)
+    out = x
+    for tfm in train:
+        out = tfm(out)
+    assert out.shape == (8, 8, 3) and -1 <= float(tf.reduce_min(out))
+    assert float(tf.reduce_max(out)) <= 1  # imagenet_normalize_tf: [-1, 1]
+    plain = x
+    for tfm in evaluate:
+        plain = tfm(plain)
+    np.testing.assert_allclose(plain, tf.image.resize(x, [8, 8]), atol=1e-6)
+    assert len(train) > len(evaluate)

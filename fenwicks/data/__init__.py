@@ -10,15 +10,27 @@ the per-replica batch size::
 Training datasets are shuffled, repeated and have a static batch size; evaluation
 datasets are one exact pass that keeps the last partial batch.
 
-Modules: `arrays` (numpy_ds), `records` (writing TFRecords), `parsers`, `readers`
+Modules: `arrays` (numpy_ds), `records` (writing TFRecords), `image_folders` (image
+folders, a CSV of labels or a test folder to TFRecords), `parsers`, `readers`
 (tfrecord_ds), `tfds_source` (tensorflow-datasets), `scan` (checking files), `pipeline`
 (the shared tail), `epochs` (training streams of records that can start at any batch) and
 `position` (where a resumed run's training input starts).
 """
 
+from fenwicks._removed import removed_error
 from fenwicks.data._checks import RecordError
 from fenwicks.data.arrays import numpy_ds
-from fenwicks.data.parsers import tfexample_image_parser, tfexample_numpy_image_parser
+from fenwicks.data.image_folders import (
+    ImageFiles,
+    class_folders_tfrecord,
+    data_dir_label_csv_tfrecord,
+    data_dir_no_label_tfrecord,
+)
+from fenwicks.data.parsers import (
+    get_tfexample_image_parser,
+    tfexample_image_parser,
+    tfexample_numpy_image_parser,
+)
 from fenwicks.data.readers import count_records, match_files, tfrecord_ds
 from fenwicks.data.records import (
     data_dir_tfrecord,
@@ -38,10 +50,15 @@ from fenwicks.data.tfds_source import (
 __all__ = [
     "DatasetUnavailableError",
     "FileScan",
+    "ImageFiles",
     "RecordError",
+    "class_folders_tfrecord",
     "count_records",
+    "data_dir_label_csv_tfrecord",
+    "data_dir_no_label_tfrecord",
     "data_dir_tfrecord",
     "files_tfrecord",
+    "get_tfexample_image_parser",
     "image_example",
     "match_files",
     "numpy_ds",
@@ -55,3 +72,20 @@ __all__ = [
     "tfexample_numpy_image_parser",
     "tfrecord_ds",
 ]
+
+_REMOVED = {
+    "numpy_tfrecord_shards": "numpy_tfrecord(fn, X, y, num_shards=N)",
+    "data_dir_tfrecord_shards": "class_folders_tfrecord(data_dir, fn, num_shards=N)",
+    "data_dir_tfrecord_split": "data_dir_tfrecord(data_dir, fn, valid_fraction=0.2, "
+                               "valid_fn=...)",
+    "to_tfrecord_split": "data_dir_tfrecord(data_dir, fn, valid_fraction=, valid_fn=)",
+    "data_dir_re_tfrecord": "files_tfrecord(fn, paths, labels) with labels from your regex",
+    "tfexample_raw_parser": "get_tfexample_image_parser(tfms, has_label=...)",
+    "crossval_ds": "tfrecord_ds(..., n_folds=, val_fold_idx=)",
+    "numpy_tfexample": "numpy_tfrecord (it writes the records)",
+    "raw_image_tfexample": "image_example(image_bytes, label)",
+}
+
+
+def __getattr__(name: str) -> object:
+    raise removed_error("fenwicks.data", name, _REMOVED)

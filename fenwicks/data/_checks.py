@@ -64,3 +64,19 @@ def pipeline_shard(input_context: Any) -> tuple[int, int]:
     if input_context is None:
         return 1, 0
     return int(input_context.num_input_pipelines), int(input_context.input_pipeline_id)
+
+
+def check_folds(n_folds: Any, val_fold_idx: Any, num_examples: int) -> tuple[int, int]:
+    """k-fold arguments as ints: ``n_folds >= 1`` and ``0 <= val_fold_idx < n_folds``,
+    with at least one example per fold."""
+    if isinstance(n_folds, bool) or not isinstance(n_folds, (int, np.integer)) \
+            or n_folds < 1:
+        raise ValueError(f"n_folds={n_folds!r} must be a positive integer (1 = no folds)")
+    if isinstance(val_fold_idx, bool) or not isinstance(val_fold_idx, (int, np.integer)) \
+            or not 0 <= val_fold_idx < n_folds:
+        raise ValueError(f"val_fold_idx={val_fold_idx!r} must be an integer in "
+                         f"[0, n_folds={n_folds})")
+    if num_examples < n_folds:
+        raise ValueError(f"n_folds={n_folds} but there are {num_examples} records; "
+                         "each fold needs at least one")
+    return int(n_folds), int(val_fold_idx)

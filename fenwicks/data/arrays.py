@@ -10,6 +10,7 @@ from fenwicks.data import pipeline, position
 from fenwicks.data._checks import (
     check_batch_size,
     check_features,
+    check_folds,
     check_labels,
     label_dtype,
     pipeline_shard,
@@ -23,7 +24,8 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
              *, shuffle_buf_sz: int | None = None, seed: int | None = None,
              input_context: tf.distribute.InputContext | None = None,
              batch_transform: pipeline.Transform | None = None,
-             deterministic: bool | None = None) -> tf.data.Dataset:
+             deterministic: bool | None = None, n_folds: int = 1,
+             val_fold_idx: int = 0) -> tf.data.Dataset:
     """A dataset of ``(features, labels)`` batches drawn from numpy arrays.
 
     Only example *indices* flow through tf.data; each batch is gathered from the arrays
@@ -58,6 +60,10 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
             augmentation from `fw.transform`.
         deterministic: keep element order under parallelism. Defaults to True when
             ``seed`` is given or ``training`` is False, else False (faster).
+        n_folds: k-fold cross-validation: example ``i`` is in fold ``i % n_folds``.
+            Defaults to 1 (no folds). The selected rows are copied (fancy indexing).
+        val_fold_idx: the held-out fold: training reads every other fold, evaluation
+            only this one. Defaults to 0.
 
     Returns:
         A `tf.data.Dataset` of ``(features, labels)`` (or ``features``) batches.
@@ -71,6 +77,11 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
     """
     xs = check_features(xs)
     ys = None if ys is None else check_labels(ys, len(xs))
+    n_folds, val_fold_idx = check_folds(n_folds, val_fold_idx, len(xs))
+    if n_folds > 1:
+        in_val = np.arange(len(xs)) % n_folds == val_fold_idx
+        rows = np.flatnonzero(~in_val if training else in_val)
+        xs, ys = xs[rows], None if ys is None else ys[rows]
     batch_size = check_batch_size(batch_size)
     pipeline.check_shuffle_buffer(shuffle_buf_sz)
     num_pipelines, pipeline_id = pipeline_shard(input_context)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+import numpy as np
 import tensorflow as tf
 
 
-def _check_size(h, w, c) -> None:
+def _check_size(h, w, c) -> tuple[int, int, int]:
     for name, value in (("h", h), ("w", w), ("c", c)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer (pixels/channels)")
+    return int(h), int(w), int(c)  # NumPy integers (e.g. X.shape[1] of a memmap) too
 
 
 def _features(tfexample: tf.Tensor, numpy_meta: bool = False) -> dict[str, tf.Tensor]:
@@ -97,7 +101,7 @@ def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 
         >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
         >>> ds = fw.data.tfrecord_ds('/tmp/cifar/train*', parser, 128)
     """
-    _check_size(h, w, c)
+    h, w, c = _check_size(h, w, c)
     dtype = tf.as_dtype(dtype)
     features = _features(tfexample, numpy_meta=True)
     if tf.executing_eagerly():
@@ -133,9 +137,52 @@ def tfexample_image_parser(tfexample: tf.Tensor, h: int, w: int,
     Example:
         >>> parser = lambda r: fw.data.tfexample_image_parser(r, 224, 224)
     """
-    _check_size(h, w, c)
+    h, w, c = _check_size(h, w, c)
     features = _features(tfexample)
     image = tf.io.decode_image(features["image"], channels=c, expand_animations=False)
     image = tf.image.resize(image, [h, w], antialias=True)
     image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
     return tf.ensure_shape(image, [h, w, c]), tf.cast(features["label"], tf.int32)
+
+
+def get_tfexample_image_parser(tfms: Sequence[Callable[[tf.Tensor], tf.Tensor]] | None = None,
+                               has_label: bool = True) -> Callable[[tf.Tensor], object]:
+    """A parser for encoded-image records that decodes to float32 in ``[0, 1]`` and
+    applies ``tfms`` in order: ``record -> (image, label)``, or ``image`` without labels.
+
+    Reads what `files_tfrecord`, `class_folders_tfrecord`, `data_dir_label_csv_tfrecord`
+    (``has_label=True``) and `data_dir_no_label_tfrecord` (``has_label=False``) write.
+    The last transform should fix the size (``fw.transform.tfm_set_shape(h, w)`` or
+    ``tfm_resize``): batches need one image size.
+
+    Args:
+        tfms: single-image transforms, e.g. ``fw.transform.get_fastai_transforms(...)``.
+            Defaults to none.
+        has_label: the records hold a ``label``. Defaults to True.
+
+    Returns:
+        The parser, for `tfrecord_ds`.
+
+    Example:
+        >>> tfms = [fw.transform.tfm_standard_scaler(mean, std),
+        ...         fw.transform.tfm_set_shape(32, 32)]
+        >>> parser = fw.data.get_tfexample_image_parser(tfms)
+        >>> ds = fw.data.tfrecord_ds(fn, parser, 128)
+    """
+    tfms = list(tfms or [])
+    for i, tfm in enumerate(tfms):
+        if not callable(tfm):
+            raise ValueError(f"tfms[{i}]={tfm!r} is not a function image -> image")
+    spec = {"image": tf.io.FixedLenFeature([], tf.string)}
+    if has_label:
+        spec["label"] = tf.io.FixedLenFeature([], tf.int64)
+
+    def parse(tfexample: tf.Tensor) -> object:
+        features = tf.io.parse_single_example(tfexample, spec)
+        image = tf.io.decode_image(features["image"], channels=3, expand_animations=False)
+        image = tf.image.convert_image_dtype(image, tf.float32)  # uint8 -> [0, 1]
+        for tfm in tfms:
+            image = tfm(image)
+        return (image, tf.cast(features["label"], tf.int32)) if has_label else image
+
+    return parse

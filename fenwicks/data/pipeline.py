@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from fenwicks import transform as fw_transform
@@ -32,7 +33,7 @@ def check_cache(cache: Any) -> bool | str:
 
 def check_shuffle_buffer(shuffle_buf_sz: Any) -> None:
     if shuffle_buf_sz is not None and (isinstance(shuffle_buf_sz, bool) or
-                                       not isinstance(shuffle_buf_sz, int) or
+                                       not isinstance(shuffle_buf_sz, (int, np.integer)) or
                                        shuffle_buf_sz < 1):
         raise ValueError(f"shuffle_buf_sz={shuffle_buf_sz!r} must be a positive integer "
                          "(examples held in the shuffle buffer) or None")
@@ -127,14 +128,15 @@ def epoch_seed(seed: int | None, epoch: tf.Tensor, salt: int) -> tf.Tensor | Non
 
 
 def check_augmented_epochs(augmented_epochs: Any, training: bool) -> int:
-    if isinstance(augmented_epochs, bool) or not isinstance(augmented_epochs, int) \
+    if isinstance(augmented_epochs, bool) \
+            or not isinstance(augmented_epochs, (int, np.integer)) \
             or augmented_epochs < 0:
         raise ValueError(f"augmented_epochs={augmented_epochs!r} must be an integer >= 0 "
                          "(0 = augment live every epoch)")
     if augmented_epochs and not training:
         raise ValueError("augmented_epochs is for training datasets; evaluation data is "
                          "not augmented. Pass augmented_epochs=0 with training=False")
-    return augmented_epochs
+    return int(augmented_epochs)
 
 
 def default_deterministic(deterministic: bool | None, seed: int | None,

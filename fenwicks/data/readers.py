@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -12,7 +12,7 @@ import tensorflow as tf
 from fenwicks import accel
 from fenwicks import io as fw_io
 from fenwicks.data import epochs, pipeline, position
-from fenwicks.data._checks import RecordError, check_batch_size, pipeline_shard
+from fenwicks.data._checks import RecordError, check_batch_size, check_folds, pipeline_shard
 from fenwicks.data.scan import FileScan, scan_tfrecord
 
 logger = logging.getLogger("fenwicks")
@@ -54,7 +54,8 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
                 deterministic: bool | None = None,
                 input_context: tf.distribute.InputContext | None = None,
                 skip_corrupt: bool = False, verify: bool = True,
-                cycle_length: int = 16) -> tf.data.Dataset:
+                cycle_length: int = 16, n_folds: int = 1,
+                val_fold_idx: int = 0) -> tf.data.Dataset:
     """A dataset of ``(features, labels)`` batches from TFRecord files.
 
     Shards are read in parallel and interleaved, records parsed in parallel, decoded
@@ -93,6 +94,11 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
         verify: check every file's framing and checksums up front (one sequential read,
             cached) so damage is reported with the file name. Defaults to True.
         cycle_length: files read concurrently. Defaults to 16.
+        n_folds: k-fold cross-validation: split the records into this many folds
+            (record ``i`` of the files in sorted order is in fold ``i % n_folds``, so
+            every record is in exactly one fold). Defaults to 1 (no folds).
+        val_fold_idx: with ``n_folds > 1``, the held-out fold: ``training=True`` reads
+            every other fold, ``training=False`` reads only this one. Defaults to 0.
 
     Returns:
         A `tf.data.Dataset`.
@@ -107,6 +113,8 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
         >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
         >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128,
         ...                          batch_transform=augment, cache=True)
+        >>> fold_2 = fw.data.tfrecord_ds(fn, parser, 128, training=False, n_folds=5,
+        ...                              val_fold_idx=2)
     """
     batch_size, cache = _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
                                        training)
@@ -117,16 +125,19 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
     if isinstance(cache, str):
         _check_reachable(cache, "cache")
     files = match_files(file_pattern)
+    folds = _fold_spec(files, n_folds, val_fold_idx, training)
     by_file = len(files) >= num_pipelines
     if by_file:
         files = files[pipeline_id::num_pipelines]
+        folds = folds and Folds(folds.offsets[pipeline_id::num_pipelines], *folds[1:])
     takes = _usable_records(files, skip_corrupt) if verify else [-1] * len(files)
     batched = _check_parser(parser, files, verify)
     deterministic = pipeline.default_deterministic(deterministic, seed, training)
     source = record_source(files, [0] * len(files), takes, shuffle=training and by_file,
                            seed=seed, deterministic=deterministic, cycle_length=cycle_length,
                            ignore_errors=skip_corrupt and not verify,
-                           shard=None if by_file else (num_pipelines, pipeline_id))
+                           shard=None if by_file else (num_pipelines, pipeline_id),
+                           folds=folds)
 
     def parse(records: tf.data.Dataset) -> tf.data.Dataset:
         return _parse(records, parser, batched, deterministic)
@@ -137,7 +148,7 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
                "deterministic": deterministic}
     if training:
         counted = not (skip_corrupt and not verify)  # else TensorFlow decides what is lost
-        size = _records_per_epoch(files, by_file, num_pipelines, pipeline_id) \
+        size = _records_per_epoch(files, by_file, num_pipelines, pipeline_id, folds) \
             if counted and position.requested_batches(training) else None
         return epochs.training_batches(source, parse, size, augmented_epochs=augmented_epochs,
                                        cache_suffix=suffix, **options)
@@ -146,10 +157,44 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
 
 
 def _records_per_epoch(files: list[str], by_file: bool, num_pipelines: int,
-                       pipeline_id: int) -> int:
+                       pipeline_id: int, folds: Folds | None = None) -> int:
     """Records this input pipeline reads per epoch (the scans are cached)."""
-    total = sum(scan_tfrecord(f).records for f in files)
+    counts = [scan_tfrecord(f).records for f in files]
+    if folds:
+        counts = [folds.kept(offset, count) for offset, count in zip(folds.offsets, counts,
+                                                                     strict=True)]
+    total = sum(counts)
     return total if by_file else len(range(pipeline_id, total, num_pipelines))
+
+
+class Folds(NamedTuple):
+    """k-fold selection: record j of a file is global record ``offsets[file] + j`` and
+    belongs to fold ``(offsets[file] + j) % n_folds``."""
+
+    offsets: list[int]
+    n_folds: int
+    val_fold_idx: int
+    training: bool
+
+    def kept(self, offset: int, count: int) -> int:
+        """How many of records ``offset .. offset + count - 1`` this selection reads."""
+        first_val = offset + (self.val_fold_idx - offset) % self.n_folds
+        in_val = len(range(first_val, offset + count, self.n_folds))
+        return count - in_val if self.training else in_val
+
+
+def _fold_spec(files: list[str], n_folds: Any, val_fold_idx: Any,
+               training: bool) -> Folds | None:
+    """Validates the fold arguments; record offsets come from the (cached) file scans,
+    over all files, so every input pipeline assigns a record to the same fold."""
+    if n_folds == 1 and val_fold_idx == 0:
+        return None
+    counts = [scan_tfrecord(f).records for f in files]
+    n_folds, val_fold_idx = check_folds(n_folds, val_fold_idx, sum(counts))
+    if n_folds == 1:
+        return None
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+    return Folds(offsets, int(n_folds), int(val_fold_idx), bool(training))
 
 
 def _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
@@ -255,21 +300,26 @@ def _name(fn: Any) -> str:
 def record_source(files: list[str], skips: list[int], takes: list[int], *, shuffle: bool,
                   seed: int | None, deterministic: bool, cycle_length: int,
                   ignore_errors: bool = False,
-                  shard: tuple[int, int] | None = None) -> epochs.Source:
+                  shard: tuple[int, int] | None = None,
+                  folds: Folds | None = None) -> epochs.Source:
     """epoch -> the serialized records of ``files`` (each from ``skip``, ``take`` of them,
     -1 = all), files read concurrently; in a file order seeded by (seed, epoch) when
     ``shuffle``. ``shard=(num, index)`` keeps every num-th record (fewer files than input
-    pipelines: every pipeline must then read the files in the same order, unshuffled)."""
+    pipelines: every pipeline must then read the files in the same order, unshuffled).
+    ``folds`` keeps only the records of the training folds or of the held-out fold."""
     # No autograph: nothing to convert, and it trips over this closure (a noisy warning).
     @tf.autograph.experimental.do_not_convert
-    def read(path, skip, take):
+    def read(path, skip, take, offset):
         records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).skip(skip).take(take)
         # Without the up-front scan, skip_corrupt falls back to TensorFlow's own skipping
         # (it stops the file at the damage and logs it, but cannot count what it lost).
-        return records.ignore_errors(log_warning=True) if ignore_errors else records
+        records = records.ignore_errors(log_warning=True) if ignore_errors else records
+        return _in_folds(records, folds, offset + skip) if folds else records
 
+    offsets = folds.offsets if folds else [0] * len(files)
     names = tf.data.Dataset.from_tensor_slices(
-        (files, tf.constant(skips, tf.int64), tf.constant(takes, tf.int64)))
+        (files, tf.constant(skips, tf.int64), tf.constant(takes, tf.int64),
+         tf.constant(offsets, tf.int64)))
 
     def epoch_records(epoch: tf.Tensor | None) -> tf.data.Dataset:
         ordered = names.shuffle(len(files), seed=epochs.file_order_seed(seed, epoch)) \
@@ -280,6 +330,18 @@ def record_source(files: list[str], skips: list[int], takes: list[int], *, shuff
         return records.shard(*shard) if shard else records
 
     return epoch_records
+
+
+def _in_folds(records: tf.data.Dataset, folds: Folds, first: tf.Tensor) -> tf.data.Dataset:
+    """The records whose global index (``first`` + position) is in the selected folds."""
+    indexed = tf.data.Dataset.zip(tf.data.Dataset.counter(first), records)
+    val_fold, n_folds = tf.constant(folds.val_fold_idx, tf.int64), folds.n_folds
+
+    def selected(index: tf.Tensor, _record: tf.Tensor) -> tf.Tensor:
+        in_val = tf.equal(index % n_folds, val_fold)
+        return tf.logical_not(in_val) if folds.training else in_val
+
+    return indexed.filter(selected).map(lambda _index, record: record)
 
 
 def _remote() -> bool:

@@ -15,6 +15,7 @@ import posixpath
 import random
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -43,8 +44,10 @@ def image_example(image: bytes, label: int) -> bytes:
 
 def shard_paths(fn: str, num_shards: int) -> list[str]:
     """The files a write to ``fn`` produces: ``fn`` itself, or ``fn-00000-of-00004``..."""
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+    if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) \
+            or num_shards < 1:
         raise ValueError(f"num_shards={num_shards!r} must be a positive integer")
+    num_shards = int(num_shards)
     if num_shards == 1:
         return [fn]
     return [f"{fn}-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
@@ -127,7 +130,7 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
         fn: output path, local or ``gs://``. With ``num_shards > 1`` the files are
             ``fn-00000-of-0000N``...; read them all with the pattern ``fn + '*'``.
         X: examples ``[N, ...]`` (e.g. uint8 images ``[N, H, W, C]``).
-        y: integer class ids ``[N]``.
+        y: integer class ids ``[N]`` (or ``[N, 1]``, as ``keras.datasets`` gives them).
         num_shards: files to spread the examples over, round robin. Defaults to 1.
         overwrite: replace an earlier write to ``fn``. Defaults to False (refuse).
 
@@ -143,6 +146,9 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
         >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128)
     """
     X = check_features(X, "X")
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1:] == (1,) and y.dtype.kind in "iu":
+        y = y.reshape(-1)  # [N, 1] class ids, as keras.datasets.cifar10 gives them
     y = check_labels(y, len(X), "y")
     if y.dtype.kind == "f":
         raise ValueError(f"y has dtype {y.dtype}; numpy_tfrecord stores integer class ids")
@@ -166,6 +172,17 @@ def image_format(data: bytes) -> str | None:
         if data.startswith(magic):
             return name
     return None
+
+
+def unlabelled_example(image: bytes) -> bytes:
+    """A serialized `tf.train.Example` with only the feature ``image`` (a test set)."""
+    features = {"image": _bytes_feature(image)}
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def read_image(path: str) -> bytes:
+    """An image file's bytes; a ValueError if it is not a JPEG, PNG, GIF or BMP."""
+    return _read_image(path)
 
 
 def _read_image(path: str) -> bytes:
@@ -226,7 +243,9 @@ def _class_files(data_dir: str) -> tuple[list[str], list[list[str]]]:
 
 def data_dir_tfrecord(data_dir: str, fn: str, valid_fraction: float = 0.0,
                       valid_fn: str | None = None, num_shards: int = 1,
-                      overwrite: bool = False, seed: int = 0) -> list[str]:
+                      overwrite: bool = False, seed: int = 0, *,
+                      shuffle: bool | None = None, file_ext: str | None = None,
+                      exclude_dirs: Sequence[str] = ()) -> Any:
     """Writes a one-folder-per-class image tree (the Kaggle layout) as TFRecords.
 
     Class ids follow the sorted folder names. Examples are shuffled (seeded) before
@@ -241,14 +260,30 @@ def data_dir_tfrecord(data_dir: str, fn: str, valid_fraction: float = 0.0,
         num_shards: files per output. Defaults to 1.
         overwrite: replace earlier writes. Defaults to False (refuse).
         seed: seeds the shuffle and the split. Defaults to 0.
+        shuffle: the original Fenwicks form: given (True or False), no split is made,
+            the records are written in random (seeded) or folder order, and the result
+            is `ImageFiles` ``(paths, y, labels)`` in record order, as
+            `class_folders_tfrecord` returns. Defaults to None (the form above).
+        file_ext: with ``shuffle``, only files with this extension. Defaults to None
+            (JPEG, PNG, GIF and BMP).
+        exclude_dirs: with ``shuffle``, sub-folders that are not classes.
 
     Returns:
-        The class names, index = class id.
+        The class names, index = class id; with ``shuffle`` given, ``(paths, y, labels)``.
 
     Example:
         >>> classes = fw.data.data_dir_tfrecord('/kaggle/input/flowers', 'gs://b/train',
         ...                                     valid_fraction=0.1, valid_fn='gs://b/valid')
+        >>> paths, y, labels = fw.data.data_dir_tfrecord(flowers_dir, fn, shuffle=True)
     """
+    if shuffle is not None or file_ext is not None or exclude_dirs:
+        if valid_fraction or valid_fn is not None:
+            raise ValueError("shuffle=, file_ext= and exclude_dirs= write one file (the "
+                             "original Fenwicks form); split with tfrecord_ds(..., n_folds=)"
+                             " or drop them to use valid_fraction=/valid_fn=")
+        from fenwicks.data.image_folders import class_folders_tfrecord  # it imports this
+        return class_folders_tfrecord(data_dir, fn, True if shuffle is None else shuffle,
+                                      overwrite, file_ext, exclude_dirs, num_shards, seed)
     _check_split(fn, valid_fraction, valid_fn)
     for out in (fn, valid_fn):  # check both before writing either: fail without side effects
         if out is not None:

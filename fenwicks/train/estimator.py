@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
+import numpy as np
 
 from fenwicks import accel
 from fenwicks._checks import divisible_by_replicas, positive_int
@@ -68,6 +69,7 @@ class EstimatorConfig:
 
 
 def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str,
+                      ws_dir: str | None = None, ws_vars: Any = None,
                       trn_bs: int = 128, val_bs: int | None = None,
                       pred_bs: int | None = None, steps_per_loop: int | None = None,
                       precision: str = "auto", seed: int | None = None,
@@ -82,6 +84,11 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         model_func: ``params -> ModelSpec``, e.g. from `get_clf_model_func`.
         work_dir: checkpoints and TensorBoard logs (local or ``gs://``). An existing
             checkpoint there is resumed.
+        ws_dir: the original Fenwicks's positional warm-start directory: the same as
+            ``warm_start_from``. Defaults to None.
+        ws_vars: the original's list of variable patterns to warm-start; only None is
+            accepted (``warm_start_from`` loads every variable whose name and shape
+            match: see `Estimator.warm_start_report`). Defaults to None.
         trn_bs: global training batch size, divisible by the replica count.
             Defaults to 128.
         val_bs: global evaluation batch size. Defaults to `trn_bs`.
@@ -111,6 +118,7 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=512,
         ...                                  val_bs=10000, seed=1)
     """
+    warm_start_from = _warm_start_source(ws_dir, ws_vars, warm_start_from)
     acc = accel.current()
     replicas = acc.num_replicas
     trn_bs = divisible_by_replicas("trn_bs", trn_bs, replicas)
@@ -144,6 +152,21 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         save_every_loops, positive_int("keep_checkpoints", keep_checkpoints), verbose)
     return Estimator(model_func, config, acc)
 
+
+def _warm_start_source(ws_dir: Any, ws_vars: Any, warm_start_from: str | None) -> str | None:
+    """The original's positional ``ws_dir, ws_vars`` as ``warm_start_from``."""
+    if ws_dir is not None and not isinstance(ws_dir, (str, os.PathLike)):
+        raise TypeError(f"ws_dir={ws_dir!r}: the 4th positional argument is the warm-start "
+                        "directory; pass batch sizes by name, e.g. trn_bs=512")
+    if ws_vars is not None:
+        raise TypeError("ws_vars= is not supported: warm_start_from=<checkpoint or work_dir> "
+                        "loads every variable whose name and shape match (listed in "
+                        "est.warm_start_report); a pretrained Keras base from "
+                        "fw.keras_models.get_model needs neither")
+    if ws_dir is not None and warm_start_from is not None:
+        raise TypeError(f"ws_dir={ws_dir!r} and warm_start_from={warm_start_from!r}: give "
+                        "one (ws_dir is the original name of warm_start_from)")
+    return os.fspath(ws_dir) if ws_dir is not None else warm_start_from
 
 
 def _release(inputs: InputManager, state: RunState) -> None:
@@ -325,17 +348,21 @@ class Estimator:
         self.history.evals.append(result)
         return result
 
-    def predict(self, input_fn: InputFn) -> Any:
+    def predict(self, input_fn: InputFn, as_dicts: bool = False) -> Any:
         """Per-example predictions: exactly one row per input example, in input order.
 
         Args:
             input_fn: ``params -> tf.data.Dataset`` of feature batches (or
                 (features, labels) pairs, whose labels are ignored) of at most
                 ``params['batch_size']`` examples.
+            as_dicts: return one dict per example, ``{'y_pred': class id, 'y_prob':
+                probabilities}``, as the original Fenwicks's (TPUEstimator's) predict
+                yielded. Needs class probabilities ``[N, classes]``. Defaults to False.
 
         Returns:
             A NumPy array (or a dict of arrays, as `predict_fn` returns) with one row per
-            example; class probabilities for `get_clf_model_func`.
+            example; class probabilities for `get_clf_model_func`. With ``as_dicts``, a
+            list of dicts.
 
         Raises:
             ValueError: on a multi-worker run (predict is single-host).
@@ -345,7 +372,8 @@ class Estimator:
             ...                     params['batch_size'], training=False))
         """
         self._reload_if_stale()
-        return self._evaluator.predict(input_fn)
+        predictions = self._evaluator.predict(input_fn)
+        return _as_dicts(predictions) if as_dicts else predictions
 
     # ---------------------------------------------------------------- export, loops of loops
 
@@ -407,6 +435,16 @@ class Estimator:
         self._train(train_input_fn, None, max_steps, callbacks, evaluate,
                     every * self.config.steps_per_epoch)
         return self.history
+
+
+def _as_dicts(probs: Any) -> list[dict[str, Any]]:
+    if not isinstance(probs, np.ndarray) or probs.ndim != 2:
+        raise ValueError(f"as_dicts=True needs class probabilities [N, classes]; this model "
+                         f"predicts {type(probs).__name__} of shape "
+                         f"{getattr(probs, 'shape', None)}: use as_dicts=False")
+    labels = np.argmax(probs, axis=1)
+    return [{"y_pred": int(label), "y_prob": row} for label, row in zip(labels, probs,
+                                                                        strict=True)]
 
 
 def train_and_evaluate(estimator: Estimator, train_input_fn: InputFn,
