@@ -26,7 +26,8 @@ def runs(request, tmp_path_factory):
     root = str(tmp_path_factory.mktemp(f"callbacks{request.param}"))
     if request.param == 1:
         return _callbacks.scenarios(root)
-    return run_module_json("tests._callbacks", root, env={"FENWICKS_DEVICE": "cpu:8"})
+    return run_module_json("tests._callbacks", root, env={"FENWICKS_DEVICE": "cpu:8"},
+                           timeout=1700)
 
 
 def test_early_stopping_stops_and_restores_the_best_weights(runs):
