@@ -6,6 +6,11 @@ TensorFlow starts, and resume must cross a real process boundary):
     python -m tests._flagship losses WORK_ROOT            # per-step losses, each BN mode
     python -m tests._flagship resume WORK_ROOT STEPS      # STEPS more steps on each model
     python -m tests._flagship exact WORK_ROOT 8,56,1000   # evaluate/predict per val_bs
+
+Several commands share one process (TensorFlow starts once), joined by ``+``; the
+output is then the list of their results, in order, e.g.
+
+    python -m tests._flagship losses ROOT/l replica + exact ROOT/e 8,56,1000
 """
 
 from __future__ import annotations
@@ -110,6 +115,22 @@ def exact(work_root: str, batch_sizes: str) -> dict[str, Any]:
     return out
 
 
+COMMANDS = {"losses": losses, "resume": resume, "exact": exact}
+
+
+def main(argv: list[str]) -> Any:
+    """One command's result, or the list of results of commands joined by ``+``."""
+    if "+" not in argv:
+        return COMMANDS[argv[0]](*argv[1:])
+    out, command = [], []
+    for arg in [*argv, "+"]:
+        if arg != "+":
+            command.append(arg)
+            continue
+        out.append(COMMANDS[command[0]](*command[1:]))
+        command = []
+    return out
+
+
 if __name__ == "__main__":
-    commands = {"losses": losses, "resume": resume, "exact": exact}
-    print(json.dumps(commands[sys.argv[1]](*sys.argv[2:])))
+    print(json.dumps(main(sys.argv[1:])))

@@ -3,11 +3,18 @@ be configured before TensorFlow initialises, which the parent test process alrea
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -19,24 +26,76 @@ except ImportError:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def python_env(env: dict[str, str | None] | None = None,
+               inherit: bool = True) -> dict[str, str]:
+    """The environment of a test's Python subprocess: this worktree first on the path.
+
+    ``os.environ`` (unless `inherit` is False: then only ``PATH`` and ``HOME``), with
+    ``PYTHONPATH`` = the repository root, TensorFlow's start-up chatter silenced, and
+    `env` on top; a value of None removes that variable (e.g. ``FENWICKS_DEVICE``).
+
+    Example:
+        >>> python_env({"FENWICKS_DEVICE": "cpu:8"})["PYTHONPATH"] == ROOT
+        True
+    """
+    base = dict(os.environ) if inherit else {k: os.environ[k] for k in ("PATH", "HOME")
+                                             if k in os.environ}
+    full = {**base, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    for name, value in (env or {}).items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    return full
+
+
+def run_process(args: list[str], env: dict[str, str | None] | None = None,
+                cwd: str | os.PathLike | None = ROOT, timeout: float = 600,
+                check: bool = True, inherit: bool = True) -> subprocess.CompletedProcess:
+    """THE runner: ``python *args`` in a fresh interpreter with `python_env(env)`.
+
+    Every test subprocess starts here, so the environment is set up in one place. With
+    `check` (the default) a non-zero exit raises with the process's output. The result
+    also carries ``.seconds``, the wall time of the process.
+
+    Example:
+        >>> run_process(["-m", "fenwicks", "info"], {"FENWICKS_DEVICE": "cpu:8"}).stdout
+    """
+    command = [sys.executable, *args]
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=python_env(env, inherit), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+    proc.seconds = time.perf_counter() - start
+    if check and proc.returncode != 0:
+        shown = " ".join(a if len(a) < 80 else a[:77] + "..." for a in args)
+        raise AssertionError(f"python {shown} failed ({proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def start_process(args: list[str], env: dict[str, str | None] | None = None,
+                  cwd: str | os.PathLike | None = ROOT) -> subprocess.Popen:
+    """`run_process`'s environment for a process the test signals or waits on itself
+    (text pipes for stdout and stderr)."""
+    return subprocess.Popen([sys.executable, *args], env=python_env(env), cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def last_json(stdout: str) -> object:
+    """The JSON document on the last line of a process's stdout."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 600,
                cwd: str | None = None) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter; raises with its output if it fails."""
-    full_env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-                **(env or {})}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    if proc.returncode != 0:
-        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n"
-                             f"{proc.stderr[-6000:]}")
-    return proc
+    return run_process(["-c", textwrap.dedent(code)], env=env, cwd=cwd, timeout=timeout)
 
 
 def run_json(code: str, env: dict[str, str] | None = None, timeout: float = 600,
              cwd: str | None = None):
     """Runs `code`, which must print one JSON document as its last stdout line."""
-    proc = run_python(code, env=env, timeout=timeout, cwd=cwd)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(run_python(code, env=env, timeout=timeout, cwd=cwd).stdout)
 
 
 def run_module_json(module: str, *args: str, env: dict[str, str] | None = None,
@@ -46,14 +105,48 @@ def run_module_json(module: str, *args: str, env: dict[str, str] | None = None,
     Subprocess code lives in helper modules (`tests._flagship`, ...) that ruff checks,
     rather than in code strings.
     """
-    full_env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", module, *args], env=full_env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"python -m {module} {' '.join(args)} failed "
-                             f"({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                             f"{proc.stderr[-6000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(run_process(["-m", module, *args], env=env, timeout=timeout).stdout)
+
+
+# ------------------------------------------------- one process for several tests' snippets
+
+_SNIPPETS: dict[str, dict[str, str]] = {}  # FENWICKS_DEVICE -> name -> code
+_SHARED: dict[str, dict[str, Any]] = {}  # FENWICKS_DEVICE -> name -> result
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_snippet(device: str, name: str, code: str) -> Callable[[], Any]:
+    """Registers `code` to run under ``FENWICKS_DEVICE=device`` in ONE process shared by
+    every snippet registered for that device (TensorFlow starts once for all of them).
+
+    `code` is what `run_json` takes: a program printing one JSON document last. Register
+    at module level; call the returned function in the test: the first call runs the
+    process (`tests._shared_process`), every call returns that snippet's JSON document,
+    or raises with its traceback if it failed (only its own test fails).
+
+    Example:
+        >>> EIGHT = shared_snippet("cpu:8", "lr_finder", "print(1)")
+        >>> def test_eight(): assert EIGHT() == 1
+    """
+    _SNIPPETS.setdefault(device, {})[name] = textwrap.dedent(code)
+    return lambda: _shared_result(device, name)
+
+
+def _shared_result(device: str, name: str) -> Any:
+    with _SHARED_LOCK:
+        if device not in _SHARED:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(_SNIPPETS[device], f)
+            try:
+                _SHARED[device] = run_module_json("tests._shared_process", f.name,
+                                                  env={"FENWICKS_DEVICE": device})
+            finally:
+                os.unlink(f.name)
+    result = _SHARED[device][name]
+    if "error" in result:
+        raise AssertionError(f"snippet {name!r} failed in the shared FENWICKS_DEVICE="
+                             f"{device} process:\n{result['error']}")
+    return result["json"]
 
 
 @pytest.fixture
@@ -110,3 +203,90 @@ def _running_emulator(directory, faults: bool = False):
         yield emulator
     finally:
         emulator.stop()
+
+
+# ------------------------------------------------------------- the fast subset: in-process
+# `pytest -m "not slow"` is the subset a developer runs while thinking, and a Python
+# process costs seconds (TensorFlow's import) before it does anything. So a test that
+# starts one (directly, through a helper of its module or a fixture) is marked slow here,
+# where no test file can forget it; in-process tests over ~5 s carry the mark themselves.
+
+_STARTS_A_PROCESS = re.compile(
+    r"\b(run_process|start_process|run_python|run_json|run_module_json|subprocess_json"
+    r"|gcs_emulator|gcs_fault_emulator|NotebookClient|_shared_result"
+    r"|subprocess\.(run|Popen|call|check_call|check_output))\b")
+
+
+def _starts_a_process(obj: object, seen: set[int],
+                      pattern: re.Pattern = _STARTS_A_PROCESS) -> bool:
+    """Whether `obj` (a test, fixture or helper in tests/) starts a process (its source
+    matches `pattern`), following the functions and classes of tests/ modules it names."""
+    if id(obj) in seen:
+        return False
+    seen.add(id(obj))
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError):
+        return False
+    if pattern.search(source):
+        return True
+    module = sys.modules.get(getattr(obj, "__module__", ""), None)
+    if module is None:
+        return False
+    for name in set(re.findall(r"\b[A-Za-z_]\w*\b", source)):
+        helper = getattr(module, name, None)
+        if (inspect.isfunction(helper) or inspect.isclass(helper)) and \
+                _in_tests(helper) and _starts_a_process(helper, seen, pattern):
+            return True
+    return False
+
+
+def _in_tests(obj: object) -> bool:
+    return getattr(obj, "__module__", "").split(".")[0] in ("tests", "conftest")
+
+
+# In-process tests over ~1 s (quiet machine) in files being edited by others as this was
+# written: slow from here until their own file carries `@pytest.mark.slow` (then delete
+# the name here). A name that no longer exists marks nothing.
+_SLOW_ELSEWHERE = {f"tests/test_estimator.py::test_{name}" for name in (
+    "small_cnn_learns_digits_with_xla", "exact_evaluation_and_predict_on_one_replica",
+    "export_saved_model_reloads_and_predicts_the_same",
+    "regression_model_func_reports_exact_mse_and_mae",
+    "sample_weights_scale_the_training_loss",
+    "warm_start_loads_matching_variables_and_reports_the_rest",
+    "evaluation_with_sample_weights_is_the_weighted_mean", "float16_applies_a_loss_scale",
+    "steps_on_a_resumed_work_dir_count_from_the_restored_step",
+    "steps_per_loop_stops_exactly_and_logs_scalars",
+    "close_flushes_the_logs_and_lets_go_of_the_input",
+    "bfloat16_computes_in_bfloat16_with_float32_variables",
+    "checkpoints_every_n_loops_keep_the_last_few",
+    "nan_loss_names_the_step_and_keeps_the_last_good_checkpoint",
+    "work_dir_with_another_models_checkpoint_is_a_clear_error",
+    "bad_training_input_is_reported_before_compiling",
+    "running_out_of_training_data_keeps_the_steps_done")}
+
+
+_SHARES_A_PROCESS = re.compile(r"\b_shared_result\b")
+# The first test to ask for a shared process's results waits for all of its snippets.
+SHARED_PROCESS_TIMEOUT = 1800
+
+
+def _uses(item: pytest.Function, pattern: re.Pattern) -> bool:
+    """Whether a test, or a fixture of tests/ it uses, matches `pattern` (see above)."""
+    seen: set[int] = set()
+    return _starts_a_process(item.function, seen, pattern) or any(
+        pattern.fullmatch(name) or any(
+            _in_tests(d.func) and _starts_a_process(d.func, seen, pattern) for d in defs)
+        for name, defs in item._fixtureinfo.name2fixturedefs.items())
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        if not item.get_closest_marker("timeout") and _uses(item, _SHARES_A_PROCESS):
+            item.add_marker(pytest.mark.timeout(SHARED_PROCESS_TIMEOUT))
+        if not item.get_closest_marker("slow") and (
+                item.nodeid.split("[")[0] in _SLOW_ELSEWHERE
+                or _uses(item, _STARTS_A_PROCESS)):
+            item.add_marker(pytest.mark.slow)

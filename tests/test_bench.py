@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fenwicks import bench
-from tests.conftest import ROOT, run_json
+from tests.conftest import ROOT, run_json, shared_snippet
 
 # ------------------------------------------------------------ imported on first use
 
@@ -113,9 +113,12 @@ print(json.dumps(out))
 """
 
 
+_SIMULATED = shared_snippet("cpu:2", "bench", _SUBPROCESS)
+
+
 @pytest.fixture(scope="module")
 def simulated():
-    return run_json(_SUBPROCESS, env={"FENWICKS_DEVICE": "cpu:2"}, timeout=300)
+    return _SIMULATED()
 
 
 def test_cli_json_parses_with_hand_counted_flops(simulated):

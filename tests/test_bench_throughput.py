@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks.estimator_throughput import train_throughput
-from tests.conftest import run_json
+from tests.conftest import shared_snippet
 
 
 def test_throughput_rejects_bad_input():
@@ -50,8 +50,11 @@ print(json.dumps(out))
 """
 
 
+_RESULT = shared_snippet("cpu:2", "bench_throughput", _SUBPROCESS)
+
+
 def test_train_throughput_counts_examples():
-    out = run_json(_SUBPROCESS, env={"FENWICKS_DEVICE": "cpu:2"}, timeout=300)
+    out = _RESULT()
     result = out["throughput"]
     assert result["device"] == "cpu x2" and result["batch_size"] == 16
     assert len(result["seconds"]) == 2

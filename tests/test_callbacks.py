@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import fenwicks as fw
-from tests import _callbacks
+from tests import _callbacks, _callbacks_resume
 from tests import _flagship as flagship
 from tests.conftest import run_module_json
 
-pytestmark = pytest.mark.slow
+# The 8-replica process (the first 8-replica test's set-up) needs minutes on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 SPE = _callbacks.STEPS_PER_EPOCH
 
 
@@ -25,7 +26,8 @@ def runs(request, tmp_path_factory):
     root = str(tmp_path_factory.mktemp(f"callbacks{request.param}"))
     if request.param == 1:
         return _callbacks.scenarios(root)
-    return run_module_json("tests._callbacks", root, env={"FENWICKS_DEVICE": "cpu:8"})
+    return run_module_json("tests._callbacks", root, env={"FENWICKS_DEVICE": "cpu:8"},
+                           timeout=1700)
 
 
 def test_early_stopping_stops_and_restores_the_best_weights(runs):
@@ -99,8 +101,9 @@ def test_callbacks_that_cannot_apply_are_refused_before_training(tmp_path, callb
 
 
 def test_fenwicks_early_stopping_and_best_exporter_are_exact_across_a_resume(tmp_path):
-    whole = run_module_json("tests._callbacks_resume", str(tmp_path / "whole"), "6")
-    run_module_json("tests._callbacks_resume", str(tmp_path / "half"), "1")
+    # The uninterrupted run and the first epoch run here; the resume is a new process.
+    whole = _callbacks_resume.run(str(tmp_path / "whole"), "6")
+    _callbacks_resume.run(str(tmp_path / "half"), "1")
     resumed = run_module_json("tests._callbacks_resume", str(tmp_path / "half"), "6")
     # Uninterrupted: epoch 0 is the best, epoch 1 is not better by 10: stop at step 64.
     assert whole["step"] == 2 * SPE

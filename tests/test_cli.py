@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from fenwicks import __main__ as cli
+from tests.conftest import run_process
 
 
 def _fenwicks(*args: str, tmp_path, device: str | None = None) -> subprocess.CompletedProcess:
     # TensorFlow's own start-up lines are the user's to silence; this user did.
-    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "FENWICKS_ROOT": str(tmp_path)}
-    env.pop("FENWICKS_DEVICE", None)
-    if device is not None:
-        env["FENWICKS_DEVICE"] = device
-    return subprocess.run([sys.executable, "-m", "fenwicks", *args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    return run_process(["-m", "fenwicks", *args], cwd=tmp_path, timeout=300, check=False,
+                       env={"FENWICKS_ROOT": str(tmp_path), "FENWICKS_DEVICE": device})
 
 
 def _has_gpu() -> bool:
@@ -51,9 +46,36 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("args, device, message", CASES,
-                         ids=[" ".join([d or "", *a]) for a, d, _ in CASES])
-def test_a_user_error_is_one_line_and_status_2(args, device, message, tmp_path):
+# Options and values are checked by the same `main` that ``python -m fenwicks`` exits with
+# (``sys.exit(main())``): in-process, fast. The cases that need a device chosen when
+# TensorFlow starts run in real processes, which also prove the module's wiring.
+IN_PROCESS = [case for case in CASES if case[1] is None]
+IN_A_PROCESS = [case for case in CASES if case[1] is not None]
+
+
+@pytest.mark.parametrize("args, device, message", IN_PROCESS,
+                         ids=[" ".join(a) for a, _, _ in IN_PROCESS])
+def test_a_user_error_is_one_line_and_status_2(args, device, message, tmp_path, capsys,
+                                               monkeypatch):
+    monkeypatch.setenv("FENWICKS_ROOT", str(tmp_path))
+    try:
+        status = cli.main(args)
+    except SystemExit as exit_:  # argparse's errors exit from parse_args
+        status = exit_.code
+    out, err = capsys.readouterr()
+    assert status == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(message), lines[0]
+    assert out == "" or "error" not in out
+    assert os.listdir(tmp_path) == []  # a refused command writes nothing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, device, message", IN_A_PROCESS,
+                         ids=[" ".join([d, *a]) for a, d, _ in IN_A_PROCESS])
+def test_a_device_error_is_one_line_and_status_2_in_a_real_process(args, device, message,
+                                                                  tmp_path):
     if device == "gpu" and _has_gpu():
         pytest.skip("this machine has a GPU")
     proc = _fenwicks(*args, tmp_path=tmp_path, device=device)
@@ -64,6 +86,7 @@ def test_a_user_error_is_one_line_and_status_2(args, device, message, tmp_path):
     assert proc.stdout == "" or "error" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_work_dir_that_is_a_file_is_one_line_and_the_file_is_untouched(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("my notes")
@@ -76,6 +99,7 @@ def test_a_work_dir_that_is_a_file_is_one_line_and_the_file_is_untouched(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing else written
 
 
+@pytest.mark.slow
 def test_debug_shows_the_traceback(tmp_path):
     for args in (["--debug", "info"], ["info", "--debug"]):
         proc = _fenwicks(*args, tmp_path=tmp_path, device="bogus")
@@ -85,6 +109,7 @@ def test_debug_shows_the_traceback(tmp_path):
             "ValueError: device='bogus' is not a device spec")
 
 
+@pytest.mark.slow
 def test_info_says_why_this_accelerator(tmp_path):
     proc = _fenwicks("info", tmp_path=tmp_path, device="cpu:2")
     assert proc.returncode == 0, proc.stderr

@@ -160,6 +160,7 @@ def shards(tmp_path):
     return fn, paths, xs, ys
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_numpy_tfrecord_shards_and_eval_pass_is_exact(shards):
     fn, paths, xs, ys = shards
     assert [os.path.basename(p) for p in paths] == [f"train-0000{i}-of-00004" for i in range(4)]
@@ -178,6 +179,7 @@ def test_numpy_tfrecord_shards_and_eval_pass_is_exact(shards):
         assert len(labels[-1]) == (20 % batch_size or batch_size)
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_tfrecord_training_is_seeded_and_each_epoch_a_permutation(shards):
     fn = shards[0]
 
@@ -193,6 +195,7 @@ def test_tfrecord_training_is_seeded_and_each_epoch_a_permutation(shards):
     assert not np.array_equal(order, epochs(4))
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_tfrecord_shards_per_input_pipeline(shards):
     fn = shards[0]
     for pipelines in (2, 3, 5):  # 4 files: by file for 2, by record for 3 and 5
@@ -360,6 +363,7 @@ def test_augmented_epochs_are_cached_and_cycled(shards):
     assert flipped[0] != flipped[1]
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_seeded_augmentation_is_reproducible(shards):
     fn = shards[0]
 

@@ -6,16 +6,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 import fenwicks as fw
 from fenwicks import demo
+from tests.conftest import run_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIME_LIMIT = 120  # seconds, the promise in the README, on a 2-core machine
 
 
@@ -25,15 +23,17 @@ def _field(output: str, name: str) -> str:
     return match.group(1).strip()
 
 
+def _demo(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m fenwicks demo *args`` as a user runs it (one replica, storage root
+    `tmp_path`); ``.seconds`` is its wall time."""
+    return run_process(["-m", "fenwicks", "demo", *args], cwd=tmp_path, timeout=2 * TIME_LIMIT,
+                       env={"FENWICKS_ROOT": str(tmp_path), "FENWICKS_DEVICE": None})
+
+
+@pytest.mark.slow
 def test_demo_command_reaches_95_percent_in_time_and_says_where_its_files_are(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "FENWICKS_ROOT": str(tmp_path)}
-    env.pop("FENWICKS_DEVICE", None)
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fenwicks", "demo"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=2 * TIME_LIMIT)
-    seconds = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = _demo(tmp_path)
+    seconds = proc.seconds
     out = proc.stdout
     accuracy = re.match(r"([0-9.]+) \((\d+) of (\d+) ", _field(out, "test accuracy"))
     assert accuracy, out
@@ -55,19 +55,17 @@ def test_demo_command_reaches_95_percent_in_time_and_says_where_its_files_are(tm
     print(f"demo: accuracy {value:.4f} in {seconds:.1f} s")
 
 
-def _demo(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "FENWICKS_ROOT": str(tmp_path)}
-    env.pop("FENWICKS_DEVICE", None)
-    proc = subprocess.run([sys.executable, "-m", "fenwicks", "demo", *args], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=2 * TIME_LIMIT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
+@pytest.mark.slow
 def test_a_second_run_resumes_the_first_and_says_so(tmp_path):
     work_dir = str(tmp_path / "run")
-    first = _demo(tmp_path, "--epochs", "2", "--work-dir", work_dir).stdout
+    run = _demo(tmp_path, "--epochs", "2", "--work-dir", work_dir)
+    # tf.data warns ("To make it possible to preserve tf.data options across
+    # serialization boundaries...") when a distributed dataset is iterated inside a
+    # tf.function: Fenwicks must create its iterators eagerly. TensorFlow's own log
+    # lines are the user's to silence (TF_CPP_MIN_LOG_LEVEL=2 here): nothing else remains.
+    assert "preserve tf.data options" not in run.stderr, run.stderr[-3000:]
+    assert "Warning" not in run.stderr, run.stderr[-3000:]
+    first = run.stdout
     assert f"\nstarting fresh in {work_dir}\n" in first
     steps = 2 * (1347 // 64)  # 2 epochs of 21 steps
     assert re.match(rf"[0-9,]+ examples/s \({steps} steps", _field(first, "training speed"))
@@ -82,16 +80,6 @@ def test_a_second_run_resumes_the_first_and_says_so(tmp_path):
     assert f"starting fresh in {work_dir} (--fresh: the previous run there was deleted)" \
         in third
     assert re.match(r"[0-9,]+ examples/s \(21 steps", _field(third, "training speed"))
-
-
-def test_a_run_prints_no_tf_data_warning_and_keeps_the_users_tf_log_level(tmp_path):
-    # tf.data warns ("To make it possible to preserve tf.data options across
-    # serialization boundaries...") when a distributed dataset is iterated inside a
-    # tf.function: Fenwicks must create its iterators eagerly. TensorFlow's own log
-    # lines are the user's to silence (TF_CPP_MIN_LOG_LEVEL=2 here): nothing else remains.
-    proc = _demo(tmp_path, "--epochs", "1", "--work-dir", str(tmp_path / "run"))
-    assert "preserve tf.data options" not in proc.stderr, proc.stderr[-3000:]
-    assert "Warning" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_load_digits_is_a_stratified_75_25_split_scaled_to_unit_range():

@@ -16,7 +16,8 @@ import pytest
 from tests import _flagship as flagship
 from tests.conftest import run_module_json
 
-pytestmark = pytest.mark.slow
+# The shared runs take ~4 min on a quiet 2-core machine, all in the first test's set-up.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 BATCHES_1 = [1, 64, 1000]            # 773 evaluation digits: partial last batches
 BATCHES_8 = [8, 56, 1000]            # on 8 replicas a global batch divides by 8
@@ -26,20 +27,48 @@ EXACT_STEPS, DRIFT = 8, 2e-3
 
 
 def _run(*args: str, replicas: int = 1):
-    return run_module_json("tests._flagship", *args,
+    return run_module_json("tests._flagship", *args, timeout=1700,
                            env={"FENWICKS_DEVICE": f"cpu:{replicas}" if replicas > 1 else "cpu"})
 
 
 @pytest.fixture(scope="module")
-def replica_losses(tmp_path_factory):
-    """Per-step losses on 1, 2 and 8 replicas (three processes, two at a time)."""
-    root = tmp_path_factory.mktemp("replicas")
+def runs(tmp_path_factory):
+    """Every run this module checks, in four processes (TensorFlow starts once in each),
+    two at a time:
+
+    - 8 replicas: per-step losses (per-replica, synchronized and ghost BN), then exact
+      evaluation at each val_bs of BATCHES_8;
+    - 1 replica: the same losses and BATCHES_1, then 20 steps and (another work_dir) 40;
+    - 2 replicas: synchronized and ghost BN losses (per-replica BN is compared between 1
+      and 8 replicas only);
+    - 1 replica, a NEW process after the second: 20 more steps on its 20-step work_dir.
+    """
+    root = tmp_path_factory.mktemp("flagship")
+    path = lambda *parts: str(root.joinpath(*parts))
+    modes = "replica,sync,4"
+
+    def one_replica():
+        losses, exact, first, whole = _run(
+            "losses", path("losses1"), modes, "+", "exact", path("exact1"),
+            ",".join(map(str, BATCHES_1)), "+", "resume", path("half"), "20", "+",
+            "resume", path("whole"), "40")
+        second = _run("resume", path("half"), "20")
+        return losses, exact, {"first": first, "second": second, "whole": whole}
+
     with ThreadPoolExecutor(2) as pool:
-        # Per-replica BN is compared only between 1 and 8 replicas.
-        modes = {1: "replica,sync,4", 2: "sync,4", 8: "replica,sync,4"}
-        runs = {r: pool.submit(_run, "losses", str(root / str(r)), modes[r], replicas=r)
-                for r in (1, 2, 8)}
-        return {r: run.result() for r, run in runs.items()}
+        eight = pool.submit(_run, "losses", path("losses8"), modes, "+", "exact",
+                            path("exact8"), ",".join(map(str, BATCHES_8)), replicas=8)
+        one = pool.submit(one_replica)
+        two = pool.submit(_run, "losses", path("losses2"), "sync,4", replicas=2)
+        (losses1, exact1, resume), (losses8, exact8) = one.result(), eight.result()
+        return {"losses": {1: losses1, 2: two.result(), 8: losses8},
+                "exact": {1: exact1, 8: exact8}, "resume": resume}
+
+
+@pytest.fixture(scope="module")
+def replica_losses(runs):
+    """Per-step losses on 1, 2 and 8 replicas, by ``model/bn``."""
+    return runs["losses"]
 
 
 @pytest.mark.parametrize("model", flagship.MODELS)
@@ -73,12 +102,9 @@ def test_per_replica_bn_does_differ_with_the_replica_count(replica_losses):
         assert np.max(np.abs(np.subtract(one, eight)) / one) > 5 * DRIFT, model
 
 
-def test_resume_in_new_processes_equals_an_uninterrupted_run(tmp_path):
-    with ThreadPoolExecutor(2) as pool:
-        whole = pool.submit(_run, "resume", str(tmp_path / "whole"), "40")
-        first = pool.submit(_run, "resume", str(tmp_path / "half"), "20")
-        whole, first = whole.result(), first.result()
-    second = _run("resume", str(tmp_path / "half"), "20")
+def test_resume_in_new_processes_equals_an_uninterrupted_run(runs):
+    # 20 steps, then 20 more in a new process, against 40 in one go.
+    first, second, whole = (runs["resume"][k] for k in ("first", "second", "whole"))
     for model in flagship.MODELS:
         assert first[model]["step"] == 20 and second[model]["step"] == 40
         for got, want in zip(second[model]["variables"], whole[model]["variables"],
@@ -95,15 +121,17 @@ def _softmax(logits):
     return exp / exp.sum(axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize("replicas,batches", [(1, BATCHES_1), (8, BATCHES_8)])
-def test_evaluation_is_exact_for_every_batch_size(tmp_path, replicas, batches):
-    out = _run("exact", str(tmp_path), ",".join(map(str, batches)), replicas=replicas)
+@pytest.mark.parametrize("replicas", [1, 8])
+def test_evaluation_is_exact_for_every_batch_size(runs, replicas):
+    out = runs["exact"][replicas]
+    batches = BATCHES_1 if replicas == 1 else BATCHES_8
     for model in flagship.MODELS:
         _, y = flagship.digits(model)
         y = y[flagship.NUM_TRAIN:]
         reference = _softmax(out[model]["logits"])
         loss = float(np.mean(-np.log(reference[np.arange(len(y)), y])))
         accuracy = float(np.mean(reference.argmax(axis=1) == y))
+        assert sorted(map(int, out[model]["runs"])) == sorted(batches)
         for batch_size, run in out[model]["runs"].items():
             where = f"{model} val_bs={batch_size} on {replicas} replica(s)"
             probs = np.asarray(run["probs"])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fenwicks as fw
-from tests.conftest import run_json
+from tests.conftest import shared_snippet
 
 L = fw.layers
 
@@ -202,10 +202,13 @@ def _reference(x, groups, momentum=0.5, eps=1e-3, steps=2):
     return out, moving_mean, moving_var
 
 
+EIGHT_REPLICAS_RESULT = shared_snippet("cpu:8", "layers", EIGHT_REPLICAS)
+
+
 def test_batch_norm_modes_on_eight_replicas():
     """Ghost groups of 64 on one device == 8 replicas x 64 with per-replica statistics,
     outputs and moving statistics; 'sync' == statistics of the whole global batch."""
-    res = run_json(EIGHT_REPLICAS, env={"FENWICKS_DEVICE": "cpu:8"})
+    res = EIGHT_REPLICAS_RESULT()
     assert res["replicas"] == 8
     rng = np.random.RandomState(0)
     x = (rng.randn(512, 4, 4, 3) * np.linspace(0.2, 5.0, 512)[:, None, None, None]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fenwicks as fw
-from tests.conftest import run_json
+from tests.conftest import ROOT, shared_snippet
 
 N, D = 64, 4
 RNG = np.random.RandomState(0)
@@ -61,6 +61,7 @@ def check_result(lrs, losses, diverged, suggestion):
     assert crit / 100 < suggestion < crit      # steepest fall: below the limit, not tiny
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_find_lr_shows_progress_against_the_expected_steps(capsys):
     model_func = fw.train.get_reg_model_func(make_model, fw.train.sgd_optimizer(0.1, mom=0.0))
     result = fw.train.find_lr(model_func, input_fn, start_lr=START, end_lr=END,
@@ -76,6 +77,7 @@ def test_find_lr_shows_progress_against_the_expected_steps(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_find_lr_known_range_and_weights_untouched():
     with fw.accel.current().strategy.scope():  # where the estimator would build it
         model = make_model()  # build_nn returns this same model: it must come back unchanged
@@ -111,10 +113,11 @@ print(json.dumps({{"replicas": fw.accel.current().num_replicas, "lrs": result.lr
 """
 
 
-def test_find_lr_on_eight_replicas_gives_the_single_device_curve():
-    from tests.conftest import ROOT
+EIGHT_RESULT = shared_snippet("cpu:8", "lr_finder", EIGHT.format(root=ROOT))
 
-    out = run_json(EIGHT.format(root=ROOT), env={"FENWICKS_DEVICE": "cpu:8"})
+
+def test_find_lr_on_eight_replicas_gives_the_single_device_curve():
+    out = EIGHT_RESULT()
     assert out["replicas"] == 8
     check_result(out["lrs"], out["losses"], out["diverged"], out["suggestion"])
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fenwicks as fw
-from tests.conftest import run_json
+from tests.conftest import shared_snippet
 
 
 def conv_bn(c_in, c_out, k=3):
@@ -68,6 +68,7 @@ def test_counts_and_shapes(make, count, in_shape, out_shape):
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_mixed_precision_float32_outputs_and_variables(policy):
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
@@ -125,8 +126,11 @@ print(json.dumps(out))
 """
 
 
+UNDER_STRATEGY_RESULT = shared_snippet("cpu:2", "models", UNDER_STRATEGY)
+
+
 def test_models_build_under_a_strategy_with_mixed_precision():
-    out = run_json(UNDER_STRATEGY, env={"FENWICKS_DEVICE": "cpu:2"})
+    out = UNDER_STRATEGY_RESULT()
     assert out["replicas"] == 2
     for name in ("resnet9", "mnist"):
         assert out[name] == {"mirrored": "MirroredVariable", "dtypes": ["float32"],

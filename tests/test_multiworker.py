@@ -8,8 +8,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 
 from tests import _faults
 from tests import _flagship as flagship
-from tests.conftest import ROOT
+from tests.conftest import start_process
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +31,9 @@ def _start_pair(work_dir, max_steps, **env):
     procs = []
     for index in range(2):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests._multiworker", str(work_dir), str(max_steps)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-                 "FENWICKS_DEVICE": "auto", "TF_CONFIG": json.dumps(config), **env}))
+        procs.append(start_process(
+            ["-m", "tests._multiworker", str(work_dir), str(max_steps)],
+            {"FENWICKS_DEVICE": "auto", "TF_CONFIG": json.dumps(config), **env}))
     return procs
 
 

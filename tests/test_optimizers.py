@@ -15,7 +15,7 @@ import tensorflow as tf
 from packaging.version import Version
 
 import fenwicks as fw
-from tests.conftest import run_json
+from tests.conftest import shared_snippet
 
 RNG = np.random.RandomState(0)
 X = RNG.randn(16, 3).astype("float32")
@@ -98,6 +98,7 @@ def test_sgd_matches_numpy(mom, wd, nesterov):
     assert int(opt.iterations) == 5 and float(opt.learning_rate) == pytest.approx(0.0)
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_sgd_momentum_schedule():
     """Momentum cycling: the momentum at each step comes from a schedule (0.9 -> 0.5)."""
     mom = fw.train.linear_decay(0.9, 5, end_lr=0.5)
@@ -116,6 +117,7 @@ def test_sgd_exclusion_and_clipping():
     np.testing.assert_allclose(b, ref_b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_adamw_matches_numpy_and_excludes():
     w, b, _ = run_keras(fw.train.adam_optimizer(_lr(), wd=0.1, beta1=0.8, beta2=0.95,
                                                 epsilon=1e-6, exclude_from_wd="bn_and_bias"))
@@ -139,6 +141,7 @@ def test_decay_really_shrinks_weights():
         np.testing.assert_allclose(layer.kernel.numpy(), W0 * factor ** 3, rtol=1e-5)
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_unmatched_exclusion_pattern_warns():
     with pytest.warns(UserWarning, match="batch_normalization"):
         run_keras(fw.train.adam_optimizer(0.1, wd=0.1, exclude_from_wd=["batch_normalization"]),
@@ -228,10 +231,13 @@ print(json.dumps(out))
 """
 
 
+MULTI_REPLICA_RESULT = shared_snippet("cpu:8", "optimizers", MULTI_REPLICA)
+
+
 def test_eight_replicas_and_loss_scaling_match_numpy():
     """Decay counted once and clipping on the global gradient: per-replica decay would be
     8x too strong, per-replica clipping would clip 8 different partial gradients."""
-    out = run_json(MULTI_REPLICA, env={"FENWICKS_DEVICE": "cpu:8"})
+    out = MULTI_REPLICA_RESULT()
     assert out["replicas"] == 8
     sgd = np_sgd(0.9, 0.05, True, decay_bias=False, clip=0.5)
     adam = np_adamw(0.1, 0.8, 0.95, 1e-6, decay_bias=False)

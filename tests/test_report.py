@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import keras
 import tensorflow as tf
 
 from fenwicks import report
-from tests.conftest import ROOT
+from tests.conftest import run_process
 
 
 def _info_table(device: str) -> dict[str, str]:
-    env = {"PYTHONPATH": ROOT, "FENWICKS_DEVICE": device, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PATH": "/usr/bin:/bin", "HOME": "/tmp", "FENWICKS_ROOT": "/tmp/fw-info-root"}
-    out = subprocess.run([sys.executable, "-m", "fenwicks", "info"], env=env, text=True,
-                         capture_output=True, timeout=300, check=True).stdout
+    env = {"FENWICKS_DEVICE": device, "PATH": "/usr/bin:/bin", "HOME": "/tmp",
+           "FENWICKS_ROOT": "/tmp/fw-info-root"}
+    out = run_process(["-m", "fenwicks", "info"], env, timeout=300, inherit=False).stdout
     table = {}
     for line in out.splitlines():
         field, _, value = line.partition("  ")

@@ -62,6 +62,12 @@ def data_dir(tmp_path_factory) -> str:
     return root
 
 
+def _params(options: dict, fast: str) -> list:
+    """The `fast` variant (if any) in the fast subset, every variant in the full run."""
+    return [pytest.param(value, id=key, marks=() if key == fast else pytest.mark.slow)
+            for key, value in options.items()]
+
+
 def _batches(make, start: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """``count`` batches of ``make()`` built at batch ``start`` (claimed, if start > 0)."""
     with position.resume_at(start) as request:
@@ -89,7 +95,7 @@ NUMPY_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("options", NUMPY_OPTIONS.values(), ids=NUMPY_OPTIONS.keys())
+@pytest.mark.parametrize("options", _params(NUMPY_OPTIONS, fast="permutation"))
 def test_numpy_ds_started_at_batch_k_is_the_uninterrupted_stream_from_k(options):
     xs, ys = _images()
     _assert_resumes_exactly(lambda: fw.data.numpy_ds(xs, ys, BATCH, seed=3, **options))
@@ -110,12 +116,13 @@ TFRECORD_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("options", TFRECORD_OPTIONS.values(), ids=TFRECORD_OPTIONS.keys())
+@pytest.mark.parametrize("options", _params(TFRECORD_OPTIONS, fast=""))
 def test_tfrecord_ds_started_at_batch_k_is_the_uninterrupted_stream_from_k(records, options):
     _assert_resumes_exactly(lambda: fw.data.tfrecord_ds(records, _parser, BATCH, seed=3,
                                                         **options))
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_tfrecord_ds_file_cache_resumes_exactly(records, tmp_path):
     cache = str(tmp_path / "cache" / "parsed")
     _assert_resumes_exactly(lambda: fw.data.tfrecord_ds(
@@ -131,7 +138,7 @@ TFDS_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("options", TFDS_OPTIONS.values(), ids=TFDS_OPTIONS.keys())
+@pytest.mark.parametrize("options", _params(TFDS_OPTIONS, fast=""))
 def test_tfds_ds_started_at_batch_k_is_the_uninterrupted_stream_from_k(data_dir, options):
     options = dict(options)
     split = options.pop("split", "train")
@@ -164,6 +171,7 @@ def _first_batch_cost(make, start: int, counter) -> int:
     return counter() - before
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_numpy_ds_gathers_the_same_few_examples_wherever_it_starts(monkeypatch):
     # Small arrays are gathered in the graph; the numpy gather (of large arrays) is the
     # one a counting array can watch, and the index stream is the same for both.
@@ -200,6 +208,7 @@ def _counting_parser(parsed: list[int]):
     return parser
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_tfrecord_ds_parses_the_same_few_records_wherever_it_starts(records):
     parsed = [0]
     parser = _counting_parser(parsed)
@@ -229,6 +238,7 @@ def test_tfrecord_ds_parses_the_same_few_records_wherever_it_starts(records):
 # --------------------------------------------------------------- what counts as started
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_only_per_batch_ops_keep_a_started_pipeline_started():
     xs, ys = _images()
     with position.resume_at(5) as request:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +15,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import fenwicks as fw
-from tests.conftest import ROOT
+from tests.conftest import run_process
 
 NUM_TRAIN, NUM_TEST, NUM_SHARDS = 40, 13, 4
 OFFLINE_LIMIT = 30  # seconds; tfds.load alone retries for minutes
@@ -104,6 +102,7 @@ def test_tfds_load_gives_what_tfds_gives(data_dir):
     assert info.splits["train"].num_examples == NUM_TRAIN
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_training_shuffles_files_repeats_and_keeps_batches_static(data_dir):
     def epoch_orders(seed, epochs=2):
         # shuffle_buf_sz=1: the order is the file order alone, so an epoch is exactly
@@ -124,7 +123,9 @@ def test_training_shuffles_files_repeats_and_keeps_batches_static(data_dir):
     assert any(first != unshuffled for first, _ in orders.values())
 
 
-@pytest.mark.parametrize("pipelines", [2, 4, 3, 8])  # 8 > 4 files: sharded by example
+# 8 > 4 files: sharded by example. The fast subset checks 2; the full run all four.
+@pytest.mark.parametrize("pipelines", [2, *(pytest.param(n, marks=pytest.mark.slow)
+                                            for n in (4, 3, 8))])
 def test_input_context_shards_each_example_to_exactly_one_pipeline(data_dir, pipelines):
     per_pipeline = [_ids(fw.data.tfds_ds("tiny_shapes", "train", 4, training=False,
                                          data_dir=data_dir, input_context=_context(pipelines, i)))
@@ -152,11 +153,8 @@ def test_download_false_on_a_missing_dataset_is_an_error_naming_data_dir(tmp_pat
 
 
 def _run(code: str, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
-    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    return proc, time.perf_counter() - start
+    proc = run_process(["-c", textwrap.dedent(code)], cwd=tmp_path, timeout=300, check=False)
+    return proc, proc.seconds
 
 
 @pytest.mark.parametrize("name, message", [

@@ -99,6 +99,7 @@ def test_cutout_blanks_one_clipped_rectangle_of_the_right_area():
     assert _same_distribution(*heights, range(h + 1)) > 1e-3
 
 
+@pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_random_crop_resize_identity_box_and_same_distributions():
     ramp = np.broadcast_to(np.arange(H, dtype=np.float32)[:, None, None], (H, H, 1))
     # scale 1 and ratio 1 on a square image: the crop is the whole image, resized to itself.

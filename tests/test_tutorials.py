@@ -30,6 +30,8 @@ import pytest
 import tensorflow_datasets as tfds
 from nbclient import NotebookClient
 
+from tests.conftest import python_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TUTORIALS = os.path.join(ROOT, "tutorials")
@@ -191,10 +193,9 @@ def executed(tmp_path_factory, tfds_data_dir) -> dict[str, Run]:
             for name in NOTEBOOKS:
                 work = root / name[:2]
                 work.mkdir()
-                env = {**os.environ, "FENWICKS_ROOT": str(work), "PYTHONPATH": ROOT,
-                       "TF_CPP_MIN_LOG_LEVEL": "2", "TFDS_DATA_DIR": tfds_data_dir,
-                       "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
-                env.pop("FENWICKS_DEVICE", None)
+                env = python_env({"FENWICKS_ROOT": str(work), "FENWICKS_DEVICE": None,
+                                  "TFDS_DATA_DIR": tfds_data_dir,
+                                  "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
                 runs[name] = pool.submit(_execute, name, work, env)
         return {name: future.result() for name, future in runs.items()}
 
@@ -236,7 +237,8 @@ def _tutorial_code(name: str, last: str) -> str:
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    """A user's shell: no PYTHONPATH, no virtualenv of ours, pip's cache where it is."""
+    """A user's shell: no PYTHONPATH, no virtualenv of ours, pip's cache where it is.
+    (Not `tests.conftest.python_env`, whose whole point is PYTHONPATH = this clone.)"""
     keep = ("PATH", "HOME", "LANG", "TMPDIR", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL",
             "PIP_FIND_LINKS", "PIP_CONFIG_FILE", "PIP_CACHE_DIR", "HTTPS_PROXY",
             "https_proxy", "SSL_CERT_FILE")

@@ -1,0 +1,92 @@
+"""`fenwicks.train.preemption` on its own: SIGTERM sets the flag the compiled loop reads,
+even while the main thread is inside a compiled call; the previous handler comes back.
+
+The signals go to this very process, so a fixture installs a harmless SIGTERM handler
+first: were the watcher not in place, the signal would land there, not kill pytest.
+(tests/test_faults.py proves the whole flow, a SIGTERM'd training process, end to end.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from fenwicks.train import preemption
+
+
+@pytest.fixture
+def fallback_handler():
+    """A SIGTERM handler that records the signals the watcher did not take."""
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    yield seen
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_sets_the_flag_and_the_previous_handler_comes_back(fallback_handler):
+    before = signal.getsignal(signal.SIGTERM)
+    watcher = preemption.PreemptionWatcher()
+    with watcher:
+        assert not watcher.requested and not bool(watcher.flag.numpy())
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not watcher.requested and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watcher.requested and bool(watcher.flag.numpy())
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert fallback_handler == []  # the watcher took it
+    with watcher:  # entering again starts from a clear flag
+        assert not watcher.requested and not bool(watcher.flag.numpy())
+    os.kill(os.getpid(), signal.SIGTERM)  # after exit, the previous handler gets it
+    time.sleep(0.05)
+    assert fallback_handler == [signal.SIGTERM]
+
+
+def test_the_flag_is_set_while_the_main_thread_is_inside_a_compiled_call(fallback_handler):
+    # A Python handler cannot run until the compiled call returns; the wakeup-fd thread
+    # must set the flag meanwhile, or this loop would spin for its whole 20 s.
+    watcher = preemption.PreemptionWatcher()
+
+    @tf.function
+    def spin_until_flag(flag):
+        start = tf.timestamp()
+        return tf.while_loop(lambda i: tf.logical_and(tf.logical_not(flag.read_value()),
+                                                      tf.timestamp() - start < 20.0),
+                             lambda i: i + 1, [tf.constant(0, tf.int64)])
+
+    with watcher:
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+        start = time.monotonic()
+        timer.start()
+        spin_until_flag(watcher.flag)
+        waited = time.monotonic() - start
+        timer.join()
+    assert watcher.requested and waited < 10, waited
+
+
+def test_off_the_main_thread_the_watcher_installs_nothing(fallback_handler):
+    before = signal.getsignal(signal.SIGTERM)
+    seen = {}
+
+    def enter():
+        with preemption.PreemptionWatcher() as watcher:
+            seen["handler"] = signal.getsignal(signal.SIGTERM)
+            seen["requested"] = watcher.requested
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join()
+    assert seen == {"handler": before, "requested": False}
+
+
+def test_preempted_exits_like_an_unhandled_sigterm_and_says_how_to_resume():
+    err = preemption.Preempted(120, "/runs/a/ckpt-120")
+    assert isinstance(err, SystemExit) and err.code == 143 == 128 + signal.SIGTERM
+    assert (err.step, err.checkpoint) == (120, "/runs/a/ckpt-120")
+    assert str(err) == ("preempted (SIGTERM): step 120 saved to /runs/a/ckpt-120; "
+                        "run the same code again to resume")
