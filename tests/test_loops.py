@@ -157,8 +157,13 @@ def test_eval_loop_sums_every_real_example_once(weights):
     loop = loops.make_eval_loop(strategy, spec, jit_compile=False)
     padded = inputs.pad_and_mask(_batches(5, 2, weights), 2, 1, "evaluation")
     per_step = loop(iter(strategy.experimental_distribute_dataset(padded))).numpy()
-    assert per_step.shape == (3, 4)  # steps x (loss, err, count, weight)
+    # steps x (loss, err, count, weight, then the EVAL_CHECKS counts)
+    assert per_step.shape == (3, 4 + len(loops.EVAL_CHECKS))
     sums = per_step.astype(np.float64).sum(axis=0)
+    # Finite features, a finite loss on every real row, float (regression) labels: the
+    # checks count nothing, and the -inf loss of the padding rows is not counted either.
+    np.testing.assert_array_equal(sums[4:], 0)
+    sums = sums[:4]
     x = np.arange(1, 11, dtype=np.float64).reshape(5, 2)
     y = np.arange(5, dtype=np.float64)
     w = np.linspace(0.5, 2.0, 5) if weights else np.ones(5)
