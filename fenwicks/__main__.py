@@ -1,4 +1,4 @@
-"""Command line: ``python -m fenwicks info|demo|bench``.
+"""Command line: ``python -m fenwicks info|demo|bench|data-service``.
 
 A user error (a bad option, a bad ``FENWICKS_DEVICE``, an absent accelerator, a work dir
 that is a file, a missing optional package) is one line on stderr and exit status 2;
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 
 EXIT_USER_ERROR = 2  # what argparse uses for bad options; the same for every user error
@@ -53,7 +54,30 @@ def _parser() -> argparse.ArgumentParser:
                        help="chained products per timed call")
     bench.add_argument("--trials", type=int, default=5,
                        help="timed calls per row (min/median/max)")
+    _add_data_service(commands, debug)
     return parser
+
+
+def _add_data_service(commands, debug: argparse.ArgumentParser) -> None:
+    service = commands.add_parser(
+        "data-service", parents=[debug],
+        help="serve training input from this machine (a tf.data service dispatcher or "
+             "worker; runs until stopped)")
+    roles = service.add_subparsers(dest="role", required=True)
+    dispatcher = roles.add_parser("dispatcher", parents=[debug],
+                                  help="hand out input work to the workers")
+    dispatcher.add_argument("--port", type=int, required=True,
+                            help="port the trainers and workers connect to")
+    dispatcher.add_argument("--work-dir", default=None,
+                            help="journal (local or gs://) so a restarted dispatcher "
+                                 "continues its jobs")
+    worker = roles.add_parser("worker", parents=[debug],
+                              help="read, decode and batch input for the trainers")
+    worker.add_argument("--dispatcher", required=True, help="HOST:PORT of the dispatcher")
+    worker.add_argument("--port", type=int, default=0, help="this worker's port "
+                        "(default: any free port)")
+    worker.add_argument("--host", default=None, help="the name trainers reach this "
+                        "worker by (default: this machine's name)")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -90,7 +114,26 @@ def _run(args: argparse.Namespace) -> int:
 
         report = bench.run(n=args.n, repeats=args.repeats, trials=args.trials)
         print(json.dumps(report.as_dict()) if args.json else report.table())
+    elif args.command == "data-service":
+        _serve(args)
     return 0
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """Runs a tf.data service server until the process is stopped."""
+    from fenwicks.data import service
+
+    if args.role == "dispatcher":
+        server = service.start_dispatcher(args.port, work_dir=args.work_dir)
+        where = f"grpc://{socket.gethostname()}:{args.port}"
+        print(f"fenwicks data-service: dispatcher at {where}; start workers with "
+              f"`python -m fenwicks data-service worker --dispatcher "
+              f"{socket.gethostname()}:{args.port}`", flush=True)
+    else:
+        server = service.start_worker(args.dispatcher, port=args.port, host=args.host)
+        print(f"fenwicks data-service: worker registered with {args.dispatcher}",
+              flush=True)
+    server.join()
 
 
 def main(argv: list[str] | None = None) -> int:

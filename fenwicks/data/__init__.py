@@ -13,8 +13,9 @@ datasets are one exact pass that keeps the last partial batch.
 Modules: `arrays` (numpy_ds), `records` (writing TFRecords), `image_folders` (image
 folders, a CSV of labels or a test folder to TFRecords), `parsers`, `readers`
 (tfrecord_ds), `tfds_source` (tensorflow-datasets), `scan` (checking files), `pipeline`
-(the shared tail), `epochs` (training streams of records that can start at any batch) and
-`position` (where a resumed run's training input starts).
+(the shared tail), `epochs` (training streams of records that can start at any batch),
+`position` (where a resumed run's training input starts) and `service` (the tf.data
+service: input work on other machines).
 """
 
 from fenwicks._removed import removed_error
@@ -40,6 +41,7 @@ from fenwicks.data.records import (
     shard_paths,
 )
 from fenwicks.data.scan import FileScan, scan_tfrecord
+from fenwicks.data.service import via_data_service
 from fenwicks.data.tfds_source import (
     DatasetUnavailableError,
     tfds_builder,
@@ -71,6 +73,7 @@ __all__ = [
     "tfexample_image_parser",
     "tfexample_numpy_image_parser",
     "tfrecord_ds",
+    "via_data_service",
 ]
 
 _REMOVED = {

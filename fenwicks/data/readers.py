@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks import io as fw_io
-from fenwicks.data import epochs, pipeline, position
+from fenwicks.data import epochs, pipeline, position, service
 from fenwicks.data._checks import RecordError, check_batch_size, check_folds, pipeline_shard
 from fenwicks.data.scan import FileScan, scan_tfrecord
 
@@ -54,8 +54,9 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
                 deterministic: bool | None = None,
                 input_context: tf.distribute.InputContext | None = None,
                 skip_corrupt: bool = False, verify: bool = True,
-                cycle_length: int = 16, n_folds: int = 1,
-                val_fold_idx: int = 0) -> tf.data.Dataset:
+                cycle_length: int = 16, n_folds: int = 1, val_fold_idx: int = 0,
+                data_service: str | None = None,
+                processing_mode: str = "distributed_epoch") -> tf.data.Dataset:
     """A dataset of ``(features, labels)`` batches from TFRecord files.
 
     Shards are read in parallel and interleaved, records parsed in parallel, decoded
@@ -99,6 +100,13 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
             every record is in exactly one fold). Defaults to 1 (no folds).
         val_fold_idx: with ``n_folds > 1``, the held-out fold: ``training=True`` reads
             every other fold, ``training=False`` reads only this one. Defaults to 0.
+        data_service: a tf.data service dispatcher (``'grpc://host:5050'``): reading,
+            parsing, augmenting and batching run on its workers, which must reach the
+            files (`fenwicks.data.service`). Training only. Defaults to None: this host.
+            Not deterministic, and a resumed run's input starts again at epoch 0.
+        processing_mode: with ``data_service``, ``'distributed_epoch'`` (each worker
+            builds whole epochs) or ``'parallel_epochs'`` (unseeded only). Defaults to
+            ``'distributed_epoch'``.
 
     Returns:
         A `tf.data.Dataset`.
@@ -108,6 +116,7 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
         RecordError: for a corrupt or truncated file (without ``skip_corrupt``), or
             records the parser cannot read; the message names the file.
         ValueError: for bad arguments or labels of the wrong dtype or shape.
+        ConnectionError: if no dispatcher answers at ``data_service``.
 
     Example:
         >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
@@ -115,7 +124,19 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
         ...                          batch_transform=augment, cache=True)
         >>> fold_2 = fw.data.tfrecord_ds(fn, parser, 128, training=False, n_folds=5,
         ...                              val_fold_idx=2)
+        >>> remote = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128,
+        ...                              data_service='grpc://10.0.0.2:5050')
     """
+    if data_service is None and processing_mode != "distributed_epoch":
+        raise ValueError(f"processing_mode={processing_mode!r} applies to a tf.data "
+                         "service; pass data_service='grpc://host:port' too, or drop it")
+    if data_service is not None:
+        return _via_service(data_service, processing_mode, seed, training, lambda: tfrecord_ds(
+            file_pattern, parser, batch_size, training, shuffle_buf_sz=shuffle_buf_sz,
+            cache=cache, transform=transform, batch_transform=batch_transform,
+            augmented_epochs=augmented_epochs, seed=seed, deterministic=deterministic,
+            input_context=input_context, skip_corrupt=skip_corrupt, verify=verify,
+            cycle_length=cycle_length, n_folds=n_folds, val_fold_idx=val_fold_idx))
     batch_size, cache = _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
                                        training)
     if not callable(parser):
@@ -154,6 +175,33 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
                                        cache_suffix=suffix, **options)
     return pipeline.finish(parse(source(None)), training=False, cache_suffix=suffix,
                            **options)
+
+
+def _via_service(data_service: str, processing_mode: str, seed: int | None,
+                 training: bool, build: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
+    """The pipeline `build` makes, run on tf.data service workers.
+
+    The stream is built from its start (a worker cannot honour a mid-epoch position: each
+    one builds whole epochs) and claimed as started, so the estimator does not read and
+    drop the batches a resumed run already consumed.
+    """
+    if not training:
+        raise ValueError(f"data_service={data_service!r} is for training input; "
+                         "evaluation and prediction stay on this host (exact evaluation "
+                         "needs one ordered pass). Pass data_service=None with "
+                         "training=False")
+    service.check_processing_mode(processing_mode, seed)
+    service.check_reachable(data_service, "data_service")
+    resumed = position.requested_batches(True)
+    with position.resume_at(0):
+        local = build()
+    ds = service.via_data_service(local, data_service, processing_mode=processing_mode)
+    if resumed:
+        logger.warning("fenwicks: the tf.data service cannot start at batch %d of the "
+                       "stream; this run's input starts again at epoch 0 (steps, "
+                       "schedule and weights resume exactly)", resumed)
+        position.claim(ds)
+    return ds
 
 
 def _records_per_epoch(files: list[str], by_file: bool, num_pipelines: int,

@@ -1,0 +1,178 @@
+"""The tf.data service: input built on other processes (`fenwicks.data.service`).
+
+A dispatcher and two workers run as `python -m fenwicks data-service ...` processes on
+loopback, as a user would start them on other machines; trainers are processes too.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.datasets import load_digits
+
+import fenwicks as fw
+from fenwicks.data import service
+from tests import _flagship as flagship
+from tests.conftest import run_module_json, run_process, start_process
+
+STEPS = 96  # three epochs of the 1024 training digits at 32 per step
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _started(args: list[str]):
+    """A `python -m fenwicks data-service ...` process, once it says it is serving."""
+    proc = start_process(["-m", "fenwicks", "data-service", *args])
+    line = proc.stdout.readline()
+    if "fenwicks data-service:" not in line:
+        proc.kill()
+        raise AssertionError(f"data-service {args} did not start: {line}"
+                             f"{proc.communicate()[1][-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """``(address, [worker processes])``: a dispatcher and two workers on loopback."""
+    port = _free_port()
+    dispatcher = _started(["dispatcher", "--port", str(port)])
+    workers = [_started(["worker", "--dispatcher", f"localhost:{port}", "--host",
+                         "localhost"]) for _ in range(2)]
+    yield f"grpc://localhost:{port}", workers
+    for proc in [dispatcher, *workers]:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """The flagship's 1024 training digits as float32 TFRecords in 4 shards."""
+    x, y = flagship.digits("mnist_net")
+    fn = str(tmp_path_factory.mktemp("records") / "digits")
+    fw.data.numpy_tfrecord(fn, x[:flagship.NUM_TRAIN], y[:flagship.NUM_TRAIN], num_shards=4)
+    return fn + "*"
+
+
+def _parser(record):
+    return fw.data.tfexample_numpy_image_parser(record, 8, 8, 1, dtype="float32")
+
+
+def test_training_through_the_service_learns_as_local_input_does(cluster, records, tmp_path):
+    address, _ = cluster
+    local = run_module_json("tests._data_service", str(tmp_path / "local"), records,
+                            "local", str(STEPS))
+    remote = run_module_json("tests._data_service", str(tmp_path / "remote"), records,
+                             address, str(STEPS))
+    assert remote["global_step"] == local["global_step"] == STEPS
+    assert local["accuracy"] > 0.8, local  # the model learns: the comparison means something
+    assert abs(remote["accuracy"] - local["accuracy"]) < 0.05, (local, remote)
+
+
+def test_a_killed_worker_does_not_stop_training(cluster, records, tmp_path):
+    address, workers = cluster
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    trainer = start_process(["-m", "tests._data_service", str(tmp_path / "run"), records,
+                             address, str(STEPS), str(pause)])
+    deadline = time.monotonic() + 300
+    while not (pause / "trained").exists():
+        assert trainer.poll() is None, trainer.communicate()
+        assert time.monotonic() < deadline, "the trainer never finished its first third"
+        time.sleep(0.2)
+    workers[0].send_signal(signal.SIGKILL)
+    workers[0].wait()
+    (pause / "go").touch()
+    out, err = trainer.communicate(timeout=300)
+    assert trainer.returncode == 0, err[-3000:]
+    result = __import__("json").loads(out.strip().splitlines()[-1])
+    assert result["global_step"] == result["latest_step"] == STEPS
+    assert result["accuracy"] > 0.8, result
+
+
+def test_a_worker_without_a_dispatcher_is_one_line_and_status_2():
+    port = _free_port()  # nothing listens there
+    proc = run_process(["-m", "fenwicks", "data-service", "worker", "--dispatcher",
+                        f"localhost:{port}"], check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    message = [line for line in proc.stderr.splitlines() if "fenwicks data-service" in line]
+    assert len(message) == 1 and f"localhost:{port}" in message[0] and \
+        "data-service dispatcher --port" in message[0], proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ in-process: bad input
+
+def test_an_address_that_is_not_host_port_names_the_argument(records):
+    for bad in ["localhost", "grpc://localhost:http", "host:0", ":5050", 5050]:
+        with pytest.raises(ValueError, match="data_service=.*grpc://localhost:5050"):
+            fw.data.tfrecord_ds(records, _parser, 32, data_service=bad)
+
+
+def test_no_dispatcher_is_a_connection_error_not_a_hang(records):
+    port = _free_port()
+    start = time.perf_counter()
+    with pytest.raises(ConnectionError, match=f"localhost:{port}.*dispatcher --port {port}"):
+        fw.data.tfrecord_ds(records, _parser, 32, data_service=f"grpc://localhost:{port}")
+    assert time.perf_counter() - start < service.CONNECT_TIMEOUT_S + 5
+
+
+def test_processing_modes_are_checked(records):
+    with pytest.raises(ValueError, match="processing_mode='one_epoch' must be one of"):
+        fw.data.tfrecord_ds(records, _parser, 32, data_service="localhost:5050",
+                            processing_mode="one_epoch")
+    # every worker would produce the same seeded stream: training would see it twice
+    with pytest.raises(ValueError, match="parallel_epochs.*seed=1.*distributed_epoch"):
+        fw.data.tfrecord_ds(records, _parser, 32, seed=1, data_service="localhost:5050",
+                            processing_mode="parallel_epochs")
+    with pytest.raises(ValueError, match="processing_mode='parallel_epochs' applies to a"):
+        fw.data.tfrecord_ds(records, _parser, 32, processing_mode="parallel_epochs")
+
+
+def test_evaluation_input_stays_local(records):
+    with pytest.raises(ValueError, match="for training input.*training=False"):
+        fw.data.tfrecord_ds(records, _parser, 32, training=False,
+                            data_service="localhost:5050")
+
+
+def test_a_pipeline_that_calls_python_is_refused_before_it_is_sent():
+    x, y = load_digits(return_X_y=True)
+    with socket.socket() as listener:  # something answers, so only the pipeline is wrong
+        listener.bind(("localhost", 0))
+        listener.listen()
+        address = f"localhost:{listener.getsockname()[1]}"
+        with pytest.raises(ValueError, match="calls Python.*numpy_tfrecord.*tfrecord_ds"):
+            fw.data.via_data_service(fw.data.numpy_ds(x, y, 32), address)
+        plain = tf.data.Dataset.from_tensor_slices(np.arange(4))
+        with pytest.raises(ValueError, match="calls Python"):
+            fw.data.via_data_service(
+                plain.map(lambda v: tf.py_function(lambda a: a, [v], tf.int64)), address)
+
+
+def test_in_process_servers_divide_the_epochs_between_workers(records):
+    """Each worker builds whole epochs: over the first four epochs' worth of batches every
+    example arrives about four times, never more than one epoch of difference per
+    worker (the epoch each worker is still building when the reading stops)."""
+    dispatcher = service.start_dispatcher(_free_port())
+    address = dispatcher.target[len("grpc://"):]
+    workers = [service.start_worker(address, host="localhost") for _ in range(2)]
+    try:
+        ds = fw.data.tfrecord_ds(records, _parser, 32, seed=5, data_service=address)
+        batches = 4 * flagship.NUM_TRAIN // 32
+        pixels = np.concatenate([x.numpy().reshape(len(x), -1) for x, _ in ds.take(batches)])
+    finally:
+        for server in [*workers, dispatcher]:
+            server._stop()  # noqa: SLF001 - the servers' only way to stop in-process
+    x, _ = flagship.digits("mnist_net")
+    index = {row.tobytes(): i for i, row in enumerate(x[:flagship.NUM_TRAIN].reshape(
+        flagship.NUM_TRAIN, -1))}
+    counts = np.bincount([index[row.tobytes()] for row in pixels], minlength=len(index))
+    assert counts.sum() == 4 * flagship.NUM_TRAIN
+    assert 2 <= counts.min() and counts.max() <= 6, np.bincount(counts)
