@@ -105,8 +105,8 @@ def check_no_python(dataset: tf.data.Dataset, name: str = "dataset") -> None:
     if found:
         raise ValueError(
             f"{name} calls Python ({', '.join(found)}: tf.py_function or "
-            "tf.numpy_function, as fw.data.numpy_ds does), which a tf.data service worker, "
-            "another process, cannot run. Write the data to TFRecords "
+            "tf.numpy_function, as fw.data.numpy_ds does for arrays over 64 MB), which a "
+            "tf.data service worker, another process, cannot run. Write the data to TFRecords "
             "(fw.data.numpy_tfrecord) and read them with fw.data.tfrecord_ds(..., "
             "data_service=...), or keep this pipeline local")
 
@@ -118,7 +118,8 @@ def via_data_service(dataset: tf.data.Dataset, service: str, *,
 
     The whole pipeline (reading, decoding, augmenting, batching) moves to the workers,
     so it must be built from TensorFlow ops only: no ``tf.py_function`` (as in
-    `fw.data.numpy_ds`), and files the workers can read (``gs://``, or a disk they share).
+    `fw.data.numpy_ds` for arrays over 64 MB), and files the workers can read
+    (``gs://``, or a disk they share).
 
     Args:
         dataset: a training pipeline, e.g. from `fw.data.tfrecord_ds`.
