@@ -45,6 +45,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.2",
+            "pytest-xdist>=3.5",  # -n 2 --dist loadgroup (pyproject.toml's addopts)
             "scikit-learn>=1.2",
             "gcp-storage-emulator>=2024.8",
             "nbclient>=0.10",

@@ -280,12 +280,22 @@ def _uses(item: pytest.Function, pattern: re.Pattern) -> bool:
         for name, defs in item._fixtureinfo.name2fixturedefs.items())
 
 
+# Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's addopts) a module's tests
+# stay on one worker, so its module-scoped fixtures (a trained estimator, a dispatcher
+# and its workers, the flagship runs) are built once; the tests reading `shared_snippet`
+# processes form one group, so each device's shared process starts once.
+SHARED_PROCESS_GROUP = "shared-processes"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not isinstance(item, pytest.Function):
             continue
-        if not item.get_closest_marker("timeout") and _uses(item, _SHARES_A_PROCESS):
+        shares = _uses(item, _SHARES_A_PROCESS)
+        if not item.get_closest_marker("timeout") and shares:
             item.add_marker(pytest.mark.timeout(SHARED_PROCESS_TIMEOUT))
+        item.add_marker(pytest.mark.xdist_group(
+            SHARED_PROCESS_GROUP if shares else item.nodeid.split("::")[0]))
         if not item.get_closest_marker("slow") and (
                 item.nodeid.split("[")[0] in _SLOW_ELSEWHERE
                 or _uses(item, _STARTS_A_PROCESS)):

@@ -158,7 +158,7 @@ def test_a_pipeline_that_calls_python_is_refused_before_it_is_sent(monkeypatch):
                 plain.map(lambda v: tf.py_function(lambda a: a, [v], tf.int64)), address)
 
 
-def test_in_process_servers_divide_the_epochs_between_workers(records):
+def test_in_process_servers_divide_the_epochs_between_workers(records, caplog):
     """Each worker builds whole epochs: over the first four epochs' worth of batches every
     example arrives about four times, never more than one epoch of difference per
     worker (the epoch each worker is still building when the reading stops)."""
@@ -176,5 +176,9 @@ def test_in_process_servers_divide_the_epochs_between_workers(records):
     index = {row.tobytes(): i for i, row in enumerate(x[:flagship.NUM_TRAIN].reshape(
         flagship.NUM_TRAIN, -1))}
     counts = np.bincount([index[row.tobytes()] for row in pixels], minlength=len(index))
+    # what the service gives up is said when it is used, not discovered
+    said = [r.getMessage() for r in caplog.records if "tf.data service at" in r.getMessage()]
+    assert len(said) == 1 and "seed no longer makes the order repeat" in said[0] and \
+        "epoch 0" in said[0], said
     assert counts.sum() == 4 * flagship.NUM_TRAIN
     assert 2 <= counts.min() and counts.max() <= 6, np.bincount(counts)

@@ -196,6 +196,10 @@ def _via_service(data_service: str, processing_mode: str, seed: int | None,
     with position.resume_at(0):
         local = build()
     ds = service.via_data_service(local, data_service, processing_mode=processing_mode)
+    logger.warning("fenwicks: training input through the tf.data service at %s "
+                   "(processing_mode=%r): batches arrive in the order the workers finish "
+                   "them, so a seed no longer makes the order repeat, and a resumed run "
+                   "starts the input again at epoch 0", data_service, processing_mode)
     if resumed:
         logger.warning("fenwicks: the tf.data service cannot start at batch %d of the "
                        "stream; this run's input starts again at epoch 0 (steps, "
