@@ -37,7 +37,7 @@ print(json.dumps(out))
 
 
 def test_import_fenwicks_leaves_bench_out_until_first_use():
-    out = run_json(_LAZY_PROBE)
+    out = run_json(_LAZY_PROBE, fresh=True)  # a new interpreter: what `import` loads
     assert out["after_import"] is False and out["in_dir"] is True
     assert out["flops"] == 54  # 3 x 3 outputs x 3 multiply-adds x 2
     assert out["after_use"] is True and out["same_module"] is True

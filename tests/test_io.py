@@ -389,7 +389,7 @@ def test_import_sets_tensorflow_gcs_settings_before_tensorflow():
             f"for n in {names!r}: os.environ.pop(n, None)\n"
             "import fenwicks\n"
             f"print(json.dumps([os.environ.get(n) for n in {names!r}]))")
-    assert run_json(code) == ["6", "20", "20"]
+    assert run_json(code, fresh=True) == ["6", "20", "20"]  # a new interpreter
 
 
 # --------------------------------------------------------------- unzip and upload_to_gcs

@@ -59,7 +59,8 @@ print(json.dumps({
 
 
 def test_import_has_no_side_effects():
-    out = run_json(_IMPORT_PROBE, env={"FENWICKS_DEVICE": "cpu:8"})
+    # a new interpreter: a process forked after `import fenwicks` would hide its effects
+    out = run_json(_IMPORT_PROBE, env={"FENWICKS_DEVICE": "cpu:8"}, fresh=True)
     assert out == {"accel_initialised": False, "logical_cpus": 2, "connections": [],
                    "heavy_modules": []}
 
