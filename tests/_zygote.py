@@ -29,9 +29,14 @@ import runpy
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
 import threading
 import traceback
+from collections.abc import Callable
+
+FRESH_ENV = "FENWICKS_TEST_FRESH"  # =1: every test process is a new interpreter
 
 
 def serve(path: str) -> None:
@@ -145,6 +150,101 @@ def _system_exit_status(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
+
+
+# ------------------------------------------------------------------------------ client
+
+class Client:
+    """Starts a server on first use and runs ``python -c/-m`` requests through it.
+
+    Args:
+        base_env: the server's environment (a callable, read when it starts).
+        cwd: the server's working directory.
+        prefix: a command the server runs under, e.g. ``["ip", "netns", "exec", NS]``:
+            its children inherit it (the namespace).
+    """
+
+    # Read when used, not at import: a child may set these differently from the server.
+    RUNTIME_ENV = frozenset({"FENWICKS_DEVICE", "FENWICKS_ROOT", "FENWICKS_BUCKET",
+                             "TF_CONFIG", "TFDS_DATA_DIR", "MPLBACKEND"})
+    IGNORED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
+
+    def __init__(self, base_env: Callable[[], dict[str, str]], cwd: str,
+                 prefix: list[str] | None = None) -> None:
+        self._base_env, self._cwd, self._prefix = base_env, cwd, prefix or []
+        self._lock = threading.Lock()
+        self._server: subprocess.Popen | None = None
+        self._env: dict[str, str] = {}
+        self._path = ""
+
+    def may_run(self, args: list[str], env: dict[str, str]) -> bool:
+        """Whether ``python *args`` with `env` may be forked from this server."""
+        if os.environ.get(FRESH_ENV) == "1" or len(args) < 2 or args[0] not in ("-c", "-m"):
+            return False
+        reference = self._env or self._base_env()
+        changed = {k for k in env.keys() | reference.keys()
+                   if env.get(k) != reference.get(k)} - self.IGNORED_ENV
+        return changed <= self.RUNTIME_ENV
+
+    def run(self, args: list[str], env: dict[str, str], cwd: str,
+            timeout: float) -> subprocess.CompletedProcess:
+        """``python *args`` as a child of the server, like ``subprocess.run(...,
+        capture_output=True, text=True, timeout=timeout)``."""
+        self._start()
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self._path)
+        request = json.dumps({"args": list(args), "env": env, "cwd": cwd}).encode()
+        socket.send_fds(conn, [struct.pack("!I", len(request)) + request],
+                        [stdin, out_w, err_w])
+        for fd in (stdin, out_w, err_w):
+            os.close(fd)
+        texts = ["", ""]
+        readers = [threading.Thread(target=_read_all, args=(fd, texts, i), daemon=True)
+                   for i, fd in enumerate((out_r, err_r))]
+        for reader in readers:
+            reader.start()
+        answer = conn.makefile("r")
+        try:
+            pid = int(answer.readline())
+            conn.settimeout(timeout)
+            status = int(answer.readline())
+        except TimeoutError as err:
+            os.kill(pid, signal.SIGKILL)
+            for reader in readers:
+                reader.join(10)
+            raise subprocess.TimeoutExpired(["python", *args], timeout, texts[0],
+                                            texts[1]) from err
+        finally:
+            conn.close()
+        for reader in readers:
+            reader.join()
+        return subprocess.CompletedProcess(["python", *args], status, texts[0], texts[1])
+
+    def stop(self) -> None:
+        if self._server is not None and self._server.poll() is None:
+            self._server.kill()
+            self._server.wait()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._server is not None and self._server.poll() is None:
+                return
+            self._path = os.path.join(tempfile.mkdtemp(prefix="fw-zygote-"), "socket")
+            self._env = self._base_env()
+            self._server = subprocess.Popen(
+                [*self._prefix, sys.executable, "-m", "tests._zygote", self._path],
+                env=self._env, cwd=self._cwd, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True)
+            if self._server.stdout.readline().strip() != "zygote-ready":
+                raise RuntimeError(f"tests._zygote did not start (status "
+                                   f"{self._server.wait()})")
+
+
+def _read_all(fd: int, texts: list[str], index: int) -> None:
+    with open(fd, encoding="utf-8", errors="replace") as stream:
+        texts[index] = stream.read()
 
 
 if __name__ == "__main__":

@@ -8,9 +8,6 @@ import inspect
 import json
 import os
 import re
-import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -22,9 +19,11 @@ from typing import Any
 
 import pytest
 
-try:  # tests/ may or may not be a package; the emulator helper lives beside this file
+try:  # tests/ may or may not be a package; the helpers live beside this file
+    from tests import _zygote as _fork_server
     from tests import gcs_emulator as _gcs_emulator
 except ImportError:
+    import _zygote as _fork_server
     import gcs_emulator as _gcs_emulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +72,7 @@ def run_process(args: list[str], env: dict[str, str | None] | None = None,
     """
     full_env = python_env(env, inherit)
     start = time.perf_counter()
-    if not fresh and _zygote.may_run(args, full_env):
+    if not fresh and inherit and _zygote.may_run(args, full_env):
         proc = _zygote.run(args, full_env, str(cwd or os.getcwd()), timeout)
     else:
         proc = subprocess.run([sys.executable, *args], env=full_env, cwd=cwd,
@@ -86,87 +85,7 @@ def run_process(args: list[str], env: dict[str, str | None] | None = None,
     return proc
 
 
-class _Zygote:
-    """The client of this test process's `tests._zygote` server (started on first use)."""
-
-    # Read when used, not at import: a child may set these differently from the server.
-    RUNTIME_ENV = frozenset({"FENWICKS_DEVICE", "FENWICKS_ROOT", "FENWICKS_BUCKET",
-                             "TF_CONFIG", "TFDS_DATA_DIR", "MPLBACKEND"})
-    IGNORED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._server: subprocess.Popen | None = None
-        self._env: dict[str, str] = {}
-        self._path = ""
-
-    def may_run(self, args: list[str], env: dict[str, str]) -> bool:
-        if os.environ.get("FENWICKS_TEST_FRESH") == "1" or len(args) < 2 or \
-                args[0] not in ("-c", "-m") or not hasattr(socket, "send_fds"):
-            return False
-        reference = self._env or python_env()
-        changed = {k for k in env.keys() | reference.keys()
-                   if env.get(k) != reference.get(k)} - self.IGNORED_ENV
-        return changed <= self.RUNTIME_ENV
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._server is not None and self._server.poll() is None:
-                return
-            self._path = os.path.join(tempfile.mkdtemp(prefix="fw-zygote-"), "socket")
-            self._env = python_env()
-            self._server = subprocess.Popen(
-                [sys.executable, "-m", "tests._zygote", self._path], env=self._env,
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            if self._server.stdout.readline().strip() != "zygote-ready":
-                raise RuntimeError("tests._zygote did not start")
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.kill()
-            self._server.wait()
-
-    def run(self, args: list[str], env: dict[str, str], cwd: str,
-            timeout: float) -> subprocess.CompletedProcess:
-        self._start()
-        outputs = [os.pipe(), os.pipe()]
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(self._path)
-        request = json.dumps({"args": list(args), "env": env, "cwd": cwd}).encode()
-        socket.send_fds(conn, [struct.pack("!I", len(request)) + request],
-                        [stdin, outputs[0][1], outputs[1][1]])
-        for fd in (stdin, outputs[0][1], outputs[1][1]):
-            os.close(fd)
-        texts: list[str] = ["", ""]
-        readers = [threading.Thread(target=_read_all, args=(r, texts, i), daemon=True)
-                   for i, (r, _) in enumerate(outputs)]
-        for reader in readers:
-            reader.start()
-        answer = conn.makefile("r")
-        pid = int(answer.readline())
-        conn.settimeout(timeout)
-        try:
-            status = int(answer.readline())
-        except (TimeoutError, ValueError) as err:
-            os.kill(pid, signal.SIGKILL)
-            for reader in readers:
-                reader.join(10)
-            raise subprocess.TimeoutExpired(["python", *args], timeout, texts[0],
-                                            texts[1]) from err
-        finally:
-            conn.close()
-        for reader in readers:
-            reader.join()
-        return subprocess.CompletedProcess(["python", *args], status, texts[0], texts[1])
-
-
-def _read_all(fd: int, texts: list[str], index: int) -> None:
-    with open(fd, encoding="utf-8", errors="replace") as stream:
-        texts[index] = stream.read()
-
-
-_zygote = _Zygote()
+_zygote = _fork_server.Client(python_env, ROOT)
 atexit.register(_zygote.stop)
 
 
