@@ -1,0 +1,73 @@
+"""The fork server behind `run_process` behaves as ``python -c/-m`` does in a new process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests import _zygote
+from tests.conftest import ROOT, python_env, run_process
+from tests.conftest import _zygote as local_server
+
+
+def _both(args, env=None, cwd=ROOT):
+    """The same command forked from the server and in a new interpreter."""
+    forked = run_process(args, env=env, cwd=cwd, check=False)
+    fresh = run_process(args, env=env, cwd=cwd, check=False, fresh=True)
+    return forked, fresh
+
+
+def test_a_forked_process_sees_its_own_environment_cwd_argv_and_path(tmp_path):
+    code = ("import json, os, sys; import fenwicks as fw\n"
+            "print(json.dumps([os.getcwd(), sys.argv, os.environ.get('FENWICKS_DEVICE'),"
+            " sys.path[0], fw.accel.current().num_replicas]))")
+    forked, fresh = _both(["-c", code, "x"], env={"FENWICKS_DEVICE": "cpu:2"},
+                          cwd=tmp_path)
+    assert forked.returncode == fresh.returncode == 0, (forked.stderr, fresh.stderr)
+    assert forked.stdout == fresh.stdout
+    assert f'["{tmp_path}", ["-c", "x"], "cpu:2", "", 2]' == forked.stdout.strip()
+    assert forked.seconds < fresh.seconds  # it did not import TensorFlow again
+
+
+@pytest.mark.parametrize("code, status", [
+    ("import sys; sys.exit(3)", 3), ("raise SystemExit('bye')", 1),
+    ("raise ValueError('boom')", 1), ("raise KeyboardInterrupt", -2),
+    ("import atexit; atexit.register(lambda: print('at exit'))", 0),
+    ("import threading, time\n"
+     "threading.Thread(target=lambda: (time.sleep(0.5), print('joined'))).start()", 0),
+])
+def test_exit_status_and_output_match_a_new_interpreter(code, status):
+    forked, fresh = _both(["-c", code])
+    assert forked.returncode == fresh.returncode == status
+    assert forked.stdout == fresh.stdout
+    assert forked.stderr.strip().splitlines()[-1:] == fresh.stderr.strip().splitlines()[-1:]
+
+
+def test_a_module_runs_as_main():
+    forked, fresh = _both(["-m", "fenwicks", "info"], env={"FENWICKS_DEVICE": "cpu:2"})
+    assert forked.returncode == fresh.returncode == 0
+    assert "replicas             2" in forked.stdout and forked.stdout == fresh.stdout
+
+
+def test_a_timeout_kills_the_child():
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_process(["-c", "import time; print('started', flush=True); time.sleep(60)"],
+                    timeout=3)
+
+
+def test_only_variables_read_after_import_may_differ():
+    base = python_env()
+    assert local_server.may_run(["-c", "1"], {**base, "FENWICKS_DEVICE": "cpu:8"})
+    assert local_server.may_run(["-m", "x"], {k: v for k, v in base.items()
+                                              if k != "FENWICKS_ROOT"})
+    # read when TensorFlow or Python starts: only a new interpreter sees them
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "PYTHONPATH", "FENWICKS_GCS_REQUEST_TIMEOUT"):
+        assert not local_server.may_run(["-c", "1"], {**base, name: "0"}), name
+    assert not local_server.may_run(["-X", "importtime", "-c", "1"], base)
+    os.environ[_zygote.FRESH_ENV] = "1"
+    try:
+        assert not local_server.may_run(["-c", "1"], base)
+    finally:
+        del os.environ[_zygote.FRESH_ENV]
