@@ -14,6 +14,8 @@ from tests.conftest import ROOT, run_python
 
 
 def _python_blocks() -> list[str]:
+    """Every ```python block. A ```py block is shown but not run: it needs something no
+    test machine has (the tf.data service block: a dispatcher on another machine)."""
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         return re.findall(r"```python\n(.*?)```", f.read(), re.S)
 

@@ -146,8 +146,17 @@ def _bad_label_rows(labels: Any, outputs: Any) -> tf.Tensor | None:
 
 def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
     names = list(spec.metric_fns)
+    width = 3 + len(names) + len(EVAL_CHECKS)
 
     def step(batch: Any) -> tf.Tensor:
+        _, mask = batch
+        if mask.shape[0]:  # static and non-empty: every batch of a single-host run
+            return sums(batch)
+        # Several workers: one that has run out of batches gets empty ones while the
+        # others finish, and some CPU kernels (oneDNN's batch norm) fail on 0 rows.
+        return tf.cond(tf.size(mask) > 0, lambda: sums(batch), lambda: tf.zeros([width]))
+
+    def sums(batch: Any) -> tf.Tensor:
         element, mask = batch
         features, labels, weights = inputs.unpack(element)
         outputs = _float32(spec.model(features, training=False))
