@@ -145,10 +145,11 @@ def run(fn: Callable[..., T], *args: Any, what: str, path: str | None,
     if not (path or "").startswith("gs://"):
         return _direct(fn, args, kwargs, what, path, best_effort)
     seconds = CLEANUP_SECS if best_effort else deadline_secs()
+    bound = "the bound for a clean-up call" if best_effort else DEADLINE_ENV
     if not best_effort:
         _wait_for_abandoned(what, path, seconds)
     try:
-        value = _in_thread(fn, args, kwargs, what, path, seconds)
+        value = _in_thread(fn, args, kwargs, what, path, seconds, bound)
     except BaseException as err:
         if is_outage(err):
             _mark_outage()
@@ -170,7 +171,7 @@ def _direct(fn, args, kwargs, what, path, best_effort):
         return None
 
 
-def _in_thread(fn, args, kwargs, what: str, path: str, seconds: float):
+def _in_thread(fn, args, kwargs, what: str, path: str, seconds: float, bound: str):
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -188,7 +189,7 @@ def _in_thread(fn, args, kwargs, what: str, path: str, seconds: float):
             _running.append(thread)
         raise StorageTimeoutError(
             f"{what} of {path} got no answer from Google Cloud Storage within "
-            f"{seconds:.0f} s ({DEADLINE_ENV}); the call goes on in the background until "
+            f"{seconds:g} s ({bound}); the call goes on in the background until "
             "TensorFlow's own retries end. Check the network and the bucket")
     if "error" in box:
         raise box["error"]

@@ -77,7 +77,8 @@ class Controller:
         logs: dict[str, float] = {}
         with self._watcher, Progress(state.summary_writer("train"), state.global_step,
                                      target, self.config.train_batch_size,
-                                     self.config.verbose) as progress:
+                                     self.config.verbose,
+                                     path=f"{self.config.work_dir}/train") as progress:
             saver = _SavePolicy(self.config)
             epoch_losses: list[float] = []
             try:

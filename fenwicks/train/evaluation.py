@@ -100,7 +100,7 @@ class Evaluator:
                        for i, name in enumerate(self._state.spec.metric_fns)})
         result.update(global_step=self._state.global_step, num_examples=int(count))
         write_eval_summary(self._state.summary_writer("eval"), self._state.global_step,
-                           result)
+                           result, path=f"{self.config.work_dir}/eval")
         return result
 
     def predict(self, input_fn: InputFn) -> Any:

@@ -19,6 +19,8 @@ class Progress:
         target: the global step it stops at.
         global_batch_size: examples per step, for examples/s.
         verbose: show the tqdm bar. Defaults to True.
+        path: where `writer` writes; on ``gs://`` the final flush is a clean-up call
+            bounded in time (`fenwicks._deadline`). Defaults to None: unbounded.
 
     Example:
         >>> writer = tf.summary.create_file_writer(work_dir + '/train')
@@ -27,8 +29,9 @@ class Progress:
     """
 
     def __init__(self, writer: Any, start: int, target: int, global_batch_size: int,
-                 verbose: bool = True) -> None:
+                 verbose: bool = True, path: str | None = None) -> None:
         self.global_batch_size = global_batch_size
+        self._path = path
         self.step = start
         self._time = time.perf_counter()
         self._writer = writer
@@ -67,15 +70,24 @@ class Progress:
 
     def close(self) -> None:
         # Skipped while storage is down, so the error that stopped training comes first.
-        _deadline.run(self._writer.flush, what="summary flush", path=None, best_effort=True)
+        _deadline.run(self._writer.flush, what="training summary flush", path=self._path,
+                      best_effort=True)
         if self._bar is not None:
             self._bar.close()
 
 
-def write_eval_summary(writer: Any, step: int, result: dict[str, float]) -> None:
-    """Writes evaluation results as scalars with `writer` (``<work_dir>/eval``)."""
-    with writer.as_default(step=step):
-        for name, value in result.items():
-            if name != "global_step":
-                tf.summary.scalar(name, value)
-    writer.flush()
+def write_eval_summary(writer: Any, step: int, result: dict[str, float],
+                       path: str | None = None) -> None:
+    """Writes evaluation results as scalars with `writer` (``<work_dir>/eval``).
+
+    A clean-up call: on ``gs://`` (`path`) it gets a few seconds, and a failure is a
+    warning; the results were computed and are returned whether or not they are logged.
+    """
+    def write() -> None:
+        with writer.as_default(step=step):
+            for name, value in result.items():
+                if name != "global_step":
+                    tf.summary.scalar(name, value)
+        writer.flush()
+
+    _deadline.run(write, what="evaluation summary", path=path, best_effort=True)

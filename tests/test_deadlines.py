@@ -1,0 +1,95 @@
+"""Deadlines on ``gs://`` calls (`fenwicks._deadline`): clean-up calls get a short bound of
+their own, say so when they run out, and never cost the caller its results."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from fenwicks import _deadline
+from fenwicks.train.progress import Progress, write_eval_summary
+
+BOUND = 0.3  # seconds, for both kinds of call in these tests
+
+
+@pytest.fixture
+def storage_hangs(monkeypatch):
+    """A storage call that blocks until the test ends (then it is let go)."""
+    monkeypatch.setattr(_deadline, "CLEANUP_SECS", BOUND)
+    monkeypatch.setenv(_deadline.DEADLINE_ENV, str(BOUND))
+    release = threading.Event()
+    yield lambda *args, **kwargs: release.wait(30)
+    release.set()
+    with _deadline._lock:
+        threads = list(_deadline._running)
+    for thread in threads:
+        thread.join(5)
+    _deadline._running.clear()
+    _deadline._mark_healthy()
+
+
+def test_a_timed_out_call_names_the_deadline_variable(storage_hangs):
+    with pytest.raises(_deadline.StorageTimeoutError,
+                       match=rf"checkpoint save of gs://b/ckpt .*within {BOUND} s "
+                             rf"\({_deadline.DEADLINE_ENV}\)"):
+        _deadline.run(storage_hangs, what="checkpoint save", path="gs://b/ckpt")
+
+
+def test_a_clean_up_call_names_its_own_bound_and_does_not_raise(storage_hangs, caplog):
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        out = _deadline.run(storage_hangs, what="summary flush", path="gs://b/train",
+                            best_effort=True)
+    assert out is None and time.monotonic() - start < BOUND + 2
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "summary flush of gs://b/train failed" in message
+    assert "the bound for a clean-up call" in message
+    assert _deadline.DEADLINE_ENV not in message  # it was not that deadline
+
+
+class _HangingWriter:
+    """A summary writer whose storage does not answer."""
+
+    def __init__(self, hang):
+        self.hang = hang
+
+    def as_default(self, step=None):
+        self.hang()
+        raise AssertionError("not reached while storage hangs")
+
+    def flush(self):
+        self.hang()
+
+
+def test_evaluation_summary_on_hanging_storage_is_skipped_with_a_warning(storage_hangs,
+                                                                          caplog):
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        write_eval_summary(_HangingWriter(storage_hangs), 10, {"loss": 0.5},
+                           path="gs://b/run/eval")
+    assert time.monotonic() - start < BOUND + 2
+    assert any("evaluation summary of gs://b/run/eval failed" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_closing_progress_on_hanging_storage_ends_within_the_bound(storage_hangs, caplog):
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        Progress(_HangingWriter(storage_hangs), 0, 10, 32, verbose=False,
+                 path="gs://b/run/train").close()
+    assert time.monotonic() - start < BOUND + 2
+    assert any("training summary flush of gs://b/run/train failed" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_local_summaries_are_written_directly(tmp_path):
+    import tensorflow as tf
+
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    write_eval_summary(writer, 3, {"loss": 0.25, "global_step": 3}, path=str(tmp_path))
+    events = [e for f in tmp_path.iterdir() for e in tf.compat.v1.train.summary_iterator(str(f))]
+    tags = {v.tag for e in events for v in e.summary.value}
+    assert tags == {"loss"}
