@@ -50,6 +50,7 @@ OUTAGE_ERRORS = frozenset({"UnavailableError", "AbortedError", "DeadlineExceeded
 _lock = threading.Lock()
 _outage_since: float | None = None  # monotonic time of the last failure, None once healed
 _running: list[threading.Thread] = []  # abandoned calls that may still be writing
+_tensorflow_came_first = False  # and kept its GCS defaults: warned at the first gs:// call
 
 
 class StorageTimeoutError(TimeoutError):
@@ -99,13 +100,35 @@ def tensorflow_settings() -> dict[str, str]:
 def configure_tensorflow() -> bool:
     """Sets `tensorflow_settings` as defaults; False if TensorFlow was imported already.
 
+    Then TensorFlow keeps the defaults it read (unless the user had set them): the first
+    ``gs://`` call says so, once (`warn_if_tensorflow_came_first`).
+
     Example:
         >>> configure_tensorflow()   # at `import fenwicks`, before TensorFlow
         True
     """
-    for name, value in tensorflow_settings().items():
+    global _tensorflow_came_first
+    settings = tensorflow_settings()
+    imported = "tensorflow" in sys.modules
+    _tensorflow_came_first = imported and any(name not in os.environ for name in settings)
+    for name, value in settings.items():
         os.environ.setdefault(name, value)
-    return "tensorflow" not in sys.modules
+    return not imported
+
+
+def warn_if_tensorflow_came_first() -> None:
+    """Warns, once per process, that TensorFlow's own GCS client kept its slow defaults."""
+    global _tensorflow_came_first
+    if not _tensorflow_came_first:
+        return
+    _tensorflow_came_first = False
+    logger.warning(
+        "fenwicks: TensorFlow was imported before Fenwicks, so TensorFlow's own gs:// "
+        "client keeps its defaults (10 retries, about 3 minutes per request) instead of "
+        "Fenwicks' (%d retries, %d s per request): a storage outage takes longer to end "
+        "(each Fenwicks storage call still ends within %g s, %s). To fix: restart the "
+        "runtime and import fenwicks before tensorflow", RETRIES, REQUEST_TIMEOUT_SECS,
+        deadline_secs(), DEADLINE_ENV)
 
 
 def is_outage(err: BaseException) -> bool:
@@ -144,6 +167,7 @@ def run(fn: Callable[..., T], *args: Any, what: str, path: str | None,
         return None
     if not (path or "").startswith("gs://"):
         return _direct(fn, args, kwargs, what, path, best_effort)
+    warn_if_tensorflow_came_first()
     seconds = CLEANUP_SECS if best_effort else deadline_secs()
     bound = "the bound for a clean-up call" if best_effort else DEADLINE_ENV
     if not best_effort:

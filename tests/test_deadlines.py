@@ -93,3 +93,41 @@ def test_local_summaries_are_written_directly(tmp_path):
     events = [e for f in tmp_path.iterdir() for e in tf.compat.v1.train.summary_iterator(str(f))]
     tags = {v.tag for e in events for v in e.summary.value}
     assert tags == {"loss"}
+
+
+_ORDER_PROBE = """
+import json, logging
+{imports}
+from fenwicks import _deadline
+
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+logging.getLogger("fenwicks").addHandler(handler)
+for _ in range(3):  # three gs:// calls (nothing is sent: the call is a no-op)
+    _deadline.run(lambda: None, what="probe", path="gs://bucket/x")
+_deadline.run(lambda: None, what="probe", path="/tmp/x")
+print(json.dumps([r.getMessage() for r in records]))
+"""
+
+
+# as on a user's machine: this test process's `import fenwicks` set them in os.environ
+_UNSET = dict.fromkeys(_deadline.tensorflow_settings())
+
+
+@pytest.mark.parametrize("imports, env, warned", [
+    ("import tensorflow\nimport fenwicks", _UNSET, 1),
+    ("import fenwicks\nimport tensorflow", _UNSET, 0),
+    # the user gave TensorFlow its settings before importing it: nothing was lost
+    ("import tensorflow\nimport fenwicks", dict(_deadline.tensorflow_settings()), 0),
+], ids=["tensorflow-first", "fenwicks-first", "tensorflow-first-with-settings"])
+def test_tensorflow_imported_first_is_said_once_at_the_first_gs_call(imports, env, warned):
+    from tests.conftest import run_json
+
+    # a new interpreter: the import order is the property
+    messages = run_json(_ORDER_PROBE.format(imports=imports), env=env, fresh=True)
+    said = [m for m in messages if "imported before Fenwicks" in m]
+    assert len(said) == warned, messages
+    if warned:
+        assert "import fenwicks before tensorflow" in said[0]
+        assert f"within {_deadline.deadline_secs():g} s" in said[0]
