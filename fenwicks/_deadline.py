@@ -22,11 +22,17 @@ flushing summaries) are skipped until a call succeeds again, and releasing the w
 lock gets `CLEANUP_SECS`, so the error reaches the user within about
 `deadline_secs() + CLEANUP_SECS` of the failure (100 s by default).
 
+At interpreter exit, calls still abandoned get `EXIT_WAIT_SECS` to finish; then the
+process says what it gave up on and exits with status `EXIT_STATUS` (75, EX_TEMPFAIL:
+"try again later") rather than hanging in TensorFlow's client. Checkpoints already
+saved are complete (each save is), so the next run resumes from the last of them.
+
 This module imports nothing of Fenwicks (fw.io and fw.train both use it).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -42,6 +48,8 @@ REQUEST_TIMEOUT_SECS = 20  # TensorFlow: to connect, and without a byte of progr
 RETRIES = 6  # TensorFlow: retries per request, waiting 1, 2, 4, 8, 16, 16 s (47 s)
 DEADLINE_SECS = 90  # one Fenwicks storage operation, every request and retry in it
 CLEANUP_SECS = 10  # a clean-up call after a failure (best effort)
+EXIT_WAIT_SECS = 10  # at interpreter exit, for calls abandoned at their deadline
+EXIT_STATUS = 75  # EX_TEMPFAIL: exited with storage calls unfinished; try again later
 DEADLINE_ENV = "FENWICKS_GCS_DEADLINE"
 REQUEST_TIMEOUT_ENV = "FENWICKS_GCS_REQUEST_TIMEOUT"
 OUTAGE_ERRORS = frozenset({"UnavailableError", "AbortedError", "DeadlineExceededError",
@@ -257,3 +265,25 @@ def _mark_healthy() -> None:
 def _first_line(err: BaseException) -> str:
     text = (getattr(err, "message", None) or str(err)).strip()
     return text.splitlines()[0][:300] if text else type(err).__name__
+
+
+def _exit_without_hanging() -> None:
+    """At interpreter exit: waits for abandoned storage calls, else exits with 75."""
+    end = time.monotonic() + EXIT_WAIT_SECS
+    with _lock:
+        threads = list(_running)
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
+    stuck = [t.name.removeprefix("fenwicks gs:// ") for t in threads if t.is_alive()]
+    if not stuck:
+        return
+    sys.stdout.flush()
+    print(f"fenwicks: exiting with status {EXIT_STATUS}: {len(stuck)} Google Cloud Storage "
+          f"call(s) ({', '.join(stuck)}) still had no answer {EXIT_WAIT_SECS} s after the "
+          "program ended, and waiting for TensorFlow's own retries could take minutes. "
+          "Checkpoints saved before are complete; run again when storage answers",
+          file=sys.stderr, flush=True)
+    os._exit(EXIT_STATUS)
+
+
+atexit.register(_exit_without_hanging)
