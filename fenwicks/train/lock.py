@@ -8,7 +8,10 @@ take no lock.
 
 A lock left by a run that was killed does not block for ever: on the same host it is
 stale once its process is gone; from another host, once its heartbeat (refreshed while
-training, at most every `HEARTBEAT_SECS`) is older than `STALE_SECS`.
+training, at most every `HEARTBEAT_SECS`) is older than `STALE_SECS`. A lock this very
+process left behind (its release failed during a storage outage, or the estimator that
+held it was garbage-collected, as when a notebook cell makes a new one) is taken over
+with a warning; one still held by a live object of this process is refused.
 
 On local disk the lock is created atomically (``O_EXCL``). Through ``tf.io.gfile``,
 ``gs://`` has no create-if-absent, so the lock is written and read back after a pause;
@@ -25,6 +28,7 @@ import os
 import socket
 import time
 import uuid
+import weakref
 from typing import Any
 
 import tensorflow as tf
@@ -35,6 +39,8 @@ LOCK_NAME = "fenwicks.lock"
 HEARTBEAT_SECS = 60.0
 STALE_SECS = 600.0
 _REMOTE_SETTLE_SECS = 0.5
+# token -> the lock of this process holding it; a token missing here was let go
+_held_here: weakref.WeakValueDictionary[str, WorkDirLock] = weakref.WeakValueDictionary()
 
 
 class WorkDirLockedError(RuntimeError):
@@ -74,14 +80,24 @@ class WorkDirLock:
             raise WorkDirNotWritableError(_not_writable(self._work_dir, err)) from None
         holder = self._read()
         if holder is not None and holder.get("token") != self._token:
-            if not _is_stale(holder):
-                raise WorkDirLockedError(_locked_message(self._work_dir, holder))
+            self._take_over(holder)
+        self._create()
+        self._held = True
+        _held_here[self._token] = self
+
+    def _take_over(self, holder: dict[str, Any]) -> None:
+        """Removes a lock nobody holds any more, or raises naming its live holder."""
+        if _this_process(holder) and holder.get("token") not in _held_here:
+            logger.warning("fenwicks: taking over the lock this process left in %s (an "
+                           "earlier estimator here did not release it: its release failed "
+                           "or it was garbage-collected)", self._work_dir)
+        elif _is_stale(holder):
             logger.warning("fenwicks: taking over the stale lock of %s (pid %s on %s, last "
                            "seen %s)", self._work_dir, holder.get("pid"), holder.get("host"),
                            _ago(holder))
-            self._remove()
-        self._create()
-        self._held = True
+        else:
+            raise WorkDirLockedError(_locked_message(self._work_dir, holder))
+        self._remove()
 
     def heartbeat(self) -> None:
         """Refreshes the lock's timestamp (at most every `HEARTBEAT_SECS`)."""
@@ -92,6 +108,7 @@ class WorkDirLock:
         if not self._held:
             return
         self._held = False
+        _held_here.pop(self._token, None)
         holder = self._read()
         if holder is not None and holder.get("token") == self._token:
             self._remove()
@@ -153,6 +170,10 @@ class WorkDirLock:
             pass
 
 
+def _this_process(holder: dict[str, Any]) -> bool:
+    return holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()
+
+
 def _is_stale(holder: dict[str, Any]) -> bool:
     pid = holder.get("pid")
     if holder.get("host") == socket.gethostname() and isinstance(pid, int):
@@ -172,6 +193,10 @@ def _ago(holder: dict[str, Any]) -> str:
 
 
 def _locked_message(work_dir: str, holder: dict[str, Any]) -> str:
+    if _this_process(holder):
+        return (f"work_dir={work_dir!r} is in use by another estimator in this process, "
+                "which is training there. Two runs would interleave their checkpoints. "
+                "Use that estimator, or close() it (or delete it) before making a new one")
     return (f"work_dir={work_dir!r} is in use: pid {holder.get('pid')} on host "
             f"{holder.get('host')!r} is training there (lock heartbeat {_ago(holder)}). Two "
             "runs would interleave their checkpoints. Use another work_dir, or wait for it "
