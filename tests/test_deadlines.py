@@ -131,3 +131,29 @@ def test_tensorflow_imported_first_is_said_once_at_the_first_gs_call(imports, en
     if warned:
         assert "import fenwicks before tensorflow" in said[0]
         assert f"within {_deadline.deadline_secs():g} s" in said[0]
+
+
+def test_an_epoch_log_write_on_hanging_storage_names_the_file(storage_hangs, monkeypatch):
+    from fenwicks.train import history
+
+    monkeypatch.setattr(history, "_write_text", storage_hangs)
+    monkeypatch.setattr(history, "read_epochs", lambda work_dir, step: [])
+    with pytest.raises(_deadline.StorageTimeoutError,
+                       match="epoch log write of gs://b/run/epochs.jsonl"):
+        history.append_epoch("gs://b/run", 0, 10, {"val_loss": 0.5})
+
+
+def test_an_export_on_hanging_storage_names_the_export(storage_hangs, monkeypatch):
+    import types
+
+    import keras
+    import tensorflow as tf
+
+    from fenwicks.train import export
+
+    monkeypatch.setattr(tf.saved_model, "save", storage_hangs)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    spec = types.SimpleNamespace(model=model, predict_fn=lambda outputs: outputs)
+    with pytest.raises(_deadline.StorageTimeoutError,
+                       match="SavedModel export of gs://b/best"):
+        export.export_saved_model(spec, tf.TensorSpec([4, 3]), "gs://b/best")

@@ -178,12 +178,54 @@ class BestExporter(_Replaying):
         if value is None or not np.isfinite(value) or not self._better(value):
             return
         self.best = float(value)
-        if tf.io.gfile.exists(self.export_dir):
-            tf.io.gfile.rmtree(self.export_dir)
-        self.estimator.export_saved_model(self.export_dir)
-        with tf.io.gfile.GFile(f"{self.export_dir}/best.json", "w") as f:
+        # The new export is written beside the old one and swapped in only when whole:
+        # a failure (storage, disk, a kill) leaves the previous best loadable.
+        staging = f"{self.export_dir}.new"
+        if tf.io.gfile.exists(staging):
+            tf.io.gfile.rmtree(staging)  # a half-written export of an earlier failure
+        self.estimator.export_saved_model(staging)
+        with tf.io.gfile.GFile(f"{staging}/best.json", "w") as f:
             f.write(json.dumps({"step": self.estimator.global_step, "epoch": epoch,
                                 "monitor": self.monitor, "value": self.best}))
+        _swap_in(staging, self.export_dir)
         self.exports += 1
         logger.info("fenwicks: %s=%.6g is the best so far; exported to %s", self.monitor,
                     self.best, self.export_dir)
+
+
+def _swap_in(staging: str, target: str) -> None:
+    """Replaces directory `target` by the complete directory `staging`.
+
+    Locally by two renames (the old export is removed only after the new one is in
+    place). On ``gs://``, which has no directory rename, object by object: every new
+    object is copied over (``best.json`` last, so it never names an export not yet
+    there), then objects of the old export that the new one lacks are deleted, then the
+    staging copy; until then `staging` holds the whole new export.
+    """
+    if "://" not in target:
+        old = f"{target}.old"
+        if tf.io.gfile.exists(old):
+            tf.io.gfile.rmtree(old)
+        if tf.io.gfile.exists(target):
+            tf.io.gfile.rename(target, old)
+        tf.io.gfile.rename(staging, target)
+        if tf.io.gfile.exists(old):
+            tf.io.gfile.rmtree(old)
+        return
+    new = _relative_files(staging)
+    for name in sorted(new, key=lambda n: n == "best.json"):
+        tf.io.gfile.makedirs(f"{target}/{name}".rsplit("/", 1)[0])
+        tf.io.gfile.copy(f"{staging}/{name}", f"{target}/{name}", overwrite=True)
+    for name in _relative_files(target) - new:
+        tf.io.gfile.remove(f"{target}/{name}")
+    tf.io.gfile.rmtree(staging)
+
+
+def _relative_files(directory: str) -> set[str]:
+    if not tf.io.gfile.exists(directory):
+        return set()
+    found = set()
+    for root, _, files in tf.io.gfile.walk(directory):
+        prefix = root[len(directory):].strip("/")
+        found.update(f"{prefix}/{f}" if prefix else f for f in files)
+    return found

@@ -6,6 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from fenwicks import _deadline
 from fenwicks.train.model_func import ModelSpec
 
 
@@ -50,5 +51,8 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         return _serving_outputs(spec.predict_fn(outputs))
 
     module.serve = serve
-    tf.saved_model.save(module, export_dir, signatures={"serving_default": serve})
+    # bounded on gs://: storage that stops answering is an error naming the export
+    _deadline.run(tf.saved_model.save, module, export_dir,
+                  signatures={"serving_default": serve}, what="SavedModel export",
+                  path=export_dir)
     return export_dir

@@ -14,6 +14,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from fenwicks import _deadline
+
 EPOCH_LOG = "epochs.jsonl"
 
 
@@ -45,11 +47,22 @@ def read_epochs(work_dir: str, up_to_step: int) -> list[dict[str, Any]]:
     interrupted after logging, before saving); they are left out, as they will be redone.
     """
     path = f"{work_dir}/{EPOCH_LOG}"
-    if not tf.io.gfile.exists(path):
-        return []
-    with tf.io.gfile.GFile(path) as f:
-        entries = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+    text = _deadline.run(_read_text, path, what="epoch log read", path=path)
+    entries = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
     return [e for e in entries if e["step"] <= up_to_step]
+
+
+def _read_text(path: str) -> str | None:
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as f:
+        return f.read()
+
+
+def _write_text(path: str, text: str) -> None:
+    with tf.io.gfile.GFile(path + ".tmp", "w") as f:  # whole file: gs:// cannot append
+        f.write(text)
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
 
 
 def append_epoch(work_dir: str, epoch: int, step: int, logs: dict[str, Any]) -> None:
@@ -58,6 +71,5 @@ def append_epoch(work_dir: str, epoch: int, step: int, logs: dict[str, Any]) -> 
     entries.append({"epoch": epoch, "step": step,
                     "logs": {k: float(v) for k, v in logs.items()}})
     path = f"{work_dir}/{EPOCH_LOG}"
-    with tf.io.gfile.GFile(path + ".tmp", "w") as f:  # whole file: gs:// cannot append
-        f.write("".join(json.dumps(e) + "\n" for e in entries))
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    _deadline.run(_write_text, path, "".join(json.dumps(e) + "\n" for e in entries),
+                  what="epoch log write", path=path)
