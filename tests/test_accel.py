@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from fenwicks import accel
-from tests.conftest import ROOT, run_json, run_python
+from tests.conftest import run_json, run_python, start_process
 
 
 class FakeStrategy:
@@ -300,13 +297,10 @@ def test_two_worker_cluster_on_loopback():
     workers = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
     procs = []
     for index in range(2):
-        env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-               "FENWICKS_DEVICE": "auto",
+        env = {"FENWICKS_DEVICE": "auto",
                "TF_CONFIG": json.dumps({"cluster": {"worker": workers},
                                         "task": {"type": "worker", "index": index}})}
-        procs.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(_REPLICA_SUM)],
-                                      env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(start_process(["-c", textwrap.dedent(_REPLICA_SUM)], env))
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=240)

@@ -15,7 +15,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,7 +26,7 @@ import tensorflow as tf
 import fenwicks as fw
 from fenwicks.train import lock
 from tests import _faults, _flagship
-from tests.conftest import ROOT, run_json
+from tests.conftest import run_json, run_process, start_process
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +35,8 @@ class Trainer:
     """A `python -m tests._faults train` process whose stdout is read line by line."""
 
     def __init__(self, work_dir, max_steps, steps_per_loop="5", **env):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests._faults", "train", str(work_dir), str(max_steps),
-             steps_per_loop], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2",
-                            **env})
+        self.proc = start_process(["-m", "tests._faults", "train", str(work_dir),
+                                   str(max_steps), steps_per_loop], env)
         self.lines: list[str] = []
         self.stderr = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -325,10 +321,8 @@ def test_a_second_run_on_a_busy_work_dir_is_refused_naming_the_first(tmp_path):
     work = tmp_path / "run"
     first = Trainer(work, 10**6, steps_per_loop="10", FAULTS_WARMUP="1")
     first.wait_for("READY")
-    second = subprocess.run(
-        [sys.executable, "-m", "tests._faults", "train", str(work), "10"], cwd=ROOT,
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    second = run_process(["-m", "tests._faults", "train", str(work), "10"], timeout=300,
+                         check=False)
     assert second.returncode != 0
     assert "WorkDirLockedError" in second.stderr
     assert f"pid {first.proc.pid} on host {socket.gethostname()!r}" in second.stderr
