@@ -536,3 +536,13 @@ def test_close_flushes_the_logs_and_lets_go_of_the_input(tmp_path):
               for event in tf.compat.v1.train.summary_iterator(path)
               for v in event.summary.value if v.tag == "loss"]
     assert len(losses) == 3  # one per loop of 4 steps, all on disk after close()
+
+
+@pytest.mark.parametrize("steps_per_loop", [0, -1, 2.5])
+def test_steps_per_loop_out_of_range_is_an_error_naming_it(tmp_path, steps_per_loop):
+    # 0 once meant "one epoch" silently; None (the default) is one epoch
+    with pytest.raises(ValueError,
+                       match=rf"steps_per_loop={steps_per_loop!r} must be a positive integer"):
+        fw.train.get_tpu_estimator(10, h.model_func(), str(tmp_path), trn_bs=32,
+                                   steps_per_loop=steps_per_loop)
+    assert not any(tmp_path.iterdir())  # refused before anything was written

@@ -150,7 +150,8 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         jit_compile = False
     config = EstimatorConfig(
         steps_per_epoch, work_dir.rstrip("/"), trn_bs, val_bs, pred_bs,
-        positive_int("steps_per_loop", steps_per_loop or steps_per_epoch),
+        positive_int("steps_per_loop",
+                     steps_per_epoch if steps_per_loop is None else steps_per_loop),
         acc.precision if precision == "auto" else precision, seed, warm_start_from,
         jit_compile, save_every_secs,
         save_every_loops, positive_int("keep_checkpoints", keep_checkpoints), verbose)
