@@ -147,3 +147,11 @@ def test_bad_model_functions():
     with pytest.raises(ValueError, match="repeat"):  # 3 batches for a sweep of 60 steps
         fw.train.find_lr(model_func, lambda params: input_fn(params).take(3), batch_size=N,
                          start_lr=START, end_lr=END, num_steps=STEPS)
+
+
+@pytest.mark.parametrize("batch_size", [0, 2.5, True])
+def test_a_bad_batch_size_is_named_as_a_batch_size_not_steps(batch_size):
+    model_func = fw.train.get_reg_model_func(make_model, fw.train.sgd_optimizer(0.1))
+    with pytest.raises(ValueError, match=rf"^batch_size={batch_size!r} must be a positive "
+                                         r"integer, e.g. batch_size=512$"):
+        fw.train.find_lr(model_func, input_fn, batch_size=batch_size)

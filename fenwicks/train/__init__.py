@@ -1,4 +1,8 @@
-"""Training: optimizers, schedules, the LR finder and the estimator. (Being built.)"""
+"""Training: the estimator, optimizers, schedules, the LR finder and callbacks.
+
+    est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=128)
+    est.train_and_evaluate(train_input_func, eval_input_func, epochs=24)
+"""
 
 from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401
 from fenwicks.train.checkpoints import (  # noqa: E402, F401  (public names)
