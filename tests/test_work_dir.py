@@ -68,10 +68,15 @@ def test_checkpoints_replaced_by_another_runs_are_restored(tmp_path, digits):
     est.train(_fold_input(x, y, 0), steps=10)  # ckpt-10 of this run
     other = _estimator(str(other_dir))
     other.train(_fold_input(x, y, 1), steps=10)  # another run's ckpt-10: the same name
+    own = os.stat(work / "ckpt-10.index")
     fw.io.create_clean_dir(str(work))
     for path in other_dir.glob("ckpt-10.*"):
         shutil.copy(path, work)
     shutil.copy(other_dir / "checkpoint", work)
+    # The copy looks like the file it replaced: same name, same size (same model) and,
+    # as when both runs wrote within one second, the same time stamp.
+    assert os.stat(work / "ckpt-10.index").st_size == own.st_size
+    os.utime(work / "ckpt-10.index", ns=(own.st_atime_ns, own.st_mtime_ns))
     est.train(_fold_input(x, y, 1), steps=5)
     other.train(_fold_input(x, y, 1), steps=5)
     assert est.global_step == other.global_step == 15

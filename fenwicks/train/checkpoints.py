@@ -24,6 +24,7 @@ it is overwritten.
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import os
 import tempfile
@@ -398,17 +399,26 @@ def remove_partial_saves(work_dir: str) -> None:
 
 
 def fingerprint(prefix: str | None) -> tuple | None:
-    """``(prefix, mtime, size)`` of a checkpoint's index: which checkpoint, which copy.
+    """``(prefix, digest)`` of a checkpoint's index: which checkpoint, which copy.
 
     Tells a checkpoint from another run's that was put in its place under the same name.
+    The index holds a CRC32C of every tensor in the data files, so its digest names the
+    contents; a modification time would not (TensorFlow's local `stat` has whole seconds,
+    and a copy made within the same second looked unchanged).
     """
     if prefix is None:
         return None
     try:
-        stat = tf.io.gfile.stat(prefix + ".index")
+        index = _deadline.run(_read_bytes, prefix + ".index", what="checkpoint index",
+                              path=prefix + ".index")
     except tf.errors.OpError:
         return (prefix,)
-    return (prefix, stat.mtime_nsec, stat.length)
+    return (prefix, hashlib.sha256(index).hexdigest())
+
+
+def _read_bytes(path: str) -> bytes:
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
 
 
 def save(manager: tf.train.CheckpointManager, step: int) -> str:
