@@ -29,6 +29,17 @@ except ImportError:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Thread pools of every test's TensorFlow (the pytest workers' and their processes'). Two
+# xdist workers already fill the two cores; TensorFlow's default pools (one thread per
+# core each) then oversubscribe them, and the 8-logical-device processes suffer most:
+# csv_and_lambda on cpu:8 beside two busy cores took 31-33 s with the defaults and
+# 18-24 s with these (tests/_callbacks.py, measured 2026-11-25). Tests that set their own
+# values keep them.
+TEST_THREADS = {name: os.environ.get(name, value) for name, value in (
+    ("TF_NUM_INTEROP_THREADS", "2"), ("TF_NUM_INTRAOP_THREADS", "1"))}
+os.environ.update(TEST_THREADS)  # before this process's TensorFlow makes its pools
+
+
 def python_env(env: dict[str, str | None] | None = None,
                inherit: bool = True) -> dict[str, str]:
     """The environment of a test's Python subprocess: this worktree first on the path.
@@ -43,7 +54,7 @@ def python_env(env: dict[str, str | None] | None = None,
     """
     base = dict(os.environ) if inherit else {k: os.environ[k] for k in ("PATH", "HOME")
                                              if k in os.environ}
-    full = {**base, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    full = {**base, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2", **TEST_THREADS}
     for name, value in (env or {}).items():
         if value is None:
             full.pop(name, None)

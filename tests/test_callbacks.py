@@ -23,11 +23,19 @@ SPE = _callbacks.STEPS_PER_EPOCH
 
 @pytest.fixture(scope="module", params=[1, 8], ids=["1-replica", "8-replicas"])
 def runs(request, tmp_path_factory):
+    """The scenarios whose outcome the replica count could change (see `_callbacks`)."""
     root = str(tmp_path_factory.mktemp(f"callbacks{request.param}"))
     if request.param == 1:
-        return _callbacks.scenarios(root)
-    return run_module_json("tests._callbacks", root, env={"FENWICKS_DEVICE": "cpu:8"},
-                           timeout=1700)
+        return _callbacks.scenarios(root, _callbacks.EIGHT_REPLICA_SCENARIOS)
+    return run_module_json("tests._callbacks", root, *_callbacks.EIGHT_REPLICA_SCENARIOS,
+                           env={"FENWICKS_DEVICE": "cpu:8"}, timeout=1700)
+
+
+@pytest.fixture(scope="module")
+def one_replica_runs(tmp_path_factory):
+    """Call order, logs and stop_training: the same Python on any replica count."""
+    return _callbacks.scenarios(str(tmp_path_factory.mktemp("callbacks-order")),
+                                ("csv_and_lambda", "stop_training"))
 
 
 def test_early_stopping_stops_and_restores_the_best_weights(runs):
@@ -41,8 +49,8 @@ def test_early_stopping_stops_and_restores_the_best_weights(runs):
     assert abs(out["evals"][1] - out["evals"][0]) > 1e-4  # so the restore did something
 
 
-def test_callbacks_see_keras_calls_params_and_logs(runs):
-    out = runs["csv_and_lambda"]
+def test_callbacks_see_keras_calls_params_and_logs(one_replica_runs):
+    out = one_replica_runs["csv_and_lambda"]
     assert out["params"] == {"epochs": 2, "steps": SPE, "verbose": 0}
     kinds = [c[0] for c in out["calls"]]
     assert kinds[0] == "train_begin" and kinds[-1] == "train_end"
@@ -65,8 +73,8 @@ def test_callbacks_see_keras_calls_params_and_logs(runs):
         assert {k: pytest.approx(float(row[k])) for k in logs} == logs
 
 
-def test_stop_training_is_honoured_at_the_next_loop_boundary(runs):
-    out = runs["stop_training"]
+def test_stop_training_is_honoured_at_the_next_loop_boundary(one_replica_runs):
+    out = one_replica_runs["stop_training"]
     assert out["step"] == 20 and out["latest"].endswith("ckpt-20")
 
 
