@@ -93,7 +93,7 @@ def test_fw_data_on_the_digits_is_not_input_bound(tmp_path, digits):
     before = est.check_input(input_fn, num_batches=20, warmup_batches=2)
     assert before.train_examples_per_sec is None and before.ratio is None
     assert before.verdict == "no verdict" and not before.input_bound
-    assert "no train call yet" in str(before)
+    assert "(no steps trained by this estimator yet): no verdict" in str(before)
 
     est.train(input_fn, steps=100)
     verdict = est.check_input(input_fn, num_batches=100)

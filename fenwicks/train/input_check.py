@@ -91,8 +91,8 @@ class InputVerdict:
     def __str__(self) -> str:
         line = f"input delivers {self.input_examples_per_sec:,.0f} ex/s, "
         if self.train_examples_per_sec is None:
-            return line + ("training consumed - ex/s (no train call yet): no verdict; "
-                           "call train, then check_input again")
+            return line + ("training consumed - ex/s (no steps trained by this "
+                           "estimator yet): no verdict; train, then check_input again")
         line += (f"training consumed {self.train_examples_per_sec:,.0f} ex/s "
                  f"({self.ratio:.2f}x): {self.verdict}")
         if self.advice:
