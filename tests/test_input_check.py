@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import time
 
 import numpy as np
@@ -172,6 +173,24 @@ def test_check_input_rejects_inputs_that_train_would_reject(tmp_path, digits):
     with pytest.raises(ValueError, match=r"ran out of data within 110 steps; end the "
                                          r"input_fn's dataset with \.repeat\(\)"):
         est.check_input(finite)
+
+
+def test_a_file_cache_still_being_written_by_training_is_a_clear_error(tmp_path, digits):
+    x, y = digits
+    cache = str(tmp_path / "cache")
+
+    def input_fn(params):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).cache(cache).repeat()
+        return ds.batch(params["batch_size"], drop_remainder=True)
+
+    est = _estimator(tmp_path / "run", FAST_BATCH, steps_per_loop=5)
+    est.train(input_fn, steps=5)  # 320 of the 1,797 digits: the cache is not complete
+    with pytest.raises(ValueError, match=re.escape(
+            f"file cache '{cache}' is being written by another iterator, the training "
+            "input's")):
+        est.check_input(input_fn, num_batches=5, warmup_batches=1)
+    est.train(input_fn, steps=25)  # 30 x 64 = 1,920 examples: one whole pass, cached
+    assert est.check_input(input_fn, num_batches=5, warmup_batches=1).ratio > 0
 
 
 @pytest.mark.parametrize("profile_steps", [(5, 5), (6, 2), (-1, 3), (1.0, 3), (1, 2, 3),

@@ -181,6 +181,39 @@ def _dataset_ops(dataset: tf.data.Dataset | None) -> tuple[set | None, set | Non
     return top | {node.op for f in graph.library.function for node in f.node_def}, top
 
 
+def _file_caches(dataset: tf.data.Dataset) -> list[str]:
+    """The file name prefixes of the ``.cache(filename)`` steps of `dataset`."""
+    try:
+        graph = tf.compat.v1.GraphDef.FromString(
+            dataset._as_serialized_graph().numpy())  # noqa: SLF001 - as tf.data service
+    except (tf.errors.OpError, ValueError, TypeError):
+        return []
+    nodes = {node.name: node for node in graph.node}
+    names = []
+    for node in graph.node:
+        name = node.input[1].split(":")[0] if node.op == "CacheDatasetV2" else None
+        value = nodes[name].attr["value"].tensor.string_val if name in nodes else []
+        names += [v.decode() for v in value if v]  # b"": a cache in memory
+    return names
+
+
+def _check_no_cache_being_written(dataset: tf.data.Dataset) -> None:
+    """Raises if a file cache of `dataset` is being written (by the training input).
+
+    tf.data lets one iterator write a file cache, and a second one that tries is refused
+    and, when destroyed, deletes the partial cache files under the first one, which then
+    fails. Reading a finished cache is fine.
+    """
+    for prefix in _file_caches(dataset):
+        if tf.io.gfile.glob(f"{prefix}_*.lockfile"):
+            raise ValueError(
+                f"the input_fn's file cache {prefix!r} is being written by another "
+                "iterator, the training input's, and tf.data allows one writer: a cache is "
+                "complete after one whole pass (with augmented_epochs=K, K epochs and a "
+                "batch). Call check_input once training has passed it, or check an "
+                "input_fn with cache=True (in memory)")
+
+
 def _rows(element: Any) -> tf.Tensor:
     return tf.cast(tf.shape(tf.nest.flatten(element)[0])[0], tf.int64)
 
@@ -205,7 +238,7 @@ def _drain_fn(strategy: tf.distribute.Strategy) -> Any:
 
 def time_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Accelerator,
                num_batches: int, warmup_batches: int
-               ) -> tuple[float, float, tf.data.Dataset | None]:
+               ) -> tuple[float, float, tf.data.Dataset]:
     """``(examples/s, seconds, the pipeline)`` of `input_fn` alone, as training reads it.
 
     The rate counts every replica's batch of each step, as training's examples/s do; on
@@ -214,7 +247,6 @@ def time_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Acceler
     strategy = accelerator.strategy
     num_replicas = accelerator.num_replicas
     batch_size = config.train_batch_size // num_replicas
-    built: list[tf.data.Dataset] = []
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         params = building.make_params(
@@ -223,9 +255,12 @@ def time_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Acceler
             input_context=context)
         dataset = inputs.call_input_fn(input_fn, params, "training")
         inputs.check_train_spec(dataset.element_spec, batch_size)
-        built.append(dataset)
         return dataset
 
+    # One pipeline built first (as train checks its first batch): checked, and read for
+    # the advice, before any iterator exists.
+    probe = dataset_fn(tf.distribute.InputContext(1, 0, num_replicas))
+    _check_no_cache_being_written(probe)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     drain = _drain_fn(strategy)
     try:
@@ -246,7 +281,7 @@ def time_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Acceler
         del iterator
         gc.collect()
     examples *= accelerator.num_workers
-    return examples / max(seconds, 1e-9), seconds, built[0] if built else None
+    return examples / max(seconds, 1e-9), seconds, probe
 
 
 def check_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Accelerator,
