@@ -383,7 +383,8 @@ class Estimator:
         Args:
             input_fn: the training input function, as given to `train`.
             num_batches: steps to time (one batch per replica each). Defaults to 100.
-            warmup_batches: steps read first and not timed. Defaults to 10.
+            warmup_batches: steps read first and not timed (at least one is: the timing
+                loop compiles on it). Defaults to 10.
 
         Returns:
             An `fw.train.InputVerdict`; ``print`` it for the one line: input delivers X

@@ -132,12 +132,12 @@ def training_rate(loops: Sequence[tuple[int, float]]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def advice(dataset: tf.data.Dataset | None) -> tuple[str, ...]:
+def advice(dataset: tf.data.Dataset) -> tuple[str, ...]:
     """The fixes that apply to `dataset`, read from its graph, most effective first.
 
     Example:
         >>> advice(tf.data.TFRecordDataset(files).map(parse).batch(32))
-        ('cache after decoding ...', 'map with num_parallel_calls=...', ...)
+        ('cache after decoding (...)', 'more parallel maps (...)', ...)
     """
     ops, top = _dataset_ops(dataset)
     if ops is None:  # a graph that cannot be serialized: every general fix
@@ -166,16 +166,20 @@ def advice(dataset: tf.data.Dataset | None) -> tuple[str, ...]:
     return tuple(fixes)
 
 
-def _dataset_ops(dataset: tf.data.Dataset | None) -> tuple[set | None, set | None]:
-    """All op types of the dataset's graph, and those of its top-level chain."""
-    if dataset is None:
-        return None, None
+def _graph(dataset: tf.data.Dataset) -> Any:
+    """The `GraphDef` of `dataset` (what the tf.data service sends), or None."""
     try:
-        graph = tf.compat.v1.GraphDef.FromString(
+        return tf.compat.v1.GraphDef.FromString(
             dataset._as_serialized_graph().numpy())  # noqa: SLF001 - as tf.data service
     except (tf.errors.OpError, ValueError, TypeError) as err:
-        logger.info("fenwicks: cannot read the input pipeline's graph (%s); giving every "
-                    "general fix", err)
+        logger.info("fenwicks: cannot read the input pipeline's graph (%s)", err)
+        return None
+
+
+def _dataset_ops(dataset: tf.data.Dataset) -> tuple[set | None, set | None]:
+    """All op types of the dataset's graph, and those of its top-level chain."""
+    graph = _graph(dataset)
+    if graph is None:
         return None, None
     top = {node.op for node in graph.node}
     return top | {node.op for f in graph.library.function for node in f.node_def}, top
@@ -183,10 +187,8 @@ def _dataset_ops(dataset: tf.data.Dataset | None) -> tuple[set | None, set | Non
 
 def _file_caches(dataset: tf.data.Dataset) -> list[str]:
     """The file name prefixes of the ``.cache(filename)`` steps of `dataset`."""
-    try:
-        graph = tf.compat.v1.GraphDef.FromString(
-            dataset._as_serialized_graph().numpy())  # noqa: SLF001 - as tf.data service
-    except (tf.errors.OpError, ValueError, TypeError):
+    graph = _graph(dataset)
+    if graph is None:
         return []
     nodes = {node.name: node for node in graph.node}
     names = []
@@ -264,10 +266,8 @@ def time_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Acceler
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     drain = _drain_fn(strategy)
     try:
-        if warmup_batches:
-            drain(iterator, tf.constant(warmup_batches, tf.int64))
-        else:  # compile it anyway, on one step, and time the others
-            drain(iterator, tf.constant(1, tf.int64))
+        # At least one step: the drain loop compiles on it, and compiling is not reading.
+        drain(iterator, tf.constant(max(warmup_batches, 1), tf.int64))
         start = time.perf_counter()
         examples = int(drain(iterator, tf.constant(num_batches, tf.int64)))
         seconds = time.perf_counter() - start
@@ -296,7 +296,8 @@ def check_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Accele
         train_loops: ``(step, examples/s)`` of each compiled loop of the last `train`
             call (`History.examples_per_sec`); empty if none.
         num_batches: steps to time (one batch per replica each). Defaults to 100.
-        warmup_batches: steps read first, untimed. Defaults to 10.
+        warmup_batches: steps read first, untimed (at least one is: the timing loop
+            compiles on it). Defaults to 10.
 
     Returns:
         An `InputVerdict`.
