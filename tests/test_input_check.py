@@ -243,3 +243,18 @@ def test_two_replicas_count_both_replicas_batches(tmp_path):
     assert result["replicas"] == 2
     assert result["rate"] == pytest.approx(50 * 64 / result["seconds"])
     assert result["verdict"] != "no verdict"
+
+
+def test_a_profiler_already_running_is_a_warning_and_training_goes_on(tmp_path, digits,
+                                                                     caplog):
+    est = _estimator(tmp_path / "run", FAST_BATCH, steps_per_loop=3)
+    tf.profiler.experimental.start(str(tmp_path / "mine"))  # the user's own profile
+    try:
+        with caplog.at_level("WARNING", logger="fenwicks"):
+            est.train(_fast_input(*digits), steps=6, profile_steps=(3, 6))
+    finally:
+        tf.profiler.experimental.stop()
+    assert est.global_step == 6
+    assert "could not start the profiler" in caplog.text
+    assert "training goes on without profile_steps=(3, 6)" in caplog.text
+    assert glob.glob(str(tmp_path / "mine" / "plugins" / "profile" / "*" / "*.xplane.pb"))

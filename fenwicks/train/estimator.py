@@ -4,6 +4,7 @@
     est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=512)
     est.train(train_input_func, max_steps=total_steps)   # resumes from work_dir
     est.evaluate(eval_input_func)                        # every example exactly once
+    print(est.check_input(train_input_func))             # can the input keep up?
 
 One `Estimator` owns one model, built lazily on first use (it needs the input's shapes)
 inside the strategy's scope and under the precision policy. All state that the next step

@@ -109,7 +109,12 @@ class ProfileWindow:
         """Stops the profiler if it runs, writing what it recorded."""
         if self.running:
             self.running = False
-            tf.profiler.experimental.stop()
+            try:
+                tf.profiler.experimental.stop()
+            except (tf.errors.OpError, RuntimeError) as err:
+                # Also runs while another error unwinds training: never hide that one.
+                logger.warning("fenwicks: could not write the profile to %s (%s)",
+                               self.logdir, err)
 
     def __enter__(self) -> ProfileWindow:
         return self
