@@ -2,7 +2,8 @@
 
 Real data with no download (1,797 8x8 images bundled with scikit-learn), trained through
 the estimator on whatever accelerator is present, with the progress bar. It prints the
-exact test accuracy, the training speed, and where checkpoints and TensorBoard logs are.
+exact test accuracy, the training speed, whether the input kept up with training
+(`Estimator.check_input`), and where checkpoints and TensorBoard logs are.
 
     python -m fenwicks demo --epochs 12 --batch-size 64 --work-dir /tmp/demo
 
@@ -43,6 +44,8 @@ class DemoResult:
         seconds: wall time of training (compilation included).
         global_step: the step the model is at.
         work_dir: checkpoints, TensorBoard logs.
+        input_verdict: `fw.train.InputVerdict` of the training input against this
+            run's training speed (no verdict if nothing was trained). Defaults to None.
     """
 
     accuracy: float
@@ -51,6 +54,7 @@ class DemoResult:
     seconds: float
     global_step: int
     work_dir: str
+    input_verdict: Any = None
 
 
 def _positive_int(name: str, value: Any, example: int) -> int:
@@ -178,18 +182,21 @@ def train_demo(epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH_SIZ
     steps_per_epoch = len(X_train) // batch_size
     est = _estimator(work_dir, steps_per_epoch, epochs * steps_per_epoch, batch_size,
                      len(X_test), accel.current().num_replicas)
+    def train_input(params: dict) -> Any:
+        return data.numpy_ds(X_train, y_train, params["batch_size"], training=True,
+                             seed=SEED, input_context=params.get("input_context"))
+
     start = time.perf_counter()
-    est.train(lambda params: data.numpy_ds(
-        X_train, y_train, params["batch_size"], training=True, seed=SEED,
-        input_context=params.get("input_context")), max_steps=epochs * steps_per_epoch)
+    est.train(train_input, max_steps=epochs * steps_per_epoch)
     seconds = time.perf_counter() - start
+    verdict = est.check_input(train_input)  # can the input keep up? (about a second)
     result = est.evaluate(lambda params: data.numpy_ds(
         X_test, y_test, params["batch_size"], training=False,
         input_context=params.get("input_context")))
     speeds = [rate for _, rate in est.history.examples_per_sec]
     return DemoResult(float(result["accuracy"]), len(X_test),
                       statistics.median(speeds) if speeds else None, seconds,
-                      int(result["global_step"]), work_dir)
+                      int(result["global_step"]), work_dir, verdict)
 
 
 def report(epochs: int | None = None, batch_size: int | None = None,
@@ -239,6 +246,7 @@ def report(epochs: int | None = None, batch_size: int | None = None,
     else:
         print(f"training speed   {result.examples_per_sec:,.0f} examples/s "
               f"({result.global_step} steps in {result.seconds:.1f} s, compilation included)")
+    print(f"input check      {result.input_verdict}")
     print(f"checkpoints      {result.work_dir}")
     print(f"TensorBoard      tensorboard --logdir {result.work_dir}")
     return result

@@ -44,6 +44,9 @@ def test_demo_command_reaches_95_percent_in_time_and_says_where_its_files_are(tm
     assert value >= 0.95, out
     assert seconds < TIME_LIMIT, f"the demo took {seconds:.0f} s"
     assert re.match(r"[0-9,]+ examples/s \(252 steps", _field(out, "training speed"))  # 12 x 21
+    # fw.data.numpy_ds gathers a batch in one op: far faster than the net trains.
+    assert re.fullmatch(r"input delivers [0-9,]+ ex/s, training consumed [0-9,]+ ex/s "
+                        r"\([0-9.]+x\): not input-bound", _field(out, "input check")), out
     work_dir = str(tmp_path / "work" / "demo")
     assert f"\nstarting fresh in {work_dir}\n" in out
     assert _field(out, "checkpoints") == work_dir
@@ -74,6 +77,9 @@ def test_a_second_run_resumes_the_first_and_says_so(tmp_path):
     second = _demo(tmp_path, "--epochs", "2", "--work-dir", work_dir).stdout
     assert f"\nresuming {work_dir} at step {steps} (--fresh starts over)\n" in second
     assert _field(second, "training speed").startswith(f"- (already at step {steps}")
+    assert _field(second, "input check").endswith("(no steps trained by this estimator "
+                                                  "yet): no verdict; train, then "
+                                                  "check_input again")
     assert _field(second, "test accuracy") == _field(first, "test accuracy")
     # --fresh deletes the run and says so; training starts again from step 0.
     third = _demo(tmp_path, "--epochs", "1", "--work-dir", work_dir, "--fresh").stdout

@@ -20,6 +20,7 @@ from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     get_tpu_estimator,
     train_and_evaluate,
 )
+from fenwicks.train.input_check import InputVerdict  # noqa: E402, F401  (public name)
 from fenwicks.train.lock import (  # noqa: E402, F401  (public names)
     WorkDirLockedError,
     WorkDirNotWritableError,

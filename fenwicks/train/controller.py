@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from fenwicks.train import history, loops, preemption
+from fenwicks.train import history, loops, preemption, profiling
 from fenwicks.train.callbacks import val_logs
 from fenwicks.train.history import History
 from fenwicks.train.progress import Progress
@@ -51,6 +51,7 @@ class Controller:
         self.history = record
         self._watcher = preemption.PreemptionWatcher()
         self._loop: Any = None
+        self._profile = profiling.ProfileWindow(None, "")
 
     def _compiled_loop(self, strategy: tf.distribute.Strategy) -> Any:
         if self._loop is None:
@@ -64,11 +65,12 @@ class Controller:
     def train(self, strategy: tf.distribute.Strategy, iterator: Any, target: int,
               callbacks: keras.callbacks.CallbackList,
               evaluate: Callable[[], dict[str, float]] | None = None,
-              eval_every: int | None = None) -> None:
+              eval_every: int | None = None,
+              profile_steps: tuple[int, int] | None = None) -> None:
         """Trains to global step `target`, evaluating every `eval_every` steps and at the end.
 
         Epochs end every ``steps_per_epoch`` steps; loops are cut there so the callbacks'
-        epoch boundaries are exact.
+        epoch boundaries are exact, and at `profile_steps` (`profiling.ProfileWindow`).
         """
         loop, state = self._compiled_loop(strategy), self.state
         model = state.spec.model
@@ -78,7 +80,9 @@ class Controller:
         with self._watcher, Progress(state.summary_writer("train"), state.global_step,
                                      target, self.config.train_batch_size,
                                      self.config.verbose,
-                                     path=f"{self.config.work_dir}/train") as progress:
+                                     path=f"{self.config.work_dir}/train") as progress, \
+                profiling.ProfileWindow(profile_steps if state.is_chief else None,
+                                        f"{self.config.work_dir}/train") as self._profile:
             saver = _SavePolicy(self.config)
             epoch_losses: list[float] = []
             try:
@@ -105,6 +109,9 @@ class Controller:
                                                        callbacks, evaluate, eval_every)
                     if epoch_logs:
                         logs, epoch_losses = epoch_logs, []
+                        # examples/s measure training steps, not evaluations or callbacks
+                        # (check_input compares them with the input's speed).
+                        progress.restart_clock()
             except KeyboardInterrupt:
                 raise self._interrupted() from None
         callbacks.on_train_end(logs)
@@ -135,8 +142,11 @@ class Controller:
         state = self.state
         start = state.global_step
         to_epoch_end = self.config.steps_per_epoch - start % self.config.steps_per_epoch
-        num_steps = min(self.config.steps_per_loop, target - start, to_epoch_end)
+        num_steps = min(self.config.steps_per_loop, target - start, to_epoch_end,
+                        self._profile.steps_to_boundary(start) or target)
         callbacks.on_train_batch_begin(start)
+        if self._profile.update(start):
+            progress.restart_clock()  # starting the profiler is not training time
         try:
             losses = loop(iterator, tf.constant(num_steps, tf.int64)).numpy()
         except tf.errors.OutOfRangeError as err:
@@ -148,6 +158,8 @@ class Controller:
                 "the input_fn's dataset with .repeat() so it can feed any number of "
                 "steps") from err
         self._record(start, losses, progress)
+        if self._profile.update(state.global_step):
+            progress.restart_clock()  # nor is writing the profile
         last = float(losses[-1]) if len(losses) else float("nan")
         callbacks.on_train_batch_end(state.global_step, {"loss": last})
         return losses

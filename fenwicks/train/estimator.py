@@ -4,6 +4,7 @@
     est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=512)
     est.train(train_input_func, max_steps=total_steps)   # resumes from work_dir
     est.evaluate(eval_input_func)                        # every example exactly once
+    print(est.check_input(train_input_func))             # can the input keep up?
 
 One `Estimator` owns one model, built lazily on first use (it needs the input's shapes)
 inside the strategy's scope and under the precision policy. All state that the next step
@@ -31,7 +32,7 @@ import numpy as np
 from fenwicks import accel
 from fenwicks._checks import divisible_by_replicas, positive_int
 from fenwicks.train import callbacks as callbacks_lib
-from fenwicks.train import export
+from fenwicks.train import export, input_check, profiling
 from fenwicks.train.controller import Controller, epochs_to
 from fenwicks.train.evaluation import Evaluator
 from fenwicks.train.history import History
@@ -221,6 +222,7 @@ class Estimator:
         self._inputs = InputManager(config, accelerator, self._state)
         self._evaluator = Evaluator(config, accelerator, self._state, self._inputs)
         self._controller: Controller | None = None
+        self._last_train_loops = slice(0, 0)  # history.examples_per_sec of the last train
         # Not a method of self: the finalizer must not keep the estimator alive.
         self._finalizer = weakref.finalize(self, _release, self._inputs, self._state)
 
@@ -286,7 +288,8 @@ class Estimator:
             self._inputs.restart_training_input()
 
     def train(self, input_fn: InputFn, steps: int | None = None,
-              max_steps: int | None = None, callbacks: Callbacks = None) -> Estimator:
+              max_steps: int | None = None, callbacks: Callbacks = None,
+              profile_steps: tuple[int, int] | None = None) -> Estimator:
         """Trains until `steps` more steps, or until global step `max_steps`.
 
         `steps_per_loop` steps run in one compiled call; the last call is shortened so
@@ -304,6 +307,12 @@ class Estimator:
             max_steps: global step to stop at; nothing happens if already reached.
             callbacks: `keras.callbacks.Callback` objects, called as `model.fit` calls
                 them (see `fenwicks.train.callbacks`). Defaults to None.
+            profile_steps: ``(a, b)``, global steps with ``0 <= a < b`` inside this call:
+                TensorFlow's profiler records the steps from global step a to b (loops
+                are cut there) into ``<work_dir>/train/plugins/profile``, for
+                TensorBoard's Profile tab and its input-pipeline analyzer (TensorBoard
+                needs ``pip install tensorboard-plugin-profile`` to show it). Start after
+                the first loop to leave compilation out. Defaults to None.
 
         Returns:
             self.
@@ -325,13 +334,16 @@ class Estimator:
         Example:
             >>> est.train(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
             ...           max_steps=1000, callbacks=[keras.callbacks.CSVLogger('log.csv')])
+            >>> est.train(train_fn, steps=300, profile_steps=(200, 220))  # a profile
         """
-        return self._train(input_fn, steps, max_steps, callbacks)
+        return self._train(input_fn, steps, max_steps, callbacks, profile_steps=profile_steps)
 
     def _train(self, input_fn: InputFn, steps: int | None, max_steps: int | None,
                callbacks: Callbacks, evaluate: Callable[[], dict] | None = None,
-               eval_every: int | None = None) -> Estimator:
+               eval_every: int | None = None,
+               profile_steps: tuple[int, int] | None = None) -> Estimator:
         self._check_steps(steps, max_steps)
+        profile_steps = profiling.check_profile_steps(profile_steps)
         callbacks = callbacks_lib.check_supported(callbacks)
         self._reload_if_stale()
         with self._state.locked():
@@ -342,14 +354,56 @@ class Estimator:
                 logger.info("fenwicks: already at step %d >= %d; not training",
                             self.global_step, target)
                 return self
+            profiling.check_in_range(profile_steps, self.global_step, target)
             if self._controller is None:
                 self._controller = Controller(self.config, self._state, self.history)
+            self._last_train_loops = slice(len(self.history.examples_per_sec), None)
             self._controller.train(
                 self._acc.strategy, iterator, target,
                 callbacks_lib.callback_list(callbacks, self,
                                             epochs_to(target, self.config.steps_per_epoch)),
-                evaluate, eval_every)
+                evaluate, eval_every, profile_steps)
         return self
+
+    def check_input(self, input_fn: InputFn, num_batches: int = 100,
+                    warmup_batches: int = 10) -> input_check.InputVerdict:
+        """Can the input keep up? Times `input_fn` alone against the last `train` call.
+
+        The input is read as training reads it (same ``params``, per-replica batch size
+        and distributed dataset, on this host) for `num_batches` steps after
+        `warmup_batches` untimed ones, and its examples/s are compared with those
+        training consumed in the last `train` call (`History.examples_per_sec`, the
+        median over its loops without the first, which includes compilation).
+        Input-bound below 1.1x: when the input is the bottleneck, training runs at its
+        speed. Nothing of the run changes (weights, step, input position).
+
+        On a CPU the input measured alone has the cores to itself, which it shares with
+        the training step during training: "close to input-bound" (below 1.5x) there may
+        well be input-bound.
+
+        Args:
+            input_fn: the training input function, as given to `train`.
+            num_batches: steps to time (one batch per replica each). Defaults to 100.
+            warmup_batches: steps read first and not timed (at least one is: the timing
+                loop compiles on it). Defaults to 10.
+
+        Returns:
+            An `fw.train.InputVerdict`; ``print`` it for the one line: input delivers X
+            ex/s, training consumed Y ex/s, the verdict and the fixes that apply to this
+            pipeline. Before any `train` call it gives the input's rate and no verdict.
+
+        Raises:
+            ValueError: bad arguments, or an input that fails `train`'s checks or runs out.
+
+        Example:
+            >>> est.train(train_fn, steps=500)
+            >>> print(est.check_input(train_fn))
+            input delivers 41,200 ex/s, training consumed 3,100 ex/s (13.29x): not input-bound
+        """
+        return input_check.check_input(
+            input_fn, self.config, self._acc,
+            self.history.examples_per_sec[self._last_train_loops], num_batches,
+            warmup_batches)
 
     # ---------------------------------------------------------------- evaluate / predict
 

@@ -182,6 +182,25 @@ history = est.train_and_evaluate(train_input_func, eval_input_func, epochs=EPOCH
 fw.plt.plot_history(history)
 
 # %% [markdown]
+# ## Can the input keep up?
+#
+# An accelerator is only as fast as the data reaching it. `check_input` reads the
+# training input alone, exactly as training reads it (same batch size and replicas, on
+# this host), and compares its examples/s with what the last training run consumed. A
+# prefetching input runs beside the training step, so when it is the slower of the two,
+# training runs at its speed: below 1.1x the verdict is *input-bound*, and the line names
+# the fixes that apply to this pipeline (cache after decoding, parallel reads and maps,
+# prefetch, the tf.data service). `fw.data.numpy_ds` gathers each batch with one op, far
+# faster than this net trains.
+#
+# For a closer look, `est.train(..., profile_steps=(a, b))` records global steps a to b
+# with TensorFlow's profiler into `work_dir/train`: TensorBoard's Profile tab (with
+# `pip install tensorboard-plugin-profile`) then shows the input-pipeline analyzer.
+
+# %%
+print(est.check_input(train_input_func))
+
+# %% [markdown]
 # ## Evaluate
 #
 # `evaluate` on its own gives the final numbers. With the full data and 6 epochs expect
