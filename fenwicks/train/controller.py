@@ -22,6 +22,7 @@ import tensorflow as tf
 from fenwicks.train import history, loops, preemption
 from fenwicks.train.callbacks import val_logs
 from fenwicks.train.history import History
+from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import Progress
 from fenwicks.train.state import NonFiniteLossError, RunState
 
@@ -45,7 +46,7 @@ class Controller:
         >>> controller.train(iterator, target=1000, callbacks=callback_list)
     """
 
-    def __init__(self, config: Any, state: RunState, record: History) -> None:
+    def __init__(self, config: EstimatorConfig, state: RunState, record: History) -> None:
         self.config = config
         self.state = state
         self.history = record
@@ -208,7 +209,7 @@ class Controller:
 class _SavePolicy:
     """Every `save_every_loops` loops and every `save_every_secs` seconds."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: EstimatorConfig) -> None:
         self._every, self._secs = config.save_every_loops, config.save_every_secs
         self._last, self._loops = time.monotonic(), 0
 

@@ -18,7 +18,6 @@ runners: `state.RunState` (model, optimizer, counters, checkpoints, lock),
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import weakref
@@ -29,7 +28,7 @@ import keras
 import numpy as np
 
 from fenwicks import accel
-from fenwicks._checks import divisible_by_replicas, positive_int
+from fenwicks._checks import boolean, one_of, path_arg, positive_int
 from fenwicks.train import callbacks as callbacks_lib
 from fenwicks.train import export
 from fenwicks.train.controller import Controller, epochs_to
@@ -37,6 +36,7 @@ from fenwicks.train.evaluation import Evaluator
 from fenwicks.train.history import History
 from fenwicks.train.input_manager import InputFn, InputManager
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.state import NonFiniteLossError, RunState
 
 __all__ = ["Estimator", "EstimatorConfig", "History", "NonFiniteLossError",
@@ -48,30 +48,10 @@ ModelFunc = Callable[[dict], ModelSpec]
 Callbacks = Sequence[keras.callbacks.Callback] | None
 
 
-@dataclasses.dataclass(frozen=True)
-class EstimatorConfig:
-    """Validated options of `get_tpu_estimator` (see there)."""
-
-    steps_per_epoch: int
-    work_dir: str
-    train_batch_size: int
-    eval_batch_size: int
-    predict_batch_size: int
-    steps_per_loop: int
-    precision: str
-    seed: int | None = None
-    warm_start_from: str | None = None
-    jit_compile: bool = False
-    save_every_secs: float | None = 600.0
-    save_every_loops: int | None = None
-    keep_checkpoints: int = 3
-    verbose: bool = True
-
-
 def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str,
                       ws_dir: str | None = None, ws_vars: Any = None,
                       trn_bs: int = 128, val_bs: int | None = None,
-                      pred_bs: int | None = None, steps_per_loop: int | None = None,
+                      pred_bs: int | None = None, *, steps_per_loop: int | None = None,
                       precision: str = "auto", seed: int | None = None,
                       warm_start_from: str | None = None, jit_compile: bool | None = None,
                       save_every_secs: float | None = 600.0,
@@ -122,40 +102,41 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         ...                                  val_bs=10000, seed=1)
     """
     warm_start_from = _warm_start_source(ws_dir, ws_vars, warm_start_from)
-    acc = accel.current()
-    replicas = acc.num_replicas
-    trn_bs = divisible_by_replicas("trn_bs", trn_bs, replicas)
-    val_bs = divisible_by_replicas("val_bs", trn_bs if val_bs is None else val_bs, replicas)
-    pred_bs = divisible_by_replicas("pred_bs", val_bs if pred_bs is None else pred_bs,
-                                    replicas)
-    steps_per_epoch = positive_int("steps_per_epoch", steps_per_epoch)
     if not callable(model_func):
         raise ValueError(f"model_func={model_func!r} must be callable params -> ModelSpec, "
                          "e.g. fw.train.get_clf_model_func(build_nn, opt_func)")
     work_dir = path_arg("work_dir", work_dir)
-    warm_start_from = None if warm_start_from is None else path_arg("warm_start_from",
-                                                                    warm_start_from)
     if "://" not in work_dir and os.path.exists(work_dir) and not os.path.isdir(work_dir):
         raise ValueError(f"work_dir={work_dir!r} is a file, not a directory; give a "
                          "directory for checkpoints and logs (it is created if missing)")
-    if precision not in accel.PRECISIONS:
-        raise ValueError(f"precision={precision!r} must be one of {accel.PRECISIONS}")
-    jit_compile = acc.kind == "tpu" if jit_compile is None else bool(jit_compile)
-    if jit_compile and acc.kind == "cpu" and replicas > 1:
+    one_of("precision", precision, accel.PRECISIONS)
+    acc = accel.current()
+    config = EstimatorConfig(
+        steps_per_epoch=steps_per_epoch, work_dir=work_dir, train_batch_size=trn_bs,
+        eval_batch_size=trn_bs if val_bs is None else val_bs,
+        predict_batch_size=(trn_bs if val_bs is None else val_bs) if pred_bs is None
+        else pred_bs,
+        steps_per_loop=steps_per_epoch if steps_per_loop is None else steps_per_loop,
+        precision=acc.precision if precision == "auto" else precision, seed=seed,
+        warm_start_from=warm_start_from, jit_compile=_jit_compile(jit_compile, acc),
+        save_every_secs=save_every_secs, save_every_loops=save_every_loops,
+        keep_checkpoints=keep_checkpoints, verbose=verbose, num_replicas=acc.num_replicas)
+    return Estimator(model_func, config, acc)
+
+
+def _jit_compile(jit_compile: bool | None, acc: accel.Accelerator) -> bool:
+    """None means: on a TPU (which compiles everything anyway), else not."""
+    if jit_compile is None:
+        return acc.kind == "tpu"
+    jit_compile = boolean("jit_compile", jit_compile)
+    if jit_compile and acc.kind == "cpu" and acc.num_replicas > 1:
         # XLA cannot reach variables on the other logical CPU devices ("Trying to access
         # resource ... located in device CPU:1 from device CPU:0"); 1 replica is fine.
         logger.warning("fenwicks: jit_compile is ignored on %d logical CPU replicas (XLA "
                        "does not support variables spread over logical CPU devices)",
-                       replicas)
-        jit_compile = False
-    config = EstimatorConfig(
-        steps_per_epoch, work_dir.rstrip("/"), trn_bs, val_bs, pred_bs,
-        positive_int("steps_per_loop",
-                     steps_per_epoch if steps_per_loop is None else steps_per_loop),
-        acc.precision if precision == "auto" else precision, seed, warm_start_from,
-        jit_compile, save_every_secs,
-        save_every_loops, positive_int("keep_checkpoints", keep_checkpoints), verbose)
-    return Estimator(model_func, config, acc)
+                       acc.num_replicas)
+        return False
+    return jit_compile
 
 
 def _warm_start_source(ws_dir: Any, ws_vars: Any, warm_start_from: str | None) -> str | None:
@@ -172,20 +153,6 @@ def _warm_start_source(ws_dir: Any, ws_vars: Any, warm_start_from: str | None) -
         raise TypeError(f"ws_dir={ws_dir!r} and warm_start_from={warm_start_from!r}: give "
                         "one (ws_dir is the original name of warm_start_from)")
     return os.fspath(ws_dir) if ws_dir is not None else warm_start_from
-
-
-def path_arg(name: str, path: Any) -> str:
-    """A local path or ``gs://`` URL given as a str or an `os.PathLike`, ``~`` expanded.
-
-    Example:
-        >>> path_arg('work_dir', pathlib.Path('~/runs/mnist'))
-        '/home/me/runs/mnist'
-    """
-    value = os.fspath(path) if isinstance(path, os.PathLike) else path
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name}={path!r} must be a local path (a str or pathlib.Path) "
-                         "or a gs:// URL")
-    return value if "://" in value else os.path.expanduser(value)
 
 
 def _release(inputs: InputManager, state: RunState) -> None:

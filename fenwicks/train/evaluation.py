@@ -14,6 +14,7 @@ import tensorflow as tf
 from fenwicks import accel
 from fenwicks.train import building, loops
 from fenwicks.train.input_manager import InputFn, InputManager
+from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import write_eval_summary
 from fenwicks.train.state import NonFiniteLossError, RunState
 
@@ -28,7 +29,7 @@ class Evaluator:
         >>> evaluator.evaluate(eval_input_fn)   # {'loss', 'accuracy', ...}
     """
 
-    def __init__(self, config: Any, accelerator: accel.Accelerator, state: RunState,
+    def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator, state: RunState,
                  input_manager: InputManager) -> None:
         self.config = config
         self._acc = accelerator

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.train import building, inputs, loops
+from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.state import RunState
 
 logger = logging.getLogger("fenwicks")
@@ -34,7 +35,8 @@ class InputManager:
         >>> iterator = manager.train_iterator(train_input_fn)  # builds the model first
     """
 
-    def __init__(self, config: Any, accelerator: accel.Accelerator, state: RunState) -> None:
+    def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator,
+                 state: RunState) -> None:
         self.config = config
         self._acc = accelerator
         self._strategy = accelerator.strategy
@@ -71,7 +73,7 @@ class InputManager:
         """
         if self._train is not None and self._train[0] is input_fn:
             return self._train[1]
-        batch_size = self.config.train_batch_size // self.num_replicas
+        batch_size = self.config.train_batch_per_replica
         self._check_first_batch(input_fn, batch_size)
         state = self._state
         skip_steps = int(state.input_steps.numpy())

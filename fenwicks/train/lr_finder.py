@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks._checks import positive_int
+from fenwicks._checks import divisible_by_replicas, positive_int
 from fenwicks.train import inputs, loops
 from fenwicks.train.building import build_model, make_params, precision_policy
 from fenwicks.train.model_func import ModelSpec
@@ -193,11 +193,8 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
     """
     _check_args(start_lr, end_lr, num_steps, smoothing, diverge_factor)
     acc = accel.current()
-    batch_size = positive_int("batch_size", batch_size, example=512)
-    if batch_size % acc.num_replicas:
-        raise ValueError(f"batch_size={batch_size} must be divisible by the "
-                         f"{acc.num_replicas} replicas; try "
-                         f"{batch_size // acc.num_replicas * acc.num_replicas or acc.num_replicas}")
+    positive_int("batch_size", batch_size, example=512)
+    batch_size = divisible_by_replicas("batch_size", batch_size, acc.num_replicas)
     iterator, spec = _distributed_batches(acc, input_fn, batch_size, seed, num_steps,
                                           steps_per_epoch)
     model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0],
