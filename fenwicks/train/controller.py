@@ -19,12 +19,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from fenwicks.train import history, loops, preemption
+from fenwicks.train import history, preemption
 from fenwicks.train.callbacks import val_logs
 from fenwicks.train.history import History
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import Progress
 from fenwicks.train.state import NonFiniteLossError, RunState
+from fenwicks.train.trainer import InputExhaustedError, Trainer
 
 logger = logging.getLogger("fenwicks")
 
@@ -51,16 +52,16 @@ class Controller:
         self.state = state
         self.history = record
         self._watcher = preemption.PreemptionWatcher()
-        self._loop: Any = None
+        self._trainer: Trainer | None = None
 
-    def _compiled_loop(self, strategy: tf.distribute.Strategy) -> Any:
-        if self._loop is None:
+    def _get_trainer(self, strategy: tf.distribute.Strategy) -> Trainer:
+        if self._trainer is None:
             state = self.state
-            self._loop = loops.make_train_loop(
+            self._trainer = Trainer(
                 strategy, state.spec, state.optimizer, state.step_counter,
                 self.config.train_batch_size, self.config.jit_compile, self._watcher.flag,
                 state.input_steps)
-        return self._loop
+        return self._trainer
 
     def train(self, strategy: tf.distribute.Strategy, iterator: Any, target: int,
               callbacks: keras.callbacks.CallbackList,
@@ -71,7 +72,7 @@ class Controller:
         Epochs end every ``steps_per_epoch`` steps; loops are cut there so the callbacks'
         epoch boundaries are exact.
         """
-        loop, state = self._compiled_loop(strategy), self.state
+        trainer, state = self._get_trainer(strategy), self.state
         model = state.spec.model
         model.stop_training = False
         callbacks.on_train_begin()
@@ -88,7 +89,7 @@ class Controller:
                     if (state.global_step % self.config.steps_per_epoch == 0
                             or not epoch_losses):
                         callbacks.on_epoch_begin(epoch)
-                    losses = self._run_loop(loop, iterator, target, callbacks, progress)
+                    losses = self._run_loop(trainer, iterator, target, callbacks, progress)
                     epoch_losses += [float(x) for x in losses]
                     if self._stopped_on_non_finite(losses):
                         return  # a callback (TerminateOnNaN) asked to stop: nothing saved
@@ -131,7 +132,7 @@ class Controller:
         saved = _step_of(state.latest_checkpoint) == step
         return preemption.Interrupted(step, state.latest_checkpoint, saved, reason)
 
-    def _run_loop(self, loop: Any, iterator: Any, target: int,
+    def _run_loop(self, trainer: Trainer, iterator: Any, target: int,
                   callbacks: keras.callbacks.CallbackList, progress: Progress) -> np.ndarray:
         state = self.state
         start = state.global_step
@@ -139,19 +140,15 @@ class Controller:
         num_steps = min(self.config.steps_per_loop, target - start, to_epoch_end)
         callbacks.on_train_batch_begin(start)
         try:
-            losses = loop(iterator, tf.constant(num_steps, tf.int64)).numpy()
-        except tf.errors.OutOfRangeError as err:
+            output = trainer.train(iterator, num_steps)
+        except InputExhaustedError:
             # The steps that did run are complete and valid (the loop counted them and
             # the input position together): keep them.
             state.save()
-            raise ValueError(
-                f"the training input ran out of data at step {state.global_step}; end "
-                "the input_fn's dataset with .repeat() so it can feed any number of "
-                "steps") from err
-        self._record(start, losses, progress)
-        last = float(losses[-1]) if len(losses) else float("nan")
-        callbacks.on_train_batch_end(state.global_step, {"loss": last})
-        return losses
+            raise
+        self._record(start, output.losses, output.learning_rate, progress)
+        callbacks.on_train_batch_end(state.global_step, {"loss": output.last_loss})
+        return output.losses
 
     def _stopped_on_non_finite(self, losses: np.ndarray) -> bool:
         if not len(losses) or np.isfinite(losses[-1]):
@@ -189,17 +186,11 @@ class Controller:
         callbacks.on_epoch_end(epoch, logs)
         return logs
 
-    def _learning_rate(self) -> float | None:
-        try:
-            return float(np.asarray(self.state.optimizer.learning_rate))
-        except (TypeError, ValueError, AttributeError):
-            return None
-
-    def _record(self, start: int, losses: np.ndarray, progress: Progress) -> None:
+    def _record(self, start: int, losses: np.ndarray, learning_rate: float | None,
+                progress: Progress) -> None:
         step = self.state.global_step
         self.history.steps += list(range(start + 1, start + 1 + len(losses)))
         self.history.losses += [float(x) for x in losses]
-        learning_rate = self._learning_rate()
         rate = progress.update(step, losses, learning_rate)
         self.history.examples_per_sec.append((step, rate))
         if learning_rate is not None:
