@@ -11,13 +11,16 @@ depends on lives in ``work_dir``'s checkpoints, so a new estimator there continu
 
 The estimator is a facade over small parts, as Orbit separates its controller from its
 runners: `state.RunState` (model, optimizer, counters, checkpoints, lock),
-`input_manager.InputManager` (input functions, checks, resume position),
-`controller.Controller` (the outer training loop, saving, callbacks, preemption),
-`evaluation.Evaluator` (exact evaluation and prediction) and `loops` (compiled loops).
+`inputs.InputManager` (input functions to distributed iterators: probes, checks, resume
+position), `controller.Controller` (the outer training loop and its actions),
+`trainer.Trainer` (the compiled inner loop), `evaluation.Evaluator` (exact evaluation and
+prediction). The estimator builds the model from the input's probe, between asking for
+the probe and for the iterator, so the input side never builds anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import weakref
@@ -29,12 +32,12 @@ import numpy as np
 
 from fenwicks import accel
 from fenwicks._checks import boolean, one_of, path_arg, positive_int
+from fenwicks.train import building, export
 from fenwicks.train import callbacks as callbacks_lib
-from fenwicks.train import export
 from fenwicks.train.controller import Controller, epochs_to
 from fenwicks.train.evaluation import Evaluator
 from fenwicks.train.history import History
-from fenwicks.train.input_manager import InputFn, InputManager
+from fenwicks.train.inputs import InputFn, InputManager
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.state import NonFiniteLossError, RunState
@@ -185,7 +188,9 @@ class Estimator:
         self.history = History()
         self._acc = accelerator
         self._state = RunState(model_func, config, accelerator)
-        self._inputs = InputManager(config, accelerator, self._state)
+        self._inputs = InputManager(config, accelerator)
+        # Evaluation input_fns whose labels were checked (weak: a new lambda may reuse an id).
+        self._checked: weakref.WeakSet = weakref.WeakSet()
         self._evaluator = Evaluator(config, accelerator, self._state, self._inputs)
         self._controller: Controller | None = None
         # Not a method of self: the finalizer must not keep the estimator alive.
@@ -252,6 +257,28 @@ class Estimator:
         if changed:
             self._inputs.restart_training_input()
 
+    def _train_iterator(self, input_fn: InputFn) -> Any:
+        """The training iterator of `input_fn` where the run's input stands; on a new one,
+        its first batch is checked and the model built (restoring work_dir) first."""
+        iterator = self._inputs.live_train_iterator(input_fn)
+        if iterator is not None:
+            return iterator
+        probe = self._inputs.probe(input_fn, "train")
+        self._state.build(probe.features_spec, probe.params)
+        building.check_labels(self._state.spec, self._acc.strategy, probe.dataset)
+        return self._inputs.train_iterator(input_fn, int(self._state.input_steps.numpy()))
+
+    def _build_for(self, input_fn: InputFn, mode: str) -> None:
+        """Builds the model (on first use) from an evaluation or prediction input, and
+        checks an evaluation input's labels once."""
+        probe = self._inputs.probe(input_fn, mode)
+        self._state.build(probe.features_spec,
+                          self._inputs.params(mode, self.config.train_batch_size))
+        if mode == "eval" and input_fn not in self._checked:
+            building.check_labels(self._state.spec, self._acc.strategy, probe.dataset)
+            with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
+                self._checked.add(input_fn)
+
     def train(self, input_fn: InputFn, steps: int | None = None,
               max_steps: int | None = None, callbacks: Callbacks = None) -> Estimator:
         """Trains until `steps` more steps, or until global step `max_steps`.
@@ -303,7 +330,7 @@ class Estimator:
         self._reload_if_stale()
         with self._state.locked():
             self._follow_work_dir()  # another run trained here, or the dir was cleaned
-            iterator = self._inputs.train_iterator(input_fn)  # builds, restoring the step
+            iterator = self._train_iterator(input_fn)  # builds, restoring the step
             target = self.global_step + steps if steps is not None else max_steps
             if self.global_step >= target:
                 logger.info("fenwicks: already at step %d >= %d; not training",
@@ -353,6 +380,7 @@ class Estimator:
             steps = positive_int("steps", steps)
         self._reload_if_stale()
         self._follow_work_dir()
+        self._build_for(input_fn, "eval")
         result = self._evaluator.evaluate(input_fn, steps)
         self.history.evals.append(result)
         return result
@@ -384,6 +412,8 @@ class Estimator:
         """
         self._reload_if_stale()
         self._follow_work_dir()
+        self._evaluator.check_single_host()
+        self._build_for(input_fn, "predict")
         predictions = self._evaluator.predict(input_fn)
         return _as_dicts(predictions) if as_dicts else predictions
 

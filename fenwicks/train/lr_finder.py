@@ -31,7 +31,7 @@ import tensorflow as tf
 from fenwicks import accel
 from fenwicks._checks import divisible_by_replicas, positive_int
 from fenwicks.train import inputs
-from fenwicks.train.building import build_model, make_params, precision_policy
+from fenwicks.train.building import build_model, precision_policy
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.schedules import Schedule, _number, _register, _steps
 from fenwicks.train.trainer import InputExhaustedError, Trainer
@@ -109,8 +109,8 @@ def _check_args(start_lr: float, end_lr: float, num_steps: int, smoothing: float
 
 def _params(acc: accel.Accelerator, batch_size: int, seed: int | None,
             steps_per_epoch: int | None, context: Any = None) -> dict:
-    """The estimator's params (`fenwicks.train.building.make_params`), for training."""
-    return make_params("train", batch_size, acc.num_replicas, seed=seed,
+    """The estimator's params (`fenwicks.train.inputs.make_params`), for training."""
+    return inputs.make_params("train", batch_size, acc.num_replicas, seed=seed,
                        precision=acc.precision, steps_per_epoch=steps_per_epoch,
                        input_context=context)
 
