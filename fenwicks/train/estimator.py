@@ -322,6 +322,12 @@ class Estimator:
         """
         return self._train(input_fn, steps, max_steps, callbacks)
 
+    def _default_callbacks(self) -> list[keras.callbacks.Callback]:
+        """The callbacks every `train` installs before the user's (the per-loop ones are
+        actions: see `fenwicks.train.actions`)."""
+        return [callbacks_lib.EpochLog(self.config.work_dir, lambda: self.global_step,
+                                       writes=self._state.is_chief)]
+
     def _train(self, input_fn: InputFn, steps: int | None, max_steps: int | None,
                callbacks: Callbacks, evaluate: Callable[[], dict] | None = None,
                eval_every: int | None = None) -> Estimator:
@@ -340,7 +346,7 @@ class Estimator:
                 self._controller = Controller(self.config, self._state, self.history)
             self._controller.train(
                 self._acc.strategy, iterator, target,
-                callbacks_lib.callback_list(callbacks, self,
+                callbacks_lib.callback_list(self._default_callbacks() + callbacks, self,
                                             epochs_to(target, self.config.steps_per_epoch)),
                 evaluate, eval_every)
         return self

@@ -278,9 +278,10 @@ class InputManager:
         if last is not None and (last.input_fn, last.mode, last.global_batch) == (
                 input_fn, mode, global_batch):
             return last  # probed just before (the estimator, then the evaluator)
-        what, batch_size = _WHAT[mode], global_batch // self.num_replicas
+        what = _WHAT[mode]
         params = self.params(mode, global_batch,
                              tf.distribute.InputContext(1, 0, self.num_replicas))
+        batch_size = params["batch_size"]
         dataset = call_input_fn(input_fn, params, what)
         if mode == "train":
             check_train_spec(dataset.element_spec, batch_size)
@@ -336,8 +337,8 @@ class InputManager:
         Every example appears exactly once: partial batches are padded to the static
         batch shape and masked out, as are whole filler batches.
         """
-        self.probe(input_fn, mode, global_batch)
-        what, batch_size = _WHAT[mode], global_batch // self.num_replicas
+        what, batch_size = _WHAT[mode], self.probe(input_fn, mode, global_batch).params[
+            "batch_size"]
         workers = self._acc.num_workers
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:

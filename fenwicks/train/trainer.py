@@ -48,6 +48,7 @@ class LoopOutput:
         learning_rate: the optimizer's learning rate after the loop, or None if it has
             no single value.
         seconds: wall time of the compiled call, compile time included on the first.
+        examples_per_sec: examples trained per second of that call (over all replicas).
     """
 
     start: int
@@ -55,6 +56,7 @@ class LoopOutput:
     losses: np.ndarray
     learning_rate: float | None
     seconds: float
+    examples_per_sec: float
 
     @property
     def last_loss(self) -> float:
@@ -91,6 +93,7 @@ class Trainer:
             input_steps)
         self._loop: Callable[[Any, tf.Tensor], tf.Tensor] | None = None
         self._optimizer = optimizer
+        self._global_batch_size = global_batch_size
 
     @property
     def global_step(self) -> int:
@@ -110,8 +113,9 @@ class Trainer:
             losses = self._loop(iterator, tf.constant(num_steps, tf.int64)).numpy()
         except tf.errors.OutOfRangeError as err:
             raise InputExhaustedError(self.global_step) from err
-        return LoopOutput(start, self.global_step, losses, self._learning_rate(),
-                          time.perf_counter() - began)
+        seconds, step = time.perf_counter() - began, self.global_step
+        return LoopOutput(start, step, losses, self._learning_rate(), seconds,
+                          (step - start) * self._global_batch_size / max(seconds, 1e-9))
 
     def _learning_rate(self) -> float | None:
         try:
