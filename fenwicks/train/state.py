@@ -1,8 +1,8 @@
 """The run's state and where it lives: model, optimizer and step counters, built once and
 restored from (or saved to) ``work_dir``, the work_dir lock, and the summary writers.
 
-`RunState` knows nothing of loops, inputs or callbacks; the controller and the input
-manager call it.
+`RunState` knows nothing of loops, inputs or callbacks; the estimator, the controller
+and its actions call it.
 """
 
 from __future__ import annotations
