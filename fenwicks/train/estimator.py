@@ -286,7 +286,10 @@ class Estimator:
         `steps_per_loop` steps run in one compiled call; the last call is shortened so
         training stops exactly at the target (and loops end at epoch boundaries). A
         checkpoint is written at the end, every `save_every_secs` and every
-        `save_every_loops` loops.
+        `save_every_loops` loops. After each loop the default actions record `history`,
+        TensorBoard scalars and the progress bar, call the callbacks, stop on a
+        non-finite loss, save when due and end epochs; their order is documented in
+        `fenwicks.train.actions`.
 
         Args:
             input_fn: ``params -> tf.data.Dataset`` of (features, labels) batches of
