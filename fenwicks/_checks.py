@@ -1,23 +1,44 @@
-"""Argument checks shared across Fenwicks: each error names the argument, the value seen
-and what to give instead (STYLE.md, rule 6)."""
+"""Argument checks shared across Fenwicks (the estimator's options, `find_lr`, `fw.data`):
+each error names the argument, the value seen and what to give instead (STYLE.md, rule 6).
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 
-def positive_int(name: str, value: Any, example: Any = None) -> int:
+def is_int(value: Any) -> bool:
+    """True for a Python or NumPy integer, False for a bool (``True`` is not a count)."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
+def positive_int(name: str, value: Any, example: Any = None, *, why: str | None = None,
+                 allow_none: bool = False) -> int | None:
     """`value` as an int if it is an integer >= 1, else a ValueError naming `name`.
+
+    Args:
+        name: the argument's name, as the user wrote it.
+        value: what was given.
+        example: a good value, shown as ``name=example``. Defaults to None.
+        why: what the number counts, shown in parentheses. Defaults to None.
+        allow_none: None is accepted (and returned). Defaults to False.
 
     Example:
         >>> positive_int("steps", 10)
         10
     """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        hint = f", e.g. {name}={example}" if example is not None else ""
-        raise ValueError(f"{name}={value!r} must be a positive integer{hint}")
+    if allow_none and value is None:
+        return None
+    if not is_int(value) or value < 1:
+        text = f"{name}={value!r} must be a positive integer"
+        text += f" ({why})" if why else ""
+        text += " or None" if allow_none else ""
+        text += f", e.g. {name}={example}" if example is not None else ""
+        raise ValueError(text)
     return int(value)
 
 
@@ -36,3 +57,49 @@ def divisible_by_replicas(name: str, value: Any, replicas: int) -> int:
         raise ValueError(f"{name}={value} must be divisible by the {replicas} replicas "
                          f"(each gets {name} / {replicas}); try {low} or {low + replicas}")
     return value
+
+
+def non_negative_number(name: str, value: Any, *, allow_none: bool = False) -> float | None:
+    """`value` as a float if it is a real number >= 0 (or None when allowed).
+
+    Example:
+        >>> non_negative_number("save_every_secs", 600)
+        600.0
+    """
+    if allow_none and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                         np.floating)) \
+            or not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a number >= 0"
+                         + (" or None" if allow_none else ""))
+    return float(value)
+
+
+def one_of(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    """`value` if it is one of `choices`, else a ValueError listing them."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} must be one of {tuple(choices)}")
+    return value
+
+
+def boolean(name: str, value: Any) -> bool:
+    """`value` as a bool if it is one (or a NumPy bool, or Keras's 0 / 1), else a
+    ValueError."""
+    if not isinstance(value, (bool, np.bool_)) and not (is_int(value) and value in (0, 1)):
+        raise ValueError(f"{name}={value!r} must be True or False")
+    return bool(value)
+
+
+def path_arg(name: str, path: Any) -> str:
+    """A local path or ``gs://`` URL given as a str or an `os.PathLike`, ``~`` expanded.
+
+    Example:
+        >>> path_arg('work_dir', pathlib.Path('~/runs/mnist'))
+        '/home/me/runs/mnist'
+    """
+    value = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name}={path!r} must be a local path (a str or pathlib.Path) "
+                         "or a gs:// URL")
+    return value if "://" in value else os.path.expanduser(value)

@@ -1,29 +1,12 @@
-"""The estimator's small parts on their own: the save policy, the epoch log, the callback
+"""The estimator's small parts on their own: the loop length, the epoch log, the callback
 checks and names (the integrated behaviour is in test_estimator.py / test_callbacks.py)."""
 
 from __future__ import annotations
-
-import types
 
 import keras
 import pytest
 
 from fenwicks.train import callbacks, controller, history
-
-
-def test_save_policy_every_n_loops_and_every_t_seconds(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(controller.time, "monotonic", lambda: clock[0])
-    loops = controller._SavePolicy(types.SimpleNamespace(save_every_loops=3,
-                                                         save_every_secs=None))
-    assert [loops.due() for _ in range(7)] == [False, False, True, False, False, True, False]
-    timed = controller._SavePolicy(types.SimpleNamespace(save_every_loops=None,
-                                                         save_every_secs=10.0))
-    due = []
-    for now in (4.0, 9.9, 10.0, 15.0, 20.5):
-        clock[0] = now
-        due.append(timed.due())
-    assert due == [False, False, True, False, True]
 
 
 def test_epochs_to_counts_a_partial_last_epoch():

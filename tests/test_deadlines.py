@@ -10,7 +10,7 @@ import time
 import pytest
 
 from fenwicks import _deadline
-from fenwicks.train.progress import Progress, write_eval_summary
+from fenwicks.train.progress import TrainSummaries, write_eval_summary
 
 BOUND = 0.3  # seconds, for both kinds of call in these tests
 
@@ -78,8 +78,7 @@ def test_evaluation_summary_on_hanging_storage_is_skipped_with_a_warning(storage
 def test_closing_progress_on_hanging_storage_ends_within_the_bound(storage_hangs, caplog):
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="fenwicks"):
-        Progress(_HangingWriter(storage_hangs), 0, 10, 32, verbose=False,
-                 path="gs://b/run/train").close()
+        TrainSummaries(_HangingWriter(storage_hangs), path="gs://b/run/train").close()
     assert time.monotonic() - start < BOUND + 2
     assert any("training summary flush of gs://b/run/train failed" in r.getMessage()
                for r in caplog.records)

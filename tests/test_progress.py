@@ -1,5 +1,5 @@
-"""`fenwicks.train.progress` on its own: examples/s from a known clock, the TensorBoard
-scalars as written to disk, and the tqdm bar."""
+"""`fenwicks.train.progress` on its own: the TensorBoard scalars as written to disk, and
+the tqdm bar, from hand-made `LoopOutput`s."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from fenwicks.train import progress
+from fenwicks.train.trainer import LoopOutput
 
 
 def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:
@@ -24,25 +25,18 @@ def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-class _Clock:
-    def __init__(self, *times: float) -> None:
-        self.times = list(times)
-
-    def __call__(self) -> float:
-        return self.times.pop(0)
+def _output(start, step, losses, learning_rate=None, seconds=1.0, batch=8):
+    losses = np.asarray(losses, np.float32)
+    return LoopOutput(start, step, losses, learning_rate, seconds,
+                      (step - start) * batch / seconds)
 
 
-def test_update_reports_examples_per_second_and_writes_scalars(tmp_path, monkeypatch):
-    # Clock: 100 s at start, 104 s after the first loop (10 steps of 8 examples: 20/s),
-    # restarted at 110 s (a checkpoint save), 112 s after the next 5 steps (20/s).
-    monkeypatch.setattr(progress.time, "perf_counter", _Clock(100.0, 104.0, 110.0, 112.0))
-    writer = tf.summary.create_file_writer(str(tmp_path))
-    with progress.Progress(writer, start=10, target=25, global_batch_size=8,
-                           verbose=False) as bar:
-        assert bar.update(step=20, losses=np.array([0.9, 0.7]), learning_rate=0.5) == 20.0
-        bar.restart_clock()
-        assert bar.update(step=25, losses=[0.6], learning_rate=None) == 20.0
-        assert bar.step == 25
+def test_summaries_write_the_last_loss_the_rate_and_the_learning_rate(tmp_path):
+    summaries = progress.TrainSummaries(tf.summary.create_file_writer(str(tmp_path)))
+    # 10 steps of 8 examples in 4 s: 20 examples/s; then 5 steps in 2 s: 20/s.
+    summaries(_output(10, 20, [0.9, 0.7], learning_rate=0.5, seconds=4.0))
+    summaries(_output(20, 25, [0.6], seconds=2.0))
+    summaries.close()
     scalars = _scalars(tmp_path)
     assert scalars["loss"] == [(20, pytest.approx(0.7)), (25, pytest.approx(0.6))]
     assert scalars["examples_per_sec"] == [(20, 20.0), (25, 20.0)]
@@ -50,17 +44,17 @@ def test_update_reports_examples_per_second_and_writes_scalars(tmp_path, monkeyp
 
 
 def test_a_loop_without_losses_reports_nan(tmp_path):
-    writer = tf.summary.create_file_writer(str(tmp_path))
-    with progress.Progress(writer, 0, 5, 4, verbose=False) as bar:
-        bar.update(step=0, losses=[], learning_rate=None)
+    summaries = progress.TrainSummaries(tf.summary.create_file_writer(str(tmp_path)))
+    summaries(_output(0, 0, []))
+    summaries.close()
     ((step, loss),) = _scalars(tmp_path)["loss"]
     assert step == 0 and math.isnan(loss)
 
 
-def test_the_bar_starts_at_the_resumed_step_and_shows_the_loss(tmp_path, capsys):
-    writer = tf.summary.create_file_writer(str(tmp_path))
-    with progress.Progress(writer, start=40, target=100, global_batch_size=8) as bar:
-        bar.update(step=70, losses=[0.25], learning_rate=None)
+def test_the_bar_starts_at_the_resumed_step_and_shows_the_loss(capsys):
+    bar = progress.ProgressBar(start=40, target=100)
+    bar(_output(40, 70, [0.25]))
+    bar.close()
     err = capsys.readouterr().err
     assert "70/100" in err and "loss=0.2500" in err
 

@@ -6,17 +6,16 @@ from typing import Any
 
 import numpy as np
 
+from fenwicks._checks import positive_int
+
 
 class RecordError(ValueError):
     """A TFRecord file is corrupt, truncated, or holds records its parser cannot read."""
 
 
 def check_batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-            or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer (the "
-                         "per-replica batch size: params['batch_size'] in an input_fn)")
-    return int(batch_size)
+    return positive_int("batch_size", batch_size,
+                        why="the per-replica batch size: params['batch_size'] in an input_fn")
 
 
 def check_labels(ys: Any, num_examples: int, name: str = "ys") -> np.ndarray:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import tensorflow as tf
+
+from fenwicks._checks import positive_int
 
 
 def _check_size(h, w, c) -> tuple[int, int, int]:
-    for name, value in (("h", h), ("w", w), ("c", c)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer (pixels/channels)")
-    return int(h), int(w), int(c)  # NumPy integers (e.g. X.shape[1] of a memmap) too
+    # NumPy integers (e.g. X.shape[1] of a memmap) come back as ints.
+    return tuple(positive_int(name, value, why="pixels/channels")
+                 for name, value in (("h", h), ("w", w), ("c", c)))
 
 
 def _features(tfexample: tf.Tensor, numpy_meta: bool = False) -> dict[str, tf.Tensor]:

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import transform as fw_transform
+from fenwicks._checks import positive_int
 
 AUTOTUNE = tf.data.AUTOTUNE
 Transform = Callable[[tf.Tensor], tf.Tensor]
@@ -32,11 +33,8 @@ def check_cache(cache: Any) -> bool | str:
 
 
 def check_shuffle_buffer(shuffle_buf_sz: Any) -> None:
-    if shuffle_buf_sz is not None and (isinstance(shuffle_buf_sz, bool) or
-                                       not isinstance(shuffle_buf_sz, (int, np.integer)) or
-                                       shuffle_buf_sz < 1):
-        raise ValueError(f"shuffle_buf_sz={shuffle_buf_sz!r} must be a positive integer "
-                         "(examples held in the shuffle buffer) or None")
+    positive_int("shuffle_buf_sz", shuffle_buf_sz,
+                 why="examples held in the shuffle buffer", allow_none=True)
 
 
 def cached(ds: tf.data.Dataset, cache: bool | str, suffix: str) -> tf.data.Dataset:

@@ -2,6 +2,27 @@
 
     est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=128)
     est.train_and_evaluate(train_input_func, eval_input_func, epochs=24)
+
+How the estimator is put together (one object per job, as Orbit):
+
+- `options.py`: `EstimatorConfig`, the typed, frozen, validated options.
+- `estimator.py`: `Estimator`, the facade: builds the model from the input's probe and
+  hands the parts to each other.
+- `inputs.py`: input_fn to distributed iterators (params, probes and checks, the resume
+  position, exact-evaluation padding); builds no model.
+- `building.py`: the model and optimizer under the precision policy, and the checks of
+  model against data (input shape, labels).
+- `state.py`, `checkpoints.py`, `lock.py`: model, optimizer and counters, their
+  checkpoints in work_dir, and the work_dir lock.
+- `trainer.py`: `Trainer`, the compiled inner loop (`loops.py`), used by the estimator
+  and by `find_lr` (`lr_finder.py`).
+- `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions.
+- `actions.py`, `progress.py`, `history.py`, `preemption.py`: what follows each loop
+  (history, summaries, progress bar, callbacks, non-finite-loss stop, preemption, save
+  policy, epochs and evaluation); `callbacks.py`: Keras callbacks (`EarlyStopping`,
+  `BestExporter`, the default `EpochLog`).
+- `evaluation.py`: exact evaluation and prediction; `export.py`: SavedModel export.
+- `model_func.py`, `optimizers.py`, `schedules.py`: what the user builds a run from.
 """
 
 from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401

@@ -1,5 +1,5 @@
-"""Building a model for training: the `params` input functions see, the model and its
-optimizer under the precision policy, and the checks made before anything compiles.
+"""Building a model for training: the model and its optimizer under the precision policy,
+and the checks of model against data made before anything compiles (input shape, labels).
 
 Shared by the estimator and `find_lr`.
 """
@@ -16,23 +16,6 @@ import tensorflow as tf
 from fenwicks.train.model_func import ModelSpec
 
 ModelFunc = Callable[[dict], ModelSpec]
-
-
-def make_params(mode: str, global_batch: int, num_replicas: int, *, seed: int | None,
-                precision: str, steps_per_epoch: int | None,
-                input_context: Any = None) -> dict[str, Any]:
-    """The ``params`` dict given to model and input functions, as TPUEstimator did.
-
-    ``params['batch_size']`` is the per-replica batch size.
-
-    Example:
-        >>> make_params("train", 512, 8, seed=1, precision="bfloat16", steps_per_epoch=97)
-        {'batch_size': 64, 'global_batch_size': 512, ...}
-    """
-    return {"batch_size": global_batch // num_replicas, "global_batch_size": global_batch,
-            "num_replicas": num_replicas, "seed": seed, "mode": mode,
-            "precision": precision, "steps_per_epoch": steps_per_epoch,
-            "input_context": input_context}
 
 
 @contextlib.contextmanager
@@ -113,3 +96,43 @@ def training_randomness_kept(model: keras.Model) -> Iterator[None]:
     finally:
         for variable, value in zip(states, saved, strict=True):
             variable.assign(value)
+
+
+def _head(elem: Any, rows: int) -> Any:
+    return tf.nest.map_structure(lambda t: t[:rows], elem)
+
+
+def check_labels(spec: ModelSpec, strategy: tf.distribute.Strategy,
+                 dataset: tf.data.Dataset) -> None:
+    """Runs the loss eagerly on a few examples of `dataset`: the built-in losses then raise
+    a ValueError for out-of-range labels (compiled, they can only return NaN)."""
+    for element in dataset.take(1):
+        features, labels, _ = keras.utils.unpack_x_y_sample_weight(_head(element, 64))
+        with strategy.scope(), training_randomness_kept(spec.model):
+            outputs = tf.nest.map_structure(  # in float32, as the loops compute losses
+                lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t,
+                spec.model(features, training=False))
+            try:
+                spec.loss_fn(labels, outputs)
+            except (tf.errors.InvalidArgumentError, ValueError) as err:
+                _explain_one_hot(labels, outputs, err)
+                raise
+
+
+def _explain_one_hot(labels: Any, outputs: Any, err: BaseException) -> None:
+    """Raises a ValueError naming both fixes if `labels` look one-hot for `outputs`,
+    which a sparse (class index) loss rejected with `err`; else returns."""
+    if not (isinstance(labels, tf.Tensor) and isinstance(outputs, tf.Tensor)):
+        return
+    shape = labels.shape
+    if (shape.rank is None or shape.rank != outputs.shape.rank or shape.rank < 2
+            or shape[-1] != outputs.shape[-1] or (shape[-1] or 0) < 2):
+        return
+    raise ValueError(
+        f"the labels have shape {shape.as_list()}, one-hot (or probabilities) over the "
+        f"model's {shape[-1]} outputs, but the loss takes class indices, shape "
+        f"{shape.as_list()[:-1]}. Either argmax the labels (y.argmax(axis=-1) in NumPy, "
+        "or ds.map(lambda x, y: (x, tf.argmax(y, -1))) in the input_fn), or use a "
+        "categorical loss: fw.train.get_model_func(build_nn, opt_func, loss_fn=lambda y, "
+        "out: keras.losses.categorical_crossentropy(y, out, from_logits=True), "
+        "metric_fns=...)") from err

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -71,7 +71,8 @@ def check_supported(callbacks: Sequence[Any]) -> list[keras.callbacks.Callback]:
 
 def callback_list(callbacks: list[keras.callbacks.Callback], estimator: Any,
                   epochs: int) -> keras.callbacks.CallbackList:
-    """Keras's own CallbackList over `callbacks`, with the model and `params` set."""
+    """Keras's own CallbackList over `callbacks` (the estimator's defaults, then the
+    user's), with the model and `params` set."""
     for callback in callbacks:
         if hasattr(callback, "set_estimator"):
             callback.set_estimator(estimator)
@@ -84,6 +85,25 @@ def val_logs(result: dict[str, float]) -> dict[str, float]:
     """Evaluation results under Keras's names: loss -> val_loss, accuracy -> val_accuracy."""
     return {f"val_{k}": float(v) for k, v in result.items()
             if k not in ("global_step", "num_examples")}
+
+
+class EpochLog(keras.callbacks.Callback):
+    """Installed by default, first: appends each evaluated epoch's logs to the epoch log
+    in work_dir (`fenwicks.train.history`), which resumable callbacks replay. Only the
+    chief writes it (the other workers of a multi-worker run write no files)."""
+
+    installed_by_default = True  # not the user's: the final save is not forced for it
+
+    def __init__(self, work_dir: str, global_step: Callable[[], int],
+                 writes: bool = True) -> None:
+        super().__init__()
+        self.work_dir, self.global_step, self.writes = work_dir, global_step, writes
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = logs or {}
+        if self.writes and any(k.startswith("val_") for k in logs):
+            # Only evaluated epochs: what EarlyStopping and BestExporter replay.
+            history.append_epoch(self.work_dir, epoch, self.global_step(), logs)
 
 
 class _Replaying(keras.callbacks.Callback):

@@ -1,29 +1,29 @@
-"""The outer training loop, as plain as Orbit's `Controller.train`: compute how many steps,
-run them in one compiled call, record, maybe save, maybe evaluate, call back, stop.
+"""The outer training loop, as plain as Orbit's `Controller.train`: how many steps,
+``trainer.train(n)``, then the actions that are due.
 
-Each concern it calls lives elsewhere: the compiled loop in `loops.py`, state and
-checkpoints in `state.py`, preemption in `preemption.py`, progress in `progress.py`,
-callbacks in `callbacks.py`. When to save: every `save_every_loops` loops, every
-`save_every_secs`, on SIGTERM, on Ctrl-C (when quick), and at the end.
+Each concern it calls lives elsewhere: the compiled inner loop and its counters in the
+`Trainer` (`trainer.py`), what follows each loop (history, summaries, the bar, the
+callbacks, the non-finite-loss stop, preemption, the save policy, epochs and evaluation)
+in `actions.py`, state and checkpoints in `state.py`, preemption signals in
+`preemption.py`. When to save: every `save_every_loops` loops, every `save_every_secs`,
+at each evaluation, on SIGTERM, on Ctrl-C (when quick), and at the end.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from fenwicks.train import history, loops, preemption, profiling
-from fenwicks.train.callbacks import val_logs
+from fenwicks.train import actions, preemption, profiling
 from fenwicks.train.history import History
-from fenwicks.train.progress import Progress
-from fenwicks.train.state import NonFiniteLossError, RunState
+from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.state import RunState
+from fenwicks.train.trainer import InputExhaustedError, LoopOutput, Trainer
 
 logger = logging.getLogger("fenwicks")
 
@@ -42,25 +42,24 @@ class Controller:
 
     Example:
         >>> controller = Controller(config, state, est.history)
-        >>> controller.train(iterator, target=1000, callbacks=callback_list)
+        >>> controller.train(strategy, iterator, target=1000, callbacks=callback_list)
     """
 
-    def __init__(self, config: Any, state: RunState, record: History) -> None:
+    def __init__(self, config: EstimatorConfig, state: RunState, record: History) -> None:
         self.config = config
         self.state = state
         self.history = record
         self._watcher = preemption.PreemptionWatcher()
-        self._loop: Any = None
-        self._profile = profiling.ProfileWindow(None, "")
+        self._trainer: Trainer | None = None
 
-    def _compiled_loop(self, strategy: tf.distribute.Strategy) -> Any:
-        if self._loop is None:
+    def _get_trainer(self, strategy: tf.distribute.Strategy) -> Trainer:
+        if self._trainer is None:
             state = self.state
-            self._loop = loops.make_train_loop(
+            self._trainer = Trainer(
                 strategy, state.spec, state.optimizer, state.step_counter,
                 self.config.train_batch_size, self.config.jit_compile, self._watcher.flag,
                 state.input_steps)
-        return self._loop
+        return self._trainer
 
     def train(self, strategy: tf.distribute.Strategy, iterator: Any, target: int,
               callbacks: keras.callbacks.CallbackList,
@@ -72,52 +71,51 @@ class Controller:
         Epochs end every ``steps_per_epoch`` steps; loops are cut there so the callbacks'
         epoch boundaries are exact, and at `profile_steps` (`profiling.ProfileWindow`).
         """
-        loop, state = self._compiled_loop(strategy), self.state
+        trainer, state = self._get_trainer(strategy), self.state
         model = state.spec.model
         model.stop_training = False
+        epochs = actions.Epochs(self.config.steps_per_epoch, target, callbacks, state.save,
+                                evaluate, eval_every)
         callbacks.on_train_begin()
-        logs: dict[str, float] = {}
-        with self._watcher, Progress(state.summary_writer("train"), state.global_step,
-                                     target, self.config.train_batch_size,
-                                     self.config.verbose,
-                                     path=f"{self.config.work_dir}/train") as progress, \
-                profiling.ProfileWindow(profile_steps if state.is_chief else None,
-                                        f"{self.config.work_dir}/train") as self._profile:
-            saver = _SavePolicy(self.config)
-            epoch_losses: list[float] = []
+        profile = profiling.ProfileWindow(profile_steps if state.is_chief else None,
+                                          f"{self.config.work_dir}/train")
+        with self._watcher, profile, actions.default_actions(
+                self.config, state, self.history, self._watcher, callbacks, epochs,
+                state.global_step) as after_each_loop:
             try:
                 while state.global_step < target and not model.stop_training:
-                    epoch = state.global_step // self.config.steps_per_epoch
-                    if (state.global_step % self.config.steps_per_epoch == 0
-                            or not epoch_losses):
-                        callbacks.on_epoch_begin(epoch)
-                    losses = self._run_loop(loop, iterator, target, callbacks, progress)
-                    epoch_losses += [float(x) for x in losses]
-                    if self._stopped_on_non_finite(losses):
-                        return  # a callback (TerminateOnNaN) asked to stop: nothing saved
-                    if self._watcher.requested:
-                        state.save()
-                        raise preemption.Preempted(state.global_step,
-                                                   state.latest_checkpoint)
-                    if self._watcher.interrupted:
-                        raise KeyboardInterrupt
-                    state.heartbeat()
-                    if saver.due():
-                        state.save()
-                        progress.restart_clock()
-                    epoch_logs = self._maybe_end_epoch(epoch, epoch_losses, target,
-                                                       callbacks, evaluate, eval_every)
-                    if epoch_logs:
-                        logs, epoch_losses = epoch_logs, []
-                        # examples/s measure training steps, not evaluations or callbacks
-                        # (check_input compares them with the input's speed).
-                        progress.restart_clock()
+                    num_steps = self._loop_length(state.global_step, target, profile)
+                    epochs.begin(state.global_step)
+                    callbacks.on_train_batch_begin(state.global_step)
+                    profile.update(state.global_step)  # outside the timed compiled call
+                    output = self._run(trainer, iterator, num_steps)
+                    profile.update(state.global_step)
+                    for action in after_each_loop:
+                        action(output)
+            except actions.StoppedOnNonFiniteLoss:
+                return  # a callback (TerminateOnNaN) asked to stop: nothing saved
             except KeyboardInterrupt:
                 raise self._interrupted() from None
-        callbacks.on_train_end(logs)
+        callbacks.on_train_end(epochs.logs)
         # After on_train_end: a callback may have changed the weights (EarlyStopping's
         # restore_best_weights); the checkpoint then holds what the callbacks left.
-        state.save(force=bool(callbacks.callbacks))
+        state.save(force=any(not getattr(c, "installed_by_default", False)
+                             for c in callbacks.callbacks))
+
+    def _loop_length(self, step: int, target: int, profile: profiling.ProfileWindow) -> int:
+        """`steps_per_loop`, cut at the target, the epoch's end and the profile window."""
+        to_epoch_end = self.config.steps_per_epoch - step % self.config.steps_per_epoch
+        return min(self.config.steps_per_loop, target - step, to_epoch_end,
+                   profile.steps_to_boundary(step) or target)
+
+    def _run(self, trainer: Trainer, iterator: Any, num_steps: int) -> LoopOutput:
+        try:
+            return trainer.train(iterator, num_steps)
+        except InputExhaustedError:
+            # The steps that did run are complete and valid (the loop counted them and
+            # the input position together): keep them.
+            self.state.save()
+            raise
 
     def _interrupted(self) -> preemption.Interrupted:
         """Saves the step reached after Ctrl-C when that is quick; says what it did."""
@@ -136,101 +134,6 @@ class Controller:
                 reason = "interrupted again while saving"
         saved = _step_of(state.latest_checkpoint) == step
         return preemption.Interrupted(step, state.latest_checkpoint, saved, reason)
-
-    def _run_loop(self, loop: Any, iterator: Any, target: int,
-                  callbacks: keras.callbacks.CallbackList, progress: Progress) -> np.ndarray:
-        state = self.state
-        start = state.global_step
-        to_epoch_end = self.config.steps_per_epoch - start % self.config.steps_per_epoch
-        num_steps = min(self.config.steps_per_loop, target - start, to_epoch_end,
-                        self._profile.steps_to_boundary(start) or target)
-        callbacks.on_train_batch_begin(start)
-        if self._profile.update(start):
-            progress.restart_clock()  # starting the profiler is not training time
-        try:
-            losses = loop(iterator, tf.constant(num_steps, tf.int64)).numpy()
-        except tf.errors.OutOfRangeError as err:
-            # The steps that did run are complete and valid (the loop counted them and
-            # the input position together): keep them.
-            state.save()
-            raise ValueError(
-                f"the training input ran out of data at step {state.global_step}; end "
-                "the input_fn's dataset with .repeat() so it can feed any number of "
-                "steps") from err
-        self._record(start, losses, progress)
-        if self._profile.update(state.global_step):
-            progress.restart_clock()  # nor is writing the profile
-        last = float(losses[-1]) if len(losses) else float("nan")
-        callbacks.on_train_batch_end(state.global_step, {"loss": last})
-        return losses
-
-    def _stopped_on_non_finite(self, losses: np.ndarray) -> bool:
-        if not len(losses) or np.isfinite(losses[-1]):
-            return False
-        state = self.state
-        state.stale = True  # the weights in memory are now NaN; reload before next use
-        if state.spec.model.stop_training:
-            logger.warning("fenwicks: the loss is %s at step %d; a callback stopped "
-                           "training. The last good checkpoint is %s", losses[-1],
-                           state.global_step, state.latest_checkpoint)
-            return True
-        raise NonFiniteLossError(
-            f"the training loss is {losses[-1]} at step {state.global_step}; training "
-            "stopped and no checkpoint was written for it (the last good one is "
-            f"{state.latest_checkpoint}). Lower the learning rate, or check the "
-            "inputs for NaN and the labels' range")
-
-    def _maybe_end_epoch(self, epoch: int, epoch_losses: list[float], target: int,
-                         callbacks: keras.callbacks.CallbackList,
-                         evaluate: Callable[[], dict[str, float]] | None,
-                         eval_every: int | None) -> dict[str, float]:
-        """At an epoch's end (or the last step when evaluating): its logs, else {}."""
-        step = self.state.global_step
-        at_epoch_end = step % self.config.steps_per_epoch == 0
-        due = evaluate is not None and (step == target or (eval_every and
-                                                           step % eval_every == 0))
-        if not (at_epoch_end or due):
-            return {}
-        logs = {"loss": float(np.mean(epoch_losses))}
-        if due:
-            self.state.save()  # each evaluated step is also a checkpoint, as before
-            logs.update(val_logs(evaluate()))
-        if due and self.state.is_chief:  # evaluated epochs: what resumable callbacks replay
-            history.append_epoch(self.config.work_dir, epoch, step, logs)
-        callbacks.on_epoch_end(epoch, logs)
-        return logs
-
-    def _learning_rate(self) -> float | None:
-        try:
-            return float(np.asarray(self.state.optimizer.learning_rate))
-        except (TypeError, ValueError, AttributeError):
-            return None
-
-    def _record(self, start: int, losses: np.ndarray, progress: Progress) -> None:
-        step = self.state.global_step
-        self.history.steps += list(range(start + 1, start + 1 + len(losses)))
-        self.history.losses += [float(x) for x in losses]
-        learning_rate = self._learning_rate()
-        rate = progress.update(step, losses, learning_rate)
-        self.history.examples_per_sec.append((step, rate))
-        if learning_rate is not None:
-            self.history.learning_rates.append((step, learning_rate))
-
-
-class _SavePolicy:
-    """Every `save_every_loops` loops and every `save_every_secs` seconds."""
-
-    def __init__(self, config: Any) -> None:
-        self._every, self._secs = config.save_every_loops, config.save_every_secs
-        self._last, self._loops = time.monotonic(), 0
-
-    def due(self) -> bool:
-        self._loops += 1
-        if (self._every and self._loops >= self._every) or (
-                self._secs is not None and time.monotonic() - self._last >= self._secs):
-            self._last, self._loops = time.monotonic(), 0
-            return True
-        return False
 
 
 def _step_of(checkpoint: str | None) -> int:

@@ -12,14 +12,16 @@ depends on lives in ``work_dir``'s checkpoints, so a new estimator there continu
 
 The estimator is a facade over small parts, as Orbit separates its controller from its
 runners: `state.RunState` (model, optimizer, counters, checkpoints, lock),
-`input_manager.InputManager` (input functions, checks, resume position),
-`controller.Controller` (the outer training loop, saving, callbacks, preemption),
-`evaluation.Evaluator` (exact evaluation and prediction) and `loops` (compiled loops).
+`inputs.InputManager` (input functions to distributed iterators: probes, checks, resume
+position), `controller.Controller` (the outer training loop and its actions),
+`trainer.Trainer` (the compiled inner loop), `evaluation.Evaluator` (exact evaluation and
+prediction). The estimator builds the model from the input's probe, between asking for
+the probe and for the iterator, so the input side never builds anything.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
 import os
 import weakref
@@ -30,14 +32,15 @@ import keras
 import numpy as np
 
 from fenwicks import accel
-from fenwicks._checks import divisible_by_replicas, positive_int
+from fenwicks._checks import boolean, one_of, path_arg, positive_int
+from fenwicks.train import building, export, input_check, profiling
 from fenwicks.train import callbacks as callbacks_lib
-from fenwicks.train import export, input_check, profiling
 from fenwicks.train.controller import Controller, epochs_to
 from fenwicks.train.evaluation import Evaluator
 from fenwicks.train.history import History
-from fenwicks.train.input_manager import InputFn, InputManager
+from fenwicks.train.inputs import InputFn, InputManager
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.state import NonFiniteLossError, RunState
 
 __all__ = ["Estimator", "EstimatorConfig", "History", "NonFiniteLossError",
@@ -49,30 +52,10 @@ ModelFunc = Callable[[dict], ModelSpec]
 Callbacks = Sequence[keras.callbacks.Callback] | None
 
 
-@dataclasses.dataclass(frozen=True)
-class EstimatorConfig:
-    """Validated options of `get_tpu_estimator` (see there)."""
-
-    steps_per_epoch: int
-    work_dir: str
-    train_batch_size: int
-    eval_batch_size: int
-    predict_batch_size: int
-    steps_per_loop: int
-    precision: str
-    seed: int | None = None
-    warm_start_from: str | None = None
-    jit_compile: bool = False
-    save_every_secs: float | None = 600.0
-    save_every_loops: int | None = None
-    keep_checkpoints: int = 3
-    verbose: bool = True
-
-
 def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str,
                       ws_dir: str | None = None, ws_vars: Any = None,
                       trn_bs: int = 128, val_bs: int | None = None,
-                      pred_bs: int | None = None, steps_per_loop: int | None = None,
+                      pred_bs: int | None = None, *, steps_per_loop: int | None = None,
                       precision: str = "auto", seed: int | None = None,
                       warm_start_from: str | None = None, jit_compile: bool | None = None,
                       save_every_secs: float | None = 600.0,
@@ -123,40 +106,41 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         ...                                  val_bs=10000, seed=1)
     """
     warm_start_from = _warm_start_source(ws_dir, ws_vars, warm_start_from)
-    acc = accel.current()
-    replicas = acc.num_replicas
-    trn_bs = divisible_by_replicas("trn_bs", trn_bs, replicas)
-    val_bs = divisible_by_replicas("val_bs", trn_bs if val_bs is None else val_bs, replicas)
-    pred_bs = divisible_by_replicas("pred_bs", val_bs if pred_bs is None else pred_bs,
-                                    replicas)
-    steps_per_epoch = positive_int("steps_per_epoch", steps_per_epoch)
     if not callable(model_func):
         raise ValueError(f"model_func={model_func!r} must be callable params -> ModelSpec, "
                          "e.g. fw.train.get_clf_model_func(build_nn, opt_func)")
     work_dir = path_arg("work_dir", work_dir)
-    warm_start_from = None if warm_start_from is None else path_arg("warm_start_from",
-                                                                    warm_start_from)
     if "://" not in work_dir and os.path.exists(work_dir) and not os.path.isdir(work_dir):
         raise ValueError(f"work_dir={work_dir!r} is a file, not a directory; give a "
                          "directory for checkpoints and logs (it is created if missing)")
-    if precision not in accel.PRECISIONS:
-        raise ValueError(f"precision={precision!r} must be one of {accel.PRECISIONS}")
-    jit_compile = acc.kind == "tpu" if jit_compile is None else bool(jit_compile)
-    if jit_compile and acc.kind == "cpu" and replicas > 1:
+    one_of("precision", precision, accel.PRECISIONS)
+    acc = accel.current()
+    config = EstimatorConfig(
+        steps_per_epoch=steps_per_epoch, work_dir=work_dir, train_batch_size=trn_bs,
+        eval_batch_size=trn_bs if val_bs is None else val_bs,
+        predict_batch_size=(trn_bs if val_bs is None else val_bs) if pred_bs is None
+        else pred_bs,
+        steps_per_loop=steps_per_epoch if steps_per_loop is None else steps_per_loop,
+        precision=acc.precision if precision == "auto" else precision, seed=seed,
+        warm_start_from=warm_start_from, jit_compile=_jit_compile(jit_compile, acc),
+        save_every_secs=save_every_secs, save_every_loops=save_every_loops,
+        keep_checkpoints=keep_checkpoints, verbose=verbose, num_replicas=acc.num_replicas)
+    return Estimator(model_func, config, acc)
+
+
+def _jit_compile(jit_compile: bool | None, acc: accel.Accelerator) -> bool:
+    """None means: on a TPU (which compiles everything anyway), else not."""
+    if jit_compile is None:
+        return acc.kind == "tpu"
+    jit_compile = boolean("jit_compile", jit_compile)
+    if jit_compile and acc.kind == "cpu" and acc.num_replicas > 1:
         # XLA cannot reach variables on the other logical CPU devices ("Trying to access
         # resource ... located in device CPU:1 from device CPU:0"); 1 replica is fine.
         logger.warning("fenwicks: jit_compile is ignored on %d logical CPU replicas (XLA "
                        "does not support variables spread over logical CPU devices)",
-                       replicas)
-        jit_compile = False
-    config = EstimatorConfig(
-        steps_per_epoch, work_dir.rstrip("/"), trn_bs, val_bs, pred_bs,
-        positive_int("steps_per_loop",
-                     steps_per_epoch if steps_per_loop is None else steps_per_loop),
-        acc.precision if precision == "auto" else precision, seed, warm_start_from,
-        jit_compile, save_every_secs,
-        save_every_loops, positive_int("keep_checkpoints", keep_checkpoints), verbose)
-    return Estimator(model_func, config, acc)
+                       acc.num_replicas)
+        return False
+    return jit_compile
 
 
 def _warm_start_source(ws_dir: Any, ws_vars: Any, warm_start_from: str | None) -> str | None:
@@ -173,20 +157,6 @@ def _warm_start_source(ws_dir: Any, ws_vars: Any, warm_start_from: str | None) -
         raise TypeError(f"ws_dir={ws_dir!r} and warm_start_from={warm_start_from!r}: give "
                         "one (ws_dir is the original name of warm_start_from)")
     return os.fspath(ws_dir) if ws_dir is not None else warm_start_from
-
-
-def path_arg(name: str, path: Any) -> str:
-    """A local path or ``gs://`` URL given as a str or an `os.PathLike`, ``~`` expanded.
-
-    Example:
-        >>> path_arg('work_dir', pathlib.Path('~/runs/mnist'))
-        '/home/me/runs/mnist'
-    """
-    value = os.fspath(path) if isinstance(path, os.PathLike) else path
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{name}={path!r} must be a local path (a str or pathlib.Path) "
-                         "or a gs:// URL")
-    return value if "://" in value else os.path.expanduser(value)
 
 
 def _release(inputs: InputManager, state: RunState) -> None:
@@ -219,7 +189,9 @@ class Estimator:
         self.history = History()
         self._acc = accelerator
         self._state = RunState(model_func, config, accelerator)
-        self._inputs = InputManager(config, accelerator, self._state)
+        self._inputs = InputManager(config, accelerator)
+        # Evaluation input_fns whose labels were checked (weak: a new lambda may reuse an id).
+        self._checked: weakref.WeakSet = weakref.WeakSet()
         self._evaluator = Evaluator(config, accelerator, self._state, self._inputs)
         self._controller: Controller | None = None
         self._last_train_loops = slice(0, 0)  # history.examples_per_sec of the last train
@@ -287,6 +259,28 @@ class Estimator:
         if changed:
             self._inputs.restart_training_input()
 
+    def _train_iterator(self, input_fn: InputFn) -> Any:
+        """The training iterator of `input_fn` where the run's input stands; on a new one,
+        its first batch is checked and the model built (restoring work_dir) first."""
+        iterator = self._inputs.live_train_iterator(input_fn)
+        if iterator is not None:
+            return iterator
+        probe = self._inputs.probe(input_fn, "train")
+        self._state.build(probe.features_spec, probe.params)
+        building.check_labels(self._state.spec, self._acc.strategy, probe.dataset)
+        return self._inputs.train_iterator(input_fn, int(self._state.input_steps.numpy()))
+
+    def _build_for(self, input_fn: InputFn, mode: str) -> None:
+        """Builds the model (on first use) from an evaluation or prediction input, and
+        checks an evaluation input's labels once."""
+        probe = self._inputs.probe(input_fn, mode)
+        self._state.build(probe.features_spec,
+                          self._inputs.params(mode, self.config.train_batch_size))
+        if mode == "eval" and input_fn not in self._checked:
+            building.check_labels(self._state.spec, self._acc.strategy, probe.dataset)
+            with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
+                self._checked.add(input_fn)
+
     def train(self, input_fn: InputFn, steps: int | None = None,
               max_steps: int | None = None, callbacks: Callbacks = None,
               profile_steps: tuple[int, int] | None = None) -> Estimator:
@@ -295,7 +289,10 @@ class Estimator:
         `steps_per_loop` steps run in one compiled call; the last call is shortened so
         training stops exactly at the target (and loops end at epoch boundaries). A
         checkpoint is written at the end, every `save_every_secs` and every
-        `save_every_loops` loops.
+        `save_every_loops` loops. After each loop the default actions record `history`,
+        TensorBoard scalars and the progress bar, call the callbacks, stop on a
+        non-finite loss, save when due and end epochs; their order is documented in
+        `fenwicks.train.actions`.
 
         Args:
             input_fn: ``params -> tf.data.Dataset`` of (features, labels) batches of
@@ -338,6 +335,12 @@ class Estimator:
         """
         return self._train(input_fn, steps, max_steps, callbacks, profile_steps=profile_steps)
 
+    def _default_callbacks(self) -> list[keras.callbacks.Callback]:
+        """The callbacks every `train` installs before the user's (the per-loop ones are
+        actions: see `fenwicks.train.actions`)."""
+        return [callbacks_lib.EpochLog(self.config.work_dir, lambda: self.global_step,
+                                       writes=self._state.is_chief)]
+
     def _train(self, input_fn: InputFn, steps: int | None, max_steps: int | None,
                callbacks: Callbacks, evaluate: Callable[[], dict] | None = None,
                eval_every: int | None = None,
@@ -348,7 +351,7 @@ class Estimator:
         self._reload_if_stale()
         with self._state.locked():
             self._follow_work_dir()  # another run trained here, or the dir was cleaned
-            iterator = self._inputs.train_iterator(input_fn)  # builds, restoring the step
+            iterator = self._train_iterator(input_fn)  # builds, restoring the step
             target = self.global_step + steps if steps is not None else max_steps
             if self.global_step >= target:
                 logger.info("fenwicks: already at step %d >= %d; not training",
@@ -360,7 +363,7 @@ class Estimator:
             self._last_train_loops = slice(len(self.history.examples_per_sec), None)
             self._controller.train(
                 self._acc.strategy, iterator, target,
-                callbacks_lib.callback_list(callbacks, self,
+                callbacks_lib.callback_list(self._default_callbacks() + callbacks, self,
                                             epochs_to(target, self.config.steps_per_epoch)),
                 evaluate, eval_every, profile_steps)
         return self
@@ -440,6 +443,7 @@ class Estimator:
             steps = positive_int("steps", steps)
         self._reload_if_stale()
         self._follow_work_dir()
+        self._build_for(input_fn, "eval")
         result = self._evaluator.evaluate(input_fn, steps)
         self.history.evals.append(result)
         return result
@@ -471,6 +475,8 @@ class Estimator:
         """
         self._reload_if_stale()
         self._follow_work_dir()
+        self._evaluator.check_single_host()
+        self._build_for(input_fn, "predict")
         predictions = self._evaluator.predict(input_fn)
         return _as_dicts(predictions) if as_dicts else predictions
 

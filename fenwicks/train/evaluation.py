@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.train import building, loops
-from fenwicks.train.input_manager import InputFn, InputManager
+from fenwicks.train.inputs import InputFn, InputManager
+from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import write_eval_summary
 from fenwicks.train.state import NonFiniteLossError, RunState
 
@@ -28,7 +29,7 @@ class Evaluator:
         >>> evaluator.evaluate(eval_input_fn)   # {'loss', 'accuracy', ...}
     """
 
-    def __init__(self, config: Any, accelerator: accel.Accelerator, state: RunState,
+    def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator, state: RunState,
                  input_manager: InputManager) -> None:
         self.config = config
         self._acc = accelerator
@@ -103,14 +104,18 @@ class Evaluator:
                            result, path=f"{self.config.work_dir}/eval")
         return result
 
-    def predict(self, input_fn: InputFn) -> Any:
-        """One row per example, in input order (see `Estimator.predict`)."""
+    def check_single_host(self) -> None:
+        """Prediction is single-host: a ValueError on a multi-worker run."""
         if self._acc.num_workers > 1:
             raise ValueError(
                 f"predict runs on one host, and this run spans {self._acc.num_workers} "
                 "workers (TF_CONFIG): each would return only its own share of the rows. "
                 "Predict in a single-host process on the work_dir (a new estimator there "
                 "restores the model), or export_saved_model and serve that")
+
+    def predict(self, input_fn: InputFn) -> Any:
+        """One row per example, in input order (see `Estimator.predict`)."""
+        self.check_single_host()
 
         def run(global_batch: int) -> list[Any]:
             dataset = self._inputs.padded_dataset(input_fn, global_batch, "predict", None)

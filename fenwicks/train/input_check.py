@@ -30,7 +30,8 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks._checks import positive_int
-from fenwicks.train import building, inputs
+from fenwicks.train import inputs
+from fenwicks.train.options import EstimatorConfig
 
 logger = logging.getLogger("fenwicks")
 
@@ -238,7 +239,7 @@ def _drain_fn(strategy: tf.distribute.Strategy) -> Any:
     return drain
 
 
-def time_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Accelerator,
+def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: accel.Accelerator,
                num_batches: int, warmup_batches: int
                ) -> tuple[float, float, tf.data.Dataset]:
     """``(examples/s, seconds, the pipeline)`` of `input_fn` alone, as training reads it.
@@ -248,10 +249,10 @@ def time_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Acceler
     """
     strategy = accelerator.strategy
     num_replicas = accelerator.num_replicas
-    batch_size = config.train_batch_size // num_replicas
+    batch_size = config.train_batch_per_replica
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        params = building.make_params(
+        params = inputs.make_params(
             "train", config.train_batch_size, num_replicas, seed=config.seed,
             precision=config.precision, steps_per_epoch=config.steps_per_epoch,
             input_context=context)
@@ -284,7 +285,7 @@ def time_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Acceler
     return examples / max(seconds, 1e-9), seconds, probe
 
 
-def check_input(input_fn: inputs.InputFn, config: Any, accelerator: accel.Accelerator,
+def check_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: accel.Accelerator,
                 train_loops: Sequence[tuple[int, float]], num_batches: int = 100,
                 warmup_batches: int = 10) -> InputVerdict:
     """Times `input_fn` alone and judges it against the last training rate.

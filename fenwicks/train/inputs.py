@@ -1,4 +1,9 @@
-"""Input functions to distributed datasets: checks, resume position, exact-eval padding.
+"""Input functions to distributed iterators: the one path from an ``input_fn`` to what a
+compiled loop reads. `InputManager` calls input functions with `params`, probes their
+first element's structure and batch size before anything compiles, positions the training
+iterator where the run's input stands (resume), and pads and masks the datasets of exact
+evaluation and prediction. It builds no model: the estimator builds it from a probe's
+element spec (`InputManager.probe`) between the probe and the iterator.
 
 A TPU (and XLA anywhere) needs static shapes, so every batch a compiled step sees has the
 same per-replica batch size. Training datasets must already have it (``drop_remainder``).
@@ -14,6 +19,8 @@ hands the pipeline's batches out round-robin: step s gives replica r batch ``s *
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import inspect
 import logging
 from collections.abc import Callable
@@ -22,11 +29,30 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from fenwicks import accel
 from fenwicks.data import position
+from fenwicks.train.options import EstimatorConfig
 
 logger = logging.getLogger("fenwicks")
 
 InputFn = Callable[[dict], tf.data.Dataset]
+
+
+def make_params(mode: str, global_batch: int, num_replicas: int, *, seed: int | None,
+                precision: str, steps_per_epoch: int | None,
+                input_context: Any = None) -> dict[str, Any]:
+    """The ``params`` dict given to model and input functions, as TPUEstimator did.
+
+    ``params['batch_size']`` is the per-replica batch size.
+
+    Example:
+        >>> make_params("train", 512, 8, seed=1, precision="bfloat16", steps_per_epoch=97)
+        {'batch_size': 64, 'global_batch_size': 512, ...}
+    """
+    return {"batch_size": global_batch // num_replicas, "global_batch_size": global_batch,
+            "num_replicas": num_replicas, "seed": seed, "mode": mode,
+            "precision": precision, "steps_per_epoch": steps_per_epoch,
+            "input_context": input_context}
 
 
 def unpack(element: Any) -> tuple[Any, Any, Any]:
@@ -70,25 +96,6 @@ def _check_takes_params(input_fn: InputFn, what: str) -> None:
             f"params['batch_size'] is the per-replica batch size), but its signature is "
             f"{getattr(input_fn, '__name__', type(input_fn).__name__)}{signature}; e.g. "
             "lambda params: fw.data.numpy_ds(X, y, params['batch_size'])") from None
-
-
-def explain_one_hot(labels: Any, outputs: Any, err: BaseException) -> None:
-    """Raises a ValueError naming both fixes if `labels` look one-hot for `outputs`,
-    which a sparse (class index) loss rejected with `err`; else returns."""
-    if not (isinstance(labels, tf.Tensor) and isinstance(outputs, tf.Tensor)):
-        return
-    shape = labels.shape
-    if (shape.rank is None or shape.rank != outputs.shape.rank or shape.rank < 2
-            or shape[-1] != outputs.shape[-1] or (shape[-1] or 0) < 2):
-        return
-    raise ValueError(
-        f"the labels have shape {shape.as_list()}, one-hot (or probabilities) over the "
-        f"model's {shape[-1]} outputs, but the loss takes class indices, shape "
-        f"{shape.as_list()[:-1]}. Either argmax the labels (y.argmax(axis=-1) in NumPy, "
-        "or ds.map(lambda x, y: (x, tf.argmax(y, -1))) in the input_fn), or use a "
-        "categorical loss: fw.train.get_model_func(build_nn, opt_func, loss_fn=lambda y, "
-        "out: keras.losses.categorical_crossentropy(y, out, from_logits=True), "
-        "metric_fns=...)") from err
 
 
 def resumed_train_dataset(input_fn: InputFn, params: dict,
@@ -202,3 +209,163 @@ def pad_and_mask(dataset: tf.data.Dataset, batch_size: int, num_replicas: int,
     # are ever dropped, since there are R - 1 of them after the real batches.
     return (padded.concatenate(filler).batch(num_replicas, drop_remainder=True)
             .unbatch())
+
+
+_WHAT = {"train": "training", "eval": "evaluation", "predict": "prediction"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """An input_fn called once (as for one pipeline of all replicas) and checked.
+
+    Attributes:
+        input_fn: the function probed.
+        mode: ``'train'``, ``'eval'`` or ``'predict'``.
+        global_batch: the global batch size it was called for.
+        dataset: what it returned (not iterated, except by label checks).
+        params: the params it was called with.
+    """
+
+    input_fn: InputFn
+    mode: str
+    global_batch: int
+    dataset: tf.data.Dataset
+    params: dict
+
+    @property
+    def features_spec(self) -> Any:
+        """The element spec of the features: what the model is built for."""
+        return unpack(self.dataset.element_spec)[0]
+
+
+class InputManager:
+    """Turns input functions into distributed iterators and datasets for one run.
+
+    Example:
+        >>> manager = InputManager(config, fw.accel.current())
+        >>> probe = manager.probe(train_input_fn, "train")  # checked before any compile
+        >>> iterator = manager.train_iterator(train_input_fn, start_step=0)
+    """
+
+    def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator) -> None:
+        self.config = config
+        self._acc = accelerator
+        self._strategy = accelerator.strategy
+        self._train: tuple[InputFn, Any] | None = None
+        self._last_probe: Probe | None = None
+
+    @property
+    def num_replicas(self) -> int:
+        return self._acc.num_replicas
+
+    def params(self, mode: str, global_batch: int, context: Any = None) -> dict:
+        return make_params(
+            mode, global_batch, self.num_replicas, seed=self.config.seed,
+            precision=self.config.precision, steps_per_epoch=self.config.steps_per_epoch,
+            input_context=context)
+
+    def probe(self, input_fn: InputFn, mode: str, global_batch: int | None = None) -> Probe:
+        """Calls `input_fn` as one pipeline feeding every replica and checks its element
+        structure and batch size (`mode`'s rules), before anything compiles.
+
+        `global_batch` defaults to the mode's batch size in the options.
+        """
+        if global_batch is None:
+            global_batch = {"train": self.config.train_batch_size,
+                            "eval": self.config.eval_batch_size,
+                            "predict": self.config.predict_batch_size}[mode]
+        last = self._last_probe
+        if last is not None and (last.input_fn, last.mode, last.global_batch) == (
+                input_fn, mode, global_batch):
+            return last  # probed just before (the estimator, then the evaluator)
+        what = _WHAT[mode]
+        params = self.params(mode, global_batch,
+                             tf.distribute.InputContext(1, 0, self.num_replicas))
+        batch_size = params["batch_size"]
+        dataset = call_input_fn(input_fn, params, what)
+        if mode == "train":
+            check_train_spec(dataset.element_spec, batch_size)
+        else:
+            if mode == "eval":
+                check_pair(dataset.element_spec, what)
+            check_eval_spec(dataset.element_spec, batch_size, what)
+        self._last_probe = Probe(input_fn, mode, global_batch, dataset, params)
+        return self._last_probe
+
+    # ---------------------------------------------------------------- training
+
+    def live_train_iterator(self, input_fn: InputFn) -> Any:
+        """The live iterator of `input_fn` if `train` made one and it still stands."""
+        if self._train is not None and self._train[0] is input_fn:
+            return self._train[1]
+        return None
+
+    def restart_training_input(self) -> None:
+        """The next `train_iterator` starts again from the restored input position."""
+        self._train = None
+
+    def train_iterator(self, input_fn: InputFn, start_step: int) -> Any:
+        """A distributed iterator over `input_fn` from training step `start_step` on.
+
+        The input position belongs to the run, not to the function object: a new but
+        identical input_fn (a notebook cell run again makes a new lambda) continues at the
+        same batch as the old one would, and so does a fresh estimator on work_dir.
+        """
+        batch_size = self.config.train_batch_per_replica
+
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            params = self.params("train", self.config.train_batch_size, context)
+            # Each step takes one batch per replica this pipeline feeds.
+            per_step = self.num_replicas // context.num_input_pipelines
+            dataset = resumed_train_dataset(input_fn, params, start_step * per_step)
+            check_train_spec(dataset.element_spec, batch_size)
+            return dataset
+
+        self._last_probe = None  # the probe's dataset is no longer needed
+        iterator = iter(self._strategy.distribute_datasets_from_function(dataset_fn))
+        if start_step:
+            logger.info("fenwicks: resuming the training input after %d steps", start_step)
+        self._train = (input_fn, iterator)
+        return iterator
+
+    # ---------------------------------------------------------------- evaluation
+
+    def padded_dataset(self, input_fn: InputFn, global_batch: int, mode: str,
+                       steps: int | None) -> Any:
+        """The distributed dataset of ((features, labels), mask) for `evaluate`/`predict`.
+
+        Every example appears exactly once: partial batches are padded to the static
+        batch shape and masked out, as are whole filler batches.
+        """
+        what, batch_size = _WHAT[mode], self.probe(input_fn, mode, global_batch).params[
+            "batch_size"]
+        workers = self._acc.num_workers
+
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            # Several workers: the estimator shards the batches itself (round-robin) and
+            # gives the input_fn no input_context, so that each example is counted once
+            # whether or not the input_fn would shard by it.
+            params = self.params(mode, global_batch, None if workers > 1 else context)
+            dataset = call_input_fn(input_fn, params, what)
+            per_step = self.num_replicas // context.num_input_pipelines
+            if steps is not None:
+                dataset = dataset.take(steps * self.num_replicas)
+            if workers > 1:
+                dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+            return pad_and_mask(dataset, batch_size, per_step, what)
+
+        self._last_probe = None
+        return self._strategy.distribute_datasets_from_function(dataset_fn)
+
+    def release(self) -> None:
+        """Destroys the live training iterator (and its prefetch threads) now.
+
+        A distributed tf.data iterator left to interpreter shutdown can block for
+        minutes in its destructor (seen with TF 2.21 on 8 logical CPUs), and one whose
+        prefetch threads are inside a Python callback when it is destroyed deadlocks on
+        the GIL; `fw.data.numpy_ds` therefore gathers small arrays inside the graph.
+        """
+        self._last_probe = None
+        if self._train is not None:
+            self._train = None
+            gc.collect()

@@ -5,10 +5,11 @@ runs one step per learning rate from `start_lr` to `end_lr`, smooths the loss, s
 it diverges and suggests the rate where the smoothed loss falls fastest (Smith, 2015;
 fast.ai's ``lr_find``).
 
-Steps run exactly as the estimator's do: every replica gets its own batch from
-``strategy.distribute_datasets_from_function`` and the recorded loss is the mean over the
-*global* batch, so the curve with 8 replicas is the single-device curve (a common bug is
-to record replica 0's loss only, a noisier curve on 1/8 of the data).
+Steps run through the estimator's own `Trainer` (the same compiled loop): every replica
+gets its own batch from ``strategy.distribute_datasets_from_function`` and the recorded
+loss is the mean over the *global* batch, so the curve with 8 replicas is the
+single-device curve (a common bug is to record replica 0's loss only, a noisier curve on
+1/8 of the data).
 
     result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
     result.suggestion            # e.g. 0.21
@@ -28,11 +29,12 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks._checks import positive_int
-from fenwicks.train import inputs, loops
-from fenwicks.train.building import build_model, make_params, precision_policy
+from fenwicks._checks import divisible_by_replicas, positive_int
+from fenwicks.train import inputs
+from fenwicks.train.building import build_model, precision_policy
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.schedules import Schedule, _number, _register, _steps
+from fenwicks.train.trainer import InputExhaustedError, Trainer
 
 
 @_register
@@ -107,8 +109,8 @@ def _check_args(start_lr: float, end_lr: float, num_steps: int, smoothing: float
 
 def _params(acc: accel.Accelerator, batch_size: int, seed: int | None,
             steps_per_epoch: int | None, context: Any = None) -> dict:
-    """The estimator's params (`fenwicks.train.building.make_params`), for training."""
-    return make_params("train", batch_size, acc.num_replicas, seed=seed,
+    """The estimator's params (`fenwicks.train.inputs.make_params`), for training."""
+    return inputs.make_params("train", batch_size, acc.num_replicas, seed=seed,
                        precision=acc.precision, steps_per_epoch=steps_per_epoch,
                        input_context=context)
 
@@ -193,11 +195,8 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
     """
     _check_args(start_lr, end_lr, num_steps, smoothing, diverge_factor)
     acc = accel.current()
-    batch_size = positive_int("batch_size", batch_size, example=512)
-    if batch_size % acc.num_replicas:
-        raise ValueError(f"batch_size={batch_size} must be divisible by the "
-                         f"{acc.num_replicas} replicas; try "
-                         f"{batch_size // acc.num_replicas * acc.num_replicas or acc.num_replicas}")
+    positive_int("batch_size", batch_size, example=512)
+    batch_size = divisible_by_replicas("batch_size", batch_size, acc.num_replicas)
     iterator, spec = _distributed_batches(acc, input_fn, batch_size, seed, num_steps,
                                           steps_per_epoch)
     model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0],
@@ -225,20 +224,22 @@ def _drain(iterator: Any) -> None:
 def _sweep(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any, iterator: Any,
            sweep: ExponentialSweep, batch_size: int, smoothing: float,
            diverge_factor: float, verbose: bool = False) -> tuple[list[float], list[float]]:
-    strategy = acc.strategy
-    replica_step = loops._train_step(spec, optimizer, batch_size, acc.num_replicas)
-
-    @tf.function
-    def step(batch: Any) -> tf.Tensor:
-        per_replica = strategy.run(replica_step, args=(batch,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
+    with acc.strategy.scope():
+        counter = tf.Variable(0, dtype=tf.int64, name="find_lr_step")
+    # The estimator's own inner loop, one step per call: the host decides after each
+    # step whether the curve has diverged (the step count is a tensor: no retrace).
+    trainer = Trainer(acc.strategy, spec, optimizer, counter, batch_size)
     lrs: list[float] = []
     losses: list[float] = []
     average, best = 0.0, math.inf
     with _progress_bar(sweep, batch_size, verbose) as bar:
         for index in range(sweep.num_steps):
-            loss = _one_step(step, iterator, index, sweep.num_steps, batch_size)
+            try:
+                loss = trainer.train(iterator, 1).last_loss  # mean over the global batch
+            except InputExhaustedError:
+                raise ValueError(f"input_fn ran out of batches after {index} of the "
+                                 f"{sweep.num_steps} steps; repeat the dataset "
+                                 "(ds.repeat()) or lower num_steps") from None
             lrs.append(sweep(index))
             losses.append(loss)
             average = smoothing * average + (1 - smoothing) * loss
@@ -261,16 +262,6 @@ def _progress_bar(sweep: ExponentialSweep, batch_size: int, verbose: bool) -> An
     return tqdm(total=sweep.num_steps, unit="step", dynamic_ncols=True,
                 desc=(f"find_lr: lr {sweep.start_lr:.0e} to {sweep.end_lr:.0e}, "
                       f"batch {batch_size}, stops early if the loss diverges"))
-
-
-def _one_step(step: Callable, iterator: Any, index: int, num_steps: int,
-              batch_size: int) -> float:
-    batch = next(iterator, None)
-    if batch is None:
-        raise ValueError(f"input_fn ran out of batches after {index} of the "
-                         f"{num_steps} steps; repeat the dataset (ds.repeat()) "
-                         "or lower num_steps")
-    return float(step(batch)) / batch_size  # mean over the global batch
 
 
 def _result(lrs: list[float], losses: list[float], smoothing: float,

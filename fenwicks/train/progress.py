@@ -1,79 +1,73 @@
-"""Progress during training: a notebook-aware tqdm bar and TensorBoard scalars."""
+"""Progress during training, as actions called after each compiled loop (see
+`fenwicks.train.actions`): a notebook-aware tqdm bar and TensorBoard scalars. Both read
+the loop's `LoopOutput`, so the bar, the scalars and `History` show the same numbers.
+"""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import tensorflow as tf
 
 from fenwicks import _deadline
+from fenwicks.train.trainer import LoopOutput
 
 
-class Progress:
-    """Reports each loop of `Estimator.train`: the bar and ``work_dir/train`` scalars.
+class TrainSummaries:
+    """An action: each loop's last loss, examples/s and learning rate as TensorBoard
+    scalars (``<work_dir>/train``), at the loop's last global step.
 
     Args:
         writer: a `tf.summary` writer, e.g. for ``<work_dir>/train``.
-        start: the global step training starts at.
-        target: the global step it stops at.
-        global_batch_size: examples per step, for examples/s.
-        verbose: show the tqdm bar. Defaults to True.
         path: where `writer` writes; on ``gs://`` the final flush is a clean-up call
             bounded in time (`fenwicks._deadline`). Defaults to None: unbounded.
 
     Example:
-        >>> writer = tf.summary.create_file_writer(work_dir + '/train')
-        >>> with Progress(writer, 0, 100, 128) as progress:
-        ...     progress.update(step=10, losses=[0.7] * 10, learning_rate=0.1)
+        >>> summaries = TrainSummaries(tf.summary.create_file_writer(work_dir + '/train'))
+        >>> summaries(trainer.train(iterator, 100))
     """
 
-    def __init__(self, writer: Any, start: int, target: int, global_batch_size: int,
-                 verbose: bool = True, path: str | None = None) -> None:
-        self.global_batch_size = global_batch_size
-        self._path = path
-        self.step = start
-        self._time = time.perf_counter()
-        self._writer = writer
-        self._bar = None
-        if verbose:
-            from tqdm.auto import tqdm  # picks the widget bar in notebooks
+    def __init__(self, writer: Any, path: str | None = None) -> None:
+        self._writer, self._path = writer, path
 
-            self._bar = tqdm(total=target, initial=start, unit="step", dynamic_ncols=True)
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def restart_clock(self) -> None:
-        """Excludes compile time or checkpoint saving from the next examples/s."""
-        self._time = time.perf_counter()
-
-    def update(self, step: int, losses: Any, learning_rate: float | None) -> float:
-        """Records the loop that ended at `step`; returns its examples per second."""
-        now = time.perf_counter()
-        steps = step - self.step
-        rate = steps * self.global_batch_size / max(now - self._time, 1e-9)
-        loss = float(losses[-1]) if len(losses) else float("nan")
-        with self._writer.as_default(step=step):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("examples_per_sec", rate)
-            if learning_rate is not None:
-                tf.summary.scalar("learning_rate", learning_rate)
-        if self._bar is not None:
-            self._bar.update(steps)
-            self._bar.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:,.0f}")
-        self.step, self._time = step, now
-        return rate
+    def __call__(self, output: LoopOutput) -> None:
+        with self._writer.as_default(step=output.step):
+            tf.summary.scalar("loss", output.last_loss)
+            tf.summary.scalar("examples_per_sec", output.examples_per_sec)
+            if output.learning_rate is not None:
+                tf.summary.scalar("learning_rate", output.learning_rate)
 
     def close(self) -> None:
         # Skipped while storage is down, so the error that stopped training comes first.
         _deadline.run(self._writer.flush, what="training summary flush", path=self._path,
                       best_effort=True)
-        if self._bar is not None:
-            self._bar.close()
+
+
+class ProgressBar:
+    """An action: a notebook-aware tqdm bar over global steps, with the loss and
+    examples/s of the last loop.
+
+    Args:
+        start: the global step training starts at.
+        target: the global step it stops at.
+
+    Example:
+        >>> bar = ProgressBar(0, 1000)
+        >>> bar(trainer.train(iterator, 100))
+    """
+
+    def __init__(self, start: int, target: int) -> None:
+        from tqdm.auto import tqdm  # picks the widget bar in notebooks
+
+        self._bar = tqdm(total=target, initial=start, unit="step", dynamic_ncols=True)
+
+    def __call__(self, output: LoopOutput) -> None:
+        self._bar.update(output.step - output.start)
+        self._bar.set_postfix(loss=f"{output.last_loss:.4f}",
+                              ex_per_s=f"{output.examples_per_sec:,.0f}")
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 def write_eval_summary(writer: Any, step: int, result: dict[str, float],

@@ -1,8 +1,8 @@
 """The run's state and where it lives: model, optimizer and step counters, built once and
 restored from (or saved to) ``work_dir``, the work_dir lock, and the summary writers.
 
-`RunState` knows nothing of loops, inputs or callbacks; the controller and the input
-manager call it.
+`RunState` knows nothing of loops, inputs or callbacks; the estimator, the controller
+and its actions call it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
 from fenwicks.train import building, checkpoints, lock
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.options import EstimatorConfig
 
 logger = logging.getLogger("fenwicks")
 
@@ -58,7 +59,7 @@ class RunState:
         >>> state.save()
     """
 
-    def __init__(self, model_func: building.ModelFunc, config: Any,
+    def __init__(self, model_func: building.ModelFunc, config: EstimatorConfig,
                  accelerator: accel.Accelerator) -> None:
         self.config = config
         self.warm_start_report: dict[str, list[str]] | None = None

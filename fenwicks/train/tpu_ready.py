@@ -93,7 +93,7 @@ def check_tpu_ready(est: Any, train_input_fn: inputs.InputFn,
     for mode in fns:
         divisible_by_replicas({"train": "trn_bs", "eval": "val_bs", "predict": "pred_bs"}[mode],
                               globals_[mode], replicas)
-    params = {mode: building.make_params(mode, globals_[mode], replicas, seed=config.seed,
+    params = {mode: inputs.make_params(mode, globals_[mode], replicas, seed=config.seed,
                                          precision=precision,
                                          steps_per_epoch=config.steps_per_epoch)
               for mode in fns}

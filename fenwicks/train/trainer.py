@@ -1,0 +1,124 @@
+"""The inner training loop, as Orbit's `StandardTrainer`: ``trainer.train(n)`` runs `n`
+steps in one compiled call and returns what they did.
+
+The `Trainer` owns the compiled loop (`loops.make_train_loop`, built on first use), the
+step counters it advances (``global_step`` and the input position, counted together
+inside each step) and running out of data. It knows nothing of checkpoints, callbacks,
+progress or epochs: the controller (`controller.py`) and `find_lr` (`lr_finder.py`) decide
+how many steps to ask for and what to do with the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from fenwicks.train import loops
+from fenwicks.train.model_func import ModelSpec
+
+
+class InputExhaustedError(ValueError):
+    """The training input ran out of data; the steps that did run are counted.
+
+    Attributes:
+        step: the global step reached (every step before it ran completely).
+    """
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"the training input ran out of data at step {step}; end the "
+                         "input_fn's dataset with .repeat() so it can feed any number of "
+                         "steps")
+        self.step = step
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOutput:
+    """What one ``Trainer.train`` call did.
+
+    Attributes:
+        start: the global step before the loop.
+        step: the global step after it.
+        losses: the mean loss over the global batch of each step run, float32; shorter
+            than asked if a loss was not finite or a stop was requested.
+        learning_rate: the optimizer's learning rate after the loop, or None if it has
+            no single value.
+        seconds: wall time of the compiled call, compile time included on the first.
+        examples_per_sec: examples trained per second of that call (over all replicas).
+    """
+
+    start: int
+    step: int
+    losses: np.ndarray
+    learning_rate: float | None
+    seconds: float
+    examples_per_sec: float
+
+    @property
+    def last_loss(self) -> float:
+        """The last step's loss (NaN when no step ran)."""
+        return float(self.losses[-1]) if len(self.losses) else float("nan")
+
+
+class Trainer:
+    """Runs training steps of one model in compiled loops.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` the variables live in.
+        spec: the built `ModelSpec`.
+        optimizer: the built optimizer to step with.
+        global_step: an int64 variable counting steps; the loop advances it.
+        global_batch_size: examples per step over all replicas (the loss divisor).
+        jit_compile: XLA-compile each replica's step. Defaults to False.
+        stop: a bool variable; when it turns True the loop returns after the step in
+            progress (preemption). Defaults to None.
+        input_steps: the input position, advanced with `global_step`. Defaults to None.
+
+    Example:
+        >>> trainer = Trainer(strategy, spec, optimizer, step_counter, 512)
+        >>> trainer.train(iterator, 100).losses    # 100 per-step losses
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer: Any,
+                 global_step: tf.Variable, global_batch_size: int,
+                 jit_compile: bool = False, stop: tf.Variable | None = None,
+                 input_steps: tf.Variable | None = None) -> None:
+        self.global_step_variable = global_step
+        self._make_loop = lambda: loops.make_train_loop(
+            strategy, spec, optimizer, global_step, global_batch_size, jit_compile, stop,
+            input_steps)
+        self._loop: Callable[[Any, tf.Tensor], tf.Tensor] | None = None
+        self._optimizer = optimizer
+        self._global_batch_size = global_batch_size
+
+    @property
+    def global_step(self) -> int:
+        return int(self.global_step_variable.numpy())
+
+    def train(self, iterator: Any, num_steps: int) -> LoopOutput:
+        """Runs up to `num_steps` steps on batches from `iterator`.
+
+        Raises:
+            InputExhaustedError: `iterator` ran out; the steps that ran stay counted.
+        """
+        if self._loop is None:
+            self._loop = self._make_loop()
+        start, began = self.global_step, time.perf_counter()
+        try:
+            # A tensor count: asking for another number of steps does not retrace.
+            losses = self._loop(iterator, tf.constant(num_steps, tf.int64)).numpy()
+        except tf.errors.OutOfRangeError as err:
+            raise InputExhaustedError(self.global_step) from err
+        seconds, step = time.perf_counter() - began, self.global_step
+        return LoopOutput(start, step, losses, self._learning_rate(), seconds,
+                          (step - start) * self._global_batch_size / max(seconds, 1e-9))
+
+    def _learning_rate(self) -> float | None:
+        try:
+            return float(np.asarray(self._optimizer.learning_rate))
+        except (TypeError, ValueError, AttributeError):
+            return None
