@@ -112,7 +112,10 @@ def numpy_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     return exp / exp.sum(axis=1, keepdims=True)
 
 
-VAL_BATCHES_8 = [8, 56, 64, 1000, 1008, 4096]  # on 8 replicas a global batch divides by 8
+# On 8 replicas a global batch divides by 8. test_flagship proves val_bs 8, 56 and 1000 on
+# 8 replicas on the product's own models; this stand-in adds a batch eight times the
+# data (most replicas get nothing but padding) beside one partial case.
+VAL_BATCHES_8 = [56, 4096]
 
 
 def replicas(work_root: str, bad_root: str | None = None) -> dict:
