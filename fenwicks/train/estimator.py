@@ -66,6 +66,7 @@ class EstimatorConfig:
     save_every_loops: int | None = None
     keep_checkpoints: int = 3
     verbose: bool = True
+    async_checkpoints: bool = True
 
 
 def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str,
@@ -76,7 +77,7 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
                       warm_start_from: str | None = None, jit_compile: bool | None = None,
                       save_every_secs: float | None = 600.0,
                       save_every_loops: int | None = None, keep_checkpoints: int = 3,
-                      verbose: bool = True) -> Estimator:
+                      verbose: bool = True, async_checkpoints: bool = True) -> Estimator:
     """Creates an `Estimator` on the current accelerator (`fw.accel.current()`).
 
     Args:
@@ -110,6 +111,11 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         save_every_loops: also checkpoint every this many loops. Defaults to None.
         keep_checkpoints: how many recent checkpoints to keep. Defaults to 3.
         verbose: show a progress bar. Defaults to True.
+        async_checkpoints: write checkpoints in a background thread while training
+            goes on (`fenwicks.train.async_checkpoints`); the next save, the end of
+            `train`, a restore, SIGTERM, `close()` and interpreter exit wait for the
+            write, and a failed write is raised there. False: each save blocks until
+            its files are written. Defaults to True.
 
     Returns:
         The `Estimator`.
@@ -140,6 +146,9 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
                          "directory for checkpoints and logs (it is created if missing)")
     if precision not in accel.PRECISIONS:
         raise ValueError(f"precision={precision!r} must be one of {accel.PRECISIONS}")
+    if not isinstance(async_checkpoints, bool):
+        raise ValueError(f"async_checkpoints={async_checkpoints!r} must be True (write "
+                         "checkpoints in the background) or False (block until written)")
     jit_compile = acc.kind == "tpu" if jit_compile is None else bool(jit_compile)
     if jit_compile and acc.kind == "cpu" and replicas > 1:
         # XLA cannot reach variables on the other logical CPU devices ("Trying to access
@@ -154,7 +163,8 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
                      steps_per_epoch if steps_per_loop is None else steps_per_loop),
         acc.precision if precision == "auto" else precision, seed, warm_start_from,
         jit_compile, save_every_secs,
-        save_every_loops, positive_int("keep_checkpoints", keep_checkpoints), verbose)
+        save_every_loops, positive_int("keep_checkpoints", keep_checkpoints), verbose,
+        async_checkpoints)
     return Estimator(model_func, config, acc)
 
 
