@@ -181,7 +181,7 @@ class BackgroundWriter:
         if isinstance(error, checkpoints.CheckpointWriteError):
             raise checkpoints.CheckpointWriteError(
                 f"{error} (It was written in the background, async_checkpoints=True, while "
-                f"training went on past step {step}.)") from error
+                f"training went on past step {step}.)") from error.__cause__
         if error is not None:
             raise error
         return outcome["path"], outcome["fingerprint"], outcome["seconds"]

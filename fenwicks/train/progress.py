@@ -57,16 +57,24 @@ class Progress:
         steps = step - self.step
         rate = steps * self.global_batch_size / max(now - self._time, 1e-9)
         loss = float(losses[-1]) if len(losses) else float("nan")
-        with self._writer.as_default(step=step):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("examples_per_sec", rate)
-            if learning_rate is not None:
-                tf.summary.scalar("learning_rate", learning_rate)
+        # Bounded on gs://: a scalar can flush the writer's queue, and while a checkpoint
+        # is written in the background this can be the training thread's first call to
+        # meet a storage outage (TensorFlow alone retries for minutes).
+        _deadline.run(self._write_scalars, step, loss, rate, learning_rate,
+                      what="training summaries", path=self._path)
         if self._bar is not None:
             self._bar.update(steps)
             self._bar.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:,.0f}")
         self.step, self._time = step, now
         return rate
+
+    def _write_scalars(self, step: int, loss: float, rate: float,
+                       learning_rate: float | None) -> None:
+        with self._writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("examples_per_sec", rate)
+            if learning_rate is not None:
+                tf.summary.scalar("learning_rate", learning_rate)
 
     def close(self) -> None:
         # Skipped while storage is down, so the error that stopped training comes first.

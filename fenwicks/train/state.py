@@ -250,6 +250,14 @@ class RunState:
         path, fingerprint, seconds = self._background.wait()
         self.last_good_checkpoint, self._seen, self.last_save_secs = path, fingerprint, seconds
 
+    def _background_failure(self) -> Exception | None:
+        """Waits for a background write; its error, or None if it succeeded (or none ran)."""
+        try:
+            self.wait()
+        except Exception as err:  # noqa: BLE001 - returned to the caller
+            return err
+        return None
+
     def _wait_quietly(self) -> None:
         """`wait`, logging a failure: for paths already raising another error."""
         try:
@@ -272,9 +280,14 @@ class RunState:
             yield
             self.wait()  # the end of train: its last checkpoint is complete
         except Exception as err:
-            if work_dir.startswith("gs://") and _is_storage_failure(err):
+            # A checkpoint write that failed in the background is the news, whatever the
+            # training thread ran into meanwhile (a summary flush in the same outage).
+            failed = self._background_failure() or err
+            if work_dir.startswith("gs://") and _is_storage_failure(failed):
                 _deadline.mark_outage()
-                raise self._unavailable(err) from err
+                raise self._unavailable(failed) from err
+            if failed is not err:
+                raise failed from err
             raise
         finally:
             self._wait_quietly()  # never release the lock while a write runs
