@@ -115,7 +115,7 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
             goes on (`fenwicks.train.async_checkpoints`); the next save, the end of
             `train`, a restore, SIGTERM, `close()` and interpreter exit wait for the
             write, and a failed write is raised there. False: each save blocks until
-            its files are written. Defaults to True.
+            its files are written (always so on several workers). Defaults to True.
 
     Returns:
         The `Estimator`.

@@ -151,7 +151,9 @@ class RunState:
 
     def _make_manager(self) -> tf.train.CheckpointManager:
         self._background = None
-        if self.config.async_checkpoints and self.is_chief:
+        # Several workers save together (reading a variable may take a collective), so
+        # one of them reading variables at other times could hang: synchronous there.
+        if self.config.async_checkpoints and self._acc.num_workers == 1:
             try:
                 self._background = async_checkpoints.BackgroundWriter(
                     self._root, self.config.work_dir, self.config.keep_checkpoints)
