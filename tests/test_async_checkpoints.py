@@ -19,6 +19,7 @@ from tensorflow.python.checkpoint import checkpoint_management
 import fenwicks as fw
 from fenwicks.train import async_checkpoints
 from tests import _flagship
+from tests.conftest import run_json
 
 MODEL = "mnist_net"
 
@@ -162,3 +163,27 @@ def test_an_object_saving_more_than_variables_is_refused_by_name():
     with pytest.raises(async_checkpoints.UnsupportedAsyncCheckpointError,
                        match="Counter .* async_checkpoints=False"):
         async_checkpoints.host_copies(root)
+
+
+def test_interpreter_exit_waits_for_the_write(tmp_path):
+    work = tmp_path / "run"
+    out = run_json(f"""
+import json, time
+from tensorflow.python.checkpoint import checkpoint_management
+from tests import _flagship
+original = checkpoint_management.update_checkpoint_state_internal
+
+def slow(*args, **kwargs):  # the write of ckpt-7 outlives the script
+    time.sleep(2)
+    return original(*args, **kwargs)
+
+checkpoint_management.update_checkpoint_state_internal = slow
+x, y = _flagship.digits("mnist_net")
+est = _flagship.estimator("mnist_net", {str(work)!r}, steps_per_loop=5)
+est.train(_flagship.train_input(x, y), steps=5)
+est._state.step_counter.assign(7)  # as if two more steps ran
+est._state.save()
+print(json.dumps(est._state._background.running))  # then the interpreter exits
+""", fresh=True)
+    assert out is True  # save() had returned with the write still running
+    assert tf.train.latest_checkpoint(str(work)) == str(work / "ckpt-7")
