@@ -70,6 +70,11 @@ def host_copies(root: tf.train.Checkpoint) -> tuple[tf.train.Checkpoint, list[tu
     Raises:
         UnsupportedAsyncCheckpointError: an object under `root` saves state other than
             variables (it would be read while training changes it).
+
+    Example:
+        >>> shadow, pairs = host_copies(tf.train.Checkpoint(v=tf.Variable(1.0)))
+        >>> for variable, copy in pairs: copy.assign(variable)
+        >>> shadow.write('/tmp/ckpt')   # the keys `root.write` would write
     """
     children = {name: child for name, child in
                 tf.train.TrackableView(root).children(root).items() if name != "save_counter"}
