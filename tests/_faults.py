@@ -14,6 +14,9 @@ it reached and every model variable. Environment knobs for the tests:
   are written to ``ckpt-<n>_temp/`` and before TensorFlow merges them into
   ``ckpt-<n>.*``, printing ``MERGE ckpt-<n>`` first: killing the process then leaves the
   ``_temp`` folder a save cut short leaves.
+  Both also print ``IN_THREAD <name>``: the thread writing (with asynchronous
+  checkpoints, a background writer; training goes on meanwhile).
+* ``FAULTS_SYNC=1``: ``async_checkpoints=False`` (each save blocks until written).
 * ``FAULTS_WARMUP=1``: train one step and print ``READY`` before the long run, so a
   test can signal the process while it is inside a compiled loop.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -44,7 +48,8 @@ def _slow_state_updates(seconds: float) -> None:
         path = kwargs["model_checkpoint_path"] if "model_checkpoint_path" in kwargs else args[1]
         named = os.path.basename(path)
         first[:] = first or [named]
-        print(f"STATE_UPDATE {named}", flush=True)
+        print(f"STATE_UPDATE {named}\nIN_THREAD {threading.current_thread().name}",
+              flush=True)
         if named != first[0]:
             time.sleep(seconds)
         return original(*args, **kwargs)
@@ -64,7 +69,7 @@ def _slow_merges(seconds: float) -> None:
              **kwargs: Any) -> Any:
         named = os.path.basename(destination_prefix.numpy().decode())
         merges.append(named)
-        print(f"MERGE {named}", flush=True)
+        print(f"MERGE {named}\nIN_THREAD {threading.current_thread().name}", flush=True)
         if len(merges) > 1:
             time.sleep(seconds)
         return original(checkpoint_prefixes, destination_prefix, *args, **kwargs)
@@ -73,7 +78,7 @@ def _slow_merges(seconds: float) -> None:
 
 
 def latest_step(work_dir: str) -> int:
-    latest = tf.train.latest_checkpoint(work_dir) if os.path.isdir(work_dir) else None
+    latest = tf.train.latest_checkpoint(work_dir) if tf.io.gfile.isdir(work_dir) else None
     return int(latest.rsplit("-", 1)[1]) if latest else 0
 
 
@@ -85,7 +90,8 @@ def train(work_dir: str, max_steps: str, steps_per_loop: str = "5") -> dict[str,
     start = latest_step(work_dir)
     x, y = flagship.digits(MODEL)
     est = flagship.estimator(MODEL, work_dir, steps_per_loop=int(steps_per_loop),
-                             save_every_loops=1, save_every_secs=None)
+                             save_every_loops=1, save_every_secs=None,
+                             async_checkpoints=not os.environ.get("FAULTS_SYNC"))
     train_fn = flagship.train_input(x, y)
     if os.environ.get("FAULTS_WARMUP"):
         est.train(train_fn, steps=1)

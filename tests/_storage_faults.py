@@ -235,6 +235,9 @@ def outage(work_dir: str, fault: str, seconds: str) -> dict[str, Any]:
     class StorageGoes(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if est.global_step >= OUTAGE_AT and not began:
+                # Storage goes between saves: the checkpoint of step 2 is complete first
+                # (with async checkpoints it may still be in flight after a fast loop).
+                est._state.wait()
                 rule = {"fault": fault}
                 if fault == "hold":
                     rule["until"] = time.time() + float(seconds)

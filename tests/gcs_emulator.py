@@ -152,6 +152,16 @@ class GcsEmulator:
         proc = self.run_python(code, env=env, timeout=timeout, cwd=cwd)
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
+    def start_module(self, module: str, *args: str,
+                     env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Starts ``python -m module *args`` inside the namespace, for a test that signals
+        or waits on it itself (text pipes for stdout and stderr; `ip netns exec` execs
+        Python, so the process's pid is Python's)."""
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.namespace, sys.executable, "-m", module, *args],
+            env={**os.environ, **self.env, **(env or {})}, cwd=str(self.workdir),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
     def log_tail(self, chars: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]

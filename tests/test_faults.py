@@ -34,9 +34,9 @@ pytestmark = pytest.mark.slow
 class Trainer:
     """A `python -m tests._faults train` process whose stdout is read line by line."""
 
-    def __init__(self, work_dir, max_steps, steps_per_loop="5", **env):
-        self.proc = start_process(["-m", "tests._faults", "train", str(work_dir),
-                                   str(max_steps), steps_per_loop], env)
+    def __init__(self, work_dir, max_steps, steps_per_loop="5", start=None, **env):
+        args = ["-m", "tests._faults", "train", str(work_dir), str(max_steps), steps_per_loop]
+        self.proc = (start or start_process)(args, env)
         self.lines: list[str] = []
         self.stderr = ""
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -104,16 +104,33 @@ def test_killed_at_random_steps_the_run_still_ends_with_the_uninterrupted_weight
     _assert_same_weights(out, reference.result())
 
 
-@pytest.mark.parametrize("window", ["before the state file", "before the merge"])
-def test_killed_mid_save_restarts_from_the_previous_complete_checkpoint(tmp_path, window):
+@pytest.fixture(scope="module")
+def uninterrupted_30(tmp_path_factory):
+    """30 steps in one go: what every killed-and-restarted run must end with."""
+    return Trainer(tmp_path_factory.mktemp("reference") / "run", 30).result()
+
+
+# Kill windows x checkpoint modes: async (the default: the background writer is killed
+# while training goes on) in both windows, and sync in one.
+MID_SAVE = [("before the state file", "async"), ("before the merge", "async"),
+            ("before the state file", "sync")]
+
+
+@pytest.mark.parametrize(("window", "mode"), MID_SAVE)
+def test_killed_mid_save_restarts_from_the_previous_complete_checkpoint(
+        tmp_path, window, mode, uninterrupted_30):
     work = tmp_path / "run"
-    reference = Trainer(tmp_path / "reference", 30)
+    sync = {"FAULTS_SYNC": "1"} if mode == "sync" else {}
     if window == "before the state file":  # ckpt-10's files written, not yet named
-        trainer = Trainer(work, 30, FAULTS_SLOW_STATE="120")
-        trainer.wait_for("STATE_UPDATE ckpt-10")
+        trainer, marker = Trainer(work, 30, FAULTS_SLOW_STATE="120", **sync), "STATE_UPDATE"
     else:  # ckpt-10's shards in ckpt-10_temp/, not yet merged
-        trainer = Trainer(work, 30, FAULTS_SLOW_MERGE="120")
-        trainer.wait_for("MERGE ckpt-10")
+        trainer, marker = Trainer(work, 30, FAULTS_SLOW_MERGE="120", **sync), "MERGE"
+    trainer.wait_for(f"{marker} ckpt-10")
+    at = trainer.lines.index(f"{marker} ckpt-10") + 1  # then the thread that writes it
+    _wait_until(lambda: len(trainer.lines) > at)
+    writer = trainer.lines[at]
+    assert writer == ("IN_THREAD MainThread" if mode == "sync" else
+                      "IN_THREAD fenwicks checkpoint writer (ckpt-10)")
     trainer.proc.send_signal(signal.SIGKILL)
     trainer.finish()
     leftover = work / ("ckpt-10.index" if window == "before the state file"
@@ -125,7 +142,28 @@ def test_killed_mid_save_restarts_from_the_previous_complete_checkpoint(tmp_path
     assert out["start"] == 5 and out["step"] == 30
     if window == "before the merge":  # the partial save is removed at the next start
         assert not leftover.exists() and "ckpt-10_temp, the partial files" in restart.stderr
-    _assert_same_weights(out, reference.result())
+    _assert_same_weights(out, uninterrupted_30)
+
+
+def test_killed_mid_async_save_on_gcs_restarts_from_the_previous_checkpoint(
+        gcs_emulator, uninterrupted_30):
+    work = gcs_emulator.unique_url("killed") + "/work"
+
+    def in_namespace(args, env):
+        return gcs_emulator.start_module(*args[1:], env=env)
+
+    trainer = Trainer(work, 30, start=in_namespace, FAULTS_SLOW_STATE="120")
+    trainer.wait_for("STATE_UPDATE ckpt-10")  # its data and index are in the bucket
+    trainer.proc.send_signal(signal.SIGKILL)
+    trainer.finish()
+    listed = gcs_emulator.run_json(f"""
+import json, tensorflow as tf
+print(json.dumps([tf.train.latest_checkpoint({work!r}),
+                  tf.io.gfile.exists({work!r} + "/ckpt-10.index")]))""")
+    assert listed == [work + "/ckpt-5", True]  # written, but never named the latest
+    out = Trainer(work, 30, start=in_namespace).result()
+    assert out["start"] == 5 and out["step"] == 30
+    _assert_same_weights(out, uninterrupted_30)
 
 
 def test_sigterm_saves_the_step_in_progress_and_the_restart_continues_exactly(tmp_path):

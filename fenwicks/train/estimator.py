@@ -60,7 +60,7 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
                       warm_start_from: str | None = None, jit_compile: bool | None = None,
                       save_every_secs: float | None = 600.0,
                       save_every_loops: int | None = None, keep_checkpoints: int = 3,
-                      verbose: bool = True) -> Estimator:
+                      verbose: bool = True, async_checkpoints: bool = True) -> Estimator:
     """Creates an `Estimator` on the current accelerator (`fw.accel.current()`).
 
     Args:
@@ -94,6 +94,11 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         save_every_loops: also checkpoint every this many loops. Defaults to None.
         keep_checkpoints: how many recent checkpoints to keep. Defaults to 3.
         verbose: show a progress bar. Defaults to True.
+        async_checkpoints: write checkpoints in a background thread while training
+            goes on (`fenwicks.train.async_checkpoints`); the next save, the end of
+            `train`, a restore, SIGTERM, `close()` and interpreter exit wait for the
+            write, and a failed write is raised there. False: each save blocks until
+            its files are written (always so on several workers). Defaults to True.
 
     Returns:
         The `Estimator`.
@@ -124,7 +129,8 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         precision=acc.precision if precision == "auto" else precision, seed=seed,
         warm_start_from=warm_start_from, jit_compile=_jit_compile(jit_compile, acc),
         save_every_secs=save_every_secs, save_every_loops=save_every_loops,
-        keep_checkpoints=keep_checkpoints, verbose=verbose, num_replicas=acc.num_replicas)
+        keep_checkpoints=keep_checkpoints, verbose=verbose,
+        async_checkpoints=async_checkpoints, num_replicas=acc.num_replicas)
     return Estimator(model_func, config, acc)
 
 

@@ -50,6 +50,7 @@ class EstimatorConfig:
     save_every_loops: int | None = None
     keep_checkpoints: int = 3
     verbose: bool = True
+    async_checkpoints: bool = True
     num_replicas: int = 1
 
     def __post_init__(self) -> None:
@@ -75,6 +76,7 @@ class EstimatorConfig:
             "keep_checkpoints": _checks.positive_int("keep_checkpoints",
                                                      self.keep_checkpoints),
             "verbose": _checks.boolean("verbose", self.verbose),
+            "async_checkpoints": _checks.boolean("async_checkpoints", self.async_checkpoints),
         }
         if self.seed is not None and (not _checks.is_int(self.seed) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r} must be an integer >= 0 or None")

@@ -31,11 +31,20 @@ class TrainSummaries:
         self._writer, self._path = writer, path
 
     def __call__(self, output: LoopOutput) -> None:
-        with self._writer.as_default(step=output.step):
-            tf.summary.scalar("loss", output.last_loss)
-            tf.summary.scalar("examples_per_sec", output.examples_per_sec)
-            if output.learning_rate is not None:
-                tf.summary.scalar("learning_rate", output.learning_rate)
+        # Bounded on gs://: a scalar can flush the writer's queue, and while a checkpoint
+        # is written in the background this can be the training thread's first call to
+        # meet a storage outage (TensorFlow alone retries for minutes).
+        _deadline.run(self._write_scalars, output.step, output.last_loss,
+                      output.examples_per_sec, output.learning_rate,
+                      what="training summaries", path=self._path)
+
+    def _write_scalars(self, step: int, loss: float, rate: float,
+                       learning_rate: float | None) -> None:
+        with self._writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("examples_per_sec", rate)
+            if learning_rate is not None:
+                tf.summary.scalar("learning_rate", learning_rate)
 
     def close(self) -> None:
         # Skipped while storage is down, so the error that stopped training comes first.

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
-from fenwicks.train import building, checkpoints, lock
+from fenwicks.train import async_checkpoints, building, checkpoints, lock
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
 
@@ -65,6 +65,7 @@ class RunState:
         self.warm_start_report: dict[str, list[str]] | None = None
         self.stale = False  # True after a NaN: the weights in memory are not trusted
         self.last_save_secs: float | None = None  # how long the last checkpoint took
+        self.last_blocked_secs: float | None = None  # how long the last save() blocked
         self._seen: tuple | None = None  # (prefix, mtime, size) last written or read
         self._model_func = model_func
         self._acc = accelerator
@@ -72,6 +73,7 @@ class RunState:
         self._spec: ModelSpec | None = None
         self._lock: lock.WorkDirLock | None = None
         self._writers: dict[str, Any] = {}
+        self._background: async_checkpoints.BackgroundWriter | None = None
         self.last_good_checkpoint: str | None = None  # restored or saved, known complete
 
     # ---------------------------------------------------------------- what is built
@@ -99,7 +101,11 @@ class RunState:
 
     @property
     def latest_checkpoint(self) -> str | None:
-        return self._manager.latest_checkpoint if self.built else None
+        """The newest complete checkpoint; waits for a save in progress (see `wait`)."""
+        if not self.built:
+            return None
+        self.wait()
+        return self._manager.latest_checkpoint
 
     def build(self, features_spec: Any, params: dict) -> None:
         """Creates model, optimizer and step counters; restores or warm-starts them."""
@@ -126,7 +132,8 @@ class RunState:
 
     def reset(self) -> None:
         """Forgets model, optimizer and counters: the next `build` starts afresh."""
-        self._spec = None
+        self.wait()
+        self._spec = self._background = None
         self.optimizer = self.warm_start_report = None
         self.stale = False
         self._seen = None
@@ -137,12 +144,23 @@ class RunState:
         return self.config.work_dir + "/.probe" if self._acc.is_remote else None
 
     def _restore(self) -> str | None:
+        self.wait()  # a restore from disk sees complete checkpoints only
         restored = checkpoints.restore_latest(self._root, self.config.work_dir,
                                               self._scratch_dir())
         self.last_good_checkpoint = restored
         return restored
 
     def _make_manager(self) -> tf.train.CheckpointManager:
+        self._background = None
+        # Several workers save together (reading a variable may take a collective), so
+        # one of them reading variables at other times could hang: synchronous there.
+        if self.config.async_checkpoints and self._acc.num_workers == 1:
+            try:
+                self._background = async_checkpoints.BackgroundWriter(
+                    self._root, self.config.work_dir, self.config.keep_checkpoints)
+                return self._background.manager
+            except async_checkpoints.UnsupportedAsyncCheckpointError as err:
+                logger.warning("fenwicks: checkpoints are saved synchronously: %s", err)
         return tf.train.CheckpointManager(
             self._root, self.config.work_dir, self.config.keep_checkpoints,
             step_counter=self.step_counter, checkpoint_name="ckpt")
@@ -170,6 +188,7 @@ class RunState:
         """
         if not self.built:
             return None
+        self.wait()  # our own write in progress is not a change made by someone else
         current = checkpoints.latest(self.config.work_dir)
         if checkpoints.fingerprint(current) == self._seen:
             return None
@@ -189,21 +208,65 @@ class RunState:
     # ---------------------------------------------------------------- writing
 
     def save(self, force: bool = False) -> None:
-        """Checkpoints the current step (unless already saved, or `force`)."""
+        """Checkpoints the current step (unless already saved, or `force`).
+
+        With ``config.async_checkpoints`` this copies the variables and returns while a
+        background thread writes the files; a write still running from the previous
+        save is waited for first, and its failure raised here (`wait`).
+
+        Raises:
+            CheckpointWriteError: this write, or the previous background one, failed;
+                the checkpoint before it is intact and stays the latest.
+        """
         latest = self._manager.latest_checkpoint
-        if not force and latest and latest.endswith(f"-{self.global_step}"):
+        pending = self._background.pending_step if self._background else None
+        if not force and (pending == self.global_step or (
+                latest and latest.endswith(f"-{self.global_step}"))):
             return  # nothing new since the last save
         if self.is_chief:
             started = time.monotonic()
-            self.last_good_checkpoint = checkpoints.save(self._manager, self.global_step)
-            self.last_save_secs = time.monotonic() - started
-            self._seen = checkpoints.fingerprint(self.last_good_checkpoint)
+            if self._background is not None:
+                self.wait()
+                self._background.start(self.global_step)
+            else:
+                self.last_good_checkpoint = checkpoints.save(self._manager,
+                                                             self.global_step)
+                self.last_save_secs = time.monotonic() - started
+                self._seen = checkpoints.fingerprint(self.last_good_checkpoint)
+            self.last_blocked_secs = time.monotonic() - started
             return
         # Every worker takes part in a save (a variable may need a collective to be read);
         # the others write to a scratch directory that is removed at once.
         scratch = f"{self.config.work_dir}/.worker-{self._strategy.cluster_resolver.task_id}"
         tf.train.CheckpointManager(self._root, scratch, 1).save(self.global_step)
         tf.io.gfile.rmtree(scratch)
+
+    def wait(self) -> None:
+        """Waits for a checkpoint being written in the background, if any.
+
+        Raises:
+            CheckpointWriteError: that write failed (the message names the last good
+                checkpoint, which stays the latest; nothing saved before is lost).
+        """
+        if self._background is None or not self._background.running:
+            return
+        path, fingerprint, seconds = self._background.wait()
+        self.last_good_checkpoint, self._seen, self.last_save_secs = path, fingerprint, seconds
+
+    def _background_failure(self) -> Exception | None:
+        """Waits for a background write; its error, or None if it succeeded (or none ran)."""
+        try:
+            self.wait()
+        except Exception as err:  # noqa: BLE001 - returned to the caller
+            return err
+        return None
+
+    def _wait_quietly(self) -> None:
+        """`wait`, logging a failure: for paths already raising another error."""
+        try:
+            self.wait()
+        except Exception as err:  # noqa: BLE001 - the error in flight is the one raised
+            logger.error("fenwicks: %s", err)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -218,12 +281,19 @@ class RunState:
         checkpoints.remove_partial_saves(work_dir)  # a killed run's leftovers
         try:
             yield
+            self.wait()  # the end of train: its last checkpoint is complete
         except Exception as err:
-            if work_dir.startswith("gs://") and _is_storage_failure(err):
+            # A checkpoint write that failed in the background is the news, whatever the
+            # training thread ran into meanwhile (a summary flush in the same outage).
+            failed = self._background_failure() or err
+            if work_dir.startswith("gs://") and _is_storage_failure(failed):
                 _deadline.mark_outage()
-                raise self._unavailable(err) from err
+                raise self._unavailable(failed) from err
+            if failed is not err:
+                raise failed from err
             raise
         finally:
+            self._wait_quietly()  # never release the lock while a write runs
             _deadline.run(self._lock.release, what="releasing the lock", path=work_dir,
                           best_effort=True, attempt_in_outage=True)
 
@@ -266,7 +336,18 @@ class RunState:
             return tf.summary.create_noop_writer()
 
     def close(self) -> None:
-        """Flushes and closes the summary writers."""
+        """Waits for a checkpoint being written; flushes and closes the summary writers.
+
+        Raises:
+            CheckpointWriteError: the checkpoint being written failed (the writers are
+                closed all the same).
+        """
+        try:
+            self.wait()
+        finally:
+            self._close_writers()
+
+    def _close_writers(self) -> None:
         # This runs from a finalizer too, so at any moment: even while TensorFlow traces
         # another estimator's tf.data function. init_scope runs the flush and close
         # eagerly; otherwise they became ops of that function, which then failed with

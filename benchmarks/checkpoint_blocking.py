@@ -1,0 +1,189 @@
+"""How long does a checkpoint save block the training loop, synchronous vs asynchronous?
+
+`fw.models.resnet9` at full width (c=64: 6.57M parameters, plus SGD momentum slots and
+BatchNorm statistics: a ~53 MB checkpoint) trains on random CIFAR-shaped batches through
+the estimator with a save after every compiled loop (``save_every_loops=1``), once with
+``async_checkpoints=False`` and once with the default ``True``, and once without saves
+during training. For each storage it prints the seconds `RunState.save` blocked the
+training thread per save (its own `last_blocked_secs`: a synchronous save writes the files,
+an asynchronous one copies the variables to host memory and waits for the previous write),
+the ratio async / sync, and the training steps/s of each run against the run without saves.
+
+Targets (issue #22): async blocks at most 20% of sync's time on gs://, and steps/s with a
+save every loop is within 10% of the run without saves.
+
+    python benchmarks/checkpoint_blocking.py                    # local disk and gs://
+    python benchmarks/checkpoint_blocking.py --storage local
+    python benchmarks/checkpoint_blocking.py --latency 0.05     # + 50 ms per gs:// request
+
+gs:// goes through the GCS emulator of the tests (`tests/gcs_emulator.py`: needs root
+and ``ip netns``), with a fault proxy delaying every request by ``--latency`` seconds.
+The emulator is a Python server on the same machine: it takes CPU time from training
+while it stores a checkpoint, which a real bucket would not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's fenwicks (and tests/ for the emulator)
+BLOCKED_TARGET = 0.20  # async / sync blocked seconds per save, on gs://
+STEPS_TARGET = 0.10  # steps/s with a save every loop vs without saves
+MODES = ("no saves", "sync", "async")
+
+
+def _estimator(work_dir: str, mode: str, steps_per_loop: int, batch_size: int):
+    import fenwicks as fw
+
+    opt_func = fw.train.sgd_optimizer(0.01, mom=0.9, wd=5e-4)
+    model_func = fw.train.get_clf_model_func(lambda: fw.models.resnet9(c=64), opt_func)
+    return fw.train.get_tpu_estimator(
+        100, model_func, work_dir, trn_bs=batch_size, steps_per_loop=steps_per_loop,
+        save_every_loops=None if mode == "no saves" else 1, save_every_secs=None,
+        async_checkpoints=mode == "async", seed=1, verbose=False)
+
+
+def _blocked_seconds() -> tuple[list[float], object]:
+    """Records `RunState.save`'s own measure of each save that wrote (or started) one."""
+    from fenwicks.train import state
+
+    blocked: list[float] = []
+    original = state.RunState.save
+
+    def save(self, force: bool = False) -> None:
+        self.last_blocked_secs = None
+        original(self, force)
+        if self.last_blocked_secs is not None:  # None: nothing new to save
+            blocked.append(self.last_blocked_secs)
+
+    state.RunState.save = save
+    return blocked, lambda: setattr(state.RunState, "save", original)
+
+
+def measure(work_root: str, loops: int, steps_per_loop: int, batch_size: int,
+            repeats: int) -> list[dict]:
+    """One row per mode: saves, blocked seconds per save, steps/s (the best of `repeats`
+    timed `train` calls: other processes on the machine only ever slow a run down)."""
+    import fenwicks as fw
+
+    rng = np.random.default_rng(0)
+    x = rng.random((batch_size * 8, 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, batch_size * 8).astype(np.int32)
+    train_fn = lambda params: fw.data.numpy_ds(x, y, params["batch_size"], seed=1)  # noqa: E731
+    estimators = {mode: _estimator(f"{work_root}/{mode.replace(' ', '-')}", mode,
+                                   steps_per_loop, batch_size) for mode in MODES}
+    for est in estimators.values():
+        est.train(train_fn, steps=steps_per_loop)  # compiles, and the first checkpoint
+    blocked: dict[str, list[float]] = {mode: [] for mode in MODES}
+    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for _ in range(repeats):
+        for mode, est in estimators.items():  # interleaved: load changes hit every mode
+            saves, restore = _blocked_seconds()
+            start = time.perf_counter()
+            try:
+                est.train(train_fn, steps=loops * steps_per_loop)  # ends with a whole save
+            finally:
+                restore()
+            seconds[mode].append(time.perf_counter() - start)
+            blocked[mode] += saves[:loops] if mode != "no saves" else []
+    rows = []
+    for mode, est in estimators.items():
+        est.close()
+        rows.append({"mode": mode, "saves": len(blocked[mode]),
+                     "blocked_s": round(statistics.mean(blocked[mode]), 4)
+                     if blocked[mode] else 0.0,
+                     "blocked_max_s": round(max(blocked[mode], default=0.0), 4),
+                     "steps_per_s": round(loops * steps_per_loop / min(seconds[mode]), 3)})
+    return rows
+
+
+def report(storage: str, rows: list[dict]) -> dict:
+    by = {r["mode"]: r for r in rows}
+    base = by["no saves"]["steps_per_s"]
+    print(f"\n{storage}: resnet9 c=64, a save after every loop")
+    print(f"{'mode':<9} {'saves':>5} {'blocked s/save':>15} {'max s':>7} {'steps/s':>8} "
+          f"{'vs no saves':>12}")
+    for r in rows:
+        print(f"{r['mode']:<9} {r['saves']:>5} {r['blocked_s']:>15.3f} "
+              f"{r['blocked_max_s']:>7.3f} {r['steps_per_s']:>8.3f} "
+              f"{r['steps_per_s'] / base:>11.2f}x")
+    ratio = by["async"]["blocked_s"] / by["sync"]["blocked_s"]
+    slowdown = 1 - by["async"]["steps_per_s"] / base
+    print(f"blocked per save, async / sync: {ratio:.3f} (target <= {BLOCKED_TARGET}); "
+          f"steps/s with an async save every loop: {1 - slowdown:.2f}x of without saves "
+          f"(target >= {1 - STEPS_TARGET:.2f}x)")
+    return {"storage": storage, "rows": rows, "async_over_sync": round(ratio, 4),
+            "async_slowdown": round(slowdown, 4)}
+
+
+def _on_gcs(args: argparse.Namespace) -> dict:
+    """Starts the emulator (and the proxy for latency), runs `--inside` in its namespace."""
+    from tests import gcs_emulator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        emulator = gcs_emulator.start(tmp, faults=args.latency > 0)
+        try:
+            command = [sys.executable, os.path.abspath(__file__), "--inside",
+                       emulator.url("bench", f"run-{os.getpid()}"), "--loops",
+                       str(args.loops), "--repeats", str(args.repeats),
+                       "--steps-per-loop", str(args.steps_per_loop),
+                       "--batch-size", str(args.batch_size), "--latency", str(args.latency)]
+            done = subprocess.run(["ip", "netns", "exec", emulator.namespace, *command],
+                                  env={**os.environ, **emulator.env}, cwd=ROOT,
+                                  capture_output=True, text=True, check=False)
+        finally:
+            emulator.stop()
+    if done.returncode != 0:
+        raise SystemExit(f"the gs:// run failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--storage", choices=("both", "local", "gs"), default="both")
+    parser.add_argument("--loops", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps-per-loop", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--latency", type=float, default=0.0,
+                        help="seconds added to every gs:// request")
+    parser.add_argument("--inside", help=argparse.SUPPRESS)  # the gs:// run, in the netns
+    args = parser.parse_args(argv)
+    if args.inside:
+        if args.latency > 0:
+            from tests import _fault_proxy
+
+            _fault_proxy.set_rules([{"fault": "delay", "seconds": args.latency}])
+        rows = measure(args.inside, args.loops, args.steps_per_loop, args.batch_size,
+                       args.repeats)
+        print(json.dumps(rows))
+        return 0
+    results = []
+    if args.storage in ("both", "local"):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = measure(tmp, args.loops, args.steps_per_loop, args.batch_size,
+                           args.repeats)
+        results.append(report("local disk", rows))
+    if args.storage in ("both", "gs"):
+        label = "gs:// (emulator" + (f", +{args.latency:g} s per request)"
+                                     if args.latency else ")")
+        results.append(report(label, _on_gcs(args)))
+    print(json.dumps(results))
+    gcs = [r for r in results if r["storage"].startswith("gs://")]
+    return 0 if all(r["async_over_sync"] <= BLOCKED_TARGET for r in gcs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
