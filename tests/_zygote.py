@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable
 
@@ -64,13 +65,20 @@ def serve(path: str) -> None:
 
 
 def _die_with_parent() -> None:
-    """SIGKILL this server when the test process that started it ends (Linux)."""
-    try:
-        import ctypes
+    """End this server when the test process that started it ends.
 
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    Not PR_SET_PDEATHSIG: that fires when the parent *thread* ends, and a test that
+    first asks for a process from a ThreadPoolExecutor's thread would lose the server
+    as soon as the pool shut down (the next request met "Connection reset by peer").
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _exactly(conn: socket.socket, n: int) -> bytes:
