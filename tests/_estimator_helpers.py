@@ -112,9 +112,9 @@ def numpy_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     return exp / exp.sum(axis=1, keepdims=True)
 
 
-# On 8 replicas a global batch divides by 8. test_flagship proves val_bs 8, 56 and 1000 on
-# 8 replicas on the product's own models; this stand-in adds a batch eight times the
-# data (most replicas get nothing but padding) beside one partial case.
+# On 8 replicas a global batch divides by 8. test_flagship proves val_bs 8 and 1000 on 8
+# replicas on the product's own models; this stand-in adds a partial last batch of 7 per
+# replica (56) and a batch eight times the data (most replicas get nothing but padding).
 VAL_BATCHES_8 = [56, 4096]
 
 

@@ -20,7 +20,12 @@ from tests.conftest import run_module_json
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 BATCHES_1 = [1, 64, 1000]            # 773 evaluation digits: partial last batches
-BATCHES_8 = [8, 56, 1000]            # on 8 replicas a global batch divides by 8
+# On 8 replicas a global batch divides by 8. 773 = 96 * 8 + 5: at val_bs 8 the last batch
+# leaves three replicas empty and the rest with one example; 1000 exceeds the data (one
+# batch, mostly padding). val_bs 56 (7 per replica, a partial last batch) is checked on
+# 8 replicas by test_estimator's stand-in; it was dropped here to save two 8-replica
+# estimators (~15 s) of the longest set-up in the suite.
+BATCHES_8 = [8, 1000]
 # Rounding differences (gradients summed in another order) grow chaotically in these
 # narrow nets: equal to 1e-4 for 8 steps; resnet9 with ghost BN then drifts by ~5e-4.
 EXACT_STEPS, DRIFT = 8, 2e-3
