@@ -175,6 +175,9 @@ class Client:
     # Read when used, not at import: a child may set these differently from the server.
     RUNTIME_ENV = frozenset({"FENWICKS_DEVICE", "FENWICKS_ROOT", "FENWICKS_BUCKET",
                              "TF_CONFIG", "TFDS_DATA_DIR", "MPLBACKEND"})
+    # The test helpers' own switches (tests/_faults.py, tests/_multiworker.py), read when
+    # their module runs.
+    RUNTIME_PREFIXES = ("FAULTS_", "MULTIWORKER_")
     IGNORED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 
     def __init__(self, base_env: Callable[[], dict[str, str]], cwd: str,
@@ -192,12 +195,20 @@ class Client:
         reference = self._env or self._base_env()
         changed = {k for k in env.keys() | reference.keys()
                    if env.get(k) != reference.get(k)} - self.IGNORED_ENV
-        return changed <= self.RUNTIME_ENV
+        return all(k in self.RUNTIME_ENV or k.startswith(self.RUNTIME_PREFIXES)
+                   for k in changed)
 
-    def run(self, args: list[str], env: dict[str, str], cwd: str,
-            timeout: float) -> subprocess.CompletedProcess:
-        """``python *args`` as a child of the server, like ``subprocess.run(...,
-        capture_output=True, text=True, timeout=timeout)``."""
+    def start(self, args: list[str], env: dict[str, str], cwd: str) -> ForkedProcess:
+        """``python *args`` as a child of the server, like ``subprocess.Popen(...,
+        stdout=PIPE, stderr=PIPE, text=True)``: for a test that signals the process or
+        reads its output as it comes."""
+        conn, out_r, err_r = self._request(args, env, cwd)
+        return ForkedProcess(args, conn, out_r, err_r)
+
+    def _request(self, args: list[str], env: dict[str, str],
+                 cwd: str) -> tuple[socket.socket, int, int]:
+        """Asks the server for a child; its connection and the read ends of its stdout
+        and stderr."""
         self._start()
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         stdin = os.open(os.devnull, os.O_RDONLY)
@@ -208,6 +219,13 @@ class Client:
                         [stdin, out_w, err_w])
         for fd in (stdin, out_w, err_w):
             os.close(fd)
+        return conn, out_r, err_r
+
+    def run(self, args: list[str], env: dict[str, str], cwd: str,
+            timeout: float) -> subprocess.CompletedProcess:
+        """``python *args`` as a child of the server, like ``subprocess.run(...,
+        capture_output=True, text=True, timeout=timeout)``."""
+        conn, out_r, err_r = self._request(args, env, cwd)
         texts = ["", ""]
         readers = [threading.Thread(target=_read_all, args=(fd, texts, i), daemon=True)
                    for i, fd in enumerate((out_r, err_r))]
@@ -248,6 +266,71 @@ class Client:
             if self._server.stdout.readline().strip() != "zygote-ready":
                 raise RuntimeError(f"tests._zygote did not start (status "
                                    f"{self._server.wait()})")
+
+
+class ForkedProcess:
+    """A child of the server, used as the `subprocess.Popen` of ``python ARGS`` with text
+    pipes for stdout and stderr: ``pid``, ``stdout``, ``stderr``, ``returncode``,
+    ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``, ``kill``.
+
+    Its exit status comes from the server (which reaps it), in `subprocess`'s convention:
+    negative when a signal ended it.
+    """
+
+    def __init__(self, args: list[str], conn: socket.socket, out_r: int, err_r: int) -> None:
+        self.args = ["python", *args]
+        self._conn, self._answer = conn, conn.makefile("r")
+        self.pid = int(self._answer.readline())
+        self.stdout = open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115
+        self.stderr = open(err_r, encoding="utf-8", errors="replace")  # noqa: SIM115
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+        threading.Thread(target=self._await_status, daemon=True).start()
+
+    def _await_status(self) -> None:
+        try:
+            self.returncode = int(self._answer.readline())
+        finally:
+            self._conn.close()
+            self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Reads stdout and stderr to their ends and waits for the exit status."""
+        texts = ["", ""]
+        readers = [threading.Thread(target=_read_stream, args=(stream, texts, i),
+                                    daemon=True)
+                   for i, stream in enumerate((self.stdout, self.stderr))]
+        for reader in readers:
+            reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return texts[0], texts[1]
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _read_stream(stream, texts: list[str], index: int) -> None:
+    texts[index] = stream.read()
 
 
 def _read_all(fd: int, texts: list[str], index: int) -> None:

@@ -101,10 +101,16 @@ atexit.register(_zygote.stop)
 
 
 def start_process(args: list[str], env: dict[str, str | None] | None = None,
-                  cwd: str | os.PathLike | None = ROOT) -> subprocess.Popen:
+                  cwd: str | os.PathLike | None = ROOT,
+                  fresh: bool = False) -> subprocess.Popen | _fork_server.ForkedProcess:
     """`run_process`'s environment for a process the test signals or waits on itself
-    (text pipes for stdout and stderr)."""
-    return subprocess.Popen([sys.executable, *args], env=python_env(env), cwd=cwd,
+    (text pipes for stdout and stderr), forked from `tests._zygote` on the same terms
+    as `run_process` (a `ForkedProcess`, used as the `subprocess.Popen` it otherwise is).
+    """
+    full_env = python_env(env)
+    if not fresh and _zygote.may_run(args, full_env):
+        return _zygote.start(args, full_env, str(cwd or os.getcwd()))
+    return subprocess.Popen([sys.executable, *args], env=full_env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import pytest
 
 from tests import _zygote
-from tests.conftest import ROOT, python_env, run_process
+from tests.conftest import ROOT, python_env, run_process, start_process
 from tests.conftest import _zygote as local_server
 
 
@@ -20,6 +21,7 @@ def _both(args, env=None, cwd=ROOT):
 
 
 def test_a_forked_process_sees_its_own_environment_cwd_argv_and_path(tmp_path):
+    run_process(["-c", "pass"])  # the server started (its one import is not this child's)
     code = ("import json, os, sys; import fenwicks as fw\n"
             "print(json.dumps([os.getcwd(), sys.argv, os.environ.get('FENWICKS_DEVICE'),"
             " sys.path[0], fw.accel.current().num_replicas]))")
@@ -66,8 +68,45 @@ def test_only_variables_read_after_import_may_differ():
     for name in ("TF_ENABLE_ONEDNN_OPTS", "PYTHONPATH", "FENWICKS_GCS_REQUEST_TIMEOUT"):
         assert not local_server.may_run(["-c", "1"], {**base, name: "0"}), name
     assert not local_server.may_run(["-X", "importtime", "-c", "1"], base)
+    # the test helpers' own switches, read when their module runs
+    assert local_server.may_run(["-m", "tests._faults"], {**base, "FAULTS_SYNC": "1"})
     os.environ[_zygote.FRESH_ENV] = "1"
     try:
         assert not local_server.may_run(["-c", "1"], base)
     finally:
         del os.environ[_zygote.FRESH_ENV]
+
+
+_STREAMS = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+            "print('ready', flush=True); print('to stderr', file=sys.stderr, flush=True)\n"
+            "time.sleep(60)")
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGKILL, -9), (signal.SIGTERM, 143)])
+def test_a_started_child_streams_its_output_and_reports_how_a_signal_ended_it(signum,
+                                                                              status):
+    forked = start_process(["-c", _STREAMS])
+    fresh = start_process(["-c", _STREAMS], fresh=True)
+    assert type(forked) is not subprocess.Popen and type(fresh) is subprocess.Popen
+    for proc in (forked, fresh):
+        assert proc.stdout.readline() == "ready\n"  # as it comes, not at the end
+        assert proc.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == status and proc.returncode == status
+        assert proc.stderr.read() == "to stderr\n"
+        assert os.path.exists(f"/proc/{proc.pid}") is False  # reaped, by its own parent
+
+
+def test_communicate_returns_both_streams_and_the_status():
+    code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(4)"
+    forked = start_process(["-c", code])
+    assert forked.communicate(timeout=60) == ("out\n", "err\n")
+    assert forked.returncode == 4
+    endless = start_process(["-c", "import time; time.sleep(60)"])
+    with pytest.raises(subprocess.TimeoutExpired):
+        endless.communicate(timeout=0.5)
+    endless.kill()
+    assert endless.wait(timeout=30) == -9

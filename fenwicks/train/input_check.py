@@ -19,7 +19,6 @@ clearly exceed 1 for the input to be keeping up.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import statistics
 import time
@@ -247,24 +246,14 @@ def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: a
     The rate counts every replica's batch of each step, as training's examples/s do; on
     several workers, this host's batches scaled to the cluster (hosts alike).
     """
-    strategy = accelerator.strategy
-    num_replicas = accelerator.num_replicas
-    batch_size = config.train_batch_per_replica
-
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        params = inputs.make_params(
-            "train", config.train_batch_size, num_replicas, seed=config.seed,
-            precision=config.precision, steps_per_epoch=config.steps_per_epoch,
-            input_context=context)
-        dataset = inputs.call_input_fn(input_fn, params, "training")
-        inputs.check_train_spec(dataset.element_spec, batch_size)
-        return dataset
-
-    # One pipeline built first (as train checks its first batch): checked, and read for
-    # the advice, before any iterator exists.
-    probe = dataset_fn(tf.distribute.InputContext(1, 0, num_replicas))
+    # The pipelines train reads: the same InputManager builds and checks them. One is
+    # probed first (as train checks its first batch), and read for the advice, before any
+    # iterator exists.
+    manager = inputs.InputManager(config, accelerator)
+    probe = manager.probe(input_fn, "train").dataset
     _check_no_cache_being_written(probe)
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    iterator = manager.train_iterator(input_fn, start_step=0)
+    strategy = accelerator.strategy
     drain = _drain_fn(strategy)
     try:
         # At least one step: the drain loop compiles on it, and compiling is not reading.
@@ -277,10 +266,9 @@ def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: a
             f"the training input ran out of data within {warmup_batches + num_batches} "
             "steps; end the input_fn's dataset with .repeat(), or lower num_batches")from err
     finally:
-        # Destroy the iterator (and its prefetch threads) now, not at interpreter exit:
-        # see InputManager.release.
+        # Destroy the iterator (and its prefetch threads) now, not at interpreter exit.
         del iterator
-        gc.collect()
+        manager.release()
     examples *= accelerator.num_workers
     return examples / max(seconds, 1e-9), seconds, probe
 
