@@ -4,7 +4,10 @@
 
 trains the narrow `mnist_net` of `tests._flagship` to MAX_STEPS, evaluates it, tries to
 predict (single-host only) and prints one JSON line. With ``MULTIWORKER_WARMUP=1`` it
-trains one step and prints ``READY`` first, so a test can kill a worker mid-run.
+trains one step and prints ``READY`` first, so a test can kill a worker mid-run. With
+``MULTIWORKER_SLOW_CHIEF_STATE=S`` the chief takes S more seconds to name each new
+checkpoint in work_dir's state file (after the first), so the other worker reaches
+`evaluate` while work_dir still names the previous checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ MODEL = "mnist_net"
 def run(work_dir: str, max_steps: str) -> dict[str, Any]:
     start = _faults.latest_step(work_dir)  # what this run resumes from
     acc = fw.accel.current()
+    slow = os.environ.get("MULTIWORKER_SLOW_CHIEF_STATE")
+    if slow and json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+        _faults._slow_state_updates(float(slow))  # noqa: SLF001 - the same test hook
     x, y = flagship.digits(MODEL)
     est = flagship.estimator(MODEL, work_dir, val_bs=64, steps_per_loop=5,
                              save_every_loops=1, save_every_secs=None)

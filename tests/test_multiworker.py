@@ -48,7 +48,9 @@ def _results(procs, timeout=600):
 
 def test_two_workers_evaluate_every_example_once_and_only_the_chief_writes(tmp_path):
     work = tmp_path / "run"
-    chief, other = _results(_start_pair(work, 20))
+    # The chief names each checkpoint late: the other worker's evaluate must not restore
+    # the previous one on its own (its collectives would mix two models' numbers).
+    chief, other = _results(_start_pair(work, 20, MULTIWORKER_SLOW_CHIEF_STATE="3"))
     y = flagship.digits("mnist_net")[1][flagship.NUM_TRAIN:]
     for result in (chief, other):
         assert result["workers"] == 2 and result["replicas"] == 2 and result["step"] == 20

@@ -183,10 +183,15 @@ class RunState:
         k-fold loop that cleans the work_dir), the state is reset, so the next `build`
         initialises a fresh model, as a new estimator would.
 
+        A multi-worker run does not follow work_dir: its chief is what writes there, and
+        the workers hold the same state in lockstep. A worker restoring on its own could
+        read the chief's previous checkpoint while the newest is still being written, and
+        the cluster's collectives would then mix two models' numbers.
+
         Returns:
             ``'restored'``, ``'reset'``, or None if nothing changed.
         """
-        if not self.built:
+        if not self.built or self._acc.num_workers > 1:
             return None
         self.wait()  # our own write in progress is not a change made by someone else
         current = checkpoints.latest(self.config.work_dir)
