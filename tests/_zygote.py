@@ -23,6 +23,7 @@ one line with its exit status (negative: killed by that signal, as in `subproces
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import runpy
@@ -36,6 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from typing import TextIO
 
 FRESH_ENV = "FENWICKS_TEST_FRESH"  # =1: every test process is a new interpreter
 
@@ -202,13 +204,6 @@ class Client:
         """``python *args`` as a child of the server, like ``subprocess.Popen(...,
         stdout=PIPE, stderr=PIPE, text=True)``: for a test that signals the process or
         reads its output as it comes."""
-        conn, out_r, err_r = self._request(args, env, cwd)
-        return ForkedProcess(args, conn, out_r, err_r)
-
-    def _request(self, args: list[str], env: dict[str, str],
-                 cwd: str) -> tuple[socket.socket, int, int]:
-        """Asks the server for a child; its connection and the read ends of its stdout
-        and stderr."""
         self._start()
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         stdin = os.open(os.devnull, os.O_RDONLY)
@@ -219,34 +214,22 @@ class Client:
                         [stdin, out_w, err_w])
         for fd in (stdin, out_w, err_w):
             os.close(fd)
-        return conn, out_r, err_r
+        return ForkedProcess(args, conn, out_r, err_r)
 
     def run(self, args: list[str], env: dict[str, str], cwd: str,
             timeout: float) -> subprocess.CompletedProcess:
         """``python *args`` as a child of the server, like ``subprocess.run(...,
-        capture_output=True, text=True, timeout=timeout)``."""
-        conn, out_r, err_r = self._request(args, env, cwd)
-        texts = ["", ""]
-        readers = [threading.Thread(target=_read_all, args=(fd, texts, i), daemon=True)
-                   for i, fd in enumerate((out_r, err_r))]
-        for reader in readers:
-            reader.start()
-        answer = conn.makefile("r")
+        capture_output=True, text=True, timeout=timeout)``: the child is killed if it
+        outlasts `timeout`."""
+        proc = self.start(args, env, cwd)
         try:
-            pid = int(answer.readline())
-            conn.settimeout(timeout)
-            status = int(answer.readline())
-        except TimeoutError as err:
-            os.kill(pid, signal.SIGKILL)
-            for reader in readers:
-                reader.join(10)
-            raise subprocess.TimeoutExpired(["python", *args], timeout, texts[0],
-                                            texts[1]) from err
-        finally:
-            conn.close()
-        for reader in readers:
-            reader.join()
-        return subprocess.CompletedProcess(["python", *args], status, texts[0], texts[1])
+            stdout, stderr = proc.communicate(timeout)
+        except subprocess.TimeoutExpired as err:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(10)
+            raise subprocess.TimeoutExpired(proc.args, timeout, *proc.output) from err
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     def stop(self) -> None:
         if self._server is not None and self._server.poll() is None:
@@ -284,6 +267,8 @@ class ForkedProcess:
         self.stdout = open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115
         self.stderr = open(err_r, encoding="utf-8", errors="replace")  # noqa: SIM115
         self.returncode: int | None = None
+        self.output = ["", ""]  # stdout, stderr: what `communicate` read
+        self._readers: list[threading.Thread] = []
         self._ended = threading.Event()
         threading.Thread(target=self._await_status, daemon=True).start()
 
@@ -304,19 +289,23 @@ class ForkedProcess:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Reads stdout and stderr to their ends and waits for the exit status."""
-        texts = ["", ""]
-        readers = [threading.Thread(target=_read_stream, args=(stream, texts, i),
-                                    daemon=True)
-                   for i, stream in enumerate((self.stdout, self.stderr))]
-        for reader in readers:
-            reader.start()
+        if not self._readers:  # one reader per stream, kept across calls
+            self._readers = [threading.Thread(target=self._read, args=(i, stream),
+                                              daemon=True)
+                             for i, stream in enumerate((self.stdout, self.stderr))]
+            for reader in self._readers:
+                reader.start()
         deadline = None if timeout is None else time.monotonic() + timeout
-        for reader in readers:
-            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        left = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())
+        for reader in self._readers:
+            reader.join(left())
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return texts[0], texts[1]
+        self.wait(left())
+        return self.output[0], self.output[1]
+
+    def _read(self, index: int, stream: TextIO) -> None:
+        self.output[index] = stream.read()
 
     def send_signal(self, signum: int) -> None:
         if self.returncode is None:
@@ -327,15 +316,6 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-
-def _read_stream(stream, texts: list[str], index: int) -> None:
-    texts[index] = stream.read()
-
-
-def _read_all(fd: int, texts: list[str], index: int) -> None:
-    with open(fd, encoding="utf-8", errors="replace") as stream:
-        texts[index] = stream.read()
 
 
 if __name__ == "__main__":
