@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import weakref
 
 import keras
 import numpy as np
@@ -118,11 +120,30 @@ def numpy_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
 VAL_BATCHES_8 = [56, 4096]
 
 
+def closed_iterator_dies_on(work_dir: str) -> list[str]:
+    """The threads the training iterator is destroyed on after `close()` (joined)."""
+    x, y = make_data()
+    est = fw.train.get_tpu_estimator(10, model_func(), work_dir, trn_bs=32, verbose=False)
+    input_fn = train_input(x, y)
+    est.train(input_fn, steps=5)
+    died: list[str] = []
+    weakref.finalize(est._inputs.live_train_iterator(input_fn),
+                     lambda: died.append(threading.current_thread().name))
+    est.close()
+    for thread in threading.enumerate():
+        if thread.name == "fenwicks-discard":
+            thread.join(300)
+    return died
+
+
 def replicas(work_root: str, bad_root: str | None = None) -> dict:
-    """Invariance losses; on 8 replicas also exact evaluation and batch-size errors."""
+    """Invariance losses; on 8 replicas also exact evaluation, batch-size errors and
+    where a closed estimator's training iterator dies."""
     out: dict = {"invariance": invariance_losses(os.path.join(work_root, "inv"))}
     if bad_root is not None:
         out["exact"] = exact_eval(os.path.join(work_root, "exact"), VAL_BATCHES_8)
+        out["closed_iterator_dies_on"] = closed_iterator_dies_on(
+            os.path.join(work_root, "closed"))
         errors = []
         for batch_size in (100, 7):
             try:

@@ -6,11 +6,12 @@ TensorFlow starts, and resume must cross a real process boundary):
     python -m tests._flagship losses WORK_ROOT            # per-step losses, each BN mode
     python -m tests._flagship resume WORK_ROOT STEPS      # STEPS more steps on each model
     python -m tests._flagship exact WORK_ROOT 8,56,1000   # evaluate/predict per val_bs
+                                                          # (of losses' replica-BN model)
 
 Several commands share one process (TensorFlow starts once), joined by ``+``; the
 output is then the list of their results, in order, e.g.
 
-    python -m tests._flagship losses ROOT/l replica + exact ROOT/e 8,56,1000
+    python -m tests._flagship losses ROOT replica + exact ROOT 8,56,1000
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 from sklearn.datasets import load_digits
 
 import fenwicks as fw
@@ -95,7 +97,9 @@ def resume(work_root: str, steps: str) -> dict[str, Any]:
 
 
 def exact(work_root: str, batch_sizes: str) -> dict[str, Any]:
-    """Trains 10 steps; then per val_bs a new estimator evaluates and predicts.
+    """Per val_bs, a new estimator evaluates and predicts with the 10-step per-replica-BN
+    model of each flagship: the one `losses` trained under `work_root` (``losses ROOT
+    replica + exact ROOT ...`` builds each model once), trained here if absent.
 
     The reference is the restored Keras model called eagerly on all evaluation digits
     at once: no Fenwicks loop, no padding, no masking, no distribution.
@@ -103,13 +107,15 @@ def exact(work_root: str, batch_sizes: str) -> dict[str, Any]:
     out = {}
     for name in MODELS:
         x, y = digits(name)
-        work_dir = os.path.join(work_root, name)
-        estimator(name, work_dir).train(train_input(x, y), steps=10)
+        work_dir = os.path.join(work_root, f"{name}-replica")
+        if tf.train.latest_checkpoint(work_dir) is None:
+            estimator(name, work_dir).train(train_input(x, y), steps=10)
         runs = {}
         for batch_size in (int(b) for b in batch_sizes.split(",")):
             est = estimator(name, work_dir, val_bs=batch_size, pred_bs=batch_size)
             runs[batch_size] = {"eval": est.evaluate(eval_input(x, y)),
                                 "probs": est.predict(eval_input(x, y)).tolist()}
+        assert est.global_step == 10, (work_dir, est.global_step)
         logits = np.asarray(est.model(x[NUM_TRAIN:], training=False), np.float64)
         out[name] = {"runs": runs, "logits": logits.tolist()}
     return out

@@ -109,6 +109,13 @@ def test_exact_evaluation_and_predict_on_eight_replicas(multi_replica):
     _assert_exact({bs: out[str(bs)] for bs in VAL_BATCHES_8}, y, out["weights"], x)
 
 
+def test_a_closed_estimators_eight_replica_iterator_dies_off_the_callers_thread(
+        multi_replica):
+    # Its destructor sleeps until each replica's autotuning thread wakes (seconds to
+    # minutes, see fenwicks.train.inputs.discard): close() hands it to that thread.
+    assert multi_replica[8]["closed_iterator_dies_on"] == ["fenwicks-discard"]
+
+
 # --------------------------------------------------------------------------- replica invariance
 
 

@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
     two at a time:
 
     - 8 replicas: per-step losses (per-replica, synchronized and ghost BN), then exact
-      evaluation at each val_bs of BATCHES_8;
+      evaluation at each val_bs of BATCHES_8 of the per-replica-BN models just trained;
     - 1 replica: the same losses and BATCHES_1, then 20 steps and (another work_dir) 40;
     - 2 replicas: synchronized and ghost BN losses (per-replica BN is compared between 1
       and 8 replicas only);
@@ -54,7 +54,7 @@ def runs(tmp_path_factory):
 
     def one_replica():
         losses, exact, first, whole = _run(
-            "losses", path("losses1"), modes, "+", "exact", path("exact1"),
+            "losses", path("losses1"), modes, "+", "exact", path("losses1"),
             ",".join(map(str, BATCHES_1)), "+", "resume", path("half"), "20", "+",
             "resume", path("whole"), "40")
         second = _run("resume", path("half"), "20")
@@ -62,7 +62,7 @@ def runs(tmp_path_factory):
 
     with ThreadPoolExecutor(2) as pool:
         eight = pool.submit(_run, "losses", path("losses8"), modes, "+", "exact",
-                            path("exact8"), ",".join(map(str, BATCHES_8)), replicas=8)
+                            path("losses8"), ",".join(map(str, BATCHES_8)), replicas=8)
         one = pool.submit(one_replica)
         two = pool.submit(_run, "losses", path("losses2"), "sync,4", replicas=2)
         (losses1, exact1, resume), (losses8, exact8) = one.result(), eight.result()

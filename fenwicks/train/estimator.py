@@ -175,9 +175,10 @@ class Estimator:
     """Trains, evaluates, predicts and exports one model; see `get_tpu_estimator`.
 
     Use it as a context manager, or call `close()`, to flush and close the summary
-    writers and destroy the live input iterator at once; otherwise that happens when the
-    estimator is garbage-collected, or at interpreter exit (`weakref.finalize`), while
-    the interpreter is still whole.
+    writers and let go of the live input iterator at once (a background thread destroys
+    it: TensorFlow's destructor can wait for seconds, see `fenwicks.train.inputs.discard`);
+    otherwise that happens when the estimator is garbage-collected, or at interpreter
+    exit (`weakref.finalize`), while the interpreter is still whole.
 
     Attributes:
         config: the validated `EstimatorConfig`.
@@ -205,7 +206,8 @@ class Estimator:
         self._finalizer = weakref.finalize(self, _release, self._inputs, self._state)
 
     def close(self) -> None:
-        """Flushes and closes the summary writers and destroys the input iterator."""
+        """Flushes and closes the summary writers and lets go of the input iterator (a
+        background thread destroys it; the interpreter waits for that thread at exit)."""
         self._finalizer()
 
     def __enter__(self) -> Estimator:

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.train import building, loops
-from fenwicks.train.inputs import InputFn, InputManager
+from fenwicks.train.inputs import InputFn, InputManager, discard
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import write_eval_summary
 from fenwicks.train.state import NonFiniteLossError, RunState
@@ -43,6 +43,17 @@ class Evaluator:
             make = loops.make_eval_loop if kind == "eval" else loops.make_predict_loop
             self._loops[kind] = make(self._strategy, self._state.spec, self.config.jit_compile)
         return self._loops[kind]
+
+    def _run_loop(self, kind: str, dataset: Any) -> Any:
+        """The `kind` loop over a new iterator of `dataset`, which `discard` then destroys
+        (off this thread: its destructor can wait for seconds)."""
+        loop = self._loop(kind)
+        holder = [iter(dataset)]
+        try:
+            with building.training_randomness_kept(self._state.spec.model):
+                return loop(holder[0])
+        finally:
+            discard(holder)
 
     def _with_smaller_batches(self, run: Callable[[int], Any], global_batch: int,
                               what: str) -> Any:
@@ -76,10 +87,8 @@ class Evaluator:
     def evaluate(self, input_fn: InputFn, steps: int | None) -> dict[str, float]:
         """Loss and metrics over every example of `input_fn` (see `Estimator.evaluate`)."""
         def run(global_batch: int) -> np.ndarray:
-            dataset = self._inputs.padded_dataset(input_fn, global_batch, "eval", steps)
-            loop = self._loop("eval")
-            with building.training_randomness_kept(self._state.spec.model):
-                per_step = loop(iter(dataset)).numpy().astype(np.float64)
+            per_step = self._run_loop("eval", self._inputs.padded_dataset(
+                input_fn, global_batch, "eval", steps)).numpy().astype(np.float64)
             # loss, metrics, count, weight, then the checks' counts
             width = 3 + len(self._state.spec.metric_fns) + len(loops.EVAL_CHECKS)
             return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
@@ -118,10 +127,8 @@ class Evaluator:
         self.check_single_host()
 
         def run(global_batch: int) -> list[Any]:
-            dataset = self._inputs.padded_dataset(input_fn, global_batch, "predict", None)
-            loop = self._loop("predict")
-            with building.training_randomness_kept(self._state.spec.model):
-                return loop(iter(dataset))
+            return self._run_loop("predict", self._inputs.padded_dataset(
+                input_fn, global_batch, "predict", None))
 
         results = self._with_smaller_batches(run, self.config.predict_batch_size,
                                              "prediction")

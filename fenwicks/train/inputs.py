@@ -23,6 +23,7 @@ import dataclasses
 import gc
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -302,7 +303,12 @@ class InputManager:
 
     def restart_training_input(self) -> None:
         """The next `train_iterator` starts again from the restored input position."""
-        self._train = None
+        self._drop_train_iterator()
+
+    def _drop_train_iterator(self) -> None:
+        if self._train is not None:
+            holder, self._train = [self._train[1]], None
+            discard(holder)
 
     def train_iterator(self, input_fn: InputFn, start_step: int) -> Any:
         """A distributed iterator over `input_fn` from training step `start_step` on.
@@ -322,6 +328,7 @@ class InputManager:
             return dataset
 
         self._last_probe = None  # the probe's dataset is no longer needed
+        self._drop_train_iterator()
         iterator = iter(self._strategy.distribute_datasets_from_function(dataset_fn))
         if start_step:
             logger.info("fenwicks: resuming the training input after %d steps", start_step)
@@ -358,14 +365,44 @@ class InputManager:
         return self._strategy.distribute_datasets_from_function(dataset_fn)
 
     def release(self) -> None:
-        """Destroys the live training iterator (and its prefetch threads) now.
-
-        A distributed tf.data iterator left to interpreter shutdown can block for
-        minutes in its destructor (seen with TF 2.21 on 8 logical CPUs), and one whose
-        prefetch threads are inside a Python callback when it is destroyed deadlocks on
-        the GIL; `fw.data.numpy_ds` therefore gathers small arrays inside the graph.
-        """
+        """Lets go of the live training iterator now; `discard` destroys it."""
         self._last_probe = None
-        if self._train is not None:
-            self._train = None
-            gc.collect()
+        self._drop_train_iterator()
+
+
+# ------------------------------------------------------------------- destroying iterators
+
+def discard(holder: list[Any]) -> None:
+    """Destroys the tf.data iterators in `holder` on a thread of its own; empties it.
+
+    TensorFlow's iterator destructor (2.21) waits until the iterator's autotuning thread
+    next wakes up instead of waking it, and that thread sleeps ever longer (doubling up
+    to a minute) as the iterator lives. A `MirroredStrategy` iterator has one such
+    thread per replica, destroyed one after the other: inline, a `close()`, an
+    `evaluate` or a new training input stalled for seconds to minutes with no CPU used
+    (8 logical CPUs). The thread takes that wait, with the GIL released; it is no
+    daemon, so the interpreter still finishes it at exit instead of tearing TensorFlow
+    down under it. Once the main thread has ended (atexit, finalizers) the iterators
+    are destroyed here, as before.
+
+    `holder` must hold the only references: the caller keeps the list, not the
+    iterators (hence a list). Distributed iterators sit in reference cycles, so the
+    thread ends with a `gc.collect()`.
+
+    Example:
+        >>> holder = [iter(strategy.distribute_datasets_from_function(dataset_fn))]
+        >>> loop(holder[0])
+        >>> discard(holder)          # returns at once; holder == []
+    """
+    items = holder[:]
+    holder.clear()
+    if not threading.main_thread().is_alive():  # exiting: no thread would be joined
+        items.clear()
+        gc.collect()
+        return
+    threading.Thread(target=_destroy, args=(items,), name="fenwicks-discard").start()
+
+
+def _destroy(items: list[Any]) -> None:
+    items.clear()
+    gc.collect()

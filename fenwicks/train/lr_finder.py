@@ -199,26 +199,20 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
     batch_size = divisible_by_replicas("batch_size", batch_size, acc.num_replicas)
     iterator, spec = _distributed_batches(acc, input_fn, batch_size, seed, num_steps,
                                           steps_per_epoch)
+    holder = [iterator]  # the only reference, for inputs.discard
+    del iterator
     model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0],
                                    steps_per_epoch)
     saved = [w.copy() for w in model_spec.model.get_weights()]
     sweep = ExponentialSweep(start_lr, end_lr, num_steps)
     optimizer.learning_rate = sweep  # Keras allows replacing a schedule with a schedule
     try:
-        lrs, losses = _sweep(acc, model_spec, optimizer, iterator, sweep, batch_size,
+        lrs, losses = _sweep(acc, model_spec, optimizer, holder[0], sweep, batch_size,
                              smoothing, diverge_factor, verbose)
     finally:
         model_spec.model.set_weights(saved)
-    _drain(iterator)
+        inputs.discard(holder)  # its destructor can wait for seconds: off this thread
     return _result(lrs, losses, smoothing, num_steps)
-
-
-def _drain(iterator: Any) -> None:
-    """Reads the (finite) input to its end so the iterator is torn down idle: deleting a
-    distributed iterator with per-device prefetches still running stalled for up to
-    minutes on 8 logical CPUs. At most the `num_steps` not run are read."""
-    for _ in iterator:
-        pass
 
 
 def _sweep(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any, iterator: Any,
