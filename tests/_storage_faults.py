@@ -16,6 +16,7 @@ message) and what storage holds afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -158,6 +159,35 @@ def restore_outage(work_dir: str) -> dict[str, Any]:
     return out
 
 
+# gcsfs waits ``min(2 ** (retry - 1) + U(0, 1), 32)`` s before each of its retries. The
+# upload scenario records each wait and sleeps GCSFS_WAIT_SCALE of it: the test checks
+# the waits a user would sleep (31-36 s in an outage) without spending them.
+GCSFS_WAIT_SCALE = 0.05
+
+
+@contextlib.contextmanager
+def _gcsfs_waits_recorded() -> Any:
+    """Yields the list of gcsfs's retry waits (seconds asked for) while shortened."""
+    import gcsfs.retry
+
+    real, waits = gcsfs.retry.asyncio, []
+
+    class _Asyncio:  # what gcsfs.retry calls `asyncio`, with a recorded, shorter sleep
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        @staticmethod
+        async def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            await real.sleep(seconds * GCSFS_WAIT_SCALE)
+
+    gcsfs.retry.asyncio = _Asyncio()
+    try:
+        yield waits
+    finally:
+        gcsfs.retry.asyncio = real
+
+
 def upload(remote_dir: str, local_dir: str) -> dict[str, Any]:
     """fw.io.upload of a directory through transient faults, then through an outage."""
     import hashlib
@@ -165,7 +195,13 @@ def upload(remote_dir: str, local_dir: str) -> dict[str, Any]:
     import fenwicks as fw
 
     def send():
-        return fw.io.upload(local_dir, remote_dir, workers=4, progress=False)
+        with _gcsfs_waits_recorded() as waits:
+            try:
+                return fw.io.upload(local_dir, remote_dir, workers=4, progress=False)
+            finally:
+                gcsfs_waits.append(waits)
+
+    gcsfs_waits: list[list[float]] = []  # per phase
 
     out: dict[str, Any] = {}
     transient = [
@@ -191,6 +227,9 @@ def upload(remote_dir: str, local_dir: str) -> dict[str, Any]:
         f.write(os.urandom(3000))
     out["outage"] = _phase(send, [{"fault": "503", "method": "POST"}])
     out["after_outage"] = _phase(send, [])
+    for phase, waits in zip(("transient", "outage", "after_outage"), gcsfs_waits,
+                            strict=True):
+        out[phase]["gcsfs_waits"] = waits
     return out
 
 

@@ -8,8 +8,9 @@ taken for one. The scenarios run in tests/_storage_faults.py inside the namespac
 TensorFlow's retries are scaled down here (0.1 s first wait instead of 1 s, 0.5 s cap
 instead of 32 s, 5 retries instead of 10, 1 s idle timeout instead of 60 s) so an outage
 costs seconds, not minutes; the defaults are documented in fw.io and checkpoints.py.
-gcsfs's retries are fixed (6 attempts, 1+2+4+8+16 s of waiting): an upload outage takes
-~35 s here as it would for a user.
+gcsfs's retries are fixed (6 attempts, 1+2+4+8+16 s of waiting, plus jitter): the upload
+scenario records each wait and sleeps 1/20 of it, and checks the waits a user would see
+(31-36 s in an outage).
 
 The deadline tests (a missing bucket, storage gone or paused mid-training, no
 credentials) keep Fenwicks' own TensorFlow retry settings and scale only the two
@@ -24,6 +25,8 @@ import os
 
 import numpy as np
 import pytest
+
+from tests._storage_faults import GCSFS_WAIT_SCALE
 
 pytestmark = pytest.mark.slow
 
@@ -148,7 +151,11 @@ def test_upload_retries_transient_faults_then_names_the_path(gcs_fault_emulator,
     assert f"{str(local)!r} to '{remote}/dataset'" in message
     assert f"{remote}/dataset/late.bin" in message
     assert outage["fired"] == [6]  # gcsfs's 6 attempts
-    assert outage["seconds"] < 45  # 1+2+4+8+16 s of waiting, plus up to 5 s of jitter
+    # What a user waits: 1+2+4+8+16 s plus up to 1 s of jitter each (slept 1/20 of here);
+    # the rest of the outage is the attempts themselves, nothing of Fenwicks' own.
+    waits = outage["gcsfs_waits"]
+    assert len(waits) == 5 and 31 <= sum(waits) <= 36, waits
+    assert outage["seconds"] < sum(waits) * GCSFS_WAIT_SCALE + 10
     assert out["after_outage"]["value"] == [f"{remote}/dataset/late.bin"]
     assert os.path.exists(local / "late.bin")
 
