@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import weakref
+from typing import Any
 
 import keras
 import numpy as np
@@ -120,20 +121,30 @@ def numpy_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
 VAL_BATCHES_8 = [56, 4096]
 
 
-def closed_iterator_dies_on(work_dir: str) -> list[str]:
-    """The threads the training iterator is destroyed on after `close()` (joined)."""
+def _watch(objects: list[Any], callback: Any) -> int:
+    """Calls `callback` when each of `objects` dies; keeps no reference. How many."""
+    for obj in objects:
+        weakref.finalize(obj, callback)
+    return len(objects)
+
+
+def closed_iterator_dies_on(work_dir: str) -> dict[str, Any]:
+    """The training iterator's resource handles after `close()`: how many, and the
+    threads they were destroyed on (the discard threads joined)."""
+    from fenwicks.train import inputs
+
     x, y = make_data()
     est = fw.train.get_tpu_estimator(10, model_func(), work_dir, trn_bs=32, verbose=False)
     input_fn = train_input(x, y)
     est.train(input_fn, steps=5)
     died: list[str] = []
-    weakref.finalize(est._inputs.live_train_iterator(input_fn),
-                     lambda: died.append(threading.current_thread().name))
+    count = _watch(inputs._iterator_resources([est._inputs.live_train_iterator(input_fn)]),
+                   lambda: died.append(threading.current_thread().name))
     est.close()
-    for thread in threading.enumerate():
-        if thread.name == "fenwicks-discard":
+    while running := [t for t in threading.enumerate() if t.name == "fenwicks-discard"]:
+        for thread in running:
             thread.join(300)
-    return died
+    return {"handles": count, "died_on": sorted(set(died)), "died": len(died)}
 
 
 def replicas(work_root: str, bad_root: str | None = None) -> dict:

@@ -343,7 +343,18 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: _LONGEST_FIRST.get(item.nodeid.split("::")[0], 0))
 
 
-# Modules taking over ~2 min of one worker (measured with -n 2; the order they start in).
+# The modules over ~20 s of one worker, longest first (measured with -n 2), so that two
+# workers finish together; storage_faults, which mostly waits on deadlines, second: it
+# runs beside test_flagship's two busy processes instead of beside another busy module.
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
-    "test_flagship", "test_callbacks", "test_tutorials", "test_storage_faults",
-    "test_faults", "test_state"]), start=1)}
+    "test_flagship", "test_storage_faults", "test_faults", "test_tutorials",
+    "test_callbacks", "test_estimator", "test_resume_position", "test_state",
+    "test_readme", "test_security", "test_interrupts", "test_multiworker", "test_cli",
+    "test_porting", "test_async_checkpoints", "test_input_check", "test_data"]), start=1)}
+
+
+def pytest_configure(config):
+    # pytest-xdist would otherwise hand out groups by their number of tests, largest first
+    # (--loadscope-reorder, its default), undoing the order above.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False

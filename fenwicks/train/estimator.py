@@ -175,7 +175,7 @@ class Estimator:
     """Trains, evaluates, predicts and exports one model; see `get_tpu_estimator`.
 
     Use it as a context manager, or call `close()`, to flush and close the summary
-    writers and let go of the live input iterator at once (a background thread destroys
+    writers and let go of the live input iterator at once (background threads destroy
     it: TensorFlow's destructor can wait for seconds, see `fenwicks.train.inputs.discard`);
     otherwise that happens when the estimator is garbage-collected, or at interpreter
     exit (`weakref.finalize`), while the interpreter is still whole.
@@ -206,8 +206,8 @@ class Estimator:
         self._finalizer = weakref.finalize(self, _release, self._inputs, self._state)
 
     def close(self) -> None:
-        """Flushes and closes the summary writers and lets go of the input iterator (a
-        background thread destroys it; the interpreter waits for that thread at exit)."""
+        """Flushes and closes the summary writers and lets go of the input iterator
+        (background threads destroy it, see `fenwicks.train.inputs.discard`)."""
         self._finalizer()
 
     def __enter__(self) -> Estimator:

@@ -19,6 +19,7 @@ hands the pipeline's batches out round-robin: step s gives replica r batch ``s *
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import inspect
@@ -373,36 +374,71 @@ class InputManager:
 # ------------------------------------------------------------------- destroying iterators
 
 def discard(holder: list[Any]) -> None:
-    """Destroys the tf.data iterators in `holder` on a thread of its own; empties it.
+    """Destroys the tf.data iterators in `holder` off the caller's thread; empties it.
 
     TensorFlow's iterator destructor (2.21) waits until the iterator's autotuning thread
     next wakes up instead of waking it, and that thread sleeps ever longer (doubling up
     to a minute) as the iterator lives. A `MirroredStrategy` iterator has one such
-    thread per replica, destroyed one after the other: inline, a `close()`, an
-    `evaluate` or a new training input stalled for seconds to minutes with no CPU used
-    (8 logical CPUs). The thread takes that wait, with the GIL released; it is no
-    daemon, so the interpreter still finishes it at exit instead of tearing TensorFlow
-    down under it. Once the main thread has ended (atexit, finalizers) the iterators
-    are destroyed here, as before.
+    thread per replica, and its destructor takes them one after the other: inline, a
+    `close()`, an `evaluate`, a new training input or the interpreter's exit stalled for
+    seconds to minutes with no CPU used (8 logical CPUs).
+
+    So the iterators' resource handles are taken out of their Python objects, the
+    objects are collected (they sit in reference cycles), and each handle is dropped on
+    a thread of its own: the waits overlap and the caller goes on (the GIL is released
+    inside). The interpreter joins those threads at exit. Once the main thread has ended
+    (atexit, finalizers) the handles are left to the process's end instead: a destructor
+    still running while TensorFlow is torn down aborts the process.
 
     `holder` must hold the only references: the caller keeps the list, not the
-    iterators (hence a list). Distributed iterators sit in reference cycles, so the
-    thread ends with a `gc.collect()`.
+    iterators (hence a list).
 
     Example:
         >>> holder = [iter(strategy.distribute_datasets_from_function(dataset_fn))]
         >>> loop(holder[0])
         >>> discard(holder)          # returns at once; holder == []
     """
-    items = holder[:]
+    handles = _iterator_resources(holder)
     holder.clear()
-    if not threading.main_thread().is_alive():  # exiting: no thread would be joined
-        items.clear()
-        gc.collect()
+    if threading.main_thread().is_alive():
+        _in_thread(_collect_then_drop, handles)
         return
-    threading.Thread(target=_destroy, args=(items,), name="fenwicks-discard").start()
+    for handle in handles:  # exiting: never destroyed (their memory goes with the process)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
 
 
-def _destroy(items: list[Any]) -> None:
+# tf.data's and tf.distribute's input objects: where an iterator's handles are found.
+_INPUT_MODULES = ("tensorflow.python.data.", "tensorflow.python.distribute.input_lib",
+                  "tensorflow.python.distribute.v1.input_lib")
+
+
+def _iterator_resources(roots: list[Any]) -> list[Any]:
+    """The resource tensors reachable from `roots` through tf.data and tf.distribute
+    input objects and plain containers: the iterators' handles (and their inputs')."""
+    found, seen, stack = [], set(), list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, tf.Tensor):
+            if obj.dtype == tf.resource:
+                found.append(obj)
+        elif isinstance(obj, list | tuple | dict) or \
+                type(obj).__module__.startswith(_INPUT_MODULES):
+            stack.extend(gc.get_referents(obj))
+    return found
+
+
+def _in_thread(target: Callable[[list[Any]], None], items: list[Any]) -> None:
+    """`target(items)` on a new thread, which then holds the only reference to the list's
+    contents (the caller's `items` is emptied)."""
+    box = items[:]
     items.clear()
-    gc.collect()
+    threading.Thread(target=target, args=(box,), name="fenwicks-discard").start()
+
+
+def _collect_then_drop(handles: list[Any]) -> None:
+    gc.collect()  # the iterators' Python objects: the handles are the last references
+    while handles:  # each destructor waits for its own autotuning thread: all at once
+        _in_thread(list.clear, [handles.pop()])
