@@ -111,6 +111,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # found again from this environment's TMPDIR
     os._exit(_exit_status(_run, request["args"]))
 
 
@@ -175,8 +176,9 @@ class Client:
     """
 
     # Read when used, not at import: a child may set these differently from the server.
+    # TMPDIR: `tempfile` caches its directory, so the child clears that cache.
     RUNTIME_ENV = frozenset({"FENWICKS_DEVICE", "FENWICKS_ROOT", "FENWICKS_BUCKET",
-                             "TF_CONFIG", "TFDS_DATA_DIR", "MPLBACKEND"})
+                             "TF_CONFIG", "TFDS_DATA_DIR", "MPLBACKEND", "TMPDIR"})
     # The test helpers' own switches (tests/_faults.py, tests/_multiworker.py), read when
     # their module runs.
     RUNTIME_PREFIXES = ("FAULTS_", "MULTIWORKER_")

@@ -22,14 +22,15 @@ def _both(args, env=None, cwd=ROOT):
 
 def test_a_forked_process_sees_its_own_environment_cwd_argv_and_path(tmp_path):
     run_process(["-c", "pass"])  # the server started (its one import is not this child's)
-    code = ("import json, os, sys; import fenwicks as fw\n"
+    code = ("import json, os, sys, tempfile; import fenwicks as fw\n"
             "print(json.dumps([os.getcwd(), sys.argv, os.environ.get('FENWICKS_DEVICE'),"
-            " sys.path[0], fw.accel.current().num_replicas]))")
-    forked, fresh = _both(["-c", code, "x"], env={"FENWICKS_DEVICE": "cpu:2"},
-                          cwd=tmp_path)
+            " sys.path[0], fw.accel.current().num_replicas, tempfile.gettempdir()]))")
+    forked, fresh = _both(["-c", code, "x"], env={"FENWICKS_DEVICE": "cpu:2",
+                                                  "TMPDIR": str(tmp_path)}, cwd=tmp_path)
     assert forked.returncode == fresh.returncode == 0, (forked.stderr, fresh.stderr)
     assert forked.stdout == fresh.stdout
-    assert f'["{tmp_path}", ["-c", "x"], "cpu:2", "", 2]' == forked.stdout.strip()
+    assert f'["{tmp_path}", ["-c", "x"], "cpu:2", "", 2, "{tmp_path}"]' == \
+        forked.stdout.strip()
     assert forked.seconds < fresh.seconds  # it did not import TensorFlow again
 
 
