@@ -126,7 +126,7 @@ def _distributed_batches(acc: accel.Accelerator, input_fn: Callable, batch_size:
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         dataset = inputs.call_input_fn(
             input_fn, _params(acc, batch_size, seed, steps_per_epoch, context), "training")
-        # Only what the sweep can use, so that `_drain` ends.
+        # Only what the sweep can use: nothing past it is read or prefetched.
         return dataset.take(num_steps * acc.num_replicas // context.num_input_pipelines)
 
     return iter(acc.strategy.distribute_datasets_from_function(dataset_fn)), spec
