@@ -121,29 +121,37 @@ def numpy_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
 VAL_BATCHES_8 = [56, 4096]
 
 
-def _watch(objects: list[Any], callback: Any) -> int:
-    """Calls `callback` when each of `objects` dies; keeps no reference. How many."""
-    for obj in objects:
-        weakref.finalize(obj, callback)
-    return len(objects)
+def handle_deaths(iterator: Any) -> tuple[int, list[str]]:
+    """How many resource handles `iterator` holds, and the list that gets the name of
+    the thread each of them is destroyed on (this keeps no reference to them)."""
+    from fenwicks.train import inputs
+
+    died: list[str] = []
+    handles = inputs._iterator_resources([iterator])
+    for handle in handles:
+        weakref.finalize(handle, lambda: died.append(threading.current_thread().name))
+    return len(handles), died
+
+
+def join_discards(timeout: float = 300) -> None:
+    """Joins `fenwicks.train.inputs.discard`'s threads, including those they start."""
+    from fenwicks.train import inputs
+
+    while running := [t for t in threading.enumerate() if t.name == inputs.DISCARD_THREAD]:
+        for thread in running:
+            thread.join(timeout)
 
 
 def closed_iterator_dies_on(work_dir: str) -> dict[str, Any]:
     """The training iterator's resource handles after `close()`: how many, and the
     threads they were destroyed on (the discard threads joined)."""
-    from fenwicks.train import inputs
-
     x, y = make_data()
     est = fw.train.get_tpu_estimator(10, model_func(), work_dir, trn_bs=32, verbose=False)
     input_fn = train_input(x, y)
     est.train(input_fn, steps=5)
-    died: list[str] = []
-    count = _watch(inputs._iterator_resources([est._inputs.live_train_iterator(input_fn)]),
-                   lambda: died.append(threading.current_thread().name))
+    count, died = handle_deaths(est._inputs.live_train_iterator(input_fn))
     est.close()
-    while running := [t for t in threading.enumerate() if t.name == "fenwicks-discard"]:
-        for thread in running:
-            thread.join(300)
+    join_discards()
     return {"handles": count, "died_on": sorted(set(died)), "died": len(died)}
 
 

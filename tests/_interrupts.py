@@ -117,11 +117,11 @@ def _print_and_exit(result: dict[str, Any]) -> None:
     """Prints the result and ends the process without releasing the estimators.
 
     Releasing an estimator destroys its distributed training iterator, and on 8 logical
-    CPUs (TF 2.21) that destructor waits in tf.data's autotuning thread: 0-227 s per
-    estimator, measured 2026-11-25, whether or not its training was interrupted (the
-    Ctrl-C property this module checks does not depend on it; the wait is in the notes
-    of #20). So the estimators stay referenced, and the process ends once the result
-    is out.
+    CPUs (TF 2.21) that destructor waits for tf.data's autotuning threads: 0-227 s per
+    estimator before `fenwicks.train.inputs.discard`, which moves the wait to threads the
+    interpreter still joins at exit (up to a minute). The Ctrl-C property this module
+    checks does not depend on it, so the estimators stay referenced and the process
+    ends once the result is out.
     """
     print(json.dumps(result), flush=True)
     sys.stderr.flush()

@@ -5,9 +5,6 @@ can be read off the first batch the iterator yields."""
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,6 +13,7 @@ import fenwicks as fw
 from fenwicks.train import inputs
 from fenwicks.train.inputs import InputManager
 from fenwicks.train.options import EstimatorConfig
+from tests._estimator_helpers import handle_deaths, join_discards
 from tests.conftest import last_json, run_python
 
 BATCH = 4
@@ -59,49 +57,37 @@ def test_the_training_iterator_starts_at_the_given_step():
 # ------------------------------------------------------------------ discarding iterators
 # TensorFlow 2.21's iterator destructor sleeps until each autotuning thread next wakes
 # (seconds to minutes on 8 replicas), so `discard` drops iterators' resource handles on
-# "fenwicks-discard" threads. These check where the handles die on this process's one
+# threads of its own. These check where the handles die on this process's one
 # replica; test_estimator checks a closed estimator's 8-replica iterator (the stall was
 # measured: close() after 64 steps on cpu:8 took 3-17 s, now 0.3 s; see the commit).
 
 
-def _finished_discards() -> None:
-    """Joins the discard threads, including those they start."""
-    while running := [t for t in threading.enumerate() if t.name == "fenwicks-discard"]:
-        for thread in running:
-            thread.join(60)
-
-
 class _Deaths:
     """Where an iterator's resource handles are destroyed: `all_on_discard_threads` once
-    every one of them died on a "fenwicks-discard" thread."""
+    every one of them died on a `discard` thread."""
 
     def __init__(self, iterator: object) -> None:
-        self.threads: list[str] = []
-        handles = inputs._iterator_resources([iterator])
-        assert handles, "no resource handle found"
-        self.count = len(handles)
-        for handle in handles:
-            weakref.finalize(handle,
-                             lambda: self.threads.append(threading.current_thread().name))
+        self.count, self.threads = handle_deaths(iterator)
+        assert self.count, "no resource handle found"
 
     def all_on_discard_threads(self) -> bool:
-        return self.threads == ["fenwicks-discard"] * self.count
+        return self.threads == [inputs.DISCARD_THREAD] * self.count
 
 
 def test_released_training_iterators_are_destroyed_off_the_callers_thread():
     manager = _manager()
     died = _Deaths(manager.train_iterator(_numbered, start_step=0))
     manager.release()
-    _finished_discards()
+    join_discards(60)
     assert died.all_on_discard_threads(), died.threads
     # A new iterator (another input_fn, or a restart) lets go of the old one the same way.
     died = _Deaths(manager.train_iterator(_numbered, start_step=0))
     manager.train_iterator(lambda params: _numbered(params), start_step=0)
-    _finished_discards()
+    join_discards(60)
     assert died.all_on_discard_threads(), died.threads
     died = _Deaths(manager.live_train_iterator(manager._train[0]))
     manager.restart_training_input()
-    _finished_discards()
+    join_discards(60)
     assert died.all_on_discard_threads() and manager._train is None
 
 
@@ -110,7 +96,7 @@ def test_discard_empties_the_holder_and_destroys_on_its_thread():
     died = _Deaths(holder[0])
     inputs.discard(holder)
     assert holder == []
-    _finished_discards()
+    join_discards(60)
     assert died.all_on_discard_threads(), died.threads
 
 

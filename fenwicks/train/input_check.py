@@ -266,7 +266,7 @@ def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: a
             f"the training input ran out of data within {warmup_batches + num_batches} "
             "steps; end the input_fn's dataset with .repeat(), or lower num_batches")from err
     finally:
-        # Destroy the iterator (and its prefetch threads) now, not at interpreter exit.
+        # Let go of the iterator now, not at interpreter exit (release discards it).
         del iterator
         manager.release()
     examples *= accelerator.num_workers

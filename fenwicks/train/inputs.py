@@ -407,6 +407,7 @@ def discard(holder: list[Any]) -> None:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
 
 
+DISCARD_THREAD = "fenwicks-discard"  # the name of the threads `discard` starts
 # tf.data's and tf.distribute's input objects: where an iterator's handles are found.
 _INPUT_MODULES = ("tensorflow.python.data.", "tensorflow.python.distribute.input_lib",
                   "tensorflow.python.distribute.v1.input_lib")
@@ -435,7 +436,7 @@ def _in_thread(target: Callable[[list[Any]], None], items: list[Any]) -> None:
     contents (the caller's `items` is emptied)."""
     box = items[:]
     items.clear()
-    threading.Thread(target=target, args=(box,), name="fenwicks-discard").start()
+    threading.Thread(target=target, args=(box,), name=DISCARD_THREAD).start()
 
 
 def _collect_then_drop(handles: list[Any]) -> None:
