@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from fenwicks._text import first_line
+
 logger = logging.getLogger("fenwicks")
 T = TypeVar("T")
 
@@ -186,7 +188,7 @@ def run(fn: Callable[..., T], *args: Any, what: str, path: str | None,
         if is_outage(err):
             _mark_outage()
         if best_effort and isinstance(err, Exception):
-            logger.warning("fenwicks: %s of %s failed: %s", what, path, _first_line(err))
+            logger.warning("fenwicks: %s of %s failed: %s", what, path, first_line(err))
             return None
         raise
     _mark_healthy()
@@ -199,7 +201,7 @@ def _direct(fn, args, kwargs, what, path, best_effort):
     try:
         return fn(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - clean-up: a failure is reported, not raised
-        logger.warning("fenwicks: %s of %s failed: %s", what, path, _first_line(err))
+        logger.warning("fenwicks: %s of %s failed: %s", what, path, first_line(err))
         return None
 
 
@@ -260,11 +262,6 @@ def _mark_outage() -> None:
 def _mark_healthy() -> None:
     global _outage_since
     _outage_since = None
-
-
-def _first_line(err: BaseException) -> str:
-    text = (getattr(err, "message", None) or str(err)).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
 
 
 def _exit_without_hanging() -> None:

@@ -30,6 +30,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fenwicks._text import first_line
+
 logger = logging.getLogger("fenwicks")
 
 KINDS = ("tpu", "gpu", "cpu")
@@ -433,7 +435,7 @@ def _tpu_unusable(probe: Any, err: BaseException) -> str:
         holders = []
     held = (f" It is held by {', '.join(holders)}." if holders else "")
     return (f"a TPU is on this machine (libtpu is installed) but could not be initialised: "
-            f"{type(err).__name__}: {_first_line(err)}.{held} Fix: restart the runtime "
+            f"{type(err).__name__}: {first_line(err)}.{held} Fix: restart the runtime "
             "(Colab/Kaggle: Runtime > Restart session) so that no other process or kernel "
             "holds the TPU, or end the process holding /dev/accel* or /dev/vfio/* (find "
             "it with `lsof -w /dev/accel* /dev/vfio/*`, then `kill <pid>`); if the error "
@@ -468,11 +470,6 @@ def _gpu_unusable(probe: Any, evidence: str) -> str:
             "libraries) and update the NVIDIA driver if it is older, then restart.")
 
 
-def _first_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else "(no message)"
-
-
 def _try_tpu_vm(probe: Any, unusable: list[str]) -> Accelerator | None:
     if not probe.has_libtpu():
         return None
@@ -497,7 +494,7 @@ def _try_tpu_node(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
     except Exception as err:  # noqa: BLE001
         raise AcceleratorError(
             f"{source}={env[source]!r} is set but the TPU there did not answer "
-            f"({type(err).__name__}: {_first_line(err)}); check the address (Colab: "
+            f"({type(err).__name__}: {first_line(err)}); check the address (Colab: "
             f"Runtime > Restart session if another notebook holds it), or unset {source} "
             "to use another device") from err
     return _tpu(strategy, resolver, remote=True,

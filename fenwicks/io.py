@@ -47,6 +47,7 @@ from typing import Any
 
 from fenwicks import _deadline, gcs
 from fenwicks._deadline import StorageTimeoutError
+from fenwicks._text import first_line
 
 GCS_PREFIX = "gs://"
 ROOT_ENV = "FENWICKS_ROOT"
@@ -593,15 +594,10 @@ def _transfer(source: str, dest_dir: str, workers: int, progress: bool,
             raise TransferError(
                 f"{verb} of {source!r} to {dst.url(dst.path)!r} failed after the storage "
                 f"client's retries ({len(pairs)} file(s) to send, e.g. "
-                f"{dst.url(pairs[0][1])!r}): {type(err).__name__}: {_first_line(err)}. "
+                f"{dst.url(pairs[0][1])!r}): {type(err).__name__}: {first_line(err)}. "
                 f"Files already sent are complete; call {verb}() again to send the rest"
             ) from err
     return [dst.url(target) for _, target in pairs]
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else "no message"
 
 
 class _Side:

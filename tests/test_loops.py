@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import evaluation, inputs, loops
+from fenwicks.train import eval_sums, evaluation, inputs, loops
 from fenwicks.train.model_func import ModelSpec
 
 LR = 0.1
@@ -157,8 +157,8 @@ def test_eval_loop_sums_every_real_example_once(weights):
     loop = loops.make_eval_loop(strategy, spec, jit_compile=False)
     padded = inputs.pad_and_mask(_batches(5, 2, weights), 2, 1, "evaluation")
     per_step = loop(iter(strategy.experimental_distribute_dataset(padded))).numpy()
-    # steps x (loss, err, count, weight, then the EVAL_CHECKS counts)
-    assert per_step.shape == (3, 4 + len(loops.EVAL_CHECKS))
+    # steps x (loss, err, count, weight, then the check counts)
+    assert per_step.shape == (3, 4 + len(eval_sums.CHECKS))
     sums = per_step.astype(np.float64).sum(axis=0)
     # Finite features, a finite loss on every real row, float (regression) labels: the
     # checks count nothing, and the -inf loss of the padding rows is not counted either.

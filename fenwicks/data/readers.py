@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks import io as fw_io
+from fenwicks._text import first_line
 from fenwicks.data import epochs, pipeline, position, service
 from fenwicks.data._checks import RecordError, check_batch_size, check_folds, pipeline_shard
 from fenwicks.data.scan import FileScan, scan_tfrecord
@@ -299,9 +300,8 @@ def _check_parser(parser: Parser, files: list[str], verify: bool) -> bool:
         try:
             element = parser(tf.constant(records[0]))
         except Exception as err:  # noqa: BLE001 - any parser failure is reported the same way
-            message = str(err).strip().splitlines()[0][:300]
             raise RecordError(f"the records of {path} do not fit parser={_name(parser)}: "
-                              f"{type(err).__name__}: {message}") from err
+                              f"{type(err).__name__}: {first_line(err)}") from err
         check_element(element, f"parser={_name(parser)} on {path}")
     pair = [r for _, records in firsts for r in records][:2]
     return len(pair) == 2 and _parses_batches(parser, pair)

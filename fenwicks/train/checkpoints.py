@@ -37,6 +37,7 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from fenwicks import _deadline
+from fenwicks._text import first_line
 
 logger = logging.getLogger("fenwicks")
 
@@ -245,17 +246,24 @@ def _listed(directory: str) -> list[str]:
     else:
         paths = [p[: -len(".index")] for p in tf.io.gfile.glob(f"{directory}/ckpt-*.index")]
     paths = [p if "/" in p or "://" in p else f"{directory}/{p}" for p in paths]
-    return sorted(set(paths), key=_step_of, reverse=True)
+    return sorted(set(paths), key=step_of, reverse=True)
 
 
-def _step_of(prefix: str) -> int:
+def step_of(prefix: str | None) -> int:
+    """The global step a checkpoint prefix ``.../ckpt-<step>`` was written at.
+
+    Returns:
+        The step; 0 for None (no checkpoint yet: a run starts at step 0); -1 for a prefix
+        that does not end in a step, so it sorts before every real checkpoint.
+
+    Example:
+        >>> step_of('gs://bucket/work/ckpt-400')
+        400
+    """
+    if prefix is None:
+        return 0
     tail = prefix.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else -1
-
-
-def _first_line(err: BaseException) -> str:
-    text = getattr(err, "message", None) or str(err)
-    return text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__
 
 
 # What a damaged file raises while it is read: TensorFlow's errors, and plain Python ones
@@ -277,7 +285,7 @@ def _probe(root: tf.train.Checkpoint, scratch_dir: str | None) -> None:
     except (tf.errors.OpError, OSError) as err:
         where = scratch_dir or f"the temp dir {tempfile.gettempdir()!r}"
         raise ProbeWriteError(
-            f"could not write a probe copy of the model to {where}: {_first_line(err)}. "
+            f"could not write a probe copy of the model to {where}: {first_line(err)}. "
             "Fenwicks writes the model once there to learn its variables' checkpoint "
             "names before restoring. This is not about your checkpoints: nothing in the "
             "work_dir was read, changed or set aside. Free space there, or point TMPDIR "
@@ -311,7 +319,7 @@ def restore_latest(root: tf.train.Checkpoint, work_dir: str,
         except CheckpointMismatchError:
             raise
         except _DAMAGE as err:
-            why, cause = diagnose(prefix), _first_line(err)
+            why, cause = diagnose(prefix), first_line(err)
             damaged.append((prefix, why if cause in why else f"{why}; {cause}"))
             continue
         if damaged:
@@ -336,7 +344,7 @@ def diagnose(prefix: str) -> str:
     try:
         return _diagnose(prefix)
     except tf.errors.OpError as err:  # the storage, not the files: say so, do not guess
-        return f"{prefix}'s files could not be examined ({_first_line(err)})"
+        return f"{prefix}'s files could not be examined ({first_line(err)})"
 
 
 def _diagnose(prefix: str) -> str:
@@ -364,7 +372,7 @@ def _diagnose(prefix: str) -> str:
             reader.get_tensor(name)
         except _DAMAGE as err:
             return (f"{', '.join(expected)} is cut short or damaged ({_short(name)} cannot "
-                    f"be read: {_first_line(err)})")
+                    f"be read: {first_line(err)})")
     return f"{', '.join(expected)} (data) is damaged"
 
 
@@ -379,13 +387,13 @@ def _set_aside(work_dir: str, damaged: list[tuple[str, str]], used: str) -> None
                 if not path.endswith(_CORRUPT_SUFFIX):
                     tf.io.gfile.rename(path, path + _CORRUPT_SUFFIX, overwrite=True)
         bad = {prefix for prefix, _ in damaged}
-        good = sorted((p for p in _listed(work_dir) if p not in bad), key=_step_of)
+        good = sorted((p for p in _listed(work_dir) if p not in bad), key=step_of)
         checkpoint_management.update_checkpoint_state_internal(
             work_dir, used, all_model_checkpoint_paths=good, save_relative_paths=True)
     except tf.errors.OpError as err:  # a read-only work_dir: read around them each time
         logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
                        "(%s); they stay in place and are skipped", work_dir,
-                       _first_line(err))
+                       first_line(err))
 
 
 def remove_partial_saves(work_dir: str) -> None:
@@ -439,7 +447,7 @@ def save(manager: tf.train.CheckpointManager, step: int) -> str:
             _deadline.run(_remove_partial, path, what="removing the partial", path=path,
                           best_effort=True)
         raise CheckpointWriteError(
-            f"could not write checkpoint {path}: {_first_line(err)}. The previous "
+            f"could not write checkpoint {path}: {first_line(err)}. The previous "
             f"checkpoint ({before or 'none'}) is intact and the "
             "training state in memory is unchanged: free space or fix the storage, then "
             "call train() again") from err
@@ -457,7 +465,7 @@ def _remove_quietly(path: str) -> None:
         else:
             tf.io.gfile.remove(path)
     except tf.errors.OpError as err:
-        logger.warning("fenwicks: could not remove the partial %s: %s", path, _first_line(err))
+        logger.warning("fenwicks: could not remove the partial %s: %s", path, first_line(err))
 
 
 # --------------------------------------------------------------------------- warm start
@@ -561,7 +569,7 @@ class CheckpointReadError(OSError):
         self.path, self.cause = path, cause
         super().__init__(
             f"could not read checkpoint {path}: the storage did not answer after "
-            f"TensorFlow's retries ({_first_line(cause)}). Nothing was restored or "
+            f"TensorFlow's retries ({first_line(cause)}). Nothing was restored or "
             "changed in the work_dir; the checkpoint is not known to be damaged. Check the "
             "network or the bucket's status, then create the estimator again")
 

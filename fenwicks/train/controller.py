@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from fenwicks.train import actions, preemption, profiling
+from fenwicks.train.checkpoints import step_of
 from fenwicks.train.history import History
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.state import RunState
@@ -125,19 +126,15 @@ class Controller:
             reason = "interrupted twice"
         elif (state.last_save_secs or 0.0) > QUICK_SAVE_SECS:
             reason = (f"the last checkpoint took {state.last_save_secs:.0f} s to write; "
-                      f"{step - _step_of(state.latest_checkpoint)} step(s) are only in memory")
+                      f"{step - step_of(state.latest_checkpoint)} step(s) are only in memory")
         else:
             try:
                 state.save()
                 return preemption.Interrupted(step, state.latest_checkpoint, True)
             except KeyboardInterrupt:
                 reason = "interrupted again while saving"
-        saved = _step_of(state.latest_checkpoint) == step
+        saved = step_of(state.latest_checkpoint) == step
         return preemption.Interrupted(step, state.latest_checkpoint, saved, reason)
-
-
-def _step_of(checkpoint: str | None) -> int:
-    return int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
 
 
 def epochs_to(target: int, steps_per_epoch: int) -> int:

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.train import building, loops
+from fenwicks.train.eval_sums import EvalTotals
 from fenwicks.train.inputs import InputFn, InputManager, discard
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import write_eval_summary
@@ -86,29 +87,20 @@ class Evaluator:
 
     def evaluate(self, input_fn: InputFn, steps: int | None) -> dict[str, float]:
         """Loss and metrics over every example of `input_fn` (see `Estimator.evaluate`)."""
-        def run(global_batch: int) -> np.ndarray:
+        def run(global_batch: int) -> EvalTotals:
             per_step = self._run_loop("eval", self._inputs.padded_dataset(
-                input_fn, global_batch, "eval", steps)).numpy().astype(np.float64)
-            # loss, metrics, count, weight, then the checks' counts
-            width = 3 + len(self._state.spec.metric_fns) + len(loops.EVAL_CHECKS)
-            return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
+                input_fn, global_batch, "eval", steps)).numpy()
+            return EvalTotals.of(per_step, list(self._state.spec.metric_fns))
 
-        sums = self._with_smaller_batches(run, self.config.eval_batch_size, "evaluation")
+        totals = self._with_smaller_batches(run, self.config.eval_batch_size, "evaluation")
         self.warn_if_untrained("evaluated")
-        checks = dict(zip(loops.EVAL_CHECKS, sums[-len(loops.EVAL_CHECKS):].astype(int),
-                          strict=True))
-        sums = sums[:-len(loops.EVAL_CHECKS)]
-        count, weight = sums[-2], sums[-1]
-        _check_evaluation(checks, int(count), self._state.spec.model)
-        if count == 0:
+        _check_evaluation(totals.checks, totals.count, self._state.spec.model)
+        if totals.count == 0:
             raise ValueError("the evaluation input_fn yielded no examples")
-        if weight == 0:
+        if totals.weight == 0:
             raise ValueError("the evaluation's sample weights add up to 0; nothing to average")
-        # Weighted means, as Keras's evaluate(sample_weight=...): sum(w * v) / sum(w).
-        result = {"loss": float(sums[0] / weight)}
-        result.update({name: float(sums[1 + i] / weight)
-                       for i, name in enumerate(self._state.spec.metric_fns)})
-        result.update(global_step=self._state.global_step, num_examples=int(count))
+        result: dict[str, float] = totals.means()
+        result.update(global_step=self._state.global_step, num_examples=totals.count)
         write_eval_summary(self._state.summary_writer("eval"), self._state.global_step,
                            result, path=f"{self.config.work_dir}/eval")
         return result

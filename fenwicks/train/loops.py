@@ -19,7 +19,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks.train import inputs
+from fenwicks.train import eval_sums, inputs
 from fenwicks.train.model_func import ModelSpec
 
 
@@ -146,7 +146,7 @@ def _bad_label_rows(labels: Any, outputs: Any) -> tf.Tensor | None:
 
 def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
     names = list(spec.metric_fns)
-    width = 3 + len(names) + len(EVAL_CHECKS)
+    width = eval_sums.width(len(names))
 
     def step(batch: Any) -> tf.Tensor:
         _, mask = batch
@@ -178,28 +178,22 @@ def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
                       tf.cast(values[0], tf.float32)))),
                   masked_count(_non_finite_rows(features)),
                   masked_count(_bad_label_rows(labels, outputs))]
-        return tf.stack(sums + [count, tf.reduce_sum(tf.where(mask, weight, 0.0))] + checks)
+        return tf.stack(eval_sums.row(sums, count, tf.reduce_sum(tf.where(mask, weight, 0.0)),
+                                      checks))
 
     return step
 
 
-EVAL_CHECKS = ("non_finite_loss", "non_finite_features", "labels_out_of_range")
-
-
 def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
                    jit_compile: bool) -> Callable[[Any], tf.Tensor]:
-    """Builds ``loop(dist_iterator) -> [steps, 6 + metrics]`` masked per-step sums.
+    """Builds ``loop(dist_iterator) -> [steps, eval_sums.width(metrics)]`` masked sums.
 
     The iterator is created eagerly (``iter(dist_dataset)``): iterating a dataset inside
     the function makes tf.data read its options in graph mode, which warns on every call
     ("To make it possible to preserve tf.data options across serialization boundaries").
 
-    Columns: loss sum, one sum per metric (in `spec.metric_fns` order), example count,
-    weight sum (the count without sample weights); sums are weighted by the sample weights.
-    Then the checks, as counts of examples: non-finite loss, non-finite features, class
-    labels out of range (`EVAL_CHECKS`).
-    Per-step sums leave the device in float32 and are added up on the host in float64,
-    so rounding does not grow with the number of steps.
+    The columns are `eval_sums`' layout; per-step sums leave the device in float32 and
+    are added up on the host in float64 (`eval_sums.EvalTotals`).
     """
     step = tf.function(_eval_step(spec), jit_compile=jit_compile)
 

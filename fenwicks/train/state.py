@@ -18,15 +18,12 @@ import tensorflow as tf
 
 from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
+from fenwicks._text import first_line
 from fenwicks.train import async_checkpoints, building, checkpoints, lock
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
 
 logger = logging.getLogger("fenwicks")
-
-
-def _first_line(err: BaseException) -> str:
-    return (getattr(err, "message", None) or str(err)).strip().split("\n")[0][:200]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -309,7 +306,7 @@ class RunState:
             cause = cause.__cause__
         return StorageUnavailableError(
             f"storage of work_dir={self.config.work_dir!r} stopped answering at step "
-            f"{self.global_step} ({checkpoints._first_line(cause).split('. The previous')[0]}). "
+            f"{self.global_step} ({first_line(cause).split('. The previous')[0]}). "
             f"The last good checkpoint is {last or 'none: nothing was saved yet'}. When "
             "storage answers again, call train() again: it continues from there "
             "(a new process resumes from that checkpoint, exactly)", last)
@@ -337,7 +334,7 @@ class RunState:
             # shared Drive) is still evaluated; only its TensorBoard scalars are lost.
             logger.warning("fenwicks: cannot write TensorBoard summaries to %s/%s (%s); "
                            "%s results are returned but not logged there",
-                           self.config.work_dir, kind, _first_line(err), kind)
+                           self.config.work_dir, kind, first_line(err), kind)
             return tf.summary.create_noop_writer()
 
     def close(self) -> None:
