@@ -12,10 +12,11 @@ datasets are one exact pass that keeps the last partial batch.
 
 Modules: `arrays` (numpy_ds), `records` (writing TFRecords), `image_folders` (image
 folders, a CSV of labels or a test folder to TFRecords), `parsers`, `readers`
-(tfrecord_ds), `tfds_source` (tensorflow-datasets), `scan` (checking files), `pipeline`
-(the shared tail), `epochs` (training streams of records that can start at any batch),
-`position` (where a resumed run's training input starts) and `service` (the tf.data
-service: input work on other machines).
+(tfrecord_ds), `tfds_source` (tensorflow-datasets), `scan` (checking files), `options`
+(the pipelines' settings, validated once), `pipeline` (the shared tail), `epochs`
+(training streams of records that can start at any batch), `position` (where a resumed
+run's training input starts) and `service` (the tf.data service: input work on other
+machines).
 """
 
 from fenwicks._removed import removed_error

@@ -7,14 +7,8 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.data import pipeline, position
-from fenwicks.data._checks import (
-    check_batch_size,
-    check_features,
-    check_folds,
-    check_labels,
-    label_dtype,
-    pipeline_shard,
-)
+from fenwicks.data._checks import check_features, check_folds, check_labels, label_dtype
+from fenwicks.data.options import PipelineOptions, Transform
 
 # from_tensor_slices embeds the arrays as graph constants: a protobuf cannot exceed 2 GB.
 _GRAPH_CONSTANT_LIMIT = 2**31 - 2**26
@@ -23,7 +17,7 @@ _GRAPH_CONSTANT_LIMIT = 2**31 - 2**26
 def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: bool = True,
              *, shuffle_buf_sz: int | None = None, seed: int | None = None,
              input_context: tf.distribute.InputContext | None = None,
-             batch_transform: pipeline.Transform | None = None,
+             batch_transform: Transform | None = None,
              deterministic: bool | None = None, n_folds: int = 1,
              val_fold_idx: int = 0) -> tf.data.Dataset:
     """A dataset of ``(features, labels)`` batches drawn from numpy arrays.
@@ -77,51 +71,49 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
     """
     xs = check_features(xs)
     ys = None if ys is None else check_labels(ys, len(xs))
+    options = PipelineOptions(batch_size, training, shuffle_buf_sz=shuffle_buf_sz,
+                              batch_transform=batch_transform, seed=seed,
+                              deterministic=deterministic, input_context=input_context)
     n_folds, val_fold_idx = check_folds(n_folds, val_fold_idx, len(xs))
     if n_folds > 1:
         in_val = np.arange(len(xs)) % n_folds == val_fold_idx
-        rows = np.flatnonzero(~in_val if training else in_val)
+        rows = np.flatnonzero(~in_val if options.training else in_val)
         xs, ys = xs[rows], None if ys is None else ys[rows]
-    batch_size = check_batch_size(batch_size)
-    pipeline.check_shuffle_buffer(shuffle_buf_sz)
-    num_pipelines, pipeline_id = pipeline_shard(input_context)
+    batch_size = options.batch_size
+    num_pipelines, pipeline_id = options.shard
     local = len(range(pipeline_id, len(xs), num_pipelines))
-    if training and local < batch_size:
+    if options.training and local < batch_size:
         raise ValueError(
             f"batch_size={batch_size} is larger than the {local} training examples of this "
             f"input pipeline; a training batch must be full (drop_remainder), so use "
             f"batch_size <= {local}")
-    deterministic = pipeline.default_deterministic(deterministic, seed, training)
     first_batch = 0  # a resumed run's first batch (the constant path reads from 0)
     if _needs_graph_constants():
-        batches = _constant_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed,
-                                    num_pipelines, pipeline_id)
+        batches = _constant_batches(xs, ys, options)
     else:
-        first_batch = position.requested_batches(training)
-        batches = _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed,
-                                    num_pipelines, pipeline_id, deterministic,
-                                    first_batch * batch_size)
-    ds = pipeline.finish(batches, batch_size=batch_size, training=training,
-                         shuffle_buf_sz=None, batch_transform=batch_transform, seed=seed,
-                         deterministic=deterministic, batched=True, first_batch=first_batch)
+        first_batch = position.requested_batches(options.training)
+        batches = _gathered_batches(xs, ys, options, first_batch * batch_size)
+    ds = pipeline.finish(batches, options, batched=True, first_batch=first_batch)
     return position.claim(ds) if first_batch else ds
 
 
-def _gathered_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed, num_pipelines,
-                      pipeline_id, deterministic, first_index) -> tf.data.Dataset:
+def _gathered_batches(xs: np.ndarray, ys: np.ndarray | None, options: PipelineOptions,
+                      first_index: int) -> tf.data.Dataset:
     """Batches of gathered examples; training starts at example ``first_index`` of the
     endless stream of epochs (a resumed run), without gathering anything before it."""
-    if training and shuffle_buf_sz is None:
-        indices = _epoch_permutations(len(xs), num_pipelines, pipeline_id, seed, first_index)
-    elif training:
-        indices = _buffer_shuffled(len(xs), num_pipelines, pipeline_id, seed,
-                                   shuffle_buf_sz, first_index)
+    num_pipelines, pipeline_id = options.shard
+    if options.training and options.shuffle_buf_sz is None:
+        indices = _epoch_permutations(len(xs), num_pipelines, pipeline_id, options.seed,
+                                      first_index)
+    elif options.training:
+        indices = _buffer_shuffled(len(xs), num_pipelines, pipeline_id, options.seed,
+                                   options.shuffle_buf_sz, first_index)
     else:
         indices = tf.data.Dataset.range(len(xs)).shard(num_pipelines, pipeline_id)
-    indices = indices.batch(batch_size, drop_remainder=training)
-    static_batch = batch_size if training else None
+    indices = indices.batch(options.batch_size, drop_remainder=options.training)
+    static_batch = options.batch_size if options.training else None
     return indices.map(_gather_fn(xs, ys, static_batch), num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=deterministic)
+                       deterministic=options.deterministic)
 
 
 def _epoch_permutations(n: int, num_pipelines: int, pipeline_id: int,
@@ -213,8 +205,8 @@ def _needs_graph_constants() -> bool:
     return accel.is_initialized() and accel.current().is_remote
 
 
-def _constant_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed, num_pipelines,
-                      pipeline_id) -> tf.data.Dataset:
+def _constant_batches(xs: np.ndarray, ys: np.ndarray | None,
+                      options: PipelineOptions) -> tf.data.Dataset:
     size = xs.nbytes + (0 if ys is None else ys.nbytes)
     if size > _GRAPH_CONSTANT_LIMIT:
         raise ValueError(
@@ -223,10 +215,12 @@ def _constant_batches(xs, ys, batch_size, training, shuffle_buf_sz, seed, num_pi
             "fw.data.numpy_tfrecord(...) and read them with fw.data.tfrecord_ds(...)")
     ys = None if ys is None else ys.astype(label_dtype(ys), copy=False)
     ds = tf.data.Dataset.from_tensor_slices(xs if ys is None else (xs, ys))
+    num_pipelines, pipeline_id = options.shard
     ds = ds.shard(num_pipelines, pipeline_id)
-    if training:
+    if options.training:
         n = len(range(pipeline_id, len(xs), num_pipelines))
-        ds = ds.shuffle(shuffle_buf_sz or n, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(options.shuffle_buf_sz or n, seed=options.seed,
+                        reshuffle_each_iteration=True)
         ds = ds.repeat()
-    return ds.batch(batch_size, drop_remainder=training)
+    return ds.batch(options.batch_size, drop_remainder=options.training)
 

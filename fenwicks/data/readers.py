@@ -13,7 +13,8 @@ from fenwicks import accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.data import epochs, pipeline, position, service
-from fenwicks.data._checks import RecordError, check_batch_size, check_folds, pipeline_shard
+from fenwicks.data._checks import RecordError, check_folds
+from fenwicks.data.options import PipelineOptions, RecordOptions, Transform, check_record_shuffle
 from fenwicks.data.scan import FileScan, scan_tfrecord
 
 logger = logging.getLogger("fenwicks")
@@ -49,8 +50,8 @@ def count_records(file_pattern: str | Sequence[str]) -> int:
 
 def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: int,
                 training: bool = True, *, shuffle_buf_sz: int = 10_000,
-                cache: bool | str = False, transform: pipeline.Transform | None = None,
-                batch_transform: pipeline.Transform | None = None,
+                cache: bool | str = False, transform: Transform | None = None,
+                batch_transform: Transform | None = None,
                 augmented_epochs: int = 0, seed: int | None = None,
                 deterministic: bool | None = None,
                 input_context: tf.distribute.InputContext | None = None,
@@ -128,70 +129,74 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
         >>> remote = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128,
         ...                              data_service='grpc://10.0.0.2:5050')
     """
-    if data_service is None and processing_mode != "distributed_epoch":
-        raise ValueError(f"processing_mode={processing_mode!r} applies to a tf.data "
-                         "service; pass data_service='grpc://host:port' too, or drop it")
-    if data_service is not None:
-        return _via_service(data_service, processing_mode, seed, training, lambda: tfrecord_ds(
-            file_pattern, parser, batch_size, training, shuffle_buf_sz=shuffle_buf_sz,
-            cache=cache, transform=transform, batch_transform=batch_transform,
-            augmented_epochs=augmented_epochs, seed=seed, deterministic=deterministic,
-            input_context=input_context, skip_corrupt=skip_corrupt, verify=verify,
-            cycle_length=cycle_length, n_folds=n_folds, val_fold_idx=val_fold_idx))
-    batch_size, cache = _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
-                                       training)
+    options = check_record_shuffle(PipelineOptions(
+        batch_size, training, shuffle_buf_sz=shuffle_buf_sz, cache=cache,
+        transform=transform, batch_transform=batch_transform,
+        augmented_epochs=augmented_epochs, seed=seed, deterministic=deterministic,
+        input_context=input_context), "tfrecord_ds")
+    reading = RecordOptions(skip_corrupt=skip_corrupt, verify=verify,
+                            cycle_length=cycle_length, n_folds=n_folds,
+                            val_fold_idx=val_fold_idx, data_service=data_service,
+                            processing_mode=processing_mode)
     if not callable(parser):
         raise ValueError(f"parser={parser!r} must be a function: record -> (features, label)")
-    num_pipelines, pipeline_id = pipeline_shard(input_context)
-    _check_reachable(file_pattern, "file_pattern")
-    if isinstance(cache, str):
-        _check_reachable(cache, "cache")
+    if reading.data_service is not None:
+        return _via_service(reading, options, lambda: _read_records(file_pattern, parser,
+                                                                    options, reading))
+    return _read_records(file_pattern, parser, options, reading)
+
+
+def _read_records(file_pattern: str | Sequence[str], parser: Parser, options: PipelineOptions,
+                  reading: RecordOptions) -> tf.data.Dataset:
+    """`tfrecord_ds` on this host, from validated options."""
+    num_pipelines, pipeline_id = options.shard
+    check_tpu_can_read(file_pattern, "file_pattern")
+    if isinstance(options.cache, str):
+        check_tpu_can_read(options.cache, "cache")
     files = match_files(file_pattern)
-    folds = _fold_spec(files, n_folds, val_fold_idx, training)
+    folds = _fold_spec(files, reading.n_folds, reading.val_fold_idx, options.training)
     by_file = len(files) >= num_pipelines
     if by_file:
         files = files[pipeline_id::num_pipelines]
         folds = folds and Folds(folds.offsets[pipeline_id::num_pipelines], *folds[1:])
-    takes = _usable_records(files, skip_corrupt) if verify else [-1] * len(files)
-    batched = _check_parser(parser, files, verify)
-    deterministic = pipeline.default_deterministic(deterministic, seed, training)
-    source = record_source(files, [0] * len(files), takes, shuffle=training and by_file,
-                           seed=seed, deterministic=deterministic, cycle_length=cycle_length,
-                           ignore_errors=skip_corrupt and not verify,
+    takes = _usable_records(files, reading.skip_corrupt) if reading.verify \
+        else [-1] * len(files)
+    batched = _check_parser(parser, files, reading.verify)
+    deterministic = options.deterministic
+    source = record_source(files, [0] * len(files), takes,
+                           shuffle=options.training and by_file, seed=options.seed,
+                           deterministic=deterministic, cycle_length=reading.cycle_length,
+                           ignore_errors=not reading.counted,
                            shard=None if by_file else (num_pipelines, pipeline_id),
                            folds=folds)
 
     def parse(records: tf.data.Dataset) -> tf.data.Dataset:
         return _parse(records, parser, batched, deterministic)
 
-    suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
-    options = {"batch_size": batch_size, "shuffle_buf_sz": shuffle_buf_sz, "cache": cache,
-               "transform": transform, "batch_transform": batch_transform, "seed": seed,
-               "deterministic": deterministic}
-    if training:
-        counted = not (skip_corrupt and not verify)  # else TensorFlow decides what is lost
+    if options.training:
+        # Unless TensorFlow decides what a damaged file loses, the epoch's size is known.
         size = _records_per_epoch(files, by_file, num_pipelines, pipeline_id, folds) \
-            if counted and position.requested_batches(training) else None
-        return epochs.training_batches(source, parse, size, augmented_epochs=augmented_epochs,
-                                       cache_suffix=suffix, **options)
-    return pipeline.finish(parse(source(None)), training=False, cache_suffix=suffix,
-                           **options)
+            if reading.counted and position.requested_batches(True) else None
+        return epochs.training_batches(source, parse, size, options)
+    return pipeline.finish(parse(source(None)), options)
 
 
-def _via_service(data_service: str, processing_mode: str, seed: int | None,
-                 training: bool, build: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
-    """The pipeline `build` makes, run on tf.data service workers.
+def _via_service(reading: RecordOptions, options: PipelineOptions,
+                 build: Callable[[], tf.data.Dataset]) -> tf.data.Dataset:
+    """The pipeline `build` makes, run on the tf.data service workers at
+    ``reading.data_service``.
 
     The stream is built from its start (a worker cannot honour a mid-epoch position: each
     one builds whole epochs) and claimed as started, so the estimator does not read and
     drop the batches a resumed run already consumed.
     """
-    if not training:
+    data_service, processing_mode = reading.data_service, reading.processing_mode
+    if not options.training:
         raise ValueError(f"data_service={data_service!r} is for training input; "
                          "evaluation and prediction stay on this host (exact evaluation "
                          "needs one ordered pass). Pass data_service=None with "
                          "training=False")
-    service.check_processing_mode(processing_mode, seed)
+    service.check_processing_mode(processing_mode, options.seed)
     service.check_reachable(data_service, "data_service")
     resumed = position.requested_batches(True)
     with position.resume_at(0):
@@ -248,14 +253,6 @@ def _fold_spec(files: list[str], n_folds: Any, val_fold_idx: Any,
         return None
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
     return Folds(offsets, int(n_folds), int(val_fold_idx), bool(training))
-
-
-def _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
-                   training) -> tuple[int, bool | str]:
-    """Validates the options tfrecord_ds and tfds_ds share; returns batch size and cache."""
-    pipeline.check_shuffle_buffer(shuffle_buf_sz)
-    pipeline.check_augmented_epochs(augmented_epochs, training)
-    return check_batch_size(batch_size), pipeline.check_cache(cache)
 
 
 def _usable_records(files: list[str], skip_corrupt: bool) -> list[int]:
@@ -396,15 +393,16 @@ def _in_folds(records: tf.data.Dataset, folds: Folds, first: tf.Tensor) -> tf.da
     return indexed.filter(selected).map(lambda _index, record: record)
 
 
-def _remote() -> bool:
+def tpu_is_remote() -> bool:
+    """True on a TPU reached over the network (a TPU node), which reads only gs://."""
     return accel.is_initialized() and accel.current().is_remote
 
 
-def _check_reachable(path: str | Sequence[str], name: str) -> None:
+def check_tpu_can_read(path: str | Sequence[str], name: str) -> None:
     """A TPU node (reached over the network) reads only gs://, not the notebook's disk."""
     paths = [path] if isinstance(path, str) else list(path)
     local = [p for p in paths if not fw_io.is_gcs(p)]
-    if local and _remote():
+    if local and tpu_is_remote():
         raise ValueError(f"{name}={local[0]!r} is local, but this TPU is reached over the "
                          "network and reads only gs:// paths; copy the files to a bucket "
                          "first, e.g. fw.io.stage(local_path, project)")

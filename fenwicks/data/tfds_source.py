@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from fenwicks import io as fw_io
 from fenwicks.data import epochs, pipeline, readers
-from fenwicks.data._checks import pipeline_shard
-from fenwicks.data.readers import _check_options, _check_reachable, _remote
+from fenwicks.data.options import PipelineOptions, Transform, check_record_shuffle
+from fenwicks.data.readers import check_tpu_can_read, tpu_is_remote
 
 # tfds fetches prepared data from its bucket (gs://tfds-data) and most sources from
 # Google's storage: if that host does not answer, a download cannot work.
@@ -158,8 +158,8 @@ def tfds_load(name: str, split: Any = None, data_dir: str | None = None,
 
 def tfds_ds(name: str, split: str, batch_size: int, training: bool = True, *,
             data_dir: str | None = None, shuffle_buf_sz: int = 10_000,
-            cache: bool | str = False, transform: pipeline.Transform | None = None,
-            batch_transform: pipeline.Transform | None = None,
+            cache: bool | str = False, transform: Transform | None = None,
+            batch_transform: Transform | None = None,
             augmented_epochs: int = 0, seed: int | None = None,
             deterministic: bool | None = None,
             input_context: tf.distribute.InputContext | None = None,
@@ -194,39 +194,33 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True, *,
     Example:
         >>> ds = fw.data.tfds_ds('cifar10', 'train', 128, data_dir='gs://bucket/tfds')
     """
-    import tensorflow_datasets as tfds
+    options = check_record_shuffle(PipelineOptions(
+        batch_size, training, shuffle_buf_sz=shuffle_buf_sz, cache=cache,
+        transform=transform, batch_transform=batch_transform,
+        augmented_epochs=augmented_epochs, seed=seed, deterministic=deterministic,
+        input_context=input_context), "tfds_ds")
+    import tensorflow_datasets as tfds  # after the checks: a bad option fails at once
 
-    batch_size, cache = _check_options(batch_size, shuffle_buf_sz, cache, augmented_epochs,
-                                       training)
-    num_pipelines, pipeline_id = pipeline_shard(input_context)
+    num_pipelines, pipeline_id = options.shard
     builder = tfds_builder(name, data_dir, download)
     by_file = len(builder.info.splits[split].file_instructions) >= num_pipelines
-    deterministic = pipeline.default_deterministic(deterministic, seed, training)
-    suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
     files = _record_files(builder, split) if training else None
     if files is not None:
         if by_file:
             files = files[pipeline_id::num_pipelines]
         return _training_batches(builder, files, None if by_file else (num_pipelines,
-                                                                       pipeline_id),
-                                 batch_size=batch_size, shuffle_buf_sz=shuffle_buf_sz,
-                                 cache=cache, transform=transform,
-                                 batch_transform=batch_transform,
-                                 augmented_epochs=augmented_epochs, seed=seed,
-                                 deterministic=deterministic, cache_suffix=suffix)
+                                                                       pipeline_id), options)
     # Sharding by example needs the same file order in every pipeline: no file shuffle
     # (the shuffle buffer still mixes examples).
     read_config = tfds.ReadConfig(input_context=input_context if by_file else None,
-                                  shuffle_seed=seed, interleave_cycle_length=16,
+                                  shuffle_seed=options.seed, interleave_cycle_length=16,
                                   try_autocache=False)
     ds = builder.as_dataset(split=split, as_supervised=True,
-                            shuffle_files=training and by_file, read_config=read_config)
+                            shuffle_files=options.training and by_file,
+                            read_config=read_config)
     if not by_file:
         ds = ds.shard(num_pipelines, pipeline_id)
-    return pipeline.finish(ds, batch_size=batch_size, training=training,
-                           shuffle_buf_sz=shuffle_buf_sz, cache=cache, transform=transform,
-                           batch_transform=batch_transform, augmented_epochs=augmented_epochs,
-                           seed=seed, deterministic=deterministic, cache_suffix=suffix)
+    return pipeline.finish(ds, options)
 
 
 def _record_files(builder: Any, split: str) -> list[tuple[str, int, int]] | None:
@@ -246,13 +240,14 @@ def _record_files(builder: Any, split: str) -> list[tuple[str, int, int]] | None
 
 
 def _training_batches(builder: Any, files: list[tuple[str, int, int]],
-                      shard: tuple[int, int] | None, **options: Any) -> tf.data.Dataset:
+                      shard: tuple[int, int] | None,
+                      options: PipelineOptions) -> tf.data.Dataset:
     """tfds' TFRecord files through the same epoch stream as `tfrecord_ds`: each example is
     read and decoded as tfds does (``features.deserialize_example``)."""
     names, skips, takes = (list(column) for column in zip(*files, strict=True))
     source = readers.record_source(names, skips, takes, shuffle=shard is None,
-                                   seed=options["seed"], cycle_length=16,
-                                   deterministic=options["deterministic"], shard=shard)
+                                   seed=options.seed, cycle_length=16,
+                                   deterministic=options.deterministic, shard=shard)
     features, (image_key, label_key) = builder.info.features, builder.info.supervised_keys
 
     def parse(records: tf.data.Dataset) -> tf.data.Dataset:
@@ -261,16 +256,17 @@ def _training_batches(builder: Any, files: list[tuple[str, int, int]],
             return example[image_key], example[label_key]
 
         return records.map(supervised, num_parallel_calls=pipeline.AUTOTUNE,
-                           deterministic=options["deterministic"])
+                           deterministic=options.deterministic)
 
     total = sum(takes)
     size = total if shard is None else len(range(shard[1], total, shard[0]))
-    return epochs.training_batches(source, parse, size, **options)
+    return epochs.training_batches(source, parse, size, options)
 
 
 def _tfds_dir(data_dir: str | None) -> str | None:
     """tfds' own default locally; ``<storage root>/tensorflow_datasets`` on a TPU node."""
     if data_dir is None:
-        return fw_io.join(fw_io.default_root(), "tensorflow_datasets") if _remote() else None
-    _check_reachable(data_dir, "data_dir")
+        remote = tpu_is_remote()
+        return fw_io.join(fw_io.default_root(), "tensorflow_datasets") if remote else None
+    check_tpu_can_read(data_dir, "data_dir")
     return data_dir
