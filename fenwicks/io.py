@@ -48,6 +48,7 @@ from typing import Any
 from fenwicks import _deadline, gcs
 from fenwicks._deadline import StorageTimeoutError
 from fenwicks._text import first_line
+from fenwicks.archives import unzip
 
 GCS_PREFIX = "gs://"
 ROOT_ENV = "FENWICKS_ROOT"
@@ -56,7 +57,7 @@ BUCKET_ENV = "FENWICKS_BUCKET"
 __all__ = ["BucketNotFoundError", "StorageTimeoutError", "TransferError", "check_bucket",
            "copy", "create_clean_dir", "default_root", "download", "exists",
            "get_project_dirs", "glob", "is_gcs", "join", "listdir", "makedirs", "stage",
-           "upload"]
+           "unzip", "upload", "upload_to_gcs"]
 GCS_CONNECT_TIMEOUT = 30  # seconds to open a connection to GCS, per attempt
 GCS_STALL_TIMEOUT = 60  # seconds without a byte from GCS before an attempt is retried
 STALL_TIMEOUT_ENV = "FENWICKS_GCS_STALL_TIMEOUT"
@@ -711,131 +712,18 @@ def _progress_callback(progress: bool, label: str) -> Any:
 
 
 # --------------------------------------------------------- original-Fenwicks compatibility
-# `unzip` and `upload_to_gcs` keep the original Fenwicks names and arguments. Archives are
-# unpacked member by member: every member's target is checked to lie inside dest_dir and
-# links and device files are refused, so a crafted archive cannot write elsewhere.
-
-
-def unzip(fn: str | list[str], dest_dir: str = ".", overwrite: bool = False) -> list[str]:
-    """Unpacks ``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.bz2``, ``.tar.xz`` or
-    ``.7z`` archives (one path or a list) into ``dest_dir``.
-
-    Only regular files and folders are unpacked; a member whose path would leave
-    ``dest_dir`` (``../x``, ``/etc/x``), a link or a device file is an error before
-    anything is written. ``.7z`` needs ``pip install py7zr``.
-
-    Args:
-        fn: archive path, or a list of them.
-        dest_dir: where to unpack. Defaults to ``'.'``.
-        overwrite: unpack even if ``dest_dir`` exists (replacing files). Defaults to
-            False: an existing ``dest_dir`` is left alone, as the original did.
-
-    Returns:
-        The files written, sorted (empty if ``dest_dir`` existed).
-
-    Raises:
-        ValueError: an unknown archive type, or an unsafe member (named).
-
-    Example:
-        >>> fw.io.unzip(['./train.7z', './test.7z'], './data')
-    """
-    archives = [fn] if isinstance(fn, (str, os.PathLike)) else list(fn)
-    if os.path.exists(dest_dir) and not overwrite:
-        return []
-    dest = os.path.realpath(dest_dir)
-    written: list[str] = []
-    for archive in archives:
-        written += _unpack(os.fspath(archive), dest)
-    return sorted(written)
-
-
-def _member_target(dest: str, name: str, archive: str) -> str:
-    target = os.path.realpath(os.path.join(dest, name))
-    if os.path.isabs(name) or os.path.commonpath([dest, target]) != dest:
-        raise ValueError(f"{archive}: member {name!r} would be written outside "
-                         f"dest_dir={dest!r}; refusing to unpack this archive")
-    return target
-
-
-def _write_member(target: str, source: Any) -> str:
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(target, "wb") as out:
-        shutil.copyfileobj(source, out)
-    return target
-
-
-def _unpack(archive: str, dest: str) -> list[str]:
-    lower = archive.lower()
-    if lower.endswith(".zip"):
-        return _unpack_zip(archive, dest)
-    if lower.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")):
-        return _unpack_tar(archive, dest)
-    if lower.endswith(".7z"):
-        return _unpack_7z(archive, dest)
-    raise ValueError(f"fn={archive!r}: unknown archive type; give a .zip, .tar(.gz/.bz2/.xz)"
-                     " or .7z file")
-
-
-def _unpack_zip(archive: str, dest: str) -> list[str]:
-    import zipfile
-
-    with zipfile.ZipFile(archive) as zf:
-        members = zf.infolist()
-        targets = [_member_target(dest, m.filename, archive) for m in members]
-        for member in members:  # a symlink is stored as a file with S_IFLNK mode bits
-            if (member.external_attr >> 16) & 0o170000 == 0o120000:
-                raise ValueError(f"{archive}: member {member.filename!r} is a symbolic "
-                                 "link; refusing to unpack this archive")
-        written = []
-        for member, target in zip(members, targets, strict=True):
-            if member.is_dir():
-                os.makedirs(target, exist_ok=True)
-                continue
-            with zf.open(member) as source:
-                written.append(_write_member(target, source))
-    return written
-
-
-def _unpack_tar(archive: str, dest: str) -> list[str]:
-    import tarfile
-
-    with tarfile.open(archive) as tf_archive:
-        members = tf_archive.getmembers()
-        targets = [_member_target(dest, m.name, archive) for m in members]
-        for member in members:
-            if not (member.isfile() or member.isdir()):
-                raise ValueError(f"{archive}: member {member.name!r} is a link or special "
-                                 "file; refusing to unpack this archive")
-        written = []
-        for member, target in zip(members, targets, strict=True):
-            if member.isdir():
-                os.makedirs(target, exist_ok=True)
-                continue
-            with tf_archive.extractfile(member) as source:
-                written.append(_write_member(target, source))
-    return written
-
-
-def _unpack_7z(archive: str, dest: str) -> list[str]:
-    try:
-        import py7zr
-    except ImportError as err:
-        raise ImportError(f"fn={archive!r} is a .7z archive: pip install py7zr") from err
-    with py7zr.SevenZipFile(archive) as sz:
-        members = sz.list()
-        for member in members:
-            _member_target(dest, member.filename, archive)
-            if getattr(member, "is_symlink", False):
-                raise ValueError(f"{archive}: member {member.filename!r} is a symbolic "
-                                 "link; refusing to unpack this archive")
-        # Every name was checked above; py7zr then writes those members under dest.
-        sz.extract(path=dest, targets=[m.filename for m in members])
-    return [os.path.join(dest, m.filename) for m in members if not m.is_directory]
+# `upload_to_gcs` and `unzip` (from fenwicks.archives, which checks every member before it
+# writes) keep the original Fenwicks names and arguments.
 
 
 def upload_to_gcs(local_path: str, gcs_path: str) -> list[str]:
-    """The original Fenwicks call: copies a local file to the full path ``gs_path``,
+    """The original Fenwicks call: copies a local file to the full path ``gcs_path``,
     skipping it if that exists. New code: ``fw.io.upload(local_path, remote_dir)``.
+
+    Args:
+        local_path: the local file to copy.
+        gcs_path: the full destination path, ``gs://bucket/.../name`` (a local path
+            works too).
 
     Returns:
         The paths written (empty if ``gcs_path`` already existed).

@@ -132,10 +132,10 @@ def test_gcs_flows_never_show_the_bearer_token(credential, gcs_fault_emulator, t
 _FORBIDDEN_MODULES = {"pickle", "cPickle", "dill", "joblib", "marshal", "shelve", "tarfile",
                       "zipfile"}
 _FORBIDDEN_CALLS = {"unpack_archive", "extractall", "load_model", "eval", "exec"}
-# fw.io.unzip reads archives member by member, refusing any member whose path leaves the
-# target folder and any link (tests/test_io.py::test_unzip_refuses_*): the one place that
+# fw.io.unzip (fenwicks/archives.py) reads archives member by member, refusing any member whose
+# path leaves the target folder and any link (tests/test_archives.py): the one place that
 # may open archive modules. It never calls extractall/unpack_archive (still forbidden).
-_ARCHIVE_READER = ("fenwicks/io.py", {"tarfile", "zipfile"})
+_ARCHIVE_READER = ("fenwicks/archives.py", {"tarfile", "zipfile"})
 
 
 def _source_files() -> list[pathlib.Path]:

@@ -1,0 +1,142 @@
+"""fenwicks.archives through fw.io.unzip: zip, tar and 7z unpacked member by member, and
+every unsafe archive (paths outside dest_dir, links, more bytes than max_bytes or the disk
+has) refused by name before anything is written."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+
+import fenwicks as fw
+from fenwicks import archives
+
+
+def _zip(path, members: dict[str, bytes]) -> str:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return str(path)
+
+
+def _tar(path, members: dict[str, bytes], symlink: str | None = None) -> str:
+    import io as io_lib
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tf_archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf_archive.addfile(info, io_lib.BytesIO(data))
+        if symlink:
+            info = tarfile.TarInfo(symlink)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tf_archive.addfile(info)
+    return str(path)
+
+
+def test_unzip_unpacks_zip_and_tar_lists(tmp_path):
+    a = _zip(tmp_path / "train.zip", {"train/1.png": b"one", "train/sub/2.png": b"two"})
+    b = _tar(tmp_path / "test.tar.gz", {"test/3.png": b"three"})
+    dest = tmp_path / "data"
+    written = fw.io.unzip([a, b], str(dest))
+    assert written == sorted(str(dest / p) for p in ("train/1.png", "train/sub/2.png",
+                                                     "test/3.png"))
+    assert (dest / "train/sub/2.png").read_bytes() == b"two"
+    assert (dest / "test/3.png").read_bytes() == b"three"
+    assert fw.io.unzip(a, str(dest)) == []  # dest_dir exists: left alone, as the original
+    (dest / "train/1.png").write_bytes(b"changed")
+    fw.io.unzip(a, str(dest), overwrite=True)
+    assert (dest / "train/1.png").read_bytes() == b"one"
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "/tmp/abs-escape.txt", "a/../../up.txt"])
+def test_unzip_refuses_members_outside_dest_dir(tmp_path, name):
+    dest = tmp_path / "deep" / "dest"
+    for archive in (_zip(tmp_path / "bad.zip", {"ok.txt": b"ok", name: b"evil"}),
+                    _tar(tmp_path / "bad.tar.gz", {"ok.txt": b"ok", name: b"evil"})):
+        with pytest.raises(ValueError, match="outside dest_dir"):
+            fw.io.unzip(archive, str(dest), overwrite=True)
+    assert not (dest / "ok.txt").exists()  # checked before anything is written
+    assert not any(p.name in ("escape.txt", "up.txt") for p in tmp_path.rglob("*"))
+
+
+def test_unzip_refuses_links_and_unknown_types(tmp_path):
+    archive = _tar(tmp_path / "link.tar.gz", {"ok.txt": b"ok"}, symlink="passwd")
+    with pytest.raises(ValueError, match="link"):
+        fw.io.unzip(archive, str(tmp_path / "d"))
+    (tmp_path / "x.rar").write_bytes(b"Rar!")
+    with pytest.raises(ValueError, match="unknown archive type"):
+        fw.io.unzip(str(tmp_path / "x.rar"), str(tmp_path / "e"))
+
+
+def test_unzip_unpacks_7z(tmp_path):
+    import py7zr  # a test dependency (setup.py, extra "test"): never skipped
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "1.png").write_bytes(b"png-bytes")
+    with py7zr.SevenZipFile(tmp_path / "train.7z", "w") as archive:
+        archive.write(tmp_path / "src" / "1.png", "train/1.png")
+    written = fw.io.unzip([str(tmp_path / "train.7z")], str(tmp_path / "data"))
+    assert written == [str(tmp_path / "data" / "train" / "1.png")]
+    assert (tmp_path / "data" / "train" / "1.png").read_bytes() == b"png-bytes"
+    with py7zr.SevenZipFile(tmp_path / "bad.7z", "w") as archive:
+        archive.write(tmp_path / "src" / "1.png", "../escape.png")
+    with pytest.raises(ValueError, match="outside dest_dir"):
+        fw.io.unzip(str(tmp_path / "bad.7z"), str(tmp_path / "d2"))
+    assert not (tmp_path / "escape.png").exists()
+
+
+
+
+# ------------------------------------------------------------------------- size limits
+
+
+def test_a_zip_of_zeros_over_max_bytes_is_refused_by_name_before_writing(tmp_path):
+    # 300,000 zero bytes deflate to well under 1 kB: a small zip bomb
+    bomb = _zip(tmp_path / "zeros.zip", {"a.bin": bytes(200_000), "b.bin": bytes(100_000)})
+    assert (tmp_path / "zeros.zip").stat().st_size < 2_000
+    dest = tmp_path / "out"
+    with pytest.raises(ValueError) as refused:
+        fw.io.unzip(bomb, str(dest), max_bytes=250_000)
+    message = str(refused.value)
+    assert bomb in message and "300,000 bytes (293.0 KiB)" in message  # 300000 / 1024
+    assert "in 2 member(s)" in message and "max_bytes=250000" in message
+    assert "Nothing was written" in message and not dest.exists()
+    # the limit is inclusive: exactly 300,000 bytes unpack
+    written = fw.io.unzip(bomb, str(dest), max_bytes=300_000)
+    assert [p.rsplit("/", 1)[-1] for p in written] == ["a.bin", "b.bin"]
+    assert (dest / "a.bin").read_bytes() == bytes(200_000)
+
+
+def test_the_limit_counts_every_archive_of_the_call_together(tmp_path):
+    first = _zip(tmp_path / "one.zip", {"one.bin": bytes(6_000)})
+    second = _tar(tmp_path / "two.tar.gz", {"two.bin": bytes(5_000)})
+    dest = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"two\.tar\.gz unpacks to 5,000 bytes .* after "
+                                         r"6,000 bytes .* max_bytes=10000"):
+        fw.io.unzip([first, second], str(dest), max_bytes=10_000)
+    assert not dest.exists()  # not even the first archive, which fits on its own
+    assert len(fw.io.unzip([first, second], str(dest), max_bytes=None)) == 2
+
+
+def test_the_default_limit_is_20_gib_and_bad_limits_are_named(tmp_path):
+    import inspect
+
+    default = inspect.signature(fw.io.unzip).parameters["max_bytes"].default
+    assert default == archives.DEFAULT_MAX_BYTES == 21_474_836_480  # 20 * 1024 ** 3
+    archive = _zip(tmp_path / "small.zip", {"x.bin": bytes(2_048)})
+    for bad in (0, -5, 1.5, "1GB", True):
+        with pytest.raises(ValueError, match=f"max_bytes={bad!r} must be a positive"):
+            fw.io.unzip(archive, str(tmp_path / "e"), max_bytes=bad)
+    assert not (tmp_path / "e").exists()
+
+
+def test_more_than_the_disk_has_free_is_refused_before_writing(tmp_path, monkeypatch):
+    archive = _zip(tmp_path / "big.zip", {"x.bin": bytes(4_096)})
+    usage = archives.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(archives.shutil, "disk_usage",
+                        lambda path: usage._replace(free=4_095))
+    with pytest.raises(OSError, match=r"4,096 bytes .* has 4,095 bytes .* free"):
+        fw.io.unzip(archive, str(tmp_path / "deep" / "out"))
+    assert not (tmp_path / "deep").exists()
