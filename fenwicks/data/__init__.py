@@ -27,6 +27,7 @@ from fenwicks.data.image_folders import (
     class_folders_tfrecord,
     data_dir_label_csv_tfrecord,
     data_dir_no_label_tfrecord,
+    data_dir_tfrecord,
 )
 from fenwicks.data.parsers import (
     get_tfexample_image_parser,
@@ -35,7 +36,6 @@ from fenwicks.data.parsers import (
 )
 from fenwicks.data.readers import count_records, match_files, tfrecord_ds
 from fenwicks.data.records import (
-    data_dir_tfrecord,
     files_tfrecord,
     image_example,
     numpy_tfrecord,

@@ -1,5 +1,6 @@
 """Image files on disk to TFRecords, in the layouts Kaggle competitions ship: one folder
-per class, one folder plus a CSV of labels, or one unlabelled test folder.
+per class (`data_dir_tfrecord`, `class_folders_tfrecord`), one folder plus a CSV of
+labels, or one unlabelled test folder. Built on the writers of `records`.
 
 Each writer returns what a notebook needs next: the image paths in the order they were
 written (so prediction ``i`` belongs to ``paths[i]``), their integer labels and the class
@@ -58,6 +59,36 @@ def _images_in(folder: str, file_ext: str | None) -> list[str]:
                   if f.lower().endswith(ends) and not tf.io.gfile.isdir(_join(folder, f)))
 
 
+def _class_folders(data_dir: str, file_ext: str | None,
+                   exclude_dirs: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """Class names (the sorted sub-folders, less ``exclude_dirs``) and each one's images.
+
+    A class folder with no images is an error: its class id would exist with no example,
+    which trains a class the model can never be shown and is most often a wrong path or
+    a file_ext that does not match.
+    """
+    if not tf.io.gfile.isdir(data_dir):
+        raise FileNotFoundError(f"data_dir={data_dir!r} is not a directory")
+    names = sorted(d.rstrip("/") for d in tf.io.gfile.listdir(data_dir)
+                   if tf.io.gfile.isdir(_join(data_dir, d))
+                   and d.rstrip("/") not in set(exclude_dirs))
+    if not names:
+        raise ValueError(f"data_dir={data_dir!r} has no class sub-folders; expected one "
+                         "folder of images per class, e.g. data_dir/cat/1.jpg, "
+                         "data_dir/dog/2.jpg")
+    files = [_images_in(_join(data_dir, name), file_ext) for name in names]
+    empty = [name for name, found in zip(names, files, strict=True) if not found]
+    if empty:
+        kinds = f".{file_ext.lstrip('.')}" if file_ext else "JPEG, PNG, GIF or BMP"
+        more = f" (nor do {len(empty) - 1} more: {empty[1:4]})" if len(empty) > 1 else ""
+        raise ValueError(
+            f"class folder {_join(data_dir, empty[0])!r} holds no {kinds} image{more}; "
+            f"its class {empty[0]!r} (id {names.index(empty[0])}) would have no "
+            "example. Add its images or remove the folder; class_folders_tfrecord (and "
+            f"data_dir_tfrecord with shuffle=) can skip it: exclude_dirs=[{empty[0]!r}]")
+    return names, files
+
+
 def class_folders_tfrecord(data_dir: str, output_fn: str, shuffle: bool = True,
                            overwrite: bool = False, file_ext: str | None = None,
                            exclude_dirs: Sequence[str] = (), num_shards: int = 1,
@@ -86,17 +117,9 @@ def class_folders_tfrecord(data_dir: str, output_fn: str, shuffle: bool = True,
         >>> paths, y, labels = fw.data.class_folders_tfrecord('/data/flowers', fn)
     """
     records.check_writable(output_fn, overwrite)
-    labels = sorted(d.rstrip("/") for d in tf.io.gfile.listdir(data_dir)
-                    if tf.io.gfile.isdir(_join(data_dir, d))
-                    and d.rstrip("/") not in set(exclude_dirs))
-    if not labels:
-        raise ValueError(f"data_dir={data_dir!r} has no class sub-folders; expected e.g. "
-                         "data_dir/cat/1.jpg, data_dir/dog/2.jpg")
-    paths, y = [], []
-    for class_id, name in enumerate(labels):
-        found = _images_in(_join(data_dir, name), file_ext)
-        paths += found
-        y += [class_id] * len(found)
+    labels, files = _class_folders(data_dir, file_ext, exclude_dirs)
+    paths = [path for found in files for path in found]
+    y = [class_id for class_id, found in enumerate(files) for _ in found]
     paths, y = _shuffled(paths, y, shuffle, seed)
     records.files_tfrecord(output_fn, paths, y, num_shards, overwrite)
     return ImageFiles(paths, y, labels)
@@ -204,3 +227,83 @@ def data_dir_no_label_tfrecord(data_dir: str, output_fn: str, shuffle: bool = Fa
     examples = (records.unlabelled_example(records.read_image(p)) for p in paths)
     records.write_records(output_fn, examples, 1, overwrite)
     return paths
+
+
+def data_dir_tfrecord(data_dir: str, fn: str, valid_fraction: float = 0.0,
+                      valid_fn: str | None = None, num_shards: int = 1,
+                      overwrite: bool = False, seed: int = 0, *,
+                      shuffle: bool | None = None, file_ext: str | None = None,
+                      exclude_dirs: Sequence[str] = ()) -> Any:
+    """Writes a one-folder-per-class image tree (the Kaggle layout) as TFRecords.
+
+    Class ids follow the sorted folder names. Examples are shuffled (seeded) before
+    writing, so shards mix classes. With ``valid_fraction``, that fraction of each class
+    (rounded) goes to ``valid_fn`` instead: a stratified split.
+
+    Args:
+        data_dir: folder holding one sub-folder of images per class.
+        fn: output path for the (training) records.
+        valid_fraction: fraction of each class held out for validation. Defaults to 0.
+        valid_fn: output path for the validation records; required with a split.
+        num_shards: files per output. Defaults to 1.
+        overwrite: replace earlier writes. Defaults to False (refuse).
+        seed: seeds the shuffle and the split. Defaults to 0.
+        shuffle: the original Fenwicks form: given (True or False), no split is made,
+            the records are written in random (seeded) or folder order, and the result
+            is `ImageFiles` ``(paths, y, labels)`` in record order, as
+            `class_folders_tfrecord` returns. Defaults to None (the form above).
+        file_ext: with ``shuffle``, only files with this extension. Defaults to None
+            (JPEG, PNG, GIF and BMP).
+        exclude_dirs: with ``shuffle``, sub-folders that are not classes.
+
+    Returns:
+        The class names, index = class id; with ``shuffle`` given, ``(paths, y, labels)``.
+
+    Example:
+        >>> classes = fw.data.data_dir_tfrecord('/kaggle/input/flowers', 'gs://b/train',
+        ...                                     valid_fraction=0.1, valid_fn='gs://b/valid')
+        >>> paths, y, labels = fw.data.data_dir_tfrecord(flowers_dir, fn, shuffle=True)
+    """
+    if shuffle is not None or file_ext is not None or exclude_dirs:
+        if valid_fraction or valid_fn is not None:
+            raise ValueError("shuffle=, file_ext= and exclude_dirs= write one file (the "
+                             "original Fenwicks form); split with tfrecord_ds(..., n_folds=)"
+                             " or drop them to use valid_fraction=/valid_fn=")
+        return class_folders_tfrecord(data_dir, fn, True if shuffle is None else shuffle,
+                                      overwrite, file_ext, exclude_dirs, num_shards, seed)
+    _check_split(fn, valid_fraction, valid_fn)
+    for out in (fn, valid_fn):  # check both before writing either: fail without side effects
+        if out is not None:
+            records.check_writable(out, overwrite)
+    names, files = _class_folders(data_dir, None, ())
+    rng = random.Random(seed)
+    train, valid = [], []
+    for label, class_files in enumerate(files):
+        class_files = list(class_files)
+        rng.shuffle(class_files)
+        n_valid = int(round(valid_fraction * len(class_files)))
+        valid += [(p, label) for p in class_files[:n_valid]]
+        train += [(p, label) for p in class_files[n_valid:]]
+    for name, pairs in (("training", train), ("validation", valid)):
+        if not pairs and (name == "training" or valid_fraction > 0):
+            raise ValueError(f"the {name} split of data_dir={data_dir!r} is empty: no "
+                             f"{', '.join(records.IMAGE_EXTENSIONS)} files, or valid_fraction="
+                             f"{valid_fraction} leaves none")
+    for out, pairs in ((fn, train), (valid_fn, valid)):
+        if out is not None and pairs:
+            rng.shuffle(pairs)
+            records.files_tfrecord(out, [p for p, _ in pairs],
+                                   [label for _, label in pairs], num_shards, overwrite)
+    return names
+
+
+def _check_split(fn: str, valid_fraction: float, valid_fn: str | None) -> None:
+    if not 0 <= valid_fraction < 1:
+        raise ValueError(f"valid_fraction={valid_fraction!r} must be in [0, 1)")
+    if valid_fraction > 0 and valid_fn is None:
+        raise ValueError(f"valid_fraction={valid_fraction} needs valid_fn, the path for the "
+                         "validation records")
+    if valid_fn is not None and (valid_fn.startswith(fn) or fn.startswith(valid_fn)):
+        raise ValueError(f"fn={fn!r} and valid_fn={valid_fn!r}: one is a prefix of the "
+                         "other, so the pattern fn + '*' would read both splits; use e.g. "
+                         "'.../train' and '.../valid'")

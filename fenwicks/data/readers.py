@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from fenwicks import accel
+from fenwicks import _checks, accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.data import epochs, pipeline, position, service
@@ -39,13 +39,35 @@ def match_files(file_pattern: str | Sequence[str]) -> list[str]:
     return files
 
 
-def count_records(file_pattern: str | Sequence[str]) -> int:
-    """Readable records in the files matching ``file_pattern`` (e.g. for steps_per_epoch).
+def count_records(file_pattern: str | Sequence[str], *, skip_corrupt: bool = False) -> int:
+    """Records in the files matching ``file_pattern`` (e.g. for steps_per_epoch).
+
+    Each file is walked once (cached, shared with `tfrecord_ds`), so a damaged file is
+    found here, as `tfrecord_ds` would find it, not counted short in silence.
+
+    Args:
+        file_pattern: glob pattern(s), local or ``gs://``.
+        skip_corrupt: count a damaged file's readable records (those before the damage),
+            which is what ``tfrecord_ds(..., skip_corrupt=True)`` reads. Defaults to False:
+            a damaged file is an error.
+
+    Raises:
+        FileNotFoundError: if ``file_pattern`` matches nothing.
+        RecordError: naming the first damaged (truncated or corrupted) file.
 
     Example:
         >>> steps_per_epoch = fw.data.count_records('/tmp/cifar/train*') // 512
     """
-    return sum(scan_tfrecord(f).records for f in match_files(file_pattern))
+    skip_corrupt = _checks.boolean("skip_corrupt", skip_corrupt)
+    scans = [scan_tfrecord(f) for f in match_files(file_pattern)]
+    damaged = [s for s in scans if s.problem]
+    if damaged and not skip_corrupt:
+        raise RecordError(
+            f"{damaged[0].path} is damaged: {damaged[0].problem}; {len(damaged)} of "
+            f"{len(scans)} file(s) are damaged, so the count would be short. Re-create the "
+            f"file, or pass skip_corrupt=True to count the {damaged[0].records} good "
+            "record(s) before the damage (what tfrecord_ds(..., skip_corrupt=True) reads)")
+    return sum(s.records for s in scans)
 
 
 def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: int,

@@ -1,4 +1,5 @@
-"""Writing TFRecord files: numpy arrays, encoded image files, one-folder-per-class trees.
+"""Writing TFRecord files: numpy arrays and encoded image files (folder layouts of image
+files are `image_folders`, built on these writers).
 
 Records stream to disk one at a time (constant memory) into a hidden temporary file
 beside the target, which is renamed to its final name only after every shard closed
@@ -12,10 +13,8 @@ import contextlib
 import logging
 import os
 import posixpath
-import random
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -182,10 +181,6 @@ def unlabelled_example(image: bytes) -> bytes:
 
 def read_image(path: str) -> bytes:
     """An image file's bytes; a ValueError if it is not a JPEG, PNG, GIF or BMP."""
-    return _read_image(path)
-
-
-def _read_image(path: str) -> bytes:
     with tf.io.gfile.GFile(path, "rb") as f:
         data = f.read()
     if image_format(data) is None:
@@ -220,103 +215,5 @@ def files_tfrecord(fn: str, paths: Sequence[str], labels: Sequence[int], num_sha
     labels = check_labels(labels, len(paths), "labels")
     if labels.dtype.kind == "f":
         raise ValueError(f"labels has dtype {labels.dtype}; give integer class ids")
-    records = (image_example(_read_image(p), label) for p, label in zip(paths, labels, strict=True))
+    records = (image_example(read_image(p), label) for p, label in zip(paths, labels, strict=True))
     return write_records(fn, records, num_shards, overwrite)
-
-
-def _class_files(data_dir: str) -> tuple[list[str], list[list[str]]]:
-    """Class names (sorted sub-folder names) and the image files in each."""
-    if not tf.io.gfile.isdir(data_dir):
-        raise FileNotFoundError(f"data_dir={data_dir!r} is not a directory")
-    names = sorted(d.rstrip("/") for d in tf.io.gfile.listdir(data_dir)
-                   if tf.io.gfile.isdir(posixpath.join(data_dir, d)))
-    if not names:
-        raise ValueError(f"data_dir={data_dir!r} has no sub-folders; expected one folder "
-                         "of images per class, e.g. data_dir/cat/1.jpg, data_dir/dog/2.jpg")
-    files = []
-    for name in names:
-        folder = posixpath.join(data_dir, name)
-        files.append(sorted(posixpath.join(folder, f) for f in tf.io.gfile.listdir(folder)
-                            if f.lower().endswith(IMAGE_EXTENSIONS)))
-    return names, files
-
-
-def data_dir_tfrecord(data_dir: str, fn: str, valid_fraction: float = 0.0,
-                      valid_fn: str | None = None, num_shards: int = 1,
-                      overwrite: bool = False, seed: int = 0, *,
-                      shuffle: bool | None = None, file_ext: str | None = None,
-                      exclude_dirs: Sequence[str] = ()) -> Any:
-    """Writes a one-folder-per-class image tree (the Kaggle layout) as TFRecords.
-
-    Class ids follow the sorted folder names. Examples are shuffled (seeded) before
-    writing, so shards mix classes. With ``valid_fraction``, that fraction of each class
-    (rounded) goes to ``valid_fn`` instead: a stratified split.
-
-    Args:
-        data_dir: folder holding one sub-folder of images per class.
-        fn: output path for the (training) records.
-        valid_fraction: fraction of each class held out for validation. Defaults to 0.
-        valid_fn: output path for the validation records; required with a split.
-        num_shards: files per output. Defaults to 1.
-        overwrite: replace earlier writes. Defaults to False (refuse).
-        seed: seeds the shuffle and the split. Defaults to 0.
-        shuffle: the original Fenwicks form: given (True or False), no split is made,
-            the records are written in random (seeded) or folder order, and the result
-            is `ImageFiles` ``(paths, y, labels)`` in record order, as
-            `class_folders_tfrecord` returns. Defaults to None (the form above).
-        file_ext: with ``shuffle``, only files with this extension. Defaults to None
-            (JPEG, PNG, GIF and BMP).
-        exclude_dirs: with ``shuffle``, sub-folders that are not classes.
-
-    Returns:
-        The class names, index = class id; with ``shuffle`` given, ``(paths, y, labels)``.
-
-    Example:
-        >>> classes = fw.data.data_dir_tfrecord('/kaggle/input/flowers', 'gs://b/train',
-        ...                                     valid_fraction=0.1, valid_fn='gs://b/valid')
-        >>> paths, y, labels = fw.data.data_dir_tfrecord(flowers_dir, fn, shuffle=True)
-    """
-    if shuffle is not None or file_ext is not None or exclude_dirs:
-        if valid_fraction or valid_fn is not None:
-            raise ValueError("shuffle=, file_ext= and exclude_dirs= write one file (the "
-                             "original Fenwicks form); split with tfrecord_ds(..., n_folds=)"
-                             " or drop them to use valid_fraction=/valid_fn=")
-        from fenwicks.data.image_folders import class_folders_tfrecord  # it imports this
-        return class_folders_tfrecord(data_dir, fn, True if shuffle is None else shuffle,
-                                      overwrite, file_ext, exclude_dirs, num_shards, seed)
-    _check_split(fn, valid_fraction, valid_fn)
-    for out in (fn, valid_fn):  # check both before writing either: fail without side effects
-        if out is not None:
-            check_writable(out, overwrite)
-    names, files = _class_files(data_dir)
-    rng = random.Random(seed)
-    train, valid = [], []
-    for label, class_files in enumerate(files):
-        class_files = list(class_files)
-        rng.shuffle(class_files)
-        n_valid = int(round(valid_fraction * len(class_files)))
-        valid += [(p, label) for p in class_files[:n_valid]]
-        train += [(p, label) for p in class_files[n_valid:]]
-    for name, pairs in (("training", train), ("validation", valid)):
-        if not pairs and (name == "training" or valid_fraction > 0):
-            raise ValueError(f"the {name} split of data_dir={data_dir!r} is empty: no "
-                             f"{', '.join(IMAGE_EXTENSIONS)} files, or valid_fraction="
-                             f"{valid_fraction} leaves none")
-    for out, pairs in ((fn, train), (valid_fn, valid)):
-        if out is not None and pairs:
-            rng.shuffle(pairs)
-            files_tfrecord(out, [p for p, _ in pairs], [label for _, label in pairs],
-                           num_shards, overwrite)
-    return names
-
-
-def _check_split(fn: str, valid_fraction: float, valid_fn: str | None) -> None:
-    if not 0 <= valid_fraction < 1:
-        raise ValueError(f"valid_fraction={valid_fraction!r} must be in [0, 1)")
-    if valid_fraction > 0 and valid_fn is None:
-        raise ValueError(f"valid_fraction={valid_fraction} needs valid_fn, the path for the "
-                         "validation records")
-    if valid_fn is not None and (valid_fn.startswith(fn) or fn.startswith(valid_fn)):
-        raise ValueError(f"fn={fn!r} and valid_fn={valid_fn!r}: one is a prefix of the "
-                         "other, so the pattern fn + '*' would read both splits; use e.g. "
-                         "'.../train' and '.../valid'")
