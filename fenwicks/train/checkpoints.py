@@ -543,13 +543,14 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
 # --------------------------------------------------------------------------- storage errors
 #
 # TensorFlow's gs:// client retries a request that fails with a 5xx, a dropped or timed-out
-# connection: GCS_RETRY_CONFIG_MAX_RETRIES=10 times, waiting 1, 2, 4 ... 32 s
-# (GCS_RETRY_CONFIG_INIT_DELAY_TIME_US / _MAX_DELAY_TIME_US) plus up to 1 s of jitter, so
-# about 3.2 minutes per request, then gives up with AbortedError("All 10 retry attempts
-# failed ..."); one restore makes several such requests in turn. A request idle for
-# GCS_REQUEST_IDLE_TIMEOUT_SECS=60 s counts as failed. These variables are read once,
-# when TensorFlow is imported. Such an error says nothing about the checkpoint's
-# content: it must never be taken for a damaged checkpoint and set aside.
+# connection, then gives up with AbortedError("All N retry attempts failed ..."); one
+# restore makes several such requests in turn. Fenwicks sets that client's retries and
+# timeouts at `import fenwicks` (`_deadline.tensorflow_settings`: 6 retries waiting 1, 2,
+# 4, 8, 16, 16 s, and 20 s to connect or without progress), unless the user set the GCS_*
+# variables or TensorFlow was imported first (then TensorFlow's own: 10 retries, about 3.2
+# minutes per request); `_deadline.run` bounds each whole call either way. Such an error
+# says nothing about the checkpoint's content: it must never be taken for a damaged
+# checkpoint and set aside.
 
 # Errors that kept their status code (a failed save raises AbortedError).
 _STORAGE_CODES = (tf.errors.ABORTED, tf.errors.UNAVAILABLE, tf.errors.DEADLINE_EXCEEDED)

@@ -1,8 +1,10 @@
 """The estimator's options: one frozen, typed dataclass, validated once when it is made.
 
-A leaf module (it imports nothing of `fenwicks.train`), so every part of a run reads the
-same typed object: `RunState`, the input side, the `Trainer`, the `Evaluator`, the
-controller and the default callbacks. Per-replica batch sizes are derived here, once.
+A leaf module (it imports nothing of `fenwicks.train`), so the parts of a run read the
+same typed object: `RunState`, the input side (`InputManager`), the `Evaluator`, the
+`Controller` and the default actions and callbacks. The `Trainer` does not: the
+controller hands it the few values its compiled loop needs (batch size, jit_compile).
+Per-replica batch sizes are derived here, once.
 Each check is one of the shared validators in `fenwicks._checks`, and each error names
 the argument as the user wrote it (``trn_bs``, not ``train_batch_size``).
 """
