@@ -42,6 +42,18 @@ def positive_int(name: str, value: Any, example: Any = None, *, why: str | None 
     return int(value)
 
 
+def seed(value: Any) -> int | None:
+    """A random seed as an int (an integer >= 0), or None; else a ValueError.
+
+    Example:
+        >>> seed(np.int64(3))
+        3
+    """
+    if value is not None and (not is_int(value) or value < 0):
+        raise ValueError(f"seed={value!r} must be an integer >= 0 or None")
+    return None if value is None else int(value)
+
+
 def divisible_by_replicas(name: str, value: Any, replicas: int) -> int:
     """A positive int that splits evenly over `replicas`, else a ValueError with the
     nearest sizes that do.

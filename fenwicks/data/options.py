@@ -57,12 +57,6 @@ def _check_transform(name: str, transform: Any) -> Transform | None:
     return transform
 
 
-def _check_seed(seed: Any) -> int | None:
-    if seed is not None and (not _checks.is_int(seed) or seed < 0):
-        raise ValueError(f"seed={seed!r} must be an integer >= 0 or None")
-    return None if seed is None else int(seed)
-
-
 def default_deterministic(deterministic: bool | None, seed: int | None,
                           training: bool) -> bool:
     """Ordered when reproducibility is asked for (a seed) or needed (evaluation and
@@ -102,7 +96,7 @@ class PipelineOptions:
 
     def __post_init__(self) -> None:
         training = _checks.boolean("training", self.training)
-        seed = _check_seed(self.seed)
+        seed = _checks.seed(self.seed)
         checked = {
             "batch_size": check_batch_size(self.batch_size),
             "training": training,

@@ -79,9 +79,8 @@ class EstimatorConfig:
                                                      self.keep_checkpoints),
             "verbose": _checks.boolean("verbose", self.verbose),
             "async_checkpoints": _checks.boolean("async_checkpoints", self.async_checkpoints),
+            "seed": _checks.seed(self.seed),
         }
-        if self.seed is not None and (not _checks.is_int(self.seed) or self.seed < 0):
-            raise ValueError(f"seed={self.seed!r} must be an integer >= 0 or None")
         for name, value in checked.items():  # normalised (int, float, str); still frozen
             object.__setattr__(self, name, value)
 
