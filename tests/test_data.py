@@ -465,6 +465,11 @@ def test_files_tfrecord_keeps_encoded_bytes(tmp_path):
     ({"valid_fraction": 0.2}, ValueError, "needs valid_fn"),
     ({"valid_fraction": 0.2, "valid_fn": "TRAIN_valid"}, ValueError, "prefix"),
     ({"valid_fraction": 1.5, "valid_fn": "V"}, ValueError, "valid_fraction=1.5"),
+    # round(0.8 * 2) = 2 of the class's 2 images would go to validation
+    ({"valid_fraction": 0.8, "valid_fn": "V"}, ValueError,
+     r"training split .* is empty: valid_fraction=0.8 .* \(rounded; 2 to 2 per class\)"),
+    # round(0.2 * 2) = 0
+    ({"valid_fraction": 0.2, "valid_fn": "V"}, ValueError, "validation split .* is empty"),
 ])
 def test_data_dir_bad_split(tmp_path, kwargs, error, match):
     _png_tree(tmp_path / "imgs", {"cat": 2})

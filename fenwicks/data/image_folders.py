@@ -286,9 +286,11 @@ def data_dir_tfrecord(data_dir: str, fn: str, valid_fraction: float = 0.0,
         train += [(p, label) for p in class_files[n_valid:]]
     for name, pairs in (("training", train), ("validation", valid)):
         if not pairs and (name == "training" or valid_fraction > 0):
-            raise ValueError(f"the {name} split of data_dir={data_dir!r} is empty: no "
-                             f"{', '.join(records.IMAGE_EXTENSIONS)} files, or valid_fraction="
-                             f"{valid_fraction} leaves none")
+            counts = [len(class_files) for class_files in files]
+            raise ValueError(f"the {name} split of data_dir={data_dir!r} is empty: "
+                             f"valid_fraction={valid_fraction} of each class's images "
+                             f"(rounded; {min(counts)} to {max(counts)} per class) leaves "
+                             "none")
     for out, pairs in ((fn, train), (valid_fn, valid)):
         if out is not None and pairs:
             rng.shuffle(pairs)
