@@ -13,11 +13,12 @@ import importlib
 
 from fenwicks import _deadline, _tf_check, accel
 
-# Before Keras is imported: Keras fixes its backend then (KERAS_BACKEND is set here).
+# Before Keras is imported: Keras fixes its backend then.
 accel.setup_engine()
 _tf_check.require_tensorflow()
 # TensorFlow reads its GCS retry and timeout settings once, when it is imported.
 _deadline.configure_tensorflow()
+accel.import_keras()
 
 from fenwicks import (  # noqa: E402  (after the TensorFlow check, on purpose)
     colab_utils,

@@ -201,8 +201,8 @@ def _forced(forced: str, backend: str, facts: HostFacts) -> EngineChoice:
     if backend and backend.lower() != KERAS_BACKEND[engine]:
         raise EngineError(f"{ENGINE_ENV}={forced} and KERAS_BACKEND={backend} disagree: "
                           f"the {engine} engine runs Keras on {KERAS_BACKEND[engine]!r}; "
-                          "unset KERAS_BACKEND (Fenwicks sets it) or set it to "
-                          f"{KERAS_BACKEND[engine]}.")
+                          "unset KERAS_BACKEND or set it to "
+                          f"{KERAS_BACKEND[engine]} before importing fenwicks.")
     if engine == "jax":
         _require_jax(f"{ENGINE_ENV}={forced} is set", facts)
     return EngineChoice(engine, f"{ENGINE_ENV}={forced}")
@@ -238,7 +238,8 @@ def _auto(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
     tensorflows = facts.tensorflows
     if tensorflows:
         builds = ", ".join(f"{name} {version}" for name, version in tensorflows.items())
-        lacks = f"its TensorFlow ({builds}) is not the TPU build (tensorflow-tpu)"
+        lacks = (f"its TensorFlow is a CPU-only build ({builds}; the TPU build is "
+                 "tensorflow-tpu)")
     else:
         lacks = "it has no TensorFlow"
     if facts.jax_version is None:

@@ -174,9 +174,8 @@ def _cpu_build(where: str, seen: str, facts: TpuFacts) -> Unusable:
         _tpu_build_install(facts)
     return Unusable("cpu-build", summary, (
         f"{where} but {what}, so TensorFlow cannot use the TPU. Fix: {_jax_route(facts)}. "
-        f"To train on TensorFlow instead, replace it with the TPU build: {replace} "
-        f"(tensorflow-tpu's newest release is {NEWEST_TF_TPU}), then start a new Python "
-        "process."))
+        f"To train on TensorFlow instead, replace it with the TPU build (its newest "
+        f"release is {NEWEST_TF_TPU}): {replace}, then start a new Python process."))
 
 
 def _other_process(where: str, seen: str, facts: TpuFacts) -> Unusable:
@@ -184,13 +183,13 @@ def _other_process(where: str, seen: str, facts: TpuFacts) -> Unusable:
         pids = " ".join(h.split()[1] for h in facts.holders if h.startswith("pid "))
         return Unusable("other-process", "another process holds the TPU here", (
             f"{where} but another process holds it: {', '.join(facts.holders)} ({seen}). "
-            f"Fix: end that process (kill {pids or '<pid>'}; a notebook kernel from its own "
-            "session), then use the TPU from this process: a restart of this one does not "
-            "free it."))
+            f"Fix: end that process (kill {pids or '<pid>'}; if it is another notebook's "
+            "kernel, stop that notebook's session); restarting this process alone does not "
+            "free the TPU."))
     return Unusable("other-process", "another process holds the TPU here", (
         f"{where} but another process holds it ({seen}). Fix: find it with "
         "`lsof -w /dev/accel* /dev/vfio/*` (with sudo on a TPU VM) and end it with "
-        "`kill <pid>`; a restart of this process does not free the TPU."))
+        "`kill <pid>`; restarting this process alone does not free the TPU."))
 
 
 def _unknown(where: str, seen: str, facts: TpuFacts, framework: str) -> Unusable:

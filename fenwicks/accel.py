@@ -219,12 +219,12 @@ def _check_engine(engine: str | None) -> None:
 _engine_choice: _engine.EngineChoice | None = None
 
 
-def setup_engine(env: dict[str, str] | os._Environ | None = None) -> _engine.EngineChoice:
+def setup_engine(env: Any = None) -> _engine.EngineChoice:
     """Chooses the engine once, before Keras is imported (``import fenwicks`` calls it).
 
-    Sets ``KERAS_BACKEND`` to the engine's backend unless Keras is already imported
-    (then it must already be that backend), prints one line when the jax engine was chosen
-    by itself, and on the jax engine applies ``FENWICKS_DEVICE=cpu[:N]`` for JAX.
+    Prints one line when the jax engine was chosen by itself, and on the jax engine
+    applies ``FENWICKS_DEVICE=cpu[:N]`` for JAX (``XLA_FLAGS``, ``JAX_PLATFORMS``).
+    `import_keras` then imports Keras on the chosen backend.
 
     Raises:
         EngineError: see `fenwicks._engine.choose_engine`.
@@ -233,10 +233,7 @@ def setup_engine(env: dict[str, str] | os._Environ | None = None) -> _engine.Eng
     if _engine_choice is not None:
         return _engine_choice
     env = os.environ if env is None else env
-    facts = _engine.HostFacts.gather()
-    choice = _engine.choose_engine(env, facts)
-    if facts.keras_backend is None:
-        env["KERAS_BACKEND"] = choice.keras_backend
+    choice = _engine.choose_engine(env, _engine.HostFacts.gather())
     if choice.engine == "jax" and env.get(DEVICE_ENV):
         try:
             kind, replicas = parse_device(env[DEVICE_ENV])
@@ -248,6 +245,24 @@ def setup_engine(env: dict[str, str] | os._Environ | None = None) -> _engine.Eng
         print(_engine.announcement(choice), file=sys.stderr, flush=True)
     _engine_choice = choice
     return choice
+
+
+def import_keras() -> None:
+    """Imports Keras on the chosen engine's backend: ``KERAS_BACKEND`` is set for this
+    import only (so that ``~/.keras/keras.json`` cannot pick another backend), then
+    restored, so that processes started later choose for themselves."""
+    choice = engine_choice()
+    if "keras" in sys.modules:  # choose_engine checked that it runs on this backend
+        return
+    previous = os.environ.get("KERAS_BACKEND")
+    os.environ["KERAS_BACKEND"] = choice.keras_backend
+    try:
+        import keras  # noqa: F401 - Keras reads KERAS_BACKEND here, once per process
+    finally:
+        if previous is None:
+            del os.environ["KERAS_BACKEND"]
+        else:
+            os.environ["KERAS_BACKEND"] = previous
 
 
 def engine_choice() -> _engine.EngineChoice:

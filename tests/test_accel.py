@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from fenwicks import accel
+from fenwicks import _tpu_diagnosis, accel
 from tests.conftest import run_json, run_python, start_process
 
 
@@ -26,11 +26,20 @@ class FakeResolver:
 
 
 class FakeProbe:
-    """Answers like a machine with the given hardware; records what was asked."""
+    """Answers like a machine with the given hardware; records what was asked.
+
+    A TPU host is `libtpu=True` (evidence "libtpu is installed") or its `evidence`; what
+    the TPU diagnosis reads (`tpu_facts`) comes from `tensorflows`, `libtpu_version`,
+    `jax`, `tpu_holders` and `jax_holds_tpu`.
+    """
 
     def __init__(self, libtpu=False, tpu_replicas=8, tpu_fails=False, gpus=(), cpu_name="Fake",
-                 nvidia=None, tpu_holders=(), build=None, cuda_error=None):
+                 nvidia=None, tpu_holders=(), build=None, cuda_error=None, evidence=None,
+                 tensorflows=None, libtpu_version=None, jax=None, jax_holds_tpu=False):
         self.libtpu, self.tpu_replicas, self.tpu_fails = libtpu, tpu_replicas, tpu_fails
+        self.evidence = list(evidence or (["libtpu is installed"] if libtpu else []))
+        self.tensorflows = dict(tensorflows or {"tensorflow-tpu": "2.20.0"})
+        self.libtpu_version, self.jax, self.jax_holds = libtpu_version, jax, jax_holds_tpu
         self._gpus = [dict(g) for g in gpus]
         self.cpu_name_value = cpu_name
         self.tpu_addresses: list[str] = []
@@ -42,6 +51,15 @@ class FakeProbe:
 
     def has_libtpu(self):
         return self.libtpu
+
+    def tpu_evidence(self):
+        return self.evidence
+
+    def tpu_facts(self):
+        return _tpu_diagnosis.TpuFacts(
+            evidence=self.evidence, tensorflows=self.tensorflows,
+            libtpu=self.libtpu_version, jax=self.jax, holders=self.holders,
+            jax_holds_tpu=self.jax_holds, pid=4000)
 
     def nvidia_evidence(self):
         return self.nvidia
