@@ -678,7 +678,7 @@ def _try_tpu_vm(probe: Any, unusable: list[Unusable]) -> Accelerator | None:
         unusable.append(_tpu_diagnosis.tensorflow_cause(err, probe.tpu_facts()))
         return None
     return _tpu(strategy, resolver, remote=False,
-                reason=f"a TPU on this machine answered ({', '.join(evidence)})")
+                reason=f"a TPU on this machine answered (a TPU VM: {', '.join(evidence)})")
 
 
 def _try_tpu_node(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
