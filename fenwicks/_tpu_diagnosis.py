@@ -53,7 +53,6 @@ class TpuFacts:
         jax: the installed JAX version, or None.
         holders: other processes with a TPU device file open, in words.
         jax_holds_tpu: True if JAX in this process has already initialised the TPU.
-        engine_source: how the engine was chosen (``FENWICKS_ENGINE=tf``, ``auto: ...``).
         pid: this process's id (a busy message naming it means this process).
     """
 
@@ -63,7 +62,6 @@ class TpuFacts:
     jax: str | None = None
     holders: Sequence[str] = ()
     jax_holds_tpu: bool = False
-    engine_source: str = "auto"
     pid: int = dataclasses.field(default_factory=os.getpid)
 
     @property

@@ -423,7 +423,7 @@ class _HostProbe:
             evidence=self.tpu_evidence(), tensorflows=facts.tensorflows,
             libtpu=facts.distributions.get("libtpu") or facts.distributions.get(
                 "libtpu-nightly"), jax=facts.jax_version, holders=holders,
-            jax_holds_tpu=self.jax_holds_tpu(), engine_source=engine_choice().reason)
+            jax_holds_tpu=self.jax_holds_tpu())
 
     def jax_holds_tpu(self) -> bool:
         """True if JAX in this process has already initialised a TPU backend."""
