@@ -18,6 +18,9 @@ The rule (`choose_engine`):
    This is the 2026 Kaggle TPU image (``tensorflow-cpu`` 2.20 beside ``jax[tpu]``) and
    Colab's TPU runtime (JAX, no TensorFlow).
 
+Keras imported before Fenwicks keeps its backend: under 3 Fenwicks follows it (tensorflow
+or jax) and says so in one line; under 1 or 2 a different backend is an error.
+
 `setup` then sets ``KERAS_BACKEND`` for Keras (so that ``~/.keras/keras.json`` cannot
 pick a third backend) and, on the JAX engine, turns ``FENWICKS_DEVICE=cpu:N`` into
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX creates its devices.
@@ -182,6 +185,14 @@ def choose_engine(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
     else:
         choice = _auto(env, facts)
     if facts.keras_backend and facts.keras_backend != choice.keras_backend:
+        if not forced and not backend and facts.keras_backend in KERAS_BACKEND.values():
+            # Nobody asked for an engine: follow the Keras that is already running, and say
+            # what auto-detection would have chosen.
+            engine = "tf" if facts.keras_backend == "tensorflow" else "jax"
+            return EngineChoice(engine, (
+                f"keras was imported before fenwicks, on {facts.keras_backend!r}; "
+                f"auto-detection would have chosen {choice.engine} ({choice.reason})"),
+                announce=True)
         raise EngineError(
             f"keras was imported before fenwicks with the {facts.keras_backend!r} backend, "
             f"but Fenwicks runs Keras on {choice.keras_backend!r} here ({choice.reason}); "
@@ -251,7 +262,13 @@ def _auto(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
 
 
 def announcement(choice: EngineChoice) -> str:
-    """The one line ``import fenwicks`` prints when it chose the JAX engine by itself."""
+    """The one line ``import fenwicks`` prints when nobody asked for the engine it runs:
+    the jax engine chosen by itself, or the engine of a Keras imported before Fenwicks."""
+    if choice.reason.startswith("keras was imported"):
+        other = "jax" if choice.engine == "tf" else "tf"
+        return (f"fenwicks: Keras runs on {choice.keras_backend} (the {choice.engine} engine) "
+                f"because {choice.reason}. To run on the {other} engine, import fenwicks "
+                "before keras, in a new Python process.")
     why = choice.reason.removeprefix("auto: ")
     return (f"fenwicks: Keras runs on JAX (the jax engine) because {why}; TensorFlow only "
             f"feeds tf.data. Set {ENGINE_ENV}=tf before importing fenwicks to insist on "

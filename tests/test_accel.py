@@ -372,6 +372,7 @@ def test_the_engine_decision_table(env, facts, engine, reason):
         assert choice.reason == reason
     # Only the engine chosen by the machine itself is announced at import.
     assert choice.announce == (engine == "jax" and choice.reason.startswith("auto:"))
+    assert _engine.choose_engine(env, facts) == choice  # a pure function of its inputs
 
 
 def test_the_announcement_is_one_line_saying_why_and_how_to_insist_on_tf():
@@ -409,11 +410,32 @@ def test_the_announcement_is_one_line_saying_why_and_how_to_insist_on_tf():
      "on 'tensorflow' here (auto: not a TPU host); Keras fixes its backend when it is first "
      "imported, so restart the Python process and import fenwicks before keras, or set "
      "KERAS_BACKEND=torch before both if Fenwicks supports it (tensorflow or jax)."),
+    ({"FENWICKS_ENGINE": "jax"}, dataclasses.replace(COLAB_GPU, keras_backend="tensorflow"),
+     "keras was imported before fenwicks with the 'tensorflow' backend, but Fenwicks runs "
+     "Keras on 'jax' here (FENWICKS_ENGINE=jax); Keras fixes its backend when it is first "
+     "imported, so restart the Python process and import fenwicks before keras, or set "
+     "KERAS_BACKEND=tensorflow before both if Fenwicks supports it (tensorflow or jax)."),
 ])
 def test_an_engine_fenwicks_cannot_run_on_is_one_clear_sentence(env, facts, message):
     with pytest.raises(_engine.EngineError) as failure:
         _engine.choose_engine(env, facts)
     assert str(failure.value) == message
+
+
+def test_auto_follows_a_keras_imported_before_fenwicks_and_says_so():
+    # A Kaggle notebook that ran `import keras` (tensorflow, Keras's default) first.
+    facts = dataclasses.replace(KAGGLE_TPU, keras_backend="tensorflow")
+    choice = _engine.choose_engine(KAGGLE_ENV, facts)
+    assert (choice.engine, choice.announce) == ("tf", True)
+    assert _engine.announcement(choice) == (
+        "fenwicks: Keras runs on tensorflow (the tf engine) because keras was imported before "
+        "fenwicks, on 'tensorflow'; auto-detection would have chosen jax (auto: this is a TPU "
+        "host (ISTPUVM=1, TPU_PROCESS_ADDRESSES=local, libtpu 0.0.17 is installed) and its "
+        "TensorFlow is a CPU-only build (tensorflow-cpu 2.20.0; the TPU build is "
+        "tensorflow-tpu), so TensorFlow cannot reach the TPU; JAX 0.7.2 can). To run on the "
+        "jax engine, import fenwicks before keras, in a new Python process.")
+    same = _engine.choose_engine({}, dataclasses.replace(COLAB_GPU, keras_backend="tensorflow"))
+    assert (same.engine, same.announce) == ("tf", False)
 
 
 def test_tpu_host_evidence_reads_env_distributions_and_device_files():
