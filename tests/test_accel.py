@@ -579,6 +579,10 @@ def test_engines_in_new_processes():
     assert jax8 == {"engine": "jax", "backend": "jax", "kind": "cpu", "replicas": 8,
                     "acc_engine": "jax", "simulated": True, "env_backend": None,
                     "jax_devices": 8}
+    configured = run({"FENWICKS_ENGINE": "jax"},
+                     prelude="import fenwicks as fw; fw.accel.configure(device='cpu:4')")
+    assert (configured["engine"], configured["replicas"], configured["jax_devices"]) == \
+        ("jax", 4, 4)
     on_jax = run({"KERAS_BACKEND": "jax"})
     assert (on_jax["engine"], on_jax["backend"], on_jax["replicas"]) == ("jax", "jax", 1)
     assert on_jax["env_backend"] == "jax"  # the user's own setting stays
