@@ -2,9 +2,11 @@
 # Replicas of the notebook images Fenwicks installs on, built from their public package
 # lists with what this machine's package index serves (PyPI), one venv per image:
 #   kaggle-tpu  Kaggle/docker-python tpu/: tensorflow-cpu 2.20.0, jax[tpu] 0.7.2, then
-#               libtpu 0.0.17 force-reinstalled, keras 3; ISTPUVM=1, TPU_PROCESS_ADDRESSES=local
-#   colab-tpu   Colab's TPU runtime: jax[tpu] (JAX and libtpu), no TensorFlow
-#   colab-gpu   Colab's GPU/CPU runtime: tensorflow 2.21.0
+#               libtpu 0.0.17 force-reinstalled, keras 3, scikit-learn; ISTPUVM=1,
+#               TPU_PROCESS_ADDRESSES=local
+#   colab-tpu   Colab's TPU runtime: jax[tpu] (JAX and libtpu), scikit-learn, no TensorFlow
+#   colab-gpu   Colab's GPU/CPU runtime: tensorflow 2.21.0, scikit-learn
+# (scikit-learn: all three images ship it, and the demo reads its bundled digits.)
 # The rest of each image (torch, torch_xla, flax, ...) is left out: it comes from indexes
 # this machine cannot reach, or is not what Fenwicks' install meets. For each image it
 # runs README.md's first cell for that platform as written (its folder pointed at this
@@ -42,10 +44,10 @@ last_line() { grep -v '^\s*$' "$1" | grep -vE '^(WARNING: All log|I0000|W0000|E0
 # environment, and the steps of its build that this machine cannot make.
 image_packages() {
   case "$1" in
-    kaggle-tpu) echo "tensorflow-cpu==2.20.0 jax[tpu]==0.7.2 keras>3"
+    kaggle-tpu) echo "tensorflow-cpu==2.20.0 jax[tpu]==0.7.2 keras>3 scikit-learn"
                 echo "--force-reinstall libtpu==0.0.17" ;;
-    colab-tpu) echo "jax[tpu]" ;;
-    colab-gpu) echo "tensorflow==2.21.0" ;;
+    colab-tpu) echo "jax[tpu] scikit-learn" ;;
+    colab-gpu) echo "tensorflow==2.21.0 scikit-learn" ;;
     *) return 1 ;;
   esac
 }
@@ -57,9 +59,9 @@ image_env() {
 }
 image_skipped() {
   case "$1" in
-    kaggle-tpu) echo "the image's --find-links to Google's libtpu and PyTorch indexes (torch, torch_xla 2.8, tunix, ...): libtpu 0.0.17 and jax come from PyPI" ;;
-    colab-tpu) echo "Colab's other preinstalled packages (their list is not public)" ;;
-    colab-gpu) echo "Colab's other preinstalled packages; CUDA (no GPU here)" ;;
+    kaggle-tpu) echo "the build's --find-links to Google's libtpu index and PyTorch's (not reachable here: torch, torch_xla 2.8, tunix, ... left out; jax and libtpu 0.0.17 come from PyPI)" ;;
+    colab-tpu) echo "Colab's other preinstalled packages (no public list)" ;;
+    colab-gpu) echo "Colab's other preinstalled packages (no public list); CUDA (no GPU here)" ;;
   esac
 }
 
@@ -89,8 +91,16 @@ run_image() {
       return 1
     fi
   done < <(image_packages "$image")
-  log "$image: skipped, not reachable from here: $(image_skipped "$image")"
+  log "$image: skipped: $(image_skipped "$image")"
   "$pip" freeze --exclude-editable | sort >"$dir/before.txt"
+
+  # An image without TensorFlow: what `import fenwicks` says before the cell installs it.
+  local before_cell=""
+  if ! "$python" -c "import tensorflow" >/dev/null 2>&1; then
+    (cd "$dir" && env "${envs[@]}" PYTHONPATH="$REPO" "$python" -c "import fenwicks") \
+      >"$dir/before-cell.log" 2>&1
+    before_cell=" | before the cell, import fenwicks: $(last_line "$dir/before-cell.log")"
+  fi
 
   # The README cell: `!` lines run in a shell whose pip is the venv's, the rest is Python.
   local cell
@@ -158,7 +168,8 @@ run_image() {
   else
     demo="FAILED: $(last_line "$dir/demo.log")"; ok=0
   fi
-  line="$image | cell $cell_result | pip check $check | changed by fenwicks: ${changed:-none}"
+  line="$image$before_cell | cell $cell_result | pip check $check"
+  line+=" | changed by fenwicks: ${changed:-none}"
   line+="${added:+ (added: $added)} | info $info$tf_info | demo $demo"
   SUMMARY+=("$line")
   [ $ok = 1 ]
@@ -175,7 +186,7 @@ done
 echo
 echo "Image replicas (venvs from PyPI; README first cell, pip check, fenwicks info, demo):"
 for image in "${IMAGES[@]}"; do
-  echo "$image: skipped (needs an index this machine cannot reach): $(image_skipped "$image")"
+  echo "$image: skipped: $(image_skipped "$image")"
 done
 for line in "${SUMMARY[@]}"; do echo "$line"; done
 echo "logs: $BASE"
