@@ -27,14 +27,14 @@ def info_rows() -> list[tuple[str, str]]:
     rows = [
         ("python", sys.version.split()[0]),
         ("tensorflow", tf.__version__),
-        ("keras", f"{keras.__version__} (backend {keras.backend.backend()})"),
+        ("keras", keras.__version__),
     ]
     if acc.engine == "jax":
         import jax
 
         rows.append(("jax", jax.__version__))
     rows += [
-        ("engine", f"{acc.engine} ({choice.reason})"),
+        ("engine", f"{acc.engine} (Keras on {keras.backend.backend()}; {choice.reason})"),
         ("accelerator", acc.kind + (" (simulated)" if acc.simulated else "")),
         ("chosen by", acc.reason),
         ("strategy", type(acc.strategy).__name__ + (

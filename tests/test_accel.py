@@ -548,8 +548,12 @@ except ImportError as err:
     print(json.dumps({{"error": type(err).__name__, "message": str(err)}}))
     raise SystemExit(0)
 import keras
+from fenwicks import report
 acc = fw.accel.current()
+rows = report.info_rows()
 print(json.dumps({{"engine": fw.accel.engine(), "backend": keras.backend.backend(),
+                  "info_engine": dict(rows)["engine"],
+                  "info_devices": [v for k, v in rows if k.startswith("device ")],
                   "kind": acc.kind, "replicas": acc.num_replicas, "acc_engine": acc.engine,
                   "simulated": acc.simulated, "env_backend": os.environ.get("KERAS_BACKEND"),
                   "jax_devices": len(__import__("jax").devices()) if "jax" in sys.modules
@@ -576,15 +580,18 @@ def test_engines_in_new_processes():
         return run_json(_ENGINE_PROBE.format(prelude=prelude), env=env, fresh=True)
 
     jax8 = run({"FENWICKS_ENGINE": "jax", "FENWICKS_DEVICE": "cpu:8"})
+    info_devices = jax8.pop("info_devices")
     assert jax8 == {"engine": "jax", "backend": "jax", "kind": "cpu", "replicas": 8,
                     "acc_engine": "jax", "simulated": True, "env_backend": None,
-                    "jax_devices": 8}
+                    "jax_devices": 8, "info_engine": "jax (Keras on jax; FENWICKS_ENGINE=jax)"}
+    assert [d.split(",")[0] for d in info_devices] == [f"cpu (cpu:{i})" for i in range(8)]
     configured = run({"FENWICKS_ENGINE": "jax"},
                      prelude="import fenwicks as fw; fw.accel.configure(device='cpu:4')")
     assert (configured["engine"], configured["replicas"], configured["jax_devices"]) == \
         ("jax", 4, 4)
     on_jax = run({"KERAS_BACKEND": "jax"})
     assert (on_jax["engine"], on_jax["backend"], on_jax["replicas"]) == ("jax", "jax", 1)
+    assert on_jax["info_engine"] == "jax (Keras on jax; KERAS_BACKEND=jax)"
     assert on_jax["env_backend"] == "jax"  # the user's own setting stays
     torch = run({"KERAS_BACKEND": "torch"})
     assert torch["error"] == "EngineError"
