@@ -1,16 +1,17 @@
 """Packaging for Fenwicks.
 
-TensorFlow is deliberately *not* in ``install_requires``: Colab ships ``tensorflow``,
-TPU VMs ship ``tensorflow-tpu``, and pip would happily install a second distribution
-over the one that is there (they share the ``tensorflow`` import name). Pick one with
-an extra on a machine that has none; ``import fenwicks`` says what to install if no
-TensorFlow is present.
+TensorFlow is deliberately *not* in ``install_requires``: Colab's GPU/CPU runtimes ship
+``tensorflow``, Kaggle's TPU image ships ``tensorflow-cpu`` 2.20 (beside ``jax[tpu]``),
+Cloud TPU VMs with Google's TensorFlow software versions ship ``tensorflow-tpu``, and pip
+would happily install a second distribution over the one that is there (they share the
+``tensorflow`` import name). Pick one with an extra on a machine that has none;
+``import fenwicks`` says what to install if no TensorFlow is present.
 """
 
 from setuptools import find_packages, setup
 
-# The supported range, each end tested by tools/tf_matrix.sh: 2.20 is Kaggle's TPU pin and
-# the newest tensorflow-tpu; 2.21 the newest release. Raise the ceiling after running the
+# The supported range, each end tested by tools/tf_matrix.sh: 2.20 is Kaggle's TPU pin (its
+# tensorflow-cpu) and the newest tensorflow-tpu; 2.21 the newest release (no TPU build). Raise the ceiling after running the
 # matrix on the new release, not before.
 TF_RANGE = ">=2.20,<2.22"
 
@@ -36,11 +37,17 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        # Exactly one of these on a machine without TensorFlow; none on Colab / TPU VMs.
+        # At most one of these, on a machine without TensorFlow; none where one is installed
+        # (Colab GPU/CPU, Kaggle, a TPU VM with tensorflow-tpu): see README, Install.
         "tensorflow": [f"tensorflow{TF_RANGE}"],
         "cpu": [f"tensorflow-cpu{TF_RANGE}"],
         "gpu": [f"tensorflow[and-cuda]{TF_RANGE}"],
-        "tpu": [f"tensorflow-tpu{TF_RANGE}"],  # Colab TPU v5e-1, a TPU VM without TF
+        # A TPU VM without TensorFlow (Colab's TPU runtime: JAX and libtpu preinstalled).
+        # The jax engine reaches the TPU through the JAX and libtpu that are there;
+        # TensorFlow's CPU build runs tf.data. Not tensorflow-tpu: from PyPI it gets the
+        # newest libtpu (JAX's; it asks only libtpu~=0.0.14), with which TensorFlow finds
+        # no TPU, and it would replace the libtpu JAX needs. tools/platform_replicas.sh.
+        "tpu": [f"tensorflow-cpu{TF_RANGE}", "jax>=0.7"],
         "demo": ["scikit-learn>=1.2"],
         "test": [
             "pytest>=8",
@@ -53,6 +60,7 @@ setup(
             "ipykernel>=6",
             "ruff>=0.5",
             "py7zr>=0.20",  # fw.io.unzip of Kaggle's .7z archives (tests/test_io.py)
+            "jax>=0.7",  # the jax engine (tests/test_accel.py: FENWICKS_ENGINE=jax, cpu:8)
         ],
     },
     entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},

@@ -1,22 +1,26 @@
-"""Fenwicks: train TensorFlow models on a TPU, GPUs or the CPU with the same code.
+"""Fenwicks: train Keras models on a TPU, GPUs or the CPU with the same code.
 
     import fenwicks as fw
     fw.info()
 
-Importing Fenwicks imports TensorFlow and Keras but probes no device, opens no
-connection and imports nothing of Colab or Kaggle: detection runs on first use.
+Importing Fenwicks chooses the engine Keras runs on (TensorFlow or JAX: `fw.accel.engine`,
+from environment variables and installed packages only), then imports TensorFlow and
+Keras, but probes no device, opens no connection and imports nothing of Colab or Kaggle:
+detection runs on first use.
 """
 
 import importlib
 
-from fenwicks import _deadline, _tf_check
+from fenwicks import _deadline, _tf_check, accel
 
+# Before Keras is imported: Keras fixes its backend then.
+accel.setup_engine()
 _tf_check.require_tensorflow()
 # TensorFlow reads its GCS retry and timeout settings once, when it is imported.
 _deadline.configure_tensorflow()
+accel.import_keras()
 
 from fenwicks import (  # noqa: E402  (after the TensorFlow check, on purpose)
-    accel,
     colab_utils,
     data,
     gcs,

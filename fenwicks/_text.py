@@ -9,7 +9,7 @@ from __future__ import annotations
 MESSAGE_LIMIT = 300  # characters of a cause quoted inside one of Fenwicks' messages
 
 
-def first_line(err: BaseException, limit: int = MESSAGE_LIMIT) -> str:
+def first_line(err: BaseException | str, limit: int = MESSAGE_LIMIT) -> str:
     """The first non-blank line of an exception's message, to quote a cause in one line.
 
     TensorFlow's errors keep their own text in ``.message`` (``str(err)`` may add the
@@ -17,7 +17,7 @@ def first_line(err: BaseException, limit: int = MESSAGE_LIMIT) -> str:
     and gRPC dumps run to many lines, so the line is cut at `limit` characters.
 
     Args:
-        err: the exception.
+        err: the exception (or a message already made a string).
         limit: the most characters returned. Defaults to `MESSAGE_LIMIT` (300).
 
     Returns:

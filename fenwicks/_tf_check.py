@@ -1,7 +1,9 @@
 """A clear message when no TensorFlow is installed (it is an extra, not a dependency).
 
-The message names the extra for this machine: ``tpu`` where libtpu is installed (a TPU
-VM: Colab TPU, Kaggle TPU), ``gpu`` where an NVIDIA GPU is present, else ``cpu``.
+TensorFlow is needed on both engines: on the jax engine it still runs the input pipelines
+(`tf.data`). The message names the extra for this machine: ``tpu`` on a TPU host (Colab's
+TPU runtime ships JAX and no TensorFlow), ``gpu`` where an NVIDIA GPU is present, else
+``cpu``.
 """
 
 from __future__ import annotations
@@ -15,17 +17,19 @@ MAX_TESTED = (2, 21)
 DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly",
                  "tensorflow-macos", "tensorflow-intel")
 
-_WHY = ("Fenwicks needs TensorFlow 2.20 or 2.21 and does not install it itself, so that it "
-        "never replaces the TensorFlow your machine ships (Colab GPU/CPU: tensorflow, "
-        "Kaggle TPU: tensorflow-tpu 2.20).")
+_WHY = ("Fenwicks needs TensorFlow 2.20 or 2.21 (on the jax engine too: it runs the input "
+        "pipelines, tf.data) and does not install it itself, so that it never installs a "
+        "second TensorFlow over the one your machine ships (Colab GPU/CPU: tensorflow, "
+        "Kaggle TPU: tensorflow-cpu 2.20; Colab's TPU runtime has none).")
 
 
 def suggested_extra() -> tuple[str, str]:
     """The extra to install on this machine and why: ('tpu'|'gpu'|'cpu', reason)."""
     from fenwicks import accel  # imports no TensorFlow
 
-    if accel.libtpu_present():
-        return "tpu", "libtpu is installed, so this is a TPU VM"
+    tpu = accel.tpu_host_evidence()
+    if tpu:
+        return "tpu", f"this is a TPU host ({', '.join(tpu)})"
     evidence = accel.nvidia_device_evidence()
     if evidence:
         return "gpu", f"an NVIDIA GPU is present ({evidence})"
@@ -36,8 +40,9 @@ def install_hint() -> str:
     """The advice `require_tensorflow` gives, naming this machine's extra first."""
     extra, reason = suggested_extra()
     return (f"{_WHY} On this machine {reason}: pip install 'fenwicks[{extra}]' (from a "
-            f"clone: pip install -e '.[{extra}]'). The extras are tpu (tensorflow-tpu), "
-            "gpu (tensorflow[and-cuda]), cpu (tensorflow-cpu) and tensorflow.")
+            f"clone: pip install -e '.[{extra}]'). The extras are tpu (tensorflow-cpu for "
+            "tf.data and jax: the TPU is reached through JAX, whose libtpu stays as "
+            "installed), gpu (tensorflow[and-cuda]), cpu (tensorflow-cpu) and tensorflow.")
 
 
 def _version(numbers: str) -> tuple[int, ...]:

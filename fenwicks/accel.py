@@ -1,19 +1,29 @@
-"""Accelerator detection: which device, which `tf.distribute` strategy, which precision.
+"""Accelerator detection: which engine, which device, which strategy, which precision.
 
-Detection runs on first use of `current()` and is cached for the process. The order is
-TPU VM, TPU node over the network, multi-worker cluster, GPUs, CPU. `configure()` or the
-environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``, ``cpu``, ``cpu:8``) override it.
-``cpu:N`` splits the CPU into N logical devices under `MirroredStrategy`: the TPU-like test
-mode, since it behaves like N cores sharing one global batch.
+The engine (TensorFlow or JAX under Keras) is chosen once, at ``import fenwicks``, from
+cheap facts (`fenwicks._engine`): ``FENWICKS_ENGINE``, ``KERAS_BACKEND``, or by itself the
+jax engine on a TPU host whose TensorFlow cannot reach the TPU (the 2026 Kaggle and Colab
+TPU images). `engine()` says which.
 
-A device that is present but unusable is never a silent CPU run: a TPU on this machine
-that cannot be initialised (held by another process, a libtpu mismatch) or an NVIDIA GPU
-that TensorFlow does not list (the CPU-only wheel, a CUDA/cuDNN mismatch) is a warning
-(`AcceleratorWarning` and a ``logging`` warning) naming the device, the original error,
-the fix and what was chosen instead; it is kept in `Accelerator.warnings` for `fw.info()`.
-``FENWICKS_DEVICE=tpu`` or ``gpu`` then fails with the same cause.
+The device is detected on first use of `current()` and cached for the process. On the
+TensorFlow engine the order is TPU VM, TPU node over the network, multi-worker cluster,
+GPUs, CPU; on the jax engine it is what ``jax.devices()`` lists. `configure()` or the
+environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``, ``cpu``, ``cpu:8``) override
+it. ``cpu:N`` splits the CPU into N logical devices (`MirroredStrategy`, or N JAX devices
+through ``XLA_FLAGS``): the TPU-like test mode, N cores sharing one global batch.
 
-This module imports nothing of fenwicks; every higher layer builds on it.
+A device that is present but unusable is never a silent CPU run: a TPU that cannot be
+initialised (a CPU-only TensorFlow, a libtpu mismatch, held by JAX in this process or by
+another process: `fenwicks._tpu_diagnosis`) or an NVIDIA GPU that TensorFlow does not
+list (the CPU-only wheel, a CUDA/cuDNN mismatch) is a warning (`AcceleratorWarning` and a
+``logging`` warning) naming the device, the original error, the fix for that cause and
+what was chosen instead; it is kept in `Accelerator.warnings` for `fw.info()`, and the
+"chosen by" reason names the same cause. ``FENWICKS_DEVICE=tpu`` or ``gpu`` then fails
+with the same cause.
+
+This module imports nothing of fenwicks but its two private helpers beside it
+(``_engine``, ``_tpu_diagnosis``), which import nothing either; every higher layer builds
+on it.
 """
 
 from __future__ import annotations
@@ -26,17 +36,21 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fenwicks import _engine, _tpu_diagnosis
 from fenwicks._text import first_line
+from fenwicks._engine import ENGINE_ENV, EngineError
 
 logger = logging.getLogger("fenwicks")
 
 KINDS = ("tpu", "gpu", "cpu")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 DEVICE_ENV = "FENWICKS_DEVICE"
+ENGINES = _engine.ENGINES
 _DEVICE_RE = re.compile(r"^(auto|tpu|gpu|cpu)(?::([0-9]+))?$")
 
 
@@ -54,8 +68,11 @@ class Accelerator:
 
     Attributes:
         kind: ``'tpu'``, ``'gpu'`` or ``'cpu'``.
-        strategy: the `tf.distribute.Strategy` every model and loop runs under.
-        num_replicas: replicas in sync over all workers (8 on a TPU v2/v3-8).
+        strategy: the `tf.distribute.Strategy` every model and loop runs under; on the
+            jax engine TensorFlow's default strategy (`tf.distribute.get_strategy()`),
+            so that code entering ``strategy.scope()`` still runs.
+        num_replicas: replicas in sync over all workers (8 on a TPU v2/v3-8); on the
+            jax engine ``jax.local_device_count()``.
         precision: resolved compute precision: ``'float32'``, ``'bfloat16'`` or
             ``'float16'`` (float16 implies loss scaling). Variables stay float32.
         is_remote: True for a TPU node reached over the network; such a TPU can only
@@ -68,6 +85,7 @@ class Accelerator:
             (auto-detection, ``FENWICKS_DEVICE`` or `configure`) and what was found.
         warnings: devices that are present but could not be used, each with the original
             error, the fix and what was chosen instead (empty when nothing was skipped).
+        engine: ``'tf'`` or ``'jax'``: what Keras runs on (`engine()`).
     """
 
     kind: str
@@ -81,6 +99,7 @@ class Accelerator:
     simulated: bool = False
     reason: str = ""
     warnings: tuple[str, ...] = ()
+    engine: str = "tf"
 
     @property
     def compute_dtype(self) -> str:
@@ -135,7 +154,7 @@ def parse_device(value: str) -> tuple[str, int | None]:
 
 
 def configure(device: str = "auto", replicas: int | None = None,
-              precision: str = "auto") -> None:
+              precision: str = "auto", engine: str | None = None) -> None:
     """Overrides detection. Call before the first use of the accelerator.
 
     Args:
@@ -146,10 +165,15 @@ def configure(device: str = "auto", replicas: int | None = None,
         precision: ``'auto'``, ``'float32'``, ``'bfloat16'`` or ``'float16'``.
             Defaults to ``'auto'``: bfloat16 on TPU, float16 on GPUs of compute
             capability >= 7.0, float32 otherwise.
+        engine: ``'tf'`` or ``'jax'``, accepted only if it is the engine Keras already
+            runs on (`engine()`): Keras fixes its backend when it is imported, so another
+            engine is chosen with ``FENWICKS_ENGINE`` before ``import fenwicks``.
+            Defaults to None (the engine as chosen).
 
     Raises:
-        ValueError: for an unknown device or precision, or replicas < 1.
-        AcceleratorError: if the accelerator was already initialised differently.
+        ValueError: for an unknown device, precision or engine, or replicas < 1.
+        AcceleratorError: if the accelerator was already initialised differently, or
+            `engine` is not the one Keras runs on.
 
     Example:
         >>> fw.accel.configure(device='cpu', replicas=8)   # 8 TPU-like replicas on a CPU
@@ -163,15 +187,124 @@ def configure(device: str = "auto", replicas: int | None = None,
         raise ValueError(f"replicas={replicas!r} must be a positive integer")
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
+    _check_engine(engine)
     source = "auto-detection" if kind == "auto" else f"fw.accel.configure(device={device!r})"
     new = _Request(kind, replicas, precision, source)
     if _current is not None and new != _request:
         raise AcceleratorError(
             f"the accelerator is already initialised as {_current.kind} with "
             f"{_current.num_replicas} replicas; call fw.accel.configure() before anything "
-            "that uses it (TensorFlow fixes its devices at start-up), or restart the runtime"
-        )
+            "that uses it (TensorFlow and JAX fix their devices at start-up), or restart "
+            "the runtime")
+    if engine_choice().engine == "jax" and kind == "cpu":
+        _prepare_jax_cpu(replicas)
     _request = new
+
+
+def _check_engine(engine: str | None) -> None:
+    if engine is None:
+        return
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
+    choice = engine_choice()
+    if engine != choice.engine:
+        raise AcceleratorError(
+            f"engine={engine!r} was asked, but Keras in this process runs on "
+            f"{choice.keras_backend!r} (the {choice.engine} engine, chosen at import "
+            f"fenwicks: {choice.reason}); Keras fixes its backend when it is imported, so "
+            f"set {ENGINE_ENV}={engine} before `import fenwicks`, in a new Python process")
+
+
+# ------------------------------------------------------------------------------ engine
+
+_engine_choice: _engine.EngineChoice | None = None
+
+
+def setup_engine(env: Any = None) -> _engine.EngineChoice:
+    """Chooses the engine once, before Keras is imported (``import fenwicks`` calls it).
+
+    Prints one line when the jax engine was chosen by itself, and on the jax engine
+    applies ``FENWICKS_DEVICE=cpu[:N]`` for JAX (``XLA_FLAGS``, ``JAX_PLATFORMS``).
+    `import_keras` then imports Keras on the chosen backend.
+
+    Raises:
+        EngineError: see `fenwicks._engine.choose_engine`.
+    """
+    global _engine_choice
+    if _engine_choice is not None:
+        return _engine_choice
+    env = os.environ if env is None else env
+    choice = _engine.choose_engine(env, _engine.HostFacts.gather())
+    if choice.engine == "jax" and env.get(DEVICE_ENV):
+        try:
+            kind, replicas = parse_device(env[DEVICE_ENV])
+        except ValueError as err:
+            raise EngineError(str(err)) from err
+        if kind == "cpu":
+            _prepare_jax_cpu(replicas, env)
+    if choice.announce:
+        print(_engine.announcement(choice), file=sys.stderr, flush=True)
+    _engine_choice = choice
+    return choice
+
+
+def import_keras() -> None:
+    """Imports Keras on the chosen engine's backend: ``KERAS_BACKEND`` is set for this
+    import only (so that ``~/.keras/keras.json`` cannot pick another backend), then
+    restored, so that processes started later choose for themselves."""
+    choice = engine_choice()
+    if "keras" in sys.modules:  # choose_engine checked that it runs on this backend
+        return
+    previous = os.environ.get("KERAS_BACKEND")
+    os.environ["KERAS_BACKEND"] = choice.keras_backend
+    try:
+        import keras  # noqa: F401 - Keras reads KERAS_BACKEND here, once per process
+    finally:
+        if previous is None:
+            del os.environ["KERAS_BACKEND"]
+        else:
+            os.environ["KERAS_BACKEND"] = previous
+
+
+def engine_choice() -> _engine.EngineChoice:
+    """The engine and why it was chosen (`setup_engine` on first call)."""
+    return _engine_choice if _engine_choice is not None else setup_engine()
+
+
+def engine() -> str:
+    """``'tf'`` or ``'jax'``: the engine Keras runs on in this process, chosen at ``import
+    fenwicks`` (``FENWICKS_ENGINE``, ``KERAS_BACKEND``, else by the machine).
+
+    Example:
+        >>> fw.accel.engine()      # on Colab's GPU runtime; 'jax' on Kaggle's TPU image
+        'tf'
+    """
+    return engine_choice().engine
+
+
+def _prepare_jax_cpu(replicas: int | None, env: Any = None) -> None:
+    """``cpu[:N]`` on the jax engine: XLA_FLAGS and JAX's platform, before JAX makes its
+    devices; once it has made them, a different device count is an error."""
+    env = os.environ if env is None else env
+    jax = sys.modules.get("jax")
+    if jax is not None and _jax_backends_initialised():
+        have = jax.local_device_count() if jax.default_backend() == "cpu" else 0
+        if replicas is not None and have != replicas:
+            raise AcceleratorError(
+                f"cannot split the CPU into {replicas} JAX devices: JAX already created its "
+                f"devices ({jax.local_device_count()} {jax.default_backend()}). Set "
+                f"{DEVICE_ENV}=cpu:{replicas} before importing fenwicks, or call "
+                "fw.accel.configure() before anything runs on JAX")
+        return
+    _engine.force_cpu_devices(env, replicas)
+    if jax is not None:  # JAX read JAX_PLATFORMS when it was imported: tell it now
+        jax.config.update("jax_platforms", "cpu")
+
+
+def _jax_backends_initialised() -> bool:
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
 
 
 def current() -> Accelerator:
@@ -179,14 +312,19 @@ def current() -> Accelerator:
 
     Example:
         >>> acc = fw.accel.current()
-        >>> acc.kind, acc.num_replicas
-        ('cpu', 1)
+        >>> acc.kind, acc.num_replicas, acc.engine
+        ('cpu', 1, 'tf')
     """
     global _current
     if _current is None:
-        _current = detect(_effective_request(os.environ), _TFProbe())
-        logger.info("fenwicks: using %s with %d replica(s), %s (%s)", _current.kind,
-                    _current.num_replicas, _current.precision, _current.reason)
+        request = _effective_request(os.environ)
+        if engine() == "jax":
+            _current = detect_jax(request, _JaxProbe())
+        else:
+            _current = detect(request, _TFProbe())
+        logger.info("fenwicks: using %s with %d replica(s), %s on the %s engine (%s)",
+                    _current.kind, _current.num_replicas, _current.precision,
+                    _current.engine, _current.reason)
     return _current
 
 
@@ -208,7 +346,7 @@ def _effective_request(env: Mapping[str, str]) -> _Request:
 # --------------------------------------------------------------------------- detection
 
 
-_LIBTPU_FILES = ("/lib/libtpu.so", "/usr/lib/libtpu.so", "/usr/local/lib/libtpu.so")
+_LIBTPU_FILES = _engine.LIBTPU_FILES
 _NVIDIA_PATHS = ("/proc/driver/nvidia", "/dev/nvidia0")
 _TPU_DEVICE_RE = re.compile(r"^/dev/(accel[0-9]+|vfio/.*)$")
 
@@ -225,6 +363,18 @@ def libtpu_present() -> bool:
     if importlib.util.find_spec("libtpu") is not None:
         return True
     return any(os.path.exists(path) for path in _LIBTPU_FILES)
+
+
+def tpu_host_evidence() -> list[str]:
+    """What shows that this machine is a TPU host, in words (empty if nothing does): an
+    installed libtpu, ``ISTPUVM``, ``TPU_ACCELERATOR_TYPE``, ``TPU_PROCESS_ADDRESSES``,
+    ``COLAB_TPU_ADDR``, ``/dev/accel*`` or ``/dev/vfio/<N>``. Needs no TensorFlow or JAX.
+
+    Example:
+        >>> fw.accel.tpu_host_evidence()        # on Kaggle's TPU image
+        ['ISTPUVM=1', 'TPU_PROCESS_ADDRESSES=local', 'libtpu 0.0.17 is installed', ...]
+    """
+    return _engine.tpu_host_evidence(os.environ, _engine.HostFacts.gather())
 
 
 def nvidia_device_evidence() -> str | None:
@@ -250,11 +400,43 @@ def nvidia_device_evidence() -> str | None:
     return f"nvidia-smi lists {gpus[0]}" if listed.returncode == 0 and gpus else None
 
 
-class _TFProbe:
-    """The side-effecting half of detection. Tests substitute a fake with the same methods."""
+class _HostProbe:
+    """What both engines' probes read about the machine (no TensorFlow, no JAX)."""
 
     def has_libtpu(self) -> bool:
         return libtpu_present()
+
+    def tpu_evidence(self) -> list[str]:
+        """Why this is a TPU host, in words; empty if it is not one."""
+        evidence = tpu_host_evidence()
+        if not evidence and self.has_libtpu():  # a subclass that says libtpu is there
+            evidence = ["libtpu is installed"]
+        return evidence
+
+    def tpu_facts(self) -> _tpu_diagnosis.TpuFacts:
+        """What the TPU diagnosis reads: versions, holders, who else holds the TPU."""
+        facts = _engine.HostFacts.gather()
+        try:
+            holders = self.tpu_holders()
+        except Exception:  # noqa: BLE001 - naming holders is a courtesy, never a failure
+            holders = []
+        return _tpu_diagnosis.TpuFacts(
+            evidence=self.tpu_evidence(), tensorflows=facts.tensorflows,
+            libtpu=facts.distributions.get("libtpu") or facts.distributions.get(
+                "libtpu-nightly"), jax=facts.jax_version, holders=holders,
+            jax_holds_tpu=self.jax_holds_tpu())
+
+    def jax_holds_tpu(self) -> bool:
+        """True if JAX in this process has already initialised a TPU backend."""
+        if "jax" not in sys.modules:
+            return False
+        try:
+            from jax._src import xla_bridge
+
+            return bool(xla_bridge.backends_are_initialized()) and \
+                "tpu" in xla_bridge.backends()
+        except Exception:  # noqa: BLE001 - a JAX without these internals: assume not
+            return False
 
     def nvidia_evidence(self) -> str | None:
         return nvidia_device_evidence()
@@ -278,6 +460,29 @@ class _TFProbe:
                 continue
             holders.append(f"pid {pid} ({command[:80] or '?'})")
         return holders
+
+    def host_memory(self) -> int | None:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+
+    def cpu_name(self) -> str:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        import platform
+
+        return platform.processor() or platform.machine()
+
+
+class _TFProbe(_HostProbe):
+    """The side-effecting half of TensorFlow detection. Tests substitute a fake with the
+    same methods."""
 
     def tf_build(self) -> dict[str, Any]:
         """How the installed TensorFlow was built: is_cuda_build, cuda_version, cudnn_version."""
@@ -361,33 +566,19 @@ class _TFProbe:
         return tf.distribute.MirroredStrategy(
             devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
 
-    def host_memory(self) -> int | None:
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            return None
 
-    def cpu_name(self) -> str:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        import platform
-
-        return platform.processor() or platform.machine()
+Unusable = _tpu_diagnosis.Unusable
 
 
 def detect(request: _Request, probe: Any, env: Mapping[str, str] | None = None) -> Accelerator:
-    """Chooses the accelerator for `request` using `probe` for every side effect.
+    """Chooses the accelerator for `request` on the TensorFlow engine, using `probe` for
+    every side effect.
 
     Public for tests and diagnostics; users call `current()`.
     """
     env = os.environ if env is None else env
     wanted = request.device
-    unusable: list[str] = []  # devices present but unusable: "<device, error, fix>"
+    unusable: list[Unusable] = []  # devices present but unusable: cause, error, fix
     steps: list[Callable[[], Accelerator | None]] = []
     if wanted in ("auto", "tpu"):
         steps += [lambda: _try_tpu_vm(probe, unusable), lambda: _try_tpu_node(probe, env)]
@@ -396,24 +587,36 @@ def detect(request: _Request, probe: Any, env: Mapping[str, str] | None = None) 
     if wanted in ("auto", "gpu"):
         steps.append(lambda: _try_gpu(probe, request.replicas, wanted == "auto", unusable))
     if wanted in ("auto", "cpu"):
-        steps.append(lambda: _cpu(probe, request.replicas or 1, wanted == "auto"))
+        steps.append(lambda: _cpu(probe, request.replicas or 1, wanted == "auto", unusable))
     for step in steps:
         found = step()
         if found is not None:
-            # Read after the label "chosen by": "auto-detection: no TPU or GPU was found..."
-            reason = f"{request.source}: {found.reason}"
-            found = _with_precision(dataclasses.replace(found, reason=reason),
-                                    request.precision, probe)
-            notes = tuple(f"{problem} Fenwicks chose {_describe(found)} instead."
-                          for problem in unusable)
-            for note in notes:
-                logger.warning("fenwicks: %s", note)
-                warnings.warn(note, AcceleratorWarning, stacklevel=2)
-            return dataclasses.replace(found, warnings=notes)
+            return _finish(found, request, unusable, probe)
+    _raise_absent(request, unusable)
+    raise AssertionError("unreachable")
+
+
+def _finish(found: Accelerator, request: _Request, unusable: list[Unusable],
+            probe: Any) -> Accelerator:
+    """Who chose, the precision, and a warning per device present but unusable."""
+    # Read after the label "chosen by": "auto-detection: no TPU or GPU was found..."
+    reason = f"{request.source}: {found.reason}"
+    found = _with_precision(dataclasses.replace(found, reason=reason), request.precision,
+                            probe)
+    notes = tuple(f"{problem.text} Fenwicks chose {_describe(found)} instead."
+                  for problem in unusable)
+    for note in notes:
+        logger.warning("fenwicks: %s", note)
+        warnings.warn(note, AcceleratorWarning, stacklevel=3)
+    return dataclasses.replace(found, warnings=notes)
+
+
+def _raise_absent(request: _Request, unusable: list[Unusable]) -> None:
+    wanted = request.device
     if unusable:  # FENWICKS_DEVICE=tpu|gpu: the device is there but failed; say why
         raise AcceleratorError(
             f"device={wanted!r} was requested ({request.source}) but cannot be used: "
-            + " ".join(unusable))
+            + " ".join(problem.text for problem in unusable))
     raise AcceleratorError(
         f"device={wanted!r} was requested but no {wanted.upper()} was found; "
         f"check the runtime type (Colab: Runtime > Change runtime type), or use "
@@ -427,23 +630,12 @@ def _describe(acc: Accelerator) -> str:
             f"{acc.precision})")
 
 
-def _tpu_unusable(probe: Any, err: BaseException) -> str:
-    """The warning for a TPU VM whose TPU did not initialise: error, holders and fix."""
-    try:
-        holders = probe.tpu_holders()
-    except Exception:  # noqa: BLE001 - naming holders is a courtesy, never a failure
-        holders = []
-    held = (f" It is held by {', '.join(holders)}." if holders else "")
-    return (f"a TPU is on this machine (libtpu is installed) but could not be initialised: "
-            f"{type(err).__name__}: {first_line(err)}.{held} Fix: restart the runtime "
-            "(Colab/Kaggle: Runtime > Restart session) so that no other process or kernel "
-            "holds the TPU, or end the process holding /dev/accel* or /dev/vfio/* (find "
-            "it with `lsof -w /dev/accel* /dev/vfio/*`, then `kill <pid>`); if the error "
-            "names a version, reinstall matching TensorFlow and libtpu with "
-            "pip install 'fenwicks[tpu]'.")
+def _skipped(unusable: list[Unusable]) -> str:
+    """'a CPU-only TensorFlow cannot use the TPU here (see the WARNING); ' for a reason."""
+    return "".join(f"{problem.summary} (see the WARNING); " for problem in unusable)
 
 
-def _gpu_unusable(probe: Any, evidence: str) -> str:
+def _gpu_unusable(probe: Any, evidence: str) -> Unusable:
     """The warning for an NVIDIA GPU that TensorFlow does not list: the cause and fix."""
     cause = "TensorFlow's build information is empty"
     try:
@@ -451,10 +643,11 @@ def _gpu_unusable(probe: Any, evidence: str) -> str:
     except Exception as err:  # noqa: BLE001
         build, cause = {}, f"TensorFlow's build information is unreadable ({err})"
     if build and not build.get("is_cuda_build"):
-        return (f"an NVIDIA GPU is on this machine ({evidence}) but TensorFlow lists no "
-                "GPU: the installed TensorFlow is built without CUDA (the CPU-only wheel, "
-                "e.g. tensorflow-cpu). Fix: pip uninstall -y tensorflow-cpu, then "
-                "pip install 'fenwicks[gpu]' (tensorflow[and-cuda]), and restart.")
+        return Unusable("cpu-build", "a CPU-only TensorFlow cannot use the GPU here", (
+            f"an NVIDIA GPU is on this machine ({evidence}) but TensorFlow lists no "
+            "GPU: the installed TensorFlow is built without CUDA (the CPU-only wheel, "
+            "e.g. tensorflow-cpu). Fix: pip uninstall -y tensorflow-cpu, then "
+            "pip install 'fenwicks[gpu]' (tensorflow[and-cuda]), and restart."))
     if build:
         wants = (f"CUDA {build.get('cuda_version')} and cuDNN {build.get('cudnn_version')}")
         try:
@@ -464,22 +657,25 @@ def _gpu_unusable(probe: Any, evidence: str) -> str:
         cause = (f"TensorFlow was built for {wants}, and "
                  + (f"loading them failed: {error}" if error else
                     "they load, so the driver is likely too old for them"))
-    return (f"an NVIDIA GPU is on this machine ({evidence}) but TensorFlow lists no GPU: "
-            f"{cause}. Fix: match the CUDA and cuDNN versions to TensorFlow's, e.g. "
-            "pip install 'fenwicks[gpu]' (tensorflow[and-cuda] brings matching CUDA "
-            "libraries) and update the NVIDIA driver if it is older, then restart.")
+    return Unusable("cuda", "TensorFlow cannot load CUDA for the GPU here", (
+        f"an NVIDIA GPU is on this machine ({evidence}) but TensorFlow lists no GPU: "
+        f"{cause}. Fix: match the CUDA and cuDNN versions to TensorFlow's, e.g. "
+        "pip install 'fenwicks[gpu]' (tensorflow[and-cuda] brings matching CUDA "
+        "libraries) and update the NVIDIA driver if it is older, then restart."))
 
 
-def _try_tpu_vm(probe: Any, unusable: list[str]) -> Accelerator | None:
-    if not probe.has_libtpu():
-        return None
+
+def _try_tpu_vm(probe: Any, unusable: list[Unusable]) -> Accelerator | None:
+    evidence = probe.tpu_evidence()
+    if not [e for e in evidence if not e.startswith("COLAB_TPU_ADDR=")]:
+        return None  # COLAB_TPU_ADDR alone is a TPU node, reached over the network
     try:
         resolver, strategy = probe.tpu_strategy("local")
     except Exception as err:  # noqa: BLE001 - a busy TPU, a libtpu mismatch: say so loudly
-        unusable.append(_tpu_unusable(probe, err))
+        unusable.append(_tpu_diagnosis.tensorflow_cause(err, probe.tpu_facts()))
         return None
     return _tpu(strategy, resolver, remote=False,
-                reason="a TPU on this machine answered (a TPU VM, libtpu installed)")
+                reason=f"a TPU on this machine answered (a TPU VM: {', '.join(evidence)})")
 
 
 def _try_tpu_node(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
@@ -536,7 +732,7 @@ def _try_multi_worker(probe: Any, env: Mapping[str, str]) -> Accelerator | None:
 
 
 def _try_gpu(probe: Any, replicas: int | None, auto: bool = True,
-             unusable: list[str] | None = None) -> Accelerator | None:
+             unusable: list[Unusable] | None = None) -> Accelerator | None:
     gpus = probe.gpus()
     if not gpus:
         evidence = probe.nvidia_evidence()
@@ -549,19 +745,23 @@ def _try_gpu(probe: Any, replicas: int | None, auto: bool = True,
     gpus = gpus[: replicas or len(gpus)]
     strategy = probe.gpu_strategy(len(gpus))
     kind = "one GPU" if len(gpus) == 1 else f"{len(gpus)} GPUs"
+    before = (_skipped(unusable or []) or "no TPU answered; ") if auto else ""
     return Accelerator("gpu", strategy, len(gpus), "auto",
                        devices=tuple(g["name"] for g in gpus),
                        memory=tuple(g.get("memory") for g in gpus),
-                       reason=("no TPU answered; " if auto else "")
-                              + f"TensorFlow sees {kind}, so "
+                       reason=before + f"TensorFlow sees {kind}, so "
                               + ("it trains alone" if len(gpus) == 1 else
                                  "they train in sync, one replica each"))
 
 
-def _cpu(probe: Any, replicas: int, auto: bool = True) -> Accelerator:
+def _cpu(probe: Any, replicas: int, auto: bool = True,
+         unusable: list[Unusable] | None = None) -> Accelerator:
     strategy = probe.cpu_strategy(replicas)
     name = probe.cpu_name()
-    single = "no TPU or GPU was found, so the CPU" if auto else "the CPU, as asked"
+    single = "the CPU, as asked"
+    if auto:
+        single = (f"{_skipped(unusable)}no other TPU or GPU was found, so the CPU"
+                  if unusable else "no TPU or GPU was found, so the CPU")
     reason = (single if replicas == 1 else
               f"the CPU split into {replicas} logical devices, to simulate {replicas} "
               "replicas as on a TPU (for testing: it is not faster)")
@@ -570,6 +770,121 @@ def _cpu(probe: Any, replicas: int, auto: bool = True) -> Accelerator:
                                      for i in range(replicas)),
                        memory=(probe.host_memory(),) * replicas, simulated=replicas > 1,
                        reason=reason)
+
+
+# ------------------------------------------------------------------------- jax engine
+
+
+class _JaxProbe(_HostProbe):
+    """The side-effecting half of detection on the jax engine (JAX's devices)."""
+
+    def devices(self) -> list[dict[str, Any]]:
+        """This process's JAX devices as dicts: platform, kind, id, memory, capability."""
+        import jax
+
+        found = []
+        for device in jax.local_devices():
+            try:
+                memory = (device.memory_stats() or {}).get("bytes_limit")
+            except Exception:  # noqa: BLE001 - CPU devices and older plugins have none
+                memory = None
+            capability = getattr(device, "compute_capability", None)
+            found.append({"platform": device.platform, "kind": device.device_kind,
+                          "id": device.id, "memory": memory,
+                          "compute_capability": tuple(int(p) for p in str(capability)
+                                                      .split(".")) if capability else None})
+        return found
+
+    def process_count(self) -> int:
+        import jax
+
+        return jax.process_count()
+
+    def backend_errors(self) -> dict[str, str]:
+        """JAX's own message per platform it tried and could not start ('tpu': ...)."""
+        try:
+            from jax._src import xla_bridge
+
+            return dict(getattr(xla_bridge, "_backend_errors", {}) or {})
+        except Exception:  # noqa: BLE001 - a JAX without this internal: no details
+            return {}
+
+    def gpus(self) -> list[dict[str, Any]]:
+        return [d for d in self.devices() if _jax_kind(d["platform"]) == "gpu"]
+
+    def strategy(self) -> Any:
+        import tensorflow as tf
+
+        return tf.distribute.get_strategy()
+
+
+def _jax_kind(platform: str) -> str:
+    return {"tpu": "tpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}.get(platform, "cpu")
+
+
+def detect_jax(request: _Request, probe: Any) -> Accelerator:
+    """Describes JAX's devices for `request` on the jax engine, using `probe` (a
+    `_JaxProbe` or a fake). ``cpu:N`` must already be in XLA_FLAGS (`setup_engine`,
+    `configure`).
+
+    Public for tests and diagnostics; users call `current()`.
+    """
+    devices = probe.devices()
+    kind = _jax_kind(devices[0]["platform"])
+    wanted, unusable = request.device, []
+    if wanted == "auto" and kind != "tpu":
+        evidence = probe.tpu_evidence()
+        if evidence:
+            unusable.append(_tpu_diagnosis.jax_cause(probe.backend_errors().get("tpu"),
+                                                     probe.tpu_facts()))
+    if wanted == "auto" and kind == "cpu" and probe.nvidia_evidence():
+        unusable.append(_jax_gpu_unusable(probe))
+    if wanted in ("tpu", "gpu") and kind != wanted:
+        error = probe.backend_errors().get("tpu" if wanted == "tpu" else "cuda")
+        raise AcceleratorError(
+            f"device={wanted!r} was requested ({request.source}) but JAX sees "
+            f"{len(devices)} {devices[0]['platform']} device(s)"
+            + (f"; its {wanted} backend failed: {error}" if error else
+               f"; JAX has no {wanted} support installed (pip install 'jax[{wanted}]', or "
+               "'jax[cuda12]' for NVIDIA GPUs)"))
+    if wanted == "cpu" and request.replicas and len(devices) != request.replicas:
+        raise AcceleratorError(
+            f"cpu:{request.replicas} was requested ({request.source}) but JAX has "
+            f"{len(devices)} device(s): it created them before XLA_FLAGS was set. Set "
+            f"{DEVICE_ENV}=cpu:{request.replicas} before importing fenwicks")
+    found = Accelerator(
+        kind, probe.strategy(), len(devices), "auto",
+        devices=tuple(f"{d['kind']} ({d['platform']}:{d['id']})" for d in devices),
+        memory=tuple(d["memory"] if kind != "cpu" else probe.host_memory()
+                     for d in devices),
+        num_workers=probe.process_count(), simulated=kind == "cpu" and len(devices) > 1,
+        reason=_jax_reason(kind, devices, wanted, unusable), engine="jax")
+    return _finish(found, request, unusable, probe)
+
+
+def _jax_reason(kind: str, devices: list[dict[str, Any]], wanted: str,
+                unusable: list[Unusable]) -> str:
+    count = len(devices)
+    if kind == "cpu" and count > 1:
+        return (f"the CPU split into {count} JAX devices (XLA_FLAGS="
+                f"--xla_force_host_platform_device_count={count}), to simulate {count} "
+                "replicas as on a TPU (for testing: it is not faster)")
+    if kind == "cpu":
+        return "the CPU, as asked" if wanted == "cpu" else (
+            f"{_skipped(unusable)}JAX sees no TPU or GPU, so the CPU")
+    name = devices[0]["kind"]
+    return (f"JAX sees {count} {kind.upper()} device{'s' if count > 1 else ''} ({name}), "
+            + ("one replica each" if count > 1 else "one replica"))
+
+
+def _jax_gpu_unusable(probe: Any) -> Unusable:
+    error = probe.backend_errors().get("cuda")
+    return Unusable("cuda", "JAX cannot use the GPU here", (
+        f"an NVIDIA GPU is on this machine ({probe.nvidia_evidence()}) but JAX lists no "
+        "GPU: " + (f"its CUDA backend failed: {error}" if error else
+                   "JAX's CUDA support is not installed")
+        + ". Fix: pip install -U 'jax[cuda12]' (JAX with the CUDA libraries made for it), "
+          "then start a new Python process."))
 
 
 def _with_precision(acc: Accelerator, precision: str, probe: Any) -> Accelerator:

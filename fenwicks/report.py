@@ -23,13 +23,23 @@ def info_rows() -> list[tuple[str, str]]:
     from fenwicks import accel, io
 
     acc = accel.current()
+    choice = accel.engine_choice()
     rows = [
         ("python", sys.version.split()[0]),
         ("tensorflow", tf.__version__),
         ("keras", keras.__version__),
+    ]
+    if acc.engine == "jax":
+        import jax
+
+        rows.append(("jax", jax.__version__))
+    rows += [
+        ("engine", f"{acc.engine} (Keras on {keras.backend.backend()}; {choice.reason})"),
         ("accelerator", acc.kind + (" (simulated)" if acc.simulated else "")),
         ("chosen by", acc.reason),
-        ("strategy", type(acc.strategy).__name__),
+        ("strategy", type(acc.strategy).__name__ + (
+            " (TensorFlow's default; JAX places the replicas)" if acc.engine == "jax"
+            else "")),
         ("replicas", str(acc.num_replicas)),
         ("workers", str(acc.num_workers)),
         ("precision", acc.precision),
@@ -48,9 +58,9 @@ def info_rows() -> list[tuple[str, str]]:
 
 
 def info() -> None:
-    """Prints TensorFlow and Keras versions, devices, strategy, replicas, precision and
-    the storage root, then a WARNING row for each TPU or GPU present but unusable (the
-    original error, the fix and what was chosen instead).
+    """Prints TensorFlow and Keras versions, the engine and why, devices, strategy,
+    replicas, precision and the storage root, then a WARNING row for each TPU or GPU
+    present but unusable (the original error, the fix and what was chosen instead).
 
     Example:
         >>> fw.info()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import textwrap
 
 import pytest
 
-from fenwicks import accel
+from fenwicks import _engine, _tpu_diagnosis, accel
 from tests.conftest import run_json, run_python, start_process
 
 
@@ -26,11 +27,20 @@ class FakeResolver:
 
 
 class FakeProbe:
-    """Answers like a machine with the given hardware; records what was asked."""
+    """Answers like a machine with the given hardware; records what was asked.
+
+    A TPU host is `libtpu=True` (evidence "libtpu is installed") or its `evidence`; what
+    the TPU diagnosis reads (`tpu_facts`) comes from `tensorflows`, `libtpu_version`,
+    `jax`, `tpu_holders` and `jax_holds_tpu`.
+    """
 
     def __init__(self, libtpu=False, tpu_replicas=8, tpu_fails=False, gpus=(), cpu_name="Fake",
-                 nvidia=None, tpu_holders=(), build=None, cuda_error=None):
+                 nvidia=None, tpu_holders=(), build=None, cuda_error=None, evidence=None,
+                 tensorflows=None, libtpu_version=None, jax=None, jax_holds_tpu=False):
         self.libtpu, self.tpu_replicas, self.tpu_fails = libtpu, tpu_replicas, tpu_fails
+        self.evidence = list(evidence or (["libtpu is installed"] if libtpu else []))
+        self.tensorflows = dict(tensorflows or {"tensorflow-tpu": "2.20.0"})
+        self.libtpu_version, self.jax, self.jax_holds = libtpu_version, jax, jax_holds_tpu
         self._gpus = [dict(g) for g in gpus]
         self.cpu_name_value = cpu_name
         self.tpu_addresses: list[str] = []
@@ -42,6 +52,15 @@ class FakeProbe:
 
     def has_libtpu(self):
         return self.libtpu
+
+    def tpu_evidence(self):
+        return self.evidence
+
+    def tpu_facts(self):
+        return _tpu_diagnosis.TpuFacts(
+            evidence=self.evidence, tensorflows=self.tensorflows,
+            libtpu=self.libtpu_version, jax=self.jax, holders=self.holders,
+            jax_holds_tpu=self.jax_holds, pid=4000)
 
     def nvidia_evidence(self):
         return self.nvidia
@@ -309,3 +328,275 @@ def test_two_worker_cluster_on_loopback():
     for result in results:
         assert result["multi_worker"] is True
         assert result["replicas"] == 2 and result["sum"] == 2 * 1.5
+
+
+# ------------------------------------------------------------------- the engine decision
+
+KAGGLE_TPU = _engine.HostFacts(  # Kaggle/docker-python tpu/: what the image installs
+    {"tensorflow-cpu": "2.20.0", "jax": "0.7.2", "jaxlib": "0.7.2", "libtpu": "0.0.17"})
+KAGGLE_ENV = {"ISTPUVM": "1", "TPU_PROCESS_ADDRESSES": "local"}
+COLAB_TPU = _engine.HostFacts({"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": "0.0.42.1"})
+TPU_VM_TF = _engine.HostFacts({"tensorflow-tpu": "2.20.0", "libtpu": "0.0.14"},
+                              tpu_files=("/dev/vfio/0",))
+COLAB_GPU = _engine.HostFacts({"tensorflow": "2.21.0", "jax": "0.10.2"})
+
+
+@pytest.mark.parametrize("env,facts,engine,reason", [
+    ({}, COLAB_GPU, "tf", "auto: not a TPU host"),
+    (KAGGLE_ENV, KAGGLE_TPU, "jax",
+     "auto: this is a TPU host (ISTPUVM=1, TPU_PROCESS_ADDRESSES=local, libtpu 0.0.17 is "
+     "installed) and its TensorFlow is a CPU-only build (tensorflow-cpu 2.20.0; the TPU "
+     "build is tensorflow-tpu), so TensorFlow cannot reach the TPU; JAX 0.7.2 can"),
+    ({}, COLAB_TPU, "jax",
+     "auto: this is a TPU host (libtpu 0.0.42.1 is installed) and it has no TensorFlow, so "
+     "TensorFlow cannot reach the TPU; JAX 0.10.2 can"),
+    ({"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, TPU_VM_TF, "tf",
+     "auto: this TPU host has tensorflow-tpu 2.20.0"),
+    (KAGGLE_ENV, _engine.HostFacts({"tensorflow-cpu": "2.20.0"}), "tf",
+     "auto: a TPU host where its TensorFlow is a CPU-only build (tensorflow-cpu 2.20.0; "
+     "the TPU build is tensorflow-tpu), and JAX is not installed"),
+    ({}, _engine.HostFacts({"tensorflow": "2.21.0", "jax": "0.10.2"},
+                           tpu_files=("/dev/accel0",)), "jax", None),
+    ({"FENWICKS_ENGINE": "tf", **KAGGLE_ENV}, KAGGLE_TPU, "tf", "FENWICKS_ENGINE=tf"),
+    ({"FENWICKS_ENGINE": "jax"}, COLAB_GPU, "jax", "FENWICKS_ENGINE=jax"),
+    ({"FENWICKS_ENGINE": "JAX", "KERAS_BACKEND": "jax"}, COLAB_GPU, "jax",
+     "FENWICKS_ENGINE=JAX"),
+    ({"KERAS_BACKEND": "jax"}, COLAB_GPU, "jax", "KERAS_BACKEND=jax"),
+    ({"KERAS_BACKEND": "tensorflow", **KAGGLE_ENV}, KAGGLE_TPU, "tf", "KERAS_BACKEND=tensorflow"),
+])
+def test_the_engine_decision_table(env, facts, engine, reason):
+    choice = _engine.choose_engine(env, facts)
+    assert choice.engine == engine
+    assert choice.keras_backend == {"tf": "tensorflow", "jax": "jax"}[engine]
+    if reason is not None:
+        assert choice.reason == reason
+    # Only the engine chosen by the machine itself is announced at import.
+    assert choice.announce == (engine == "jax" and choice.reason.startswith("auto:"))
+    assert _engine.choose_engine(env, facts) == choice  # a pure function of its inputs
+
+
+def test_the_announcement_is_one_line_saying_why_and_how_to_insist_on_tf():
+    line = _engine.announcement(_engine.choose_engine(KAGGLE_ENV, KAGGLE_TPU))
+    assert line == (
+        "fenwicks: Keras runs on JAX (the jax engine) because this is a TPU host (ISTPUVM=1, "
+        "TPU_PROCESS_ADDRESSES=local, libtpu 0.0.17 is installed) and its TensorFlow is a "
+        "CPU-only build (tensorflow-cpu 2.20.0; the TPU build is tensorflow-tpu), so "
+        "TensorFlow cannot reach the TPU; JAX 0.7.2 can; TensorFlow only feeds tf.data. Set "
+        "FENWICKS_ENGINE=tf before importing fenwicks to insist on TensorFlow.")
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize("env,facts,message", [
+    ({"KERAS_BACKEND": "torch"}, COLAB_GPU,
+     "KERAS_BACKEND=torch is set, but Fenwicks runs Keras only on TensorFlow or JAX; unset "
+     "KERAS_BACKEND (or set it to tensorflow or jax) before importing fenwicks, in a new "
+     "Python process."),
+    ({"KERAS_BACKEND": "jax"}, _engine.HostFacts({"tensorflow": "2.21.0"}),
+     "KERAS_BACKEND=jax is set, but JAX is not installed; Fenwicks runs Keras on JAX only "
+     "where JAX is installed: pip install jax (on a TPU VM: pip install 'jax[tpu]'), or unset "
+     "it to run on TensorFlow."),
+    ({"FENWICKS_ENGINE": "jax"}, _engine.HostFacts({"tensorflow": "2.21.0"}),
+     "FENWICKS_ENGINE=jax is set, but JAX is not installed; Fenwicks runs Keras on JAX only "
+     "where JAX is installed: pip install jax (on a TPU VM: pip install 'jax[tpu]'), or unset "
+     "it to run on TensorFlow."),
+    ({"FENWICKS_ENGINE": "torch"}, COLAB_GPU,
+     "FENWICKS_ENGINE='torch' is not an engine Fenwicks has; set FENWICKS_ENGINE=tf or "
+     "FENWICKS_ENGINE=jax (or unset it to choose automatically) before importing fenwicks."),
+    ({"FENWICKS_ENGINE": "jax", "KERAS_BACKEND": "tensorflow"}, COLAB_GPU,
+     "FENWICKS_ENGINE=jax and KERAS_BACKEND=tensorflow disagree: the jax engine runs Keras "
+     "on 'jax'; unset KERAS_BACKEND or set it to jax before importing fenwicks."),
+    ({}, dataclasses.replace(COLAB_GPU, keras_backend="torch"),
+     "keras was imported before fenwicks with the 'torch' backend, but Fenwicks runs Keras "
+     "on 'tensorflow' here (auto: not a TPU host); Keras fixes its backend when it is first "
+     "imported, so restart the Python process and import fenwicks before keras, or set "
+     "KERAS_BACKEND=torch before both if Fenwicks supports it (tensorflow or jax)."),
+    ({"FENWICKS_ENGINE": "jax"}, dataclasses.replace(COLAB_GPU, keras_backend="tensorflow"),
+     "keras was imported before fenwicks with the 'tensorflow' backend, but Fenwicks runs "
+     "Keras on 'jax' here (FENWICKS_ENGINE=jax); Keras fixes its backend when it is first "
+     "imported, so restart the Python process and import fenwicks before keras, or set "
+     "KERAS_BACKEND=tensorflow before both if Fenwicks supports it (tensorflow or jax)."),
+])
+def test_an_engine_fenwicks_cannot_run_on_is_one_clear_sentence(env, facts, message):
+    with pytest.raises(_engine.EngineError) as failure:
+        _engine.choose_engine(env, facts)
+    assert str(failure.value) == message
+
+
+def test_auto_follows_a_keras_imported_before_fenwicks_and_says_so():
+    # A Kaggle notebook that ran `import keras` (tensorflow, Keras's default) first.
+    facts = dataclasses.replace(KAGGLE_TPU, keras_backend="tensorflow")
+    choice = _engine.choose_engine(KAGGLE_ENV, facts)
+    assert (choice.engine, choice.announce) == ("tf", True)
+    assert _engine.announcement(choice) == (
+        "fenwicks: Keras runs on tensorflow (the tf engine) because keras was imported before "
+        "fenwicks, on 'tensorflow'; auto-detection would have chosen jax (auto: this is a TPU "
+        "host (ISTPUVM=1, TPU_PROCESS_ADDRESSES=local, libtpu 0.0.17 is installed) and its "
+        "TensorFlow is a CPU-only build (tensorflow-cpu 2.20.0; the TPU build is "
+        "tensorflow-tpu), so TensorFlow cannot reach the TPU; JAX 0.7.2 can). To run on the "
+        "jax engine, import fenwicks before keras, in a new Python process.")
+    same = _engine.choose_engine({}, dataclasses.replace(COLAB_GPU, keras_backend="tensorflow"))
+    assert (same.engine, same.announce) == ("tf", False)
+
+
+def test_tpu_host_evidence_reads_env_distributions_and_device_files():
+    facts = _engine.HostFacts({"libtpu": "0.0.17"}, tpu_files=("/dev/vfio/0",))
+    env = {"ISTPUVM": "1", "TPU_ACCELERATOR_TYPE": "", "COLAB_TPU_ADDR": "10.0.0.2:8470"}
+    assert _engine.tpu_host_evidence(env, facts) == [
+        "ISTPUVM=1", "COLAB_TPU_ADDR=10.0.0.2:8470", "libtpu 0.0.17 is installed",
+        "/dev/vfio/0 exists"]
+    assert _engine.tpu_host_evidence({}, _engine.HostFacts({}, libtpu_module=True)) == [
+        "libtpu is installed"]
+    assert _engine.tpu_host_evidence({}, COLAB_GPU) == []
+
+
+def test_host_facts_of_this_machine_see_tensorflow_and_jax():
+    facts = _engine.HostFacts.gather()
+    assert set(facts.tensorflows) & set(_engine.TF_DISTRIBUTIONS)
+    assert facts.jax_version is not None  # setup.py's test extra installs jax
+    assert facts.keras_backend == "tensorflow"  # this pytest process imported fenwicks
+
+
+@pytest.mark.parametrize("before,replicas,after", [
+    ("", 8, "--xla_force_host_platform_device_count=8"),
+    ("--xla_dump_to=/tmp/x", 8, "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8"),
+    ("--xla_force_host_platform_device_count=2 --xla_dump_to=/tmp/x", 4,
+     "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=4"),
+    ("--xla_dump_to=/tmp/x", None, "--xla_dump_to=/tmp/x"),
+])
+def test_cpu_n_on_jax_appends_the_host_device_count_to_xla_flags(before, replicas, after):
+    env = {"XLA_FLAGS": before} if before else {}
+    _engine.force_cpu_devices(env, replicas)
+    assert env.get("XLA_FLAGS", "") == after
+    assert env["JAX_PLATFORMS"] == "cpu"
+
+
+def test_configure_accepts_only_the_engine_keras_runs_on(monkeypatch):
+    monkeypatch.setattr(accel, "_request", accel._Request())
+    assert accel.engine() == "tf"  # this process: not a TPU host, no FENWICKS_ENGINE
+    accel.configure(engine="tf")
+    with pytest.raises(accel.AcceleratorError) as failure:
+        accel.configure(engine="jax")
+    assert str(failure.value) == (
+        "engine='jax' was asked, but Keras in this process runs on 'tensorflow' (the tf "
+        "engine, chosen at import fenwicks: auto: not a TPU host); Keras fixes its backend "
+        "when it is imported, so set FENWICKS_ENGINE=jax before `import fenwicks`, in a new "
+        "Python process")
+    with pytest.raises(ValueError, match="engine='torch' must be one of"):
+        accel.configure(engine="torch")
+
+
+class FakeJaxProbe(FakeProbe):
+    """JAX's side of a machine: its devices, and what its TPU backend said."""
+
+    def __init__(self, platform="cpu", count=1, device_kind="cpu", errors=None,
+                 capability=None, **kwargs):
+        super().__init__(**kwargs)
+        self._devices = [{"platform": platform, "kind": device_kind, "id": i,
+                          "memory": 16 * 2**30 if platform != "cpu" else None,
+                          "compute_capability": capability} for i in range(count)]
+        self.errors = errors or {}
+
+    def devices(self):
+        return self._devices
+
+    def process_count(self):
+        return 1
+
+    def backend_errors(self):
+        return self.errors
+
+    def gpus(self):
+        return [d for d in self._devices if d["platform"] == "gpu"]
+
+    def strategy(self):
+        return FakeStrategy(1)
+
+
+@pytest.mark.parametrize("probe,kind,replicas,precision", [
+    (FakeJaxProbe("tpu", 8, "TPU v5 lite", libtpu=True), "tpu", 8, "bfloat16"),
+    (FakeJaxProbe("gpu", 2, "Tesla T4", capability=(7, 5)), "gpu", 2, "float16"),
+    (FakeJaxProbe("gpu", 1, "Tesla P100", capability=(6, 0)), "gpu", 1, "float32"),
+    (FakeJaxProbe("cpu", 1), "cpu", 1, "float32"),
+])
+def test_the_jax_engine_describes_jax_devices(probe, kind, replicas, precision):
+    acc = accel.detect_jax(AUTO, probe)
+    assert (acc.engine, acc.kind, acc.num_replicas, acc.precision) == \
+        ("jax", kind, replicas, precision)
+    assert acc.strategy.num_replicas_in_sync == 1  # TensorFlow's default strategy
+    assert acc.warnings == ()
+
+
+def test_jax_cpu_n_is_simulated_and_a_wrong_count_is_an_error():
+    eight = accel._Request("cpu", 8, source="FENWICKS_DEVICE=cpu:8")
+    acc = accel.detect_jax(eight, FakeJaxProbe("cpu", 8))
+    assert (acc.kind, acc.num_replicas, acc.simulated) == ("cpu", 8, True)
+    assert acc.reason.startswith("FENWICKS_DEVICE=cpu:8: the CPU split into 8 JAX devices")
+    with pytest.raises(accel.AcceleratorError, match="JAX has 1 device"):
+        accel.detect_jax(eight, FakeJaxProbe("cpu", 1))
+    with pytest.raises(accel.AcceleratorError, match="its tpu backend failed: UNKNOWN"):
+        accel.detect_jax(accel._Request("tpu"), FakeJaxProbe(errors={"tpu": "UNKNOWN: x"}))
+
+
+# ------------------------------------------------------- the engine in a real new process
+
+_ENGINE_PROBE = """
+import json, os, sys
+{prelude}
+try:
+    import fenwicks as fw
+except ImportError as err:
+    print(json.dumps({{"error": type(err).__name__, "message": str(err)}}))
+    raise SystemExit(0)
+import keras
+from fenwicks import report
+acc = fw.accel.current()
+rows = report.info_rows()
+print(json.dumps({{"engine": fw.accel.engine(), "backend": keras.backend.backend(),
+                  "info_engine": dict(rows)["engine"],
+                  "info_devices": [v for k, v in rows if k.startswith("device ")],
+                  "kind": acc.kind, "replicas": acc.num_replicas, "acc_engine": acc.engine,
+                  "simulated": acc.simulated, "env_backend": os.environ.get("KERAS_BACKEND"),
+                  "jax_devices": len(__import__("jax").devices()) if "jax" in sys.modules
+                  else None}}))
+"""
+# JAX missing as the decision sees it: no distribution metadata, not importable.
+_NO_JAX = """
+import importlib.metadata as md
+real = md.version
+def version(name):
+    if name in ("jax", "jaxlib"):
+        raise md.PackageNotFoundError(name)
+    return real(name)
+md.version = version
+sys.modules["jax"] = None
+"""
+
+
+def test_engines_in_new_processes():
+    """KERAS_BACKEND and FENWICKS_ENGINE as a user sets them, each in a new interpreter."""
+    def run(env, prelude=""):
+        env = {"KERAS_BACKEND": None, "FENWICKS_ENGINE": None, "FENWICKS_DEVICE": None,
+               "XLA_FLAGS": None, **env}
+        return run_json(_ENGINE_PROBE.format(prelude=prelude), env=env, fresh=True)
+
+    jax8 = run({"FENWICKS_ENGINE": "jax", "FENWICKS_DEVICE": "cpu:8"})
+    info_devices = jax8.pop("info_devices")
+    assert jax8 == {"engine": "jax", "backend": "jax", "kind": "cpu", "replicas": 8,
+                    "acc_engine": "jax", "simulated": True, "env_backend": None,
+                    "jax_devices": 8, "info_engine": "jax (Keras on jax; FENWICKS_ENGINE=jax)"}
+    assert [d.split(",")[0] for d in info_devices] == [f"cpu (cpu:{i})" for i in range(8)]
+    configured = run({"FENWICKS_ENGINE": "jax"},
+                     prelude="import fenwicks as fw; fw.accel.configure(device='cpu:4')")
+    assert (configured["engine"], configured["replicas"], configured["jax_devices"]) == \
+        ("jax", 4, 4)
+    on_jax = run({"KERAS_BACKEND": "jax"})
+    assert (on_jax["engine"], on_jax["backend"], on_jax["replicas"]) == ("jax", "jax", 1)
+    assert on_jax["info_engine"] == "jax (Keras on jax; KERAS_BACKEND=jax)"
+    assert on_jax["env_backend"] == "jax"  # the user's own setting stays
+    torch = run({"KERAS_BACKEND": "torch"})
+    assert torch["error"] == "EngineError"
+    assert torch["message"].startswith("KERAS_BACKEND=torch is set, but Fenwicks runs Keras "
+                                       "only on TensorFlow or JAX")
+    no_jax = run({"KERAS_BACKEND": "jax"}, prelude=_NO_JAX)
+    assert no_jax["error"] == "EngineError"
+    assert no_jax["message"].startswith("KERAS_BACKEND=jax is set, but JAX is not installed")

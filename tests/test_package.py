@@ -11,7 +11,7 @@ from tests.conftest import run_json
 CONTRACT = {
     "fenwicks": ["info", "Sequential", "accel", "io", "gcs", "colab_utils", "data", "transform",
                  "layers", "models", "train", "plt", "bench"],
-    "fenwicks.accel": ["current", "configure", "Accelerator", "AcceleratorError"],
+    "fenwicks.accel": ["current", "configure", "Accelerator", "AcceleratorError", "engine"],
 }
 
 
@@ -30,7 +30,7 @@ def test_every_public_name_imports():
 
 
 _IMPORT_PROBE = r"""
-import json, socket, sys, time
+import json, os, socket, sys, time
 connections = []
 real_connect = socket.socket.connect
 def spy(self, address):
@@ -51,6 +51,9 @@ print(json.dumps({
     "accel_initialised": accel.is_initialized(),
     "logical_cpus": len(tf.config.list_logical_devices("CPU")),
     "connections": connections,
+    # Keras was imported before fenwicks here; fenwicks leaves KERAS_BACKEND to the user.
+    "keras_backend_env": os.environ.get("KERAS_BACKEND"),
+    "engine": fw.accel.engine(),
     "heavy_modules": sorted(m for m in ("google.colab", "kaggle_secrets", "gcsfs",
                                         "matplotlib", "tensorflow_datasets", "sklearn")
                             if m in sys.modules and m not in before),
@@ -62,7 +65,7 @@ def test_import_has_no_side_effects():
     # a new interpreter: a process forked after `import fenwicks` would hide its effects
     out = run_json(_IMPORT_PROBE, env={"FENWICKS_DEVICE": "cpu:8"}, fresh=True)
     assert out == {"accel_initialised": False, "logical_cpus": 2, "connections": [],
-                   "heavy_modules": []}
+                   "keras_backend_env": None, "engine": "tf", "heavy_modules": []}
 
 
 def _fenwicks_import_seconds() -> float:

@@ -12,21 +12,29 @@ import warnings
 
 import pytest
 
-from fenwicks import accel
+from fenwicks import _engine, accel
 from tests.conftest import ROOT, run_python
-from tests.test_accel import V100, FakeProbe
+from tests.test_accel import V100, FakeJaxProbe, FakeProbe
 
 AUTO = accel._Request()
 BUSY = RuntimeError("TPU initialization failed: open(/dev/accel0): Device or resource busy: "
                     "Device or resource busy; Couldn't open device: /dev/accel0")
-MISMATCH = RuntimeError("libtpu version 0.0.21 is not compatible with this TensorFlow "
-                        "(expected 0.0.17)")
 NO_CUDNN = "libcudnn.so.9: cannot open shared object file: No such file or directory"
+# TensorFlow 2.20's error on the Kaggle TPU image replica (tensorflow-cpu 2.20.0, libtpu
+# 0.0.17, ISTPUVM=1): TPUClusterResolver('local') + initialize_tpu_system, first two lines.
+NO_KERNEL = RuntimeError(
+    "TPUs not found in the cluster. Failed in initialization: No OpKernel was registered to "
+    "support Op 'ConfigureDistributedTPU' used by {{node ConfigureDistributedTPU}}\n"
+    "Registered devices: [CPU]")
+KAGGLE = ["ISTPUVM=1", "TPU_PROCESS_ADDRESSES=local", "libtpu 0.0.17 is installed"]
+INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
+ON_CPU = " Fenwicks chose the CPU (1 replica, float32) instead."
 
 
 def _detect_warning(request, probe, caplog):
     """Detects; returns (accelerator, the one AcceleratorWarning text, the log text)."""
     caplog.set_level(logging.WARNING, logger="fenwicks")
+    caplog.clear()
     with pytest.warns(accel.AcceleratorWarning) as caught:
         acc = accel.detect(request, probe, env={})
     texts = [str(w.message) for w in caught if w.category is accel.AcceleratorWarning]
@@ -37,30 +45,199 @@ def _detect_warning(request, probe, caplog):
     return acc, texts[0]
 
 
-def test_a_tpu_held_by_another_process_is_a_warning_naming_holder_and_fix(caplog):
-    probe = FakeProbe(libtpu=True, tpu_fails=BUSY,
-                      tpu_holders=["pid 4242 (python3 -m ipykernel_launcher -f k.json)"])
+def _never_a_second_tensorflow(text):
+    """No advice installs a TensorFlow distribution without removing the one there."""
+    for match in re.finditer(r"pip install [^,;]*?'?(tensorflow[\w-]*)", text):
+        before = text[:match.start()]
+        assert "pip uninstall -y" in before or "--force-reinstall" in match.group(0), text
+
+
+# One test per cause a TPU TensorFlow cannot use (fenwicks._tpu_diagnosis), each reading the
+# whole warning and the "chosen by" reason, which names the same cause.
+
+def test_a_cpu_only_tensorflow_on_a_tpu_host_points_to_the_jax_engine(caplog):
+    probe = FakeProbe(evidence=KAGGLE, tensorflows={"tensorflow-cpu": "2.20.0"},
+                      libtpu_version="0.0.17", jax="0.7.2", tpu_fails=NO_KERNEL)
     acc, text = _detect_warning(AUTO, probe, caplog)
     assert (acc.kind, acc.num_replicas, acc.precision) == ("cpu", 1, "float32")
-    assert text.startswith("a TPU is on this machine (libtpu is installed) but could not be "
-                           "initialised: RuntimeError: TPU initialization failed: "
-                           "open(/dev/accel0): Device or resource busy")
-    assert "It is held by pid 4242 (python3 -m ipykernel_launcher -f k.json)." in text
-    assert "restart the runtime (Colab/Kaggle: Runtime > Restart session)" in text
-    assert "`lsof -w /dev/accel* /dev/vfio/*`, then `kill <pid>`" in text
-    assert text.endswith("Fenwicks chose the CPU (1 replica, float32) instead.")
+    assert acc.reason == ("auto-detection: a CPU-only TensorFlow cannot use the TPU here (see "
+                          "the WARNING); no other TPU or GPU was found, so the CPU")
+    assert text == (
+        "a TPU is on this machine (ISTPUVM=1, TPU_PROCESS_ADDRESSES=local, libtpu 0.0.17 is "
+        "installed) but the installed TensorFlow (tensorflow-cpu 2.20.0) is a CPU-only build "
+        "without TPU kernels (RuntimeError: TPUs not found in the cluster. Failed in "
+        "initialization: No OpKernel was registered to support Op 'ConfigureDistributedTPU' "
+        "used by {{node ConfigureDistributedTPU}}), so TensorFlow cannot use the TPU. Fix: "
+        "run on the jax engine, which reaches this TPU through JAX 0.7.2 and the libtpu "
+        "installed: set FENWICKS_ENGINE=jax before importing fenwicks, in a new Python "
+        "process (the engine is chosen at import). To train on TensorFlow instead, replace "
+        "it with the TPU build (its newest release is 2.20.0): pip uninstall -y "
+        f"tensorflow-cpu, then pip install 'tensorflow-tpu==2.20.0' -f {INDEX} (Google's "
+        "instructions: the libtpu made for that TensorFlow; it replaces libtpu 0.0.17, which "
+        "JAX or torch_xla here may be built against), then start a new Python process."
+        + ON_CPU)
+    _never_a_second_tensorflow(text)
 
 
-def test_a_tpu_version_mismatch_names_the_tpu_extra(caplog):
-    _, text = _detect_warning(AUTO, FakeProbe(libtpu=True, tpu_fails=MISMATCH), caplog)
-    assert "libtpu version 0.0.21 is not compatible" in text
-    assert "pip install 'fenwicks[tpu]'" in text and "held by" not in text
+def test_a_cpu_only_tensorflow_without_jax_says_to_install_jax(caplog):
+    probe = FakeProbe(evidence=KAGGLE, tensorflows={"tensorflow": "2.21.0"},
+                      libtpu_version="0.0.17", tpu_fails=NO_KERNEL)
+    _, text = _detect_warning(AUTO, probe, caplog)
+    assert "the installed TensorFlow (tensorflow 2.21.0) is a CPU-only build" in text
+    assert ("Fix: install JAX for this TPU (pip install 'jax[tpu]') and import fenwicks in a "
+            "new Python process: it then runs on the jax engine. To train on TensorFlow "
+            "instead, replace it with the TPU build (its newest release is 2.20.0): pip "
+            "uninstall -y tensorflow, then pip install 'tensorflow-tpu==2.20.0'") in text
+    _never_a_second_tensorflow(text)
+
+
+def test_two_tensorflow_distributions_in_one_folder_are_named(caplog):
+    probe = FakeProbe(evidence=["libtpu 0.0.52 is installed", "/dev/vfio/0 exists"],
+                      tensorflows={"tensorflow": "2.20.0", "tensorflow-tpu": "2.20.0"},
+                      libtpu_version="0.0.52", tpu_fails=NO_KERNEL)
+    acc, text = _detect_warning(AUTO, probe, caplog)
+    assert acc.reason.startswith("auto-detection: two TensorFlow distributions share one "
+                                 "folder here (see the WARNING); ")
+    assert text == (
+        "a TPU is on this machine (libtpu 0.0.52 is installed, /dev/vfio/0 exists) and "
+        "tensorflow-tpu 2.20.0 is installed, but so is tensorflow 2.20.0: they install into "
+        "one `tensorflow` folder, and the files that run (the last installed) have no TPU "
+        "kernels (RuntimeError: TPUs not found in the cluster. Failed in initialization: No "
+        "OpKernel was registered to support Op 'ConfigureDistributedTPU' used by {{node "
+        "ConfigureDistributedTPU}}). Fix: pip uninstall -y tensorflow-tpu tensorflow, then "
+        f"pip install 'tensorflow-tpu==2.20.0' -f {INDEX} (Google's instructions: the libtpu "
+        "made for that TensorFlow; it replaces libtpu 0.0.52, which JAX or torch_xla here may "
+        "be built against), and start a new Python process." + ON_CPU)
+    _never_a_second_tensorflow(text)
+
+
+@pytest.mark.parametrize("error", [
+    "No TPU platform found. Platform manager status: OK",
+    "libtpu version 0.0.52 is not compatible with this TensorFlow (expected 0.0.14)",
+])
+def test_a_tpu_tensorflow_with_a_libtpu_it_cannot_use(caplog, error):
+    probe = FakeProbe(evidence=["TPU_ACCELERATOR_TYPE=v5litepod-8", "/dev/vfio/0 exists"],
+                      tensorflows={"tensorflow-tpu": "2.20.0"}, libtpu_version="0.0.52",
+                      jax="0.10.2", tpu_fails=RuntimeError(error))
+    acc, text = _detect_warning(AUTO, probe, caplog)
+    assert acc.reason.startswith("auto-detection: tensorflow-tpu 2.20.0 cannot use libtpu "
+                                 "0.0.52 here (see the WARNING); ")
+    assert text == (
+        "a TPU is on this machine (TPU_ACCELERATOR_TYPE=v5litepod-8, /dev/vfio/0 exists) and "
+        "tensorflow-tpu 2.20.0 is installed, but it cannot use libtpu 0.0.52 (RuntimeError: "
+        f"{error}): a TensorFlow TPU build works only with the libtpu made for it, and pip "
+        "alone picks the newest libtpu, which is made for JAX. Fix: pip install "
+        f"--force-reinstall 'tensorflow-tpu==2.20.0' -f {INDEX} (Google's instructions: the "
+        "libtpu made for that TensorFlow; it replaces libtpu 0.0.52, which JAX or torch_xla "
+        "here may be built against), then start a new Python process. Or run on the jax "
+        "engine, which reaches this TPU through JAX 0.10.2 and the libtpu installed: set "
+        "FENWICKS_ENGINE=jax before importing fenwicks, in a new Python process (the engine "
+        "is chosen at import)." + ON_CPU)
+    _never_a_second_tensorflow(text)
+
+
+def test_a_tpu_that_jax_in_this_process_took_first(caplog):
+    error = ("TPU initialization failed: The TPU is already in use by process with pid 4000. "
+             "Not attempting to load libtpu.so in this process.")
+    probe = FakeProbe(evidence=["libtpu 0.0.52 is installed", "/dev/vfio/0 exists"],
+                      jax="0.10.2", jax_holds_tpu=True, tpu_fails=RuntimeError(error))
+    acc, text = _detect_warning(AUTO, probe, caplog)
+    assert acc.reason.startswith("auto-detection: JAX in this process holds the TPU here ")
+    assert text == (
+        "a TPU is on this machine (libtpu 0.0.52 is installed, /dev/vfio/0 exists) but JAX in "
+        f"this process already holds it (RuntimeError: {error}): a TPU serves one framework "
+        "per process, and JAX initialised it first (jax.devices() or a JAX computation ran "
+        "before Fenwicks). Fix: use the jax engine (FENWICKS_ENGINE=jax before importing "
+        "fenwicks), or keep JAX off the TPU (JAX_PLATFORMS=cpu before importing jax); either "
+        "way in a new Python process, since JAX keeps the TPU until its process ends."
+        + ON_CPU)
+    # The same error naming this process's pid is recognised without JAX's internals.
+    _, again = _detect_warning(AUTO, FakeProbe(libtpu=True, tpu_fails=RuntimeError(error)),
+                               caplog)
+    assert "but JAX in this process already holds it" in again
+
+
+def test_a_tpu_held_by_another_process_names_the_holder_and_no_restart(caplog):
+    probe = FakeProbe(evidence=["libtpu 0.0.52 is installed", "/dev/accel0 exists"],
+                      tpu_fails=BUSY,
+                      tpu_holders=["pid 4242 (python3 -m ipykernel_launcher -f k.json)"])
+    acc, text = _detect_warning(AUTO, probe, caplog)
+    assert acc.reason == ("auto-detection: another process holds the TPU here (see the "
+                          "WARNING); no other TPU or GPU was found, so the CPU")
+    assert text == (
+        "a TPU is on this machine (libtpu 0.0.52 is installed, /dev/accel0 exists) but another "
+        "process holds it: pid 4242 (python3 -m ipykernel_launcher -f k.json) (RuntimeError: "
+        "TPU initialization failed: open(/dev/accel0): Device or resource busy: Device or "
+        "resource busy; Couldn't open device: /dev/accel0). Fix: end that process (kill "
+        "4242; if it is another notebook's kernel, stop that notebook's session); restarting "
+        "this process alone does not free the TPU." + ON_CPU)
+    unnamed = FakeProbe(evidence=["/dev/accel0 exists"], tpu_fails=BUSY)
+    _, text = _detect_warning(AUTO, unnamed, caplog)
+    assert text == (
+        "a TPU is on this machine (/dev/accel0 exists) but another process holds it "
+        "(RuntimeError: TPU initialization failed: open(/dev/accel0): Device or resource "
+        "busy: Device or resource busy; Couldn't open device: /dev/accel0). Fix: find it with "
+        "`lsof -w /dev/accel* /dev/vfio/*` (with sudo on a TPU VM) and end it with "
+        "`kill <pid>`; restarting this process alone does not free the TPU." + ON_CPU)
+
+
+def test_keras_backend_not_tensorflow_is_a_clear_error_at_import():
+    # The fifth cause is decided at `import fenwicks` (engine choice), from the same fakes
+    # of the machine the diagnosis reads: the whole message, one sentence.
+    facts = _engine.HostFacts({"tensorflow-cpu": "2.20.0", "libtpu": "0.0.17"})
+    with pytest.raises(_engine.EngineError) as failure:
+        _engine.choose_engine({"KERAS_BACKEND": "torch", "ISTPUVM": "1"}, facts)
+    assert str(failure.value) == (
+        "KERAS_BACKEND=torch is set, but Fenwicks runs Keras only on TensorFlow or JAX; unset "
+        "KERAS_BACKEND (or set it to tensorflow or jax) before importing fenwicks, in a new "
+        "Python process.")
+
+
+def test_on_the_jax_engine_a_tpu_image_without_a_chip_says_so(caplog):
+    # The Kaggle TPU image replica (tools/platform_replicas.sh): JAX 0.7.2's own error.
+    error = "UNKNOWN: TPU initialization failed: No ba16c7433 device found."
+    probe = FakeJaxProbe("cpu", 1, evidence=KAGGLE, tensorflows={"tensorflow-cpu": "2.20.0"},
+                         libtpu_version="0.0.17", jax="0.7.2", errors={"tpu": error})
+    caplog.set_level(logging.WARNING, logger="fenwicks")
+    with pytest.warns(accel.AcceleratorWarning) as caught:
+        acc = accel.detect_jax(AUTO, probe)
+    assert (acc.engine, acc.kind) == ("jax", "cpu")
+    assert acc.reason == ("auto-detection: no TPU chip is attached here (see the WARNING); "
+                          "JAX sees no TPU or GPU, so the CPU")
+    assert [str(w.message) for w in caught] == [acc.warnings[0]] == [
+        "this machine is set up as a TPU host (ISTPUVM=1, TPU_PROCESS_ADDRESSES=local, libtpu "
+        f"0.0.17 is installed) but no TPU chip is attached: libtpu found none ({error}), and "
+        "there is no /dev/accel* or /dev/vfio/* device. Fix: choose a TPU runtime (Kaggle: "
+        "Settings > Accelerator; Colab: Runtime > Change runtime type); on a copy of a TPU "
+        "image without a TPU (a CPU session, a replica) this is expected." + ON_CPU]
+
+
+@pytest.mark.parametrize("errors,cause", [
+    ({}, "but JAX 0.10.2 has no TPU backend: libtpu is not installed for it. Fix: pip "
+         "install 'jax[tpu]'"),
+    ({"tpu": "INTERNAL: The TPU is already in use by process with pid 4242."},
+     "but another process holds it (INTERNAL: The TPU is already in use by process with pid "
+     "4242.). Fix: find it with `lsof"),
+    ({"tpu": "INTERNAL: The TPU is already in use by process with pid 4000."},
+     "but TensorFlow in this process already holds the TPU"),
+    ({"tpu": "Unexpected PJRT_Plugin_Attributes_Args size: the plugin is built with a later "
+             "PJRT API version"},
+     "but JAX 0.10.2 cannot use libtpu 0.0.17 (Unexpected PJRT_Plugin_Attributes_Args size"),
+])
+def test_on_the_jax_engine_each_tpu_cause_has_its_fix(errors, cause):
+    probe = FakeJaxProbe("cpu", 1, evidence=["libtpu 0.0.17 is installed", "/dev/vfio/0 exists"],
+                         libtpu_version="0.0.17", jax="0.10.2", errors=errors)
+    with pytest.warns(accel.AcceleratorWarning):
+        acc = accel.detect_jax(AUTO, probe)
+    assert cause in acc.warnings[0]
 
 
 def test_a_failed_tpu_with_a_working_gpu_says_the_gpu_was_chosen(caplog):
     acc, text = _detect_warning(AUTO, FakeProbe(libtpu=True, tpu_fails=BUSY, gpus=[V100]),
                                 caplog)
     assert acc.kind == "gpu"
+    assert acc.reason == ("auto-detection: another process holds the TPU here (see the "
+                          "WARNING); TensorFlow sees one GPU, so it trains alone")
     assert text.endswith("Fenwicks chose the GPU (1 replica, float16) instead.")
 
 
@@ -174,7 +351,7 @@ else:
 
 
 @pytest.mark.parametrize("machine,extra,reason", [
-    ("tpu", "tpu", "libtpu is installed, so this is a TPU VM"),
+    ("tpu", "tpu", "this is a TPU host (libtpu is installed)"),
     ("gpu", "gpu", "an NVIDIA GPU is present (nvidia-smi lists GPU 0: Tesla T4 (UUID: x))"),
     ("cpu", "cpu", "no TPU (libtpu) and no NVIDIA GPU was found"),
 ])

@@ -56,8 +56,8 @@ def test_the_tpu_code_path_decides_kind_precision_and_devices(name):
     assert acc.keras_policy == "mixed_bfloat16"
     assert acc.devices == tuple(f"TPU:{i}" for i in range(n))
     assert not acc.is_remote and not acc.simulated and acc.num_workers == 1
-    assert acc.reason == ("auto-detection: a TPU on this machine answered (a TPU VM, libtpu "
-                          "installed)")
+    assert acc.reason == ("auto-detection: a TPU on this machine answered (a TPU VM: libtpu "
+                          "is installed)")
 
 
 @pytest.mark.parametrize("name", SHAPES)

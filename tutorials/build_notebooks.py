@@ -31,14 +31,17 @@ INSTALL = """\
 # In Colab, install Fenwicks from your copy of the repository in {source} (upload and
 # unzip it there, or git clone it there: see README.md, Install); elsewhere use the
 # Fenwicks you installed with pip install -e '.[cpu]' (or '.[gpu]', or '.').
-# Colab's GPU and CPU runtimes ship TensorFlow (kept as it is); its TPU runtime ships none,
-# so there the `tpu` extra installs tensorflow-tpu (README.md, Install).
+# Colab's GPU and CPU runtimes ship TensorFlow (kept as it is). Its TPU runtime ships JAX and
+# no TensorFlow: there the `tpu` extra adds tensorflow-cpu for tf.data, and Keras runs on
+# JAX (the jax engine). keep.txt holds what the runtime has at its versions (README.md).
 import importlib.util
 import sys
 
 if 'google.colab' in sys.modules:
     extra = '' if importlib.util.find_spec('tensorflow') else '[tpu]'
-    !pip install -q -e {source}{{extra}}"""
+    keep = '^(jax|jaxlib|libtpu|numpy|ml.dtypes|protobuf|keras)=='
+    !pip list --format=freeze | grep -iE '{{keep}}' > /tmp/keep.txt
+    !pip install -q -e {source}{{extra}} -c /tmp/keep.txt"""
 _MAGIC = re.compile(r"^# (%%?\w+|!)", re.M)
 _MARKER = re.compile(r"^# %%(?P<kind> \[markdown\])?(?: tags=(?P<tags>\[.*\]))?\s*$")
 
