@@ -255,7 +255,10 @@ class RunState:
         """
         if self._background is None or not self._background.running:
             return
-        path, fingerprint, seconds = self._background.wait()
+        done = self._background.wait()
+        if done is None:  # the write never started (a second Ctrl-C): nothing changed
+            return
+        path, fingerprint, seconds = done
         self.last_good_checkpoint, self._seen, self.last_save_secs = path, fingerprint, seconds
 
     def _background_failure(self) -> Exception | None:
