@@ -412,3 +412,32 @@ print(json.dumps({{"refused": refused, "holder": second._read()["token"] == seco
     assert out["refused"] and "is in use" in out["refused"]
     assert out["holder"]
 
+
+
+def test_every_temp_dir_full_still_gives_the_probe_message(two_checkpoints, small_disk,
+                                                           monkeypatch):
+    """Every candidate temp dir full: Python's own gettempdir() then raises too; the
+    probe's message must still be built (not FileNotFoundError while making it)."""
+    work, _, data = two_checkpoints
+    _fill(small_disk, leave_bytes=0)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # forget the temp dir found before
+    monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(small_disk)])
+    with pytest.raises(FileNotFoundError):
+        tempfile.gettempdir()  # the situation: Python finds no usable temp dir
+    before = sorted(os.listdir(work))
+    with pytest.raises(fw.train.ProbeWriteError, match=rf"a temp dir \(every candidate is full"
+                                                       rf".*No usable .*{small_disk}.*TMPDIR"):
+        _reopen(work, data)
+    assert sorted(os.listdir(work)) == before
+
+
+def test_a_full_disk_before_train_names_the_lock_file_and_leaves_none(small_disk):
+    work = small_disk / "run"
+    work.mkdir()
+    _fill(small_disk, leave_bytes=0)
+    x, y = _flagship.digits("mnist_net")
+    with pytest.raises(fw.train.WorkDirNotWritableError,
+                       match=rf"could not write the work_dir lock {work}/fenwicks.lock "
+                             r"\(No space left on device\).*Free space on that disk"):
+        _estimator(work).train(_flagship.train_input(x, y), steps=2)
+    assert not (work / "fenwicks.lock").exists()

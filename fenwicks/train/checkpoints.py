@@ -275,13 +275,21 @@ def _probe(root: tf.train.Checkpoint, scratch_dir: str | None) -> None:
     try:
         expected_shapes(root, scratch_dir)
     except (tf.errors.OpError, OSError) as err:
-        where = scratch_dir or f"the temp dir {tempfile.gettempdir()!r}"
+        where = scratch_dir or _temp_dir_named()
         raise ProbeWriteError(
             f"could not write a probe copy of the model to {where}: {_first_line(err)}. "
             "Fenwicks writes the model once there to learn its variables' checkpoint "
             "names before restoring. This is not about your checkpoints: nothing in the "
             "work_dir was read, changed or set aside. Free space there, or point TMPDIR "
             "at a folder with room for one checkpoint (before starting Python)") from err
+
+
+def _temp_dir_named() -> str:
+    """The temp dir, for a message; when every candidate is full, says so."""
+    try:
+        return f"the temp dir {tempfile.gettempdir()!r}"
+    except OSError:  # "No usable temporary directory found in [...]", as the error says
+        return "a temp dir (every candidate is full or not writable)"
 
 
 def restore_latest(root: tf.train.Checkpoint, work_dir: str,

@@ -132,8 +132,12 @@ class WorkDirLock:
                     _locked_message(self._work_dir, self._read() or {})) from None
             except OSError as err:  # read-only, another user's, full
                 raise WorkDirNotWritableError(_not_writable(self._work_dir, err)) from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(record, f)
+            except OSError as err:  # a full disk: O_CREAT worked, the write did not
+                os.remove(self.path)  # an empty lock would block nobody, and mislead
+                raise WorkDirNotWritableError(_write_failed(self.path, err)) from None
             return
         try:
             self._write(record)
@@ -202,6 +206,13 @@ def _locked_message(work_dir: str, holder: dict[str, Any]) -> str:
             "runs would interleave their checkpoints. Use another work_dir, or wait for it "
             f"to finish; if that run is gone, its lock goes stale after {STALE_SECS:.0f} s "
             f"(at once on the same host), or delete {work_dir}/{LOCK_NAME}")
+
+
+def _write_failed(path: str, err: OSError) -> str:
+    return (f"could not write the work_dir lock {path} ({err.strerror or err}), before "
+            "training wrote anything. Free space on that disk (`df -h` shows it), or use "
+            "a work_dir on a disk with room for the checkpoints; nothing saved there was "
+            "changed")
 
 
 def _not_writable(work_dir: str, err: BaseException) -> str:
