@@ -158,3 +158,31 @@ def test_work_dir_export_dir_and_warm_start_accept_paths_and_expand_home(
     assert fw.io.exists(pathlib.Path("~/scratch")) and not (tmp_path / "~").exists()
     with pytest.raises(ValueError, match=r"work_dir=3 must be a local path"):
         _estimator(3)
+
+
+def test_a_work_dir_deleted_while_training_stops_it_by_name_and_is_not_recreated(
+        tmp_path, digits):
+    """Something (a cleanup script, a user in another tab) removes the work_dir during
+    train: the run stops at the next loop with an error naming what was lost, and the
+    folder is not silently recreated by the next save or epoch log."""
+    import keras
+
+    work = tmp_path / "run"
+    x, y = digits
+
+    class DeleteWorkDir(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch >= 10 and work.exists() and not deleted:
+                est._state.wait()  # between saves (a write in flight would land anyway)
+                deleted.append(batch)
+                shutil.rmtree(work)
+
+    deleted: list[int] = []
+    est = _estimator(work, save_every_loops=1)
+    with pytest.raises(fw.train.lock.WorkDirLostError,
+                       match=rf"work_dir='{work}' was deleted while training \(its lock "
+                             rf"{work}/fenwicks.lock is gone, and so is the folder\): the "
+                             r"checkpoints saved there, the epoch log epochs.jsonl"):
+        est.train(flagship.train_input(x, y), steps=40, callbacks=[DeleteWorkDir()])
+    assert deleted and est.global_step < 40
+    assert not work.exists(), sorted(str(p.relative_to(work)) for p in work.rglob("*"))

@@ -47,6 +47,10 @@ class WorkDirLockedError(RuntimeError):
     """Another process is training in this work_dir."""
 
 
+class WorkDirLostError(FileNotFoundError):
+    """The work_dir (its lock, at least) was deleted by someone else while training."""
+
+
 class WorkDirNotWritableError(PermissionError):
     """Training needs to write in work_dir, and it is read-only (or not ours)."""
 
@@ -100,9 +104,35 @@ class WorkDirLock:
         self._remove()
 
     def heartbeat(self) -> None:
-        """Refreshes the lock's timestamp (at most every `HEARTBEAT_SECS`)."""
-        if self._held and time.time() - self._last_beat >= HEARTBEAT_SECS:
+        """Refreshes the lock's timestamp (at most every `HEARTBEAT_SECS`).
+
+        Raises:
+            WorkDirLostError: the lock file is gone (checked on every call on local disk,
+                at each beat on ``gs://``, where a check is a request).
+        """
+        beat = self._held and time.time() - self._last_beat >= HEARTBEAT_SECS
+        if beat or not self.remote:
+            self.check()
+        if beat:
             self._write(self._record())
+
+    def check(self) -> None:
+        """Raises `WorkDirLostError` if this held lock's file was deleted meanwhile.
+
+        Training never recreates a work_dir deleted under it: the next save would start
+        a new folder, and the loss of the old one's checkpoints and history would go
+        unnoticed.
+        """
+        if self._held and not tf.io.gfile.exists(self.path):
+            gone = "" if tf.io.gfile.exists(self._work_dir) else ", and so is the folder"
+            raise WorkDirLostError(
+                f"work_dir={self._work_dir!r} was deleted while training (its lock "
+                f"{self.path} is gone{gone}): the checkpoints saved there, the epoch log "
+                "epochs.jsonl and the TensorBoard logs went with it. Training stopped "
+                "instead of recreating the folder. The model in memory is intact: keep it "
+                "with export_saved_model(...) now (a new train or evaluate on this "
+                "work_dir starts afresh, as it is empty); if a script cleans that folder, "
+                "let it finish first")
 
     def release(self) -> None:
         if not self._held:

@@ -223,6 +223,8 @@ class RunState:
             CheckpointWriteError: this write, or the previous background one, failed;
                 the checkpoint before it is intact and stays the latest.
         """
+        if self._lock is not None:
+            self._lock.check()  # a work_dir deleted meanwhile is not recreated by a save
         latest = self._manager.latest_checkpoint
         pending = self._background.pending_step if self._background else None
         if not force and (pending == self.global_step or (
