@@ -186,3 +186,24 @@ def test_a_work_dir_deleted_while_training_stops_it_by_name_and_is_not_recreated
         est.train(flagship.train_input(x, y), steps=40, callbacks=[DeleteWorkDir()])
     assert deleted and est.global_step < 40
     assert not work.exists(), sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+
+
+def test_predict_and_evaluate_on_features_of_another_shape_are_refused(tmp_path, digits):
+    """mnist_net is fully convolutional: built for 8x8 digits it also runs on 9x9 ones,
+    and predictions came back silently."""
+    x, y = digits
+    est = _estimator(tmp_path / "run")
+    est.train(flagship.train_input(x, y), steps=5)
+    wider = np.pad(x[:40], ((0, 0), (0, 1), (0, 1), (0, 0)))  # 9x9
+    predict_fn = lambda params: fw.data.numpy_ds(  # noqa: E731
+        wider, None, params["batch_size"], training=False)
+    with pytest.raises(ValueError, match=r"the predict input_fn gives features of shape "
+                                         r"\(9, 9, 1\) per example, but this estimator's "
+                                         r"model was built for \(8, 8, 1\)"):
+        est.predict(predict_fn)
+    eval_fn = lambda params: fw.data.numpy_ds(  # noqa: E731
+        wider, y[:40], params["batch_size"], training=False)
+    with pytest.raises(ValueError, match=r"the eval input_fn gives features of shape "
+                                         r"\(9, 9, 1\)"):
+        est.evaluate(eval_fn)
+    assert est.predict(flagship.eval_input(x, y)).shape == (len(x) - flagship.NUM_TRAIN, 10)

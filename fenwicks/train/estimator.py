@@ -284,6 +284,7 @@ class Estimator:
         probe = self._inputs.probe(input_fn, mode)
         self._state.build(probe.features_spec,
                           self._inputs.params(mode, self.config.train_batch_size))
+        building.check_same_features(self._state.features_spec, probe.features_spec, mode)
         if mode == "eval" and input_fn not in self._checked:
             building.check_labels(self._state.spec, self._acc.strategy, probe.dataset)
             with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
