@@ -207,3 +207,22 @@ def test_predict_and_evaluate_on_features_of_another_shape_are_refused(tmp_path,
                                          r"\(9, 9, 1\)"):
         est.evaluate(eval_fn)
     assert est.predict(flagship.eval_input(x, y)).shape == (len(x) - flagship.NUM_TRAIN, 10)
+
+
+def test_a_checkpoint_state_file_pointing_outside_the_work_dir_is_refused(tmp_path, digits):
+    """A downloaded or shared work_dir whose ``checkpoint`` file names another folder's
+    checkpoint: restoring it silently loaded that folder's weights."""
+    x, y = digits
+    other, work = tmp_path / "other", tmp_path / "run"
+    _estimator(other).train(flagship.train_input(x, y), steps=5)
+    _estimator(work).train(flagship.train_input(x, y), steps=3)
+    (work / "checkpoint").write_text(f'model_checkpoint_path: "{other}/ckpt-5"\n'
+                                     f'all_model_checkpoint_paths: "{other}/ckpt-5"\n')
+    before = sorted(os.listdir(other))
+    with pytest.raises(fw.train.checkpoints.ForeignCheckpointError,
+                       match=rf"{work}/checkpoint names checkpoint\(s\) outside the "
+                             rf"work_dir: {other}/ckpt-5\..*delete {work}/checkpoint"):
+        _estimator(work).evaluate(flagship.eval_input(x, y))
+    assert sorted(os.listdir(other)) == before
+    (work / "checkpoint").unlink()  # the fix the message gives
+    assert _estimator(work).evaluate(flagship.eval_input(x, y))["global_step"] == 3
