@@ -226,3 +226,18 @@ def test_a_checkpoint_state_file_pointing_outside_the_work_dir_is_refused(tmp_pa
     assert sorted(os.listdir(other)) == before
     (work / "checkpoint").unlink()  # the fix the message gives
     assert _estimator(work).evaluate(flagship.eval_input(x, y))["global_step"] == 3
+
+
+def test_a_malformed_line_in_the_epoch_log_names_the_file_and_line(tmp_path, digits):
+    x, y = digits
+    work = tmp_path / "run"
+    est = _estimator(work)
+    est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y),
+                           max_steps=2 * (flagship.NUM_TRAIN // flagship.GLOBAL_BATCH))
+    log = work / "epochs.jsonl"
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2  # one entry per evaluated epoch
+    log.write_text(lines[0] + "\n" + lines[1][:-5] + "\n")  # the second line cut short
+    with pytest.raises(ValueError, match=rf"{log}, line 2, is not an epoch entry "
+                                         r"\(JSONDecodeError.*fix or delete that line"):
+        fw.train.history.read_epochs(str(work), 10**6)
