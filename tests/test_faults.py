@@ -441,3 +441,19 @@ def test_a_full_disk_before_train_names_the_lock_file_and_leaves_none(small_disk
                              r"\(No space left on device\).*Free space on that disk"):
         _estimator(work).train(_flagship.train_input(x, y), steps=2)
     assert not (work / "fenwicks.lock").exists()
+
+
+def test_a_full_disk_during_export_is_one_line_and_leaves_no_partial_folder(tmp_path,
+                                                                           small_disk):
+    x, y = _flagship.digits("mnist_net")
+    est = _estimator(tmp_path / "run")
+    est.train(_flagship.train_input(x, y), steps=2)
+    _fill(small_disk, leave_bytes=16 * 1024)  # room to start the export, not to finish it
+    target = small_disk / "export"
+    with pytest.raises(fw.train.export.ExportError,
+                       match=rf"could not export the SavedModel to {target}: .*; the "
+                             r"partial folder was removed\. Free space there") as caught:
+        est.export_saved_model(str(target))
+    assert "\n" not in str(caught.value)
+    assert not target.exists()
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-2")

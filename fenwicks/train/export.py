@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import tensorflow as tf
@@ -51,8 +52,28 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         return _serving_outputs(spec.predict_fn(outputs))
 
     module.serve = serve
-    # bounded on gs://: storage that stops answering is an error naming the export
-    _deadline.run(tf.saved_model.save, module, export_dir,
-                  signatures={"serving_default": serve}, what="SavedModel export",
-                  path=export_dir)
+    existed = tf.io.gfile.exists(export_dir)
+    try:
+        # bounded on gs://: storage that stops answering is an error naming the export
+        _deadline.run(tf.saved_model.save, module, export_dir,
+                      signatures={"serving_default": serve}, what="SavedModel export",
+                      path=export_dir)
+    except (tf.errors.OpError, OSError) as err:
+        if not existed:  # a partial SavedModel would load as garbage or not at all
+            with contextlib.suppress(tf.errors.OpError, OSError):
+                tf.io.gfile.rmtree(export_dir)
+        raise ExportError(
+            f"could not export the SavedModel to {export_dir}: {_first_line(err)}"
+            f"{'' if existed else '; the partial folder was removed'}. Free space there "
+            "(or pick another export_dir) and call export_saved_model again; the "
+            "checkpoints in work_dir are untouched") from err
     return export_dir
+
+
+class ExportError(OSError):
+    """A SavedModel export failed (a full disk, storage errors); nothing partial is left."""
+
+
+def _first_line(err: BaseException) -> str:
+    text = (getattr(err, "message", None) or str(err)).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
