@@ -445,10 +445,16 @@ def test_a_full_disk_before_train_names_the_lock_file_and_leaves_none(small_disk
 
 def test_a_full_disk_during_export_is_one_line_and_leaves_no_partial_folder(tmp_path,
                                                                            small_disk):
+    """A new export cut short is removed; one replacing an export keeps the old whole."""
     x, y = _flagship.digits("mnist_net")
     est = _estimator(tmp_path / "run")
     est.train(_flagship.train_input(x, y), steps=2)
-    _fill(small_disk, leave_bytes=16 * 1024)  # room to start the export, not to finish it
+    previous = small_disk / "previous"
+    est.export_saved_model(str(previous))
+    loaded = tf.saved_model.load(str(previous))  # kept: its variables outlive the call
+    want = loaded.serve(x[:5])["predictions"].numpy()
+    est.train(_flagship.train_input(x, y), steps=2)  # new weights for the next export
+    _fill(small_disk, leave_bytes=16 * 1024)  # room to start an export, not to finish it
     target = small_disk / "export"
     with pytest.raises(fw.train.export.ExportError,
                        match=rf"could not export the SavedModel to {target}: .*; the "
@@ -456,4 +462,11 @@ def test_a_full_disk_during_export_is_one_line_and_leaves_no_partial_folder(tmp_
         est.export_saved_model(str(target))
     assert "\n" not in str(caught.value)
     assert not target.exists()
-    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-2")
+    with pytest.raises(fw.train.export.ExportError,
+                       match=rf"the previous export in {previous} is untouched"):
+        est.export_saved_model(str(previous))
+    assert sorted(os.listdir(small_disk)) == ["filler", "previous"]
+    reloaded = tf.saved_model.load(str(previous))
+    got = reloaded.serve(x[:5])["predictions"].numpy()
+    np.testing.assert_array_equal(got, want)
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-4")
