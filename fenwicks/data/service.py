@@ -198,7 +198,8 @@ def start_worker(dispatcher: str, port: int = 0, host: str | None = None,
         dispatcher: ``'host:port'`` (or ``grpc://host:port``) of the dispatcher.
         port: this worker's port. Defaults to 0: any free port.
         host: the name trainers reach this worker by. Defaults to ``'localhost'`` when
-            `bind` is loopback, else this machine's name.
+            `bind` is loopback, the `bind` address when it is one, else (every
+            interface) this machine's name.
         bind: the address to listen on (see `start_dispatcher`). Defaults to
             ``'localhost'``.
 
@@ -211,8 +212,9 @@ def start_worker(dispatcher: str, port: int = 0, host: str | None = None,
     """
     port = _check_port(port, "port", 0)
     address = listen_address(bind)
-    if host is None:
-        host = "localhost" if _is_loopback(address) else socket.gethostname()
+    if host is None:  # the address trainers can reach: the one it listens on
+        host = "localhost" if _is_loopback(address) else \
+            socket.gethostname() if _is_wildcard(address) else address
     elif _is_loopback(address) and not _names_loopback(host):
         raise ValueError(
             f"host={host!r} tells trainers on other machines to reach this worker, but it "
