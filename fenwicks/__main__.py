@@ -78,8 +78,8 @@ def _add_data_service(commands, debug: argparse.ArgumentParser) -> None:
     worker.add_argument("--port", type=int, default=0, help="this worker's port "
                         "(default: any free port)")
     worker.add_argument("--host", default=None, help="the name trainers reach this "
-                        "worker by (default: localhost, or this machine's name with "
-                        "--bind)")
+                        "worker by (default: the --bind address; this machine's name "
+                        "with --bind 0.0.0.0)")
     worker.add_argument("--bind", default="localhost", help=_BIND_HELP)
 
 
