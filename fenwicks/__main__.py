@@ -71,13 +71,24 @@ def _add_data_service(commands, debug: argparse.ArgumentParser) -> None:
     dispatcher.add_argument("--work-dir", default=None,
                             help="journal (local or gs://) so a restarted dispatcher "
                                  "continues its jobs")
+    dispatcher.add_argument("--bind", default="localhost", help=_BIND_HELP)
     worker = roles.add_parser("worker", parents=[debug],
                               help="read, decode and batch input for the trainers")
     worker.add_argument("--dispatcher", required=True, help="HOST:PORT of the dispatcher")
     worker.add_argument("--port", type=int, default=0, help="this worker's port "
                         "(default: any free port)")
     worker.add_argument("--host", default=None, help="the name trainers reach this "
-                        "worker by (default: this machine's name)")
+                        "worker by (default: the --bind address; this machine's name "
+                        "with --bind 0.0.0.0)")
+    worker.add_argument("--bind", default="localhost", help=_BIND_HELP)
+
+
+# The tf.data service has no authentication: a server reachable from elsewhere runs
+# whatever dataset code a client sends, so nothing listens beyond loopback by default.
+_BIND_HELP = ("address to listen on (default: localhost, this machine only). The tf.data "
+              "service has no authentication: with 0.0.0.0 or a network address anyone "
+              "who can reach the port can run code as you; use a private network or a "
+              "firewall, never a public address")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -124,15 +135,17 @@ def _serve(args: argparse.Namespace) -> None:
     from fenwicks.data import service
 
     if args.role == "dispatcher":
-        server = service.start_dispatcher(args.port, work_dir=args.work_dir)
-        where = f"grpc://{socket.gethostname()}:{args.port}"
-        print(f"fenwicks data-service: dispatcher at {where}; start workers with "
-              f"`python -m fenwicks data-service worker --dispatcher "
-              f"{socket.gethostname()}:{args.port}`", flush=True)
+        server = service.start_dispatcher(args.port, work_dir=args.work_dir, bind=args.bind)
+        name = "localhost" if service.exposure_warning(args.bind, args.port) is None \
+            else socket.gethostname() if args.bind in ("0.0.0.0", "::", "*") else args.bind
+        print(f"fenwicks data-service: dispatcher at grpc://{name}:{args.port} (listening "
+              f"on {args.bind}); start workers with `python -m fenwicks data-service "
+              f"worker --dispatcher {name}:{args.port}`", flush=True)
     else:
-        server = service.start_worker(args.dispatcher, port=args.port, host=args.host)
-        print(f"fenwicks data-service: worker registered with {args.dispatcher}",
-              flush=True)
+        server = service.start_worker(args.dispatcher, port=args.port, host=args.host,
+                                      bind=args.bind)
+        print(f"fenwicks data-service: worker registered with {args.dispatcher} "
+              f"(listening on {args.bind})", flush=True)
     server.join()
 
 

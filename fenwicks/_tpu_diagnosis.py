@@ -20,7 +20,7 @@ The causes, as the 2026 images produce them:
 - ``unknown``: anything else, with the original error.
 
 No fix installs a second TensorFlow distribution over another one, and none tells the user
-to restart where a restart cannot help. This module imports nothing of Fenwicks.
+to restart where a restart cannot help. This module imports only `fenwicks._text`, a leaf.
 """
 
 from __future__ import annotations

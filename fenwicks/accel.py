@@ -42,8 +42,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fenwicks import _engine, _tpu_diagnosis
-from fenwicks._text import first_line
 from fenwicks._engine import ENGINE_ENV, EngineError
+from fenwicks._text import first_line
 
 logger = logging.getLogger("fenwicks")
 

@@ -10,6 +10,7 @@ they came from and which project they belong to.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -157,12 +158,32 @@ def _application_default(source: str, project: str | None, path: str | None = No
 
     try:
         _, found = google.auth.default(scopes=[READ_WRITE_SCOPE])
-    except DefaultCredentialsError:
+    except DefaultCredentialsError as err:
         where = f"{path!r} is on Google Cloud Storage, but " if path else ""
+        key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        if key_file:  # the user named a file: what is wrong with it is the news
+            raise GCSCredentialsError(
+                f"{where}GOOGLE_APPLICATION_CREDENTIALS={key_file!r} cannot be used: "
+                f"{_key_file_problem(key_file, err)}. Point it at a service-account key "
+                "file (JSON, from IAM > Service accounts > Keys in the Cloud console), or "
+                "unset it to use `gcloud auth application-default login`; then call "
+                "fw.gcs.setup() again") from None
         raise GCSCredentialsError(
             f"{where}no Google Cloud credentials were found (looked for "
             f"{_SOURCES[source]}). {_HOW_TO}") from None
     return project or found or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
+
+
+def _key_file_problem(key_file: str, err: BaseException) -> str:
+    """Why the key file named by GOOGLE_APPLICATION_CREDENTIALS was refused, in words."""
+    if not os.path.exists(key_file):
+        return "no such file"
+    try:
+        with open(key_file) as f:
+            json.load(f)
+    except (OSError, ValueError) as bad:  # never quote the file: it may hold a secret
+        return f"it is not a readable JSON key file ({type(bad).__name__})"
+    return f"google.auth refused it ({str(err).splitlines()[0][:200]})"
 
 
 def _reset_for_tests() -> None:

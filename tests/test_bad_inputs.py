@@ -81,3 +81,18 @@ def test_an_input_fn_without_params_is_named(trained):
         with pytest.raises(ValueError, match=r"input_fn must take one argument, params "
                                              r".*signature is <lambda>\(\)"):
             call()
+
+
+def test_float_labels_that_are_not_class_ids_are_refused_by_a_classifier(trained):
+    est, x, y = trained
+    halves = y.astype(np.float32) + 0.5  # 0.5, 1.5, ...: truncated to 0, 1 before
+    fn = lambda params: fw.data.numpy_ds(x, halves, params["batch_size"])  # noqa: E731
+    with pytest.raises(ValueError, match=r"labels must be class ids \(whole numbers\), but "
+                                         r"they are float32 and 32 of the first 32 are not "
+                                         r"whole \(e\.g\. \d\.5\).*get_reg_model_func"):
+        est.train(fn, steps=1)
+    assert est.global_step == 5  # nothing ran
+    with pytest.raises(ValueError, match=r"labels must be class ids"):
+        est.evaluate(_eval_fn(x, halves))
+    whole = est.evaluate(_eval_fn(x, y.astype(np.float32)))  # 3.0 is class 3: accepted
+    assert whole["num_examples"] == len(y)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -106,6 +107,93 @@ def test_a_worker_without_a_dispatcher_is_one_line_and_status_2():
     message = [line for line in proc.stderr.splitlines() if "fenwicks data-service" in line]
     assert len(message) == 1 and f"localhost:{port}" in message[0] and \
         "data-service dispatcher --port" in message[0], proc.stderr[-2000:]
+
+
+def _listening(pid: int, port: int) -> list[str]:
+    """The local addresses process `pid` listens on at `port`, as `ss` shows them."""
+    out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
+                         text=True, check=True).stdout
+    return sorted(line.split()[3] for line in out.splitlines() if f"pid={pid}," in line)
+
+
+def _outside_address() -> str | None:
+    """This machine's address on its network (not loopback), or None if it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:  # no packet is sent: connecting a UDP socket only picks the route's source
+            probe.connect(("192.0.2.254", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+EXPOSED = ["no authentication", "anyone who can reach this port can run dataset code",
+           "private network", "firewall", "never on a public address"]
+
+
+def test_servers_listen_on_localhost_unless_bind_says_otherwise():
+    """The dispatcher and a worker started plainly listen on loopback only and say nothing
+    of exposure; a dispatcher and a worker with ``--bind 0.0.0.0`` listen everywhere and
+    each say once, on stderr, what that exposes and what to do."""
+    ports = [_free_port() for _ in range(4)]
+    outside = _outside_address()
+    local = [_started(["dispatcher", "--port", str(ports[0])]),
+             _started(["worker", "--dispatcher", f"localhost:{ports[0]}", "--port",
+                       str(ports[1])])]
+    wide = [_started(["dispatcher", "--port", str(ports[2]), "--bind", "0.0.0.0"]),
+            _started(["worker", "--dispatcher", f"localhost:{ports[2]}", "--port",
+                      str(ports[3]), "--bind", "0.0.0.0"])]
+    try:
+        for proc, port in zip(local, ports[:2], strict=True):
+            assert _listening(proc.pid, port) == [f"[::ffff:127.0.0.1]:{port}"]
+            assert _answers("127.0.0.1", port)
+            if outside:
+                assert not _answers(outside, port), (outside, port)
+        for proc, port in zip(wide, ports[2:], strict=True):
+            assert _listening(proc.pid, port) == [f"*:{port}"]
+            if outside:
+                assert _answers(outside, port), (outside, port)
+    finally:
+        errs = []
+        for proc in [*local, *wide]:
+            proc.kill()
+            errs.append(proc.communicate()[1])
+    for err in errs[:2]:
+        assert "no authentication" not in err, err[-2000:]
+    for err, port in zip(errs[2:], ports[2:], strict=True):
+        said = [line for line in err.splitlines() if "no authentication" in line]
+        assert len(said) == 1 and f"0.0.0.0:{port}" in said[0], err[-3000:]
+        assert all(part in said[0] for part in EXPOSED), said[0]
+
+
+def test_a_busy_port_is_one_line_naming_it_and_status_2():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_process(["-m", "fenwicks", "data-service", "dispatcher", "--port",
+                            str(port)], check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    message = [line for line in proc.stderr.splitlines() if "fenwicks data-service" in line]
+    assert len(message) == 1 and f"port {port} " in message[0] and "in use" in message[0] \
+        and "--port" in message[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_worker_named_for_other_machines_but_listening_locally_is_refused():
+    with pytest.raises(ValueError, match="host='10.1.2.3'.*listens on localhost only.*"
+                                         "--bind 0.0.0.0"):
+        service.start_worker("localhost:1", host="10.1.2.3")
+    with pytest.raises(ValueError, match="bind='no-such-host.invalid' is not an address"):
+        service.start_dispatcher(_free_port(), bind="no-such-host.invalid")
 
 
 # ------------------------------------------------------------------ in-process: bad input

@@ -412,3 +412,61 @@ print(json.dumps({{"refused": refused, "holder": second._read()["token"] == seco
     assert out["refused"] and "is in use" in out["refused"]
     assert out["holder"]
 
+
+
+def test_every_temp_dir_full_still_gives_the_probe_message(two_checkpoints, small_disk,
+                                                           monkeypatch):
+    """Every candidate temp dir full: Python's own gettempdir() then raises too; the
+    probe's message must still be built (not FileNotFoundError while making it)."""
+    work, _, data = two_checkpoints
+    _fill(small_disk, leave_bytes=0)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # forget the temp dir found before
+    monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(small_disk)])
+    with pytest.raises(FileNotFoundError):
+        tempfile.gettempdir()  # the situation: Python finds no usable temp dir
+    before = sorted(os.listdir(work))
+    with pytest.raises(fw.train.ProbeWriteError, match=rf"a temp dir \(every candidate is full"
+                                                       rf".*No usable .*{small_disk}.*TMPDIR"):
+        _reopen(work, data)
+    assert sorted(os.listdir(work)) == before
+
+
+def test_a_full_disk_before_train_names_the_lock_file_and_leaves_none(small_disk):
+    work = small_disk / "run"
+    work.mkdir()
+    _fill(small_disk, leave_bytes=0)
+    x, y = _flagship.digits("mnist_net")
+    with pytest.raises(fw.train.WorkDirNotWritableError,
+                       match=rf"could not write the work_dir lock {work}/fenwicks.lock "
+                             r"\(No space left on device\).*Free space on that disk"):
+        _estimator(work).train(_flagship.train_input(x, y), steps=2)
+    assert not (work / "fenwicks.lock").exists()
+
+
+def test_a_full_disk_during_export_is_one_line_and_leaves_no_partial_folder(tmp_path,
+                                                                           small_disk):
+    """A new export cut short is removed; one replacing an export keeps the old whole."""
+    x, y = _flagship.digits("mnist_net")
+    est = _estimator(tmp_path / "run")
+    est.train(_flagship.train_input(x, y), steps=2)
+    previous = small_disk / "previous"
+    est.export_saved_model(str(previous))
+    loaded = tf.saved_model.load(str(previous))  # kept: its variables outlive the call
+    want = loaded.serve(x[:5])["predictions"].numpy()
+    est.train(_flagship.train_input(x, y), steps=2)  # new weights for the next export
+    _fill(small_disk, leave_bytes=16 * 1024)  # room to start an export, not to finish it
+    target = small_disk / "export"
+    with pytest.raises(fw.train.export.ExportError,
+                       match=rf"could not export the SavedModel to {target}: .*; the "
+                             r"partial folder was removed\. Free space there") as caught:
+        est.export_saved_model(str(target))
+    assert "\n" not in str(caught.value)
+    assert not target.exists()
+    with pytest.raises(fw.train.export.ExportError,
+                       match=rf"the previous export in {previous} is untouched"):
+        est.export_saved_model(str(previous))
+    assert sorted(os.listdir(small_disk)) == ["filler", "previous"]
+    reloaded = tf.saved_model.load(str(previous))
+    got = reloaded.serve(x[:5])["predictions"].numpy()
+    np.testing.assert_array_equal(got, want)
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-4")

@@ -209,3 +209,24 @@ def test_emulator_multipart_uploads_keep_every_byte(content, newline):
                         b"--==0==", b"Content-Type: image/png", b"", content, b"--==0==--"])
     fields = emulator_module._multipart_upload_fields(raw, 'multipart/related; boundary="==0=="')
     assert fields == {"meta": {"name": "k"}, "content": content, "content-type": "image/png"}
+
+
+def test_a_missing_or_malformed_key_file_is_named_with_why(monkeypatch, tmp_path):
+    """GOOGLE_APPLICATION_CREDENTIALS set to a file that cannot be used: the message
+    names that file and why, not "no Google Cloud credentials were found"."""
+    for name in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(fw.gcs, "_verified", None)
+    malformed = tmp_path / "key.json"
+    malformed.write_text('{"type": "service_account", "private_key": "-----BEGIN')  # cut
+    cases = {str(tmp_path / "missing.json"): "no such file",
+             str(malformed): "it is not a readable JSON key file"}
+    for key_file, why in cases.items():
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", key_file)
+        with pytest.raises(fw.gcs.GCSCredentialsError) as caught:
+            fw.gcs.setup()
+        message = str(caught.value)
+        assert f"GOOGLE_APPLICATION_CREDENTIALS={key_file!r} cannot be used: {why}" in \
+            message, message
+        assert "no Google Cloud credentials were found" not in message
+        assert "BEGIN" not in message  # the file's content is never quoted

@@ -8,16 +8,20 @@ or a new process) ends with the weights of a run that was never interrupted.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
+import threading
 import time
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from fenwicks.train import preemption
+from fenwicks.train import async_checkpoints, preemption
+from tests import _flagship as flagship
 from tests import _interrupts
 from tests.conftest import ROOT, run_module_json
 
@@ -219,3 +223,67 @@ def test_when_saving_is_slow_ctrl_c_says_what_was_not_saved(tmp_path):
     est.train(input_fn, steps=1)  # the steps in memory are saved with the next ones
     latest = tf.train.latest_checkpoint(str(tmp_path / "run"))
     assert latest.endswith(f"ckpt-{stop['step'] + 1}")
+
+
+class _StartInterrupted(threading.Thread):
+    """A writer thread whose `start` is hit by a second Ctrl-C before the thread runs."""
+
+    def start(self) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_while_the_save_starts_is_interrupted_not_a_key_error(
+        tmp_path, monkeypatch):
+    """The first Ctrl-C stops the loop and starts a save; the second lands inside the
+    background writer's start, before its thread runs (the issue's `KeyError: 'path'`
+    from `wait`). The user gets `Interrupted`, not saved, and the work_dir keeps ckpt-3."""
+    est = _interrupts.estimator(str(tmp_path / "run"))
+    input_fn = _interrupts.new_input_fn()
+    est.train(input_fn, steps=3)  # ckpt-3, written in the background
+    monkeypatch.setattr(async_checkpoints, "threading", types.SimpleNamespace(
+        Thread=_StartInterrupted, Event=threading.Event))
+    stop = _interrupts._train_until_interrupted(est, input_fn, past=10)
+    assert not stop["saved"] and stop["saved_step"] == 3, stop
+    assert "not saved (interrupted again while saving)" in stop["message"], stop
+    monkeypatch.undo()
+    est.train(input_fn, steps=1)  # the writer is usable again: the next save lands
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith(
+        f"ckpt-{stop['step'] + 1}")
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # on purpose
+def test_ctrl_c_during_a_loop_of_evaluate_calls_is_never_swallowed(tmp_path, monkeypatch):
+    """A Ctrl-C that lands in a garbage-collector callback (as JAX registers one) is
+    printed as "Exception ignored" by Python and lost; evaluate raises it all the same,
+    so a loop of evaluate calls stops at the call that was interrupted."""
+    est = _interrupts.estimator(str(tmp_path / "run"))
+    x, y = flagship.digits(_interrupts.MODEL)
+    eval_fn = flagship.eval_input(x, y)  # the held-out digits
+    est.evaluate(eval_fn)  # built and compiled: the loop below is steady state
+    fired: list[int] = []
+
+    def press_ctrl_c_in_gc(phase, info):
+        if phase == "start" and not fired:
+            fired.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the KeyboardInterrupt is raised here, inside the callback
+
+    evaluate = est._evaluator.evaluate
+
+    def evaluate_with_gc(*args, **kwargs):
+        gc.collect()
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(est._evaluator, "evaluate", evaluate_with_gc)
+    calls = 0
+    gc.callbacks.append(press_ctrl_c_in_gc)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="interrupted during evaluate"):
+            for calls in range(1, 4):  # noqa: B007 - read after the loop
+                est.evaluate(eval_fn)
+    finally:
+        gc.callbacks.remove(press_ctrl_c_in_gc)
+    assert fired and calls == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

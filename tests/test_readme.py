@@ -86,3 +86,16 @@ def test_every_python_block_runs_in_order_as_written(tmp_path):
     assert 2 <= out["lr_steps"] <= 30 and out["suggestion"] is not None
     # find_lr showed its progress against the 30 steps it expected.
     assert re.search(rf"find_lr: .*\b{out['lr_steps']}/30\b", proc.stderr)
+
+
+def test_every_test_the_reliability_table_names_exists():
+    """The table is kept true: each row names a test (``file.py::name``) that exists."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        section = f.read().split("### Reliability: faults and bad inputs", 1)[1]
+    rows = [line for line in section.split("\n\n", 2)[2].splitlines()
+            if line.startswith("| ") and not line.startswith("| Fault")]
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", "\n".join(rows))
+    assert len(rows) >= 19 and len(named) == len(rows) - 1, rows  # one row says "same test"
+    for filename, test in named:
+        with open(os.path.join(ROOT, "tests", filename), encoding="utf-8") as f:
+            assert re.search(rf"^def {test}\(", f.read(), re.M), f"{filename}::{test}"

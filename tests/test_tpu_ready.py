@@ -188,3 +188,18 @@ def test_the_rnn_forecaster_is_tpu_ready(tmp_path):
         lambda p: fw.data.numpy_ds(x, y, p["batch_size"], training=False),
         lambda p: fw.data.numpy_ds(x, None, p["batch_size"], training=False))
     assert report.shapes["train"] == [(8, 6, 2), (8, 1)]
+
+
+def test_an_empty_dataset_is_named_not_a_bare_stop_iteration(tmp_path):
+    est = _estimator(tmp_path, _head(keras.layers.ReLU()))
+
+    def empty_train(params):
+        return _train(params).take(0)
+
+    def empty_eval(params):
+        return _eval(params).take(0)
+
+    with pytest.raises(NotReady, match=r"training input: the input_fn's dataset is empty"):
+        fw.train.check_tpu_ready(est, empty_train)
+    with pytest.raises(NotReady, match=r"evaluation input: the input_fn's dataset is empty"):
+        fw.train.check_tpu_ready(est, _train, eval_input_fn=empty_eval)

@@ -7,6 +7,10 @@ dispatcher --port 5050`` and ``... worker --dispatcher HOST:5050``, which run
 ``fw.data.tfrecord_ds(..., data_service='grpc://HOST:5050')`` or, for a pipeline of your
 own, `via_data_service`. The training host then only receives finished batches.
 
+Security: the tf.data service has no authentication, and a dataset graph can read and
+write files and run programs on the worker. Servers therefore listen on localhost unless
+``--bind`` (``bind=``) names a wider address, and then warn once (see `exposure_warning`).
+
 Processing mode: ``'distributed_epoch'`` (the default) lets the dispatcher hand out
 *splits* of the source. Fenwicks' training streams are a sequence of epochs, so a split
 is one epoch: each worker builds whole epochs and every example is still seen once per
@@ -26,7 +30,11 @@ to come back: the tf.data service has no deadline of its own for that case.
 
 from __future__ import annotations
 
+import errno
+import getpass
+import ipaddress
 import logging
+import os
 import socket
 from typing import Any
 
@@ -149,38 +157,204 @@ def via_data_service(dataset: tf.data.Dataset, service: str, *,
     return distributed.prefetch(tf.data.AUTOTUNE)
 
 
-def start_dispatcher(port: int, work_dir: str | None = None) -> Any:
-    """Starts a tf.data service dispatcher on `port` (all interfaces); returns the server.
+def start_dispatcher(port: int, work_dir: str | None = None,
+                     bind: str = "localhost") -> Any:
+    """Starts a tf.data service dispatcher on `bind`:`port`; returns the server.
 
-    With `work_dir` (a directory, local or ``gs://``) the dispatcher journals its state
-    there and a restarted dispatcher continues the running jobs.
+    The tf.data service has no authentication: anyone who can reach the port can run
+    dataset code on this machine as this user. So it listens on this machine only
+    unless `bind` says otherwise; a wider `bind` logs that warning once.
+
+    Args:
+        port: the port trainers and workers connect to.
+        work_dir: a directory (local or ``gs://``) where the dispatcher journals its
+            state, so a restarted dispatcher continues the running jobs. Defaults to
+            None: no journal.
+        bind: the address to listen on: ``'localhost'``, one of this machine's
+            addresses (a private network's), or ``'0.0.0.0'`` for every interface.
+            Defaults to ``'localhost'``.
+
+    Raises:
+        OSError: naming the port, if it is in use or cannot be listened on.
 
     Example:
-        >>> fw.data.service.start_dispatcher(5050).join()   # serve until killed
+        >>> fw.data.service.start_dispatcher(5050, bind='10.0.0.2').join()  # until killed
     """
     config = tf.data.experimental.service.DispatcherConfig(
         port=_check_port(port, "port"), work_dir=work_dir,
         fault_tolerant_mode=work_dir is not None, worker_timeout_ms=WORKER_TIMEOUT_MS)
-    return tf.data.experimental.service.DispatchServer(config)
+    return _listening(lambda: tf.data.experimental.service.DispatchServer(config),
+                      bind, port, "dispatcher")
 
 
-def start_worker(dispatcher: str, port: int = 0, host: str | None = None) -> Any:
+def start_worker(dispatcher: str, port: int = 0, host: str | None = None,
+                 bind: str = "localhost") -> Any:
     """Starts a tf.data service worker registered with `dispatcher`; returns the server.
+
+    Like the dispatcher, a worker runs any dataset code a client sends, so it listens on
+    this machine only unless `bind` says otherwise (see `start_dispatcher`).
 
     Args:
         dispatcher: ``'host:port'`` (or ``grpc://host:port``) of the dispatcher.
         port: this worker's port. Defaults to 0: any free port.
-        host: the name trainers reach this worker by. Defaults to this machine's name.
+        host: the name trainers reach this worker by. Defaults to ``'localhost'`` when
+            `bind` is loopback, the `bind` address when it is one, else (every
+            interface) this machine's name.
+        bind: the address to listen on (see `start_dispatcher`). Defaults to
+            ``'localhost'``.
+
+    Raises:
+        ValueError: for a `host` other machines would use on a loopback-only worker.
+        OSError: naming the port, if it is in use or cannot be listened on.
 
     Example:
-        >>> fw.data.service.start_worker('10.0.0.2:5050').join()
+        >>> fw.data.service.start_worker('10.0.0.2:5050', bind='10.0.0.3').join()
     """
+    port = _check_port(port, "port", 0)
+    address = listen_address(bind)
+    if host is None:  # the address trainers can reach: the one it listens on
+        host = "localhost" if _is_loopback(address) else \
+            socket.gethostname() if _is_wildcard(address) else address
+    elif _is_loopback(address) and not _names_loopback(host):
+        raise ValueError(
+            f"host={host!r} tells trainers on other machines to reach this worker, but it "
+            f"listens on {bind} only; add bind='0.0.0.0' (--bind 0.0.0.0) on a private "
+            "network, or leave host out")
     target = check_reachable(dispatcher, "dispatcher")
     config = tf.data.experimental.service.WorkerConfig(
-        dispatcher_address=target[len("grpc://"):], port=_check_port(port, "port", 0),
-        worker_address=f"{host or socket.gethostname()}:%port%",
-        heartbeat_interval_ms=HEARTBEAT_MS)
-    return tf.data.experimental.service.WorkerServer(config)
+        dispatcher_address=target[len("grpc://"):], port=port,
+        worker_address=f"{host}:%port%", heartbeat_interval_ms=HEARTBEAT_MS)
+    return _listening(lambda: tf.data.experimental.service.WorkerServer(config),
+                      bind, port, "worker")
+
+
+def listen_address(bind: Any) -> str:
+    """The IP address `bind` names (``'0.0.0.0'`` or ``'::'`` for every interface).
+
+    Raises:
+        ValueError: naming `bind`, for a name that does not resolve.
+    """
+    if not isinstance(bind, str) or not bind:
+        raise ValueError(f"bind={bind!r} must be an address such as 'localhost' (this "
+                         "machine only, the default) or '0.0.0.0' (every interface)")
+    if bind in ("*", "[::]"):
+        return "::"
+    try:
+        return _resolve(bind.strip("[]"))
+    except OSError as err:
+        raise ValueError(f"bind={bind!r} is not an address of this machine ({err}); use "
+                         "'localhost', '0.0.0.0' or one of its IP addresses") from err
+
+
+def exposure_warning(bind: str, port: int, role: str = "server") -> str | None:
+    """The warning for a server listening beyond this machine; None for loopback."""
+    address = listen_address(bind)
+    if _is_loopback(address):
+        return None
+    where = "every network interface" if _is_wildcard(address) else address
+    user = _user_name()
+    return (f"WARNING: the tf.data service {role} listens on {bind}:{port} ({where}). "
+            "The tf.data service has no authentication: anyone who can reach this port "
+            f"can run dataset code on this machine as user {user!r} (read and write its "
+            "files, run its programs). Use it only on a private network, or behind a "
+            "firewall that lets in just your trainers and workers; never on a public "
+            "address. Without --bind it listens on localhost only.")
+
+
+def _listening(make: Any, bind: str, port: int, role: str) -> Any:
+    """Starts a server with `make()` on `bind`:`port` and checks where it listens."""
+    address = listen_address(bind)
+    if port:
+        _check_port_free(address, port, bind)
+    try:
+        if _is_wildcard(address):
+            server = make()
+        else:
+            from fenwicks.data import _listen
+
+            with _listen.narrowed(address, os.path.dirname(tf.__file__)):
+                server = make()
+    except RuntimeError as err:  # TensorFlow's whole message: "Could not start gRPC server"
+        raise _port_error(f"the tf.data service {role} could not listen on {bind}:"
+                          f"{port or '(any port)'} ({_one_line(err)}); is the port in use? "
+                          "Choose another --port or stop what uses it") from err
+    if not _is_wildcard(address):
+        _check_listeners(server, address, bind, role)
+    warning = exposure_warning(bind, port or _bound_port(server), role)
+    if warning:
+        logger.warning(warning)
+    return server
+
+
+def _check_port_free(address: str, port: int, bind: str) -> None:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family) as probe:
+        # as gRPC does: a port whose old connections linger in TIME_WAIT is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as err:
+            raise _port_error(f"port {port} on {bind} is already in use ({err.strerror}); "
+                              "choose another --port, or stop the process that listens "
+                              f"there (`ss -ltnp 'sport = :{port}'` names it)",
+                              err.errno) from err
+
+
+def _check_listeners(server: Any, address: str, bind: str, role: str) -> None:
+    """Stops `server` if it listens anywhere but `address` (a narrowing that failed)."""
+    from fenwicks.data import _listen
+
+    port = _bound_port(server)
+    allowed = {address, "::ffff:" + address}
+    wide = [where for where in _listen.listeners(port)
+            if where.rpartition(":")[0].strip("[]") not in allowed]
+    if wide:
+        server._stop()  # noqa: SLF001 - the only way to stop it
+        raise OSError(f"the tf.data service {role} was asked to listen on {bind}:{port} "
+                      f"but listens on {', '.join(wide)}; it was stopped. Start it with "
+                      "--bind 0.0.0.0 on a private network instead")
+
+
+def _port_error(message: str, code: int | None = errno.EADDRINUSE) -> OSError:
+    """An OSError whose text is `message` alone (the CLI prints it as one line)."""
+    err = OSError(message)
+    err.errno = code
+    return err
+
+
+def _bound_port(server: Any) -> int:
+    return int(server._address.rpartition(":")[2])  # noqa: SLF001 - port 0 is chosen late
+
+
+def _resolve(name: str) -> str:
+    return socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)[0][4][0]
+
+
+def _names_loopback(host: str) -> bool:
+    try:
+        return _is_loopback(_resolve(host))
+    except OSError:  # a name this machine cannot resolve is not its loopback
+        return False
+
+
+def _is_wildcard(address: str) -> bool:
+    return ipaddress.ip_address(address).is_unspecified
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def _user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return f"uid {os.getuid()}"
+
+
+def _one_line(err: BaseException) -> str:
+    return next((line.strip() for line in str(err).splitlines() if line.strip()),
+                type(err).__name__)
 
 
 def _check_port(port: Any, name: str, lowest: int = 1) -> int:

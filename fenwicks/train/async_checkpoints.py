@@ -40,6 +40,9 @@ logger = logging.getLogger("fenwicks")
 
 _WRITERS: weakref.WeakSet = weakref.WeakSet()  # writers that may have a write running
 _EXIT_HOOK: list[bool] = []  # registered once, at the first writer
+# How long `wait` gives a writer thread to show it runs: a thread starts in microseconds,
+# so one that has not started by then never will (`start` was interrupted before it).
+_LAUNCH_GRACE_SECS = 2.0
 
 
 class UnsupportedAsyncCheckpointError(TypeError):
@@ -131,6 +134,7 @@ class BackgroundWriter:
         self.pending_step: int | None = None
         self._thread: threading.Thread | None = None
         self._outcome: dict[str, Any] = {}
+        self._launched = threading.Event()
         _WRITERS.add(self)
         if not _EXIT_HOOK:
             _EXIT_HOOK.append(True)
@@ -148,11 +152,13 @@ class BackgroundWriter:
                 copy.assign(variable.value if isinstance(variable, keras.Variable)
                             else variable)
         self.pending_step, self._outcome = step, {}
+        self._launched = threading.Event()
         self._thread = threading.Thread(target=self._write, args=(step,), daemon=True,
                                         name=f"fenwicks checkpoint writer (ckpt-{step})")
         self._thread.start()
 
     def _write(self, step: int) -> None:
+        self._launched.set()
         started = time.monotonic()
         try:
             path = checkpoints.save(self.manager, step)
@@ -177,6 +183,11 @@ class BackgroundWriter:
         """
         thread = self._thread
         if thread is None:
+            return None
+        if not self._launched.wait(_LAUNCH_GRACE_SECS):
+            # A second Ctrl-C raised inside `start` before the thread ran: nothing was
+            # written, and the previous checkpoint stays the latest.
+            self._thread = self.pending_step = None
             return None
         while thread.is_alive():  # a timeout keeps the wait interruptible by Ctrl-C
             thread.join(0.5)

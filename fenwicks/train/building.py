@@ -81,6 +81,34 @@ def check_input_shape(model: keras.Model, features_spec: Any) -> None:
             "or fix the input_fn. Nothing was compiled or written")
 
 
+def check_same_features(built: Any, got: Any, mode: str) -> None:
+    """Features of `mode` against those the model was built for (per example).
+
+    A fully convolutional net built for 8x8 images also runs on 9x9 ones and returns
+    predictions, silently, for inputs it was never built or trained for.
+
+    Raises:
+        ValueError: naming both shapes.
+    """
+    def shapes(spec: Any) -> list[tuple]:
+        return [tuple(s.shape.as_list()[1:]) for s in tf.nest.flatten(spec)]
+
+    def fits(w: tuple, h: tuple) -> bool:  # None (unknown) matches any size
+        return len(w) == len(h) and all(a is None or b is None or a == b
+                                        for a, b in zip(w, h, strict=True))
+
+    def show(found: list[tuple]) -> Any:  # one tensor: its shape alone
+        return found[0] if len(found) == 1 else found
+
+    want, have = shapes(built), shapes(got)
+    if len(want) != len(have) or not all(map(fits, want, have)):
+        raise ValueError(
+            f"the {mode} input_fn gives features of shape {show(have)} per example, but "
+            f"this estimator's model was built for {show(want)} (from the first input it "
+            f"saw); give {mode} features of that shape (resize or crop them), or use a "
+            "new estimator (another work_dir) for the new shape")
+
+
 @contextlib.contextmanager
 def training_randomness_kept(model: keras.Model) -> Iterator[None]:
     """Evaluation and prediction leave the training random state as it was.

@@ -246,7 +246,34 @@ def _listed(directory: str) -> list[str]:
     else:
         paths = [p[: -len(".index")] for p in tf.io.gfile.glob(f"{directory}/ckpt-*.index")]
     paths = [p if "/" in p or "://" in p else f"{directory}/{p}" for p in paths]
+    _check_inside(directory, paths)
     return sorted(set(paths), key=step_of, reverse=True)
+
+
+class ForeignCheckpointError(ValueError):
+    """The work_dir's ``checkpoint`` file names a checkpoint in another folder."""
+
+
+def _check_inside(directory: str, paths: list[str]) -> None:
+    """Refuses a state file naming checkpoints outside `directory`.
+
+    A shared or downloaded work_dir could otherwise load another folder's weights, and
+    TensorFlow's CheckpointManager would later delete those files as it rotates old
+    checkpoints.
+    """
+    def folder(path: str) -> str:
+        head = path.rstrip("/").rsplit("/", 1)[0] if "/" in path else ""
+        return head if "://" in head else os.path.abspath(head)
+
+    home = folder(directory.rstrip("/") + "/x")
+    outside = [p for p in paths if folder(p) != home]
+    if outside:
+        raise ForeignCheckpointError(
+            f"{directory}/checkpoint names checkpoint(s) outside the work_dir: "
+            f"{', '.join(outside[:3])}. Restoring would load another folder's weights "
+            "(and rotating old checkpoints would later delete its files). If this "
+            f"work_dir was copied or downloaded, delete {directory}/checkpoint: Fenwicks "
+            "then finds the ckpt-* files in the work_dir by name. Nothing was read or changed")
 
 
 def step_of(prefix: str | None) -> int:
@@ -283,13 +310,21 @@ def _probe(root: tf.train.Checkpoint, scratch_dir: str | None) -> None:
     try:
         expected_shapes(root, scratch_dir)
     except (tf.errors.OpError, OSError) as err:
-        where = scratch_dir or f"the temp dir {tempfile.gettempdir()!r}"
+        where = scratch_dir or _temp_dir_named()
         raise ProbeWriteError(
             f"could not write a probe copy of the model to {where}: {first_line(err)}. "
             "Fenwicks writes the model once there to learn its variables' checkpoint "
             "names before restoring. This is not about your checkpoints: nothing in the "
             "work_dir was read, changed or set aside. Free space there, or point TMPDIR "
             "at a folder with room for one checkpoint (before starting Python)") from err
+
+
+def _temp_dir_named() -> str:
+    """The temp dir, for a message; when every candidate is full, says so."""
+    try:
+        return f"the temp dir {tempfile.gettempdir()!r}"
+    except OSError:  # "No usable temporary directory found in [...]", as the error says
+        return "a temp dir (every candidate is full or not writable)"
 
 
 def restore_latest(root: tf.train.Checkpoint, work_dir: str,

@@ -33,7 +33,7 @@ import numpy as np
 
 from fenwicks import accel
 from fenwicks._checks import boolean, one_of, path_arg, positive_int
-from fenwicks.train import building, export, input_check, profiling
+from fenwicks.train import building, export, input_check, preemption, profiling
 from fenwicks.train import callbacks as callbacks_lib
 from fenwicks.train.controller import Controller, epochs_to
 from fenwicks.train.evaluation import Evaluator
@@ -284,6 +284,7 @@ class Estimator:
         probe = self._inputs.probe(input_fn, mode)
         self._state.build(probe.features_spec,
                           self._inputs.params(mode, self.config.train_batch_size))
+        building.check_same_features(self._state.features_spec, probe.features_spec, mode)
         if mode == "eval" and input_fn not in self._checked:
             building.check_labels(self._state.spec, self._acc.strategy, probe.dataset)
             with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
@@ -418,6 +419,7 @@ class Estimator:
 
     # ---------------------------------------------------------------- evaluate / predict
 
+    @preemption.keeps_ctrl_c
     def evaluate(self, input_fn: InputFn, steps: int | None = None) -> dict[str, float]:
         """Loss and metrics over every example of `input_fn`, each counted exactly once.
 
@@ -456,6 +458,7 @@ class Estimator:
         self.history.evals.append(result)
         return result
 
+    @preemption.keeps_ctrl_c
     def predict(self, input_fn: InputFn, as_dicts: bool = False) -> Any:
         """Per-example predictions: exactly one row per input example, in input order.
 

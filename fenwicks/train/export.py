@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 from typing import Any
 
 import tensorflow as tf
@@ -51,8 +54,47 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         return _serving_outputs(spec.predict_fn(outputs))
 
     module.serve = serve
-    # bounded on gs://: storage that stops answering is an error naming the export
-    _deadline.run(tf.saved_model.save, module, export_dir,
-                  signatures={"serving_default": serve}, what="SavedModel export",
-                  path=export_dir)
+    existed = tf.io.gfile.exists(export_dir)
+    # A local export that exists is replaced only when the new one is whole: written
+    # beside it, then swapped in. (gs:// has no directory rename: written in place.)
+    staged = existed and "://" not in export_dir
+    written = f"{export_dir}.new" if staged else export_dir
+    try:
+        if staged and tf.io.gfile.exists(written):
+            tf.io.gfile.rmtree(written)  # a half-written export of an earlier failure
+        # bounded on gs://: storage that stops answering is an error naming the export
+        _deadline.run(tf.saved_model.save, module, written,
+                      signatures={"serving_default": serve}, what="SavedModel export",
+                      path=export_dir)
+    except (tf.errors.OpError, OSError) as err:
+        if written != export_dir or not existed:  # a partial SavedModel: never left
+            with contextlib.suppress(tf.errors.OpError, OSError):
+                tf.io.gfile.rmtree(written)
+        kept = (f"; the previous export in {export_dir} is untouched" if staged else
+                "" if existed else "; the partial folder was removed")
+        raise ExportError(
+            f"could not export the SavedModel to {export_dir}: {_first_line(err)}{kept}. "
+            "Free space there (or pick another export_dir) and call export_saved_model "
+            "again; the checkpoints in work_dir are untouched") from err
+    if staged:
+        _replace(written, export_dir)
     return export_dir
+
+
+def _replace(new: str, target: str) -> None:
+    """Puts local directory `new` in place of `target`; the old one goes only after."""
+    old = f"{target}.old"
+    if os.path.exists(old):
+        shutil.rmtree(old)
+    os.rename(target, old)
+    os.rename(new, target)
+    shutil.rmtree(old)
+
+
+class ExportError(OSError):
+    """A SavedModel export failed (a full disk, storage errors); nothing partial is left."""
+
+
+def _first_line(err: BaseException) -> str:
+    text = (getattr(err, "message", None) or str(err)).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__

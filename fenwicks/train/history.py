@@ -48,8 +48,22 @@ def read_epochs(work_dir: str, up_to_step: int) -> list[dict[str, Any]]:
     """
     path = f"{work_dir}/{EPOCH_LOG}"
     text = _deadline.run(_read_text, path, what="epoch log read", path=path)
-    entries = [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+    entries = [_entry(path, number, line)
+               for number, line in enumerate((text or "").splitlines(), 1) if line.strip()]
     return [e for e in entries if e["step"] <= up_to_step]
+
+
+def _entry(path: str, number: int, line: str) -> dict[str, Any]:
+    """One line of the epoch log; a damaged line is an error naming the file and line."""
+    try:
+        entry = json.loads(line)
+        int(entry["step"])
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(
+            f"{path}, line {number}, is not an epoch entry ({type(err).__name__}: "
+            f"{str(err)[:100]}): {line[:80]!r}. The file was edited or damaged; fix or "
+            "delete that line (the checkpoints do not depend on it)") from None
+    return entry
 
 
 def _read_text(path: str) -> str | None:

@@ -47,6 +47,10 @@ class WorkDirLockedError(RuntimeError):
     """Another process is training in this work_dir."""
 
 
+class WorkDirLostError(FileNotFoundError):
+    """The work_dir (its lock, at least) was deleted by someone else while training."""
+
+
 class WorkDirNotWritableError(PermissionError):
     """Training needs to write in work_dir, and it is read-only (or not ours)."""
 
@@ -100,9 +104,35 @@ class WorkDirLock:
         self._remove()
 
     def heartbeat(self) -> None:
-        """Refreshes the lock's timestamp (at most every `HEARTBEAT_SECS`)."""
-        if self._held and time.time() - self._last_beat >= HEARTBEAT_SECS:
+        """Refreshes the lock's timestamp (at most every `HEARTBEAT_SECS`).
+
+        Raises:
+            WorkDirLostError: the lock file is gone (checked on every call on local disk,
+                at each beat on ``gs://``, where a check is a request).
+        """
+        beat = self._held and time.time() - self._last_beat >= HEARTBEAT_SECS
+        if beat or not self.remote:
+            self.check()
+        if beat:
             self._write(self._record())
+
+    def check(self) -> None:
+        """Raises `WorkDirLostError` if this held lock's file was deleted meanwhile.
+
+        Training never recreates a work_dir deleted under it: the next save would start
+        a new folder, and the loss of the old one's checkpoints and history would go
+        unnoticed.
+        """
+        if self._held and not tf.io.gfile.exists(self.path):
+            gone = "" if tf.io.gfile.exists(self._work_dir) else ", and so is the folder"
+            raise WorkDirLostError(
+                f"work_dir={self._work_dir!r} was deleted while training (its lock "
+                f"{self.path} is gone{gone}): the checkpoints saved there, the epoch log "
+                "epochs.jsonl and the TensorBoard logs went with it. Training stopped "
+                "instead of recreating the folder. The model in memory is intact: keep it "
+                "with export_saved_model(...) now (a new train or evaluate on this "
+                "work_dir starts afresh, as it is empty); if a script cleans that folder, "
+                "let it finish first")
 
     def release(self) -> None:
         if not self._held:
@@ -132,8 +162,12 @@ class WorkDirLock:
                     _locked_message(self._work_dir, self._read() or {})) from None
             except OSError as err:  # read-only, another user's, full
                 raise WorkDirNotWritableError(_not_writable(self._work_dir, err)) from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(record, f)
+            except OSError as err:  # a full disk: O_CREAT worked, the write did not
+                os.remove(self.path)  # an empty lock would block nobody, and mislead
+                raise WorkDirNotWritableError(_write_failed(self.path, err)) from None
             return
         try:
             self._write(record)
@@ -202,6 +236,13 @@ def _locked_message(work_dir: str, holder: dict[str, Any]) -> str:
             "runs would interleave their checkpoints. Use another work_dir, or wait for it "
             f"to finish; if that run is gone, its lock goes stale after {STALE_SECS:.0f} s "
             f"(at once on the same host), or delete {work_dir}/{LOCK_NAME}")
+
+
+def _write_failed(path: str, err: OSError) -> str:
+    return (f"could not write the work_dir lock {path} ({err.strerror or err}), before "
+            "training wrote anything. Free space on that disk (`df -h` shows it), or use "
+            "a work_dir on a disk with room for the checkpoints; nothing saved there was "
+            "changed")
 
 
 def _not_writable(work_dir: str, err: BaseException) -> str:

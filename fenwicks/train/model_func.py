@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 REDUCTIONS = ("mean", "sum")
@@ -111,10 +112,26 @@ def _check_labels_eagerly(labels: tf.Tensor, num_classes: int) -> None:
                          "or the number of classes of the last layer")
 
 
+def _check_whole_eagerly(labels: tf.Tensor) -> None:
+    """Float class ids (0.5, 1.5) would be truncated to 0 and 1 and train silently."""
+    if not labels.dtype.is_floating or not tf.executing_eagerly() or tf.size(labels) == 0:
+        return
+    values = labels.numpy().ravel()
+    odd = values[values != np.floor(values)]
+    if odd.size:
+        raise ValueError(
+            f"labels must be class ids (whole numbers), but they are {labels.dtype.name} "
+            f"and {odd.size} of the first {values.size} are not whole (e.g. {odd[0]:g}); "
+            "a classifier would truncate them. Give integer class ids (y.astype('int32')) "
+            "after checking the data, or for continuous targets use "
+            "fw.train.get_reg_model_func")
+
+
 def _sparse_labels(labels: Any, outputs: tf.Tensor) -> tf.Tensor:
     labels = tf.convert_to_tensor(labels)
     if labels.shape.rank == outputs.shape.rank:  # [B, 1] -> [B]
         labels = tf.squeeze(labels, axis=-1)
+    _check_whole_eagerly(labels)
     return tf.cast(labels, tf.int32)
 
 

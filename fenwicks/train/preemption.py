@@ -35,10 +35,12 @@ compiled call returns.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -98,6 +100,44 @@ class Interrupted(KeyboardInterrupt):
                      f"{self.checkpoint or 'none'}")
         return (f"training interrupted at step {self.step}, {where}. The estimator is "
                 "consistent: call train() again to continue exactly where it stopped")
+
+
+def keeps_ctrl_c(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorates `method` so a Ctrl-C during it is raised, even one Python swallowed.
+
+    Python raises `KeyboardInterrupt` wherever the main thread happens to be. Inside a
+    garbage-collector callback or a ``__del__`` (JAX registers a gc callback;
+    TensorFlow's resources have finalizers) it is printed as "Exception ignored" and lost,
+    and the call goes on as if nothing was pressed. While `method` runs (outside
+    `train`, whose watcher owns SIGINT), a handler notes the signal; if `method` then
+    returns normally, the `KeyboardInterrupt` is raised on its way out.
+
+    Example:
+        >>> class Estimator:
+        ...     @keeps_ctrl_c
+        ...     def evaluate(self, input_fn): ...
+    """
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread() or \
+                not _own_sigint(signal.getsignal(signal.SIGINT)):
+            return method(*args, **kwargs)  # a handler of the user's (or train's) rules
+        pressed: list[int] = []
+
+        def note(signum: int, frame: Any) -> None:
+            pressed.append(signum)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, note)
+        try:
+            result = method(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if pressed:  # raised where Python dropped it; the call's result is not trusted
+            raise KeyboardInterrupt(f"interrupted during {method.__name__}")
+        return result
+
+    return wrapper
 
 
 def _own_sigint(handler: Any) -> bool:

@@ -220,6 +220,8 @@ class RunState:
             CheckpointWriteError: this write, or the previous background one, failed;
                 the checkpoint before it is intact and stays the latest.
         """
+        if self._lock is not None:
+            self._lock.check()  # a work_dir deleted meanwhile is not recreated by a save
         latest = self._manager.latest_checkpoint
         pending = self._background.pending_step if self._background else None
         if not force and (pending == self.global_step or (
@@ -252,7 +254,10 @@ class RunState:
         """
         if self._background is None or not self._background.running:
             return
-        path, fingerprint, seconds = self._background.wait()
+        done = self._background.wait()
+        if done is None:  # the write never started (a second Ctrl-C): nothing changed
+            return
+        path, fingerprint, seconds = done
         self.last_good_checkpoint, self._seen, self.last_save_secs = path, fingerprint, seconds
 
     def _background_failure(self) -> Exception | None:

@@ -148,11 +148,21 @@ def _first_batch(mode: str, input_fn: inputs.InputFn, params: dict) -> tuple[Any
                 "in the input_fn (e.g. ds.padded_batch(..., padded_shapes=...), "
                 "tf.image.resize)")
     if mode == "train":
-        element = next(iter(dataset))
+        element = _first(dataset, mode)
         return element, element
     padded = inputs.pad_and_mask(dataset, batch_size, 1, _what(mode))
-    batch = next(iter(padded))
+    batch = _first(padded, mode)
     return batch, batch[0]
+
+
+def _first(dataset: tf.data.Dataset, mode: str) -> Any:
+    """The first element of `dataset`; an empty one is an error naming the input."""
+    for element in dataset.take(1):
+        return element
+    raise NotTPUReadyError(
+        f"{_what(mode)} input: the input_fn's dataset is empty, so there is nothing to "
+        "check or train on; check the files or arrays it reads (a glob that matches "
+        "nothing, a filter that drops everything, a take(0))")
 
 
 def _paths(spec: Any) -> list[tuple[str, tf.TensorSpec]]:
