@@ -16,9 +16,10 @@ failed write at `sync()` and reads checkpoints back through its copies. Here the
 are made once, with `assign` on each save.
 
 One write at a time: a save first waits for the previous write (and raises its error).
-Everything that must see a complete checkpoint waits through `BackgroundWriter.wait`:
-the next save, the end of `train`, a restore from disk, SIGTERM, `close()` and, for
-writers still running, interpreter exit (`_wait_at_exit`).
+`checkpointer.AsyncCheckpointer` drives a `BackgroundWriter`; everything that must see a
+complete checkpoint waits through it: the next save, the end of `train`, a restore from
+disk, SIGTERM, `close()` and, for writers still running, interpreter exit
+(`_wait_at_exit`).
 """
 
 from __future__ import annotations

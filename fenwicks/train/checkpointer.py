@@ -356,7 +356,7 @@ class WorkerCheckpointer(SyncCheckpointer):
 
 def create(root: tf.train.Checkpoint, directory: str, *, keep: int = 3,
            asynchronous: bool = True, workers: int = 1, worker_id: int | None = None,
-           probe_dir: str | None = None) -> Checkpointer:
+           probe_dir: str | None = None) -> SyncCheckpointer:
     """The checkpointer a run needs; the one place that chooses sync, async or worker.
 
     Args:

@@ -59,7 +59,8 @@ class RunState:
     Example:
         >>> state = RunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
-        >>> state.checkpointer.save(state.global_step)
+        >>> state.latest_checkpoint
+        '/content/work/ckpt-1000'
     """
 
     def __init__(self, model_func: building.ModelFunc, config: EstimatorConfig,
@@ -73,7 +74,7 @@ class RunState:
         self._spec: ModelSpec | None = None
         self._lock: lock.WorkDirLock | None = None
         self._writers: dict[str, Any] = {}
-        self._checkpointer: checkpointer_lib.Checkpointer | None = None
+        self._checkpointer: checkpointer_lib.SyncCheckpointer | None = None
 
     # ---------------------------------------------------------------- what is built
 
@@ -99,8 +100,9 @@ class RunState:
         return bool(self._strategy.extended.should_checkpoint)
 
     @property
-    def checkpointer(self) -> checkpointer_lib.Checkpointer:
-        """The one owner of the run's checkpoints, built with the model."""
+    def checkpointer(self) -> checkpointer_lib.SyncCheckpointer:
+        """The one owner of the run's checkpoints, built with the model (the controller's
+        `SavePolicy` is what saves through it)."""
         self.spec  # noqa: B018 - raises the "built on first use" error
         return self._checkpointer
 
@@ -136,7 +138,7 @@ class RunState:
                                                             self.config.warm_start_from)
         self._spec, self._checkpointer = spec, checkpointer
 
-    def _create_checkpointer(self) -> checkpointer_lib.Checkpointer:
+    def _create_checkpointer(self) -> checkpointer_lib.SyncCheckpointer:
         # A TPU reached over the network cannot write local files: its probe goes to gs://.
         return checkpointer_lib.create(
             self._root, self.config.work_dir, keep=self.config.keep_checkpoints,
