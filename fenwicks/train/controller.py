@@ -103,9 +103,8 @@ class Controller:
         callbacks.on_train_end(epochs.logs)
         # After on_train_end: a callback may have changed the weights (EarlyStopping's
         # restore_best_weights); the checkpoint then holds what the callbacks left.
-        saves.save(Trigger.END, state.global_step,
-                   force=any(not getattr(c, "installed_by_default", False)
-                             for c in callbacks.callbacks))
+        users = [c for c in callbacks.callbacks if not getattr(c, "installed_by_default", False)]
+        saves.save(Trigger.END, state.global_step, force=bool(users))
 
     def _loop_length(self, step: int, target: int, profile: profiling.ProfileWindow) -> int:
         """`steps_per_loop`, cut at the target, the epoch's end and the profile window."""
