@@ -10,6 +10,7 @@ from typing import Any
 import tensorflow as tf
 
 from fenwicks import _deadline
+from fenwicks._text import first_line
 from fenwicks.train.model_func import ModelSpec
 
 
@@ -73,7 +74,7 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         kept = (f"; the previous export in {export_dir} is untouched" if staged else
                 "" if existed else "; the partial folder was removed")
         raise ExportError(
-            f"could not export the SavedModel to {export_dir}: {_first_line(err)}{kept}. "
+            f"could not export the SavedModel to {export_dir}: {first_line(err)}{kept}. "
             "Free space there (or pick another export_dir) and call export_saved_model "
             "again; the checkpoints in work_dir are untouched") from err
     if staged:
@@ -93,8 +94,3 @@ def _replace(new: str, target: str) -> None:
 
 class ExportError(OSError):
     """A SavedModel export failed (a full disk, storage errors); nothing partial is left."""
-
-
-def _first_line(err: BaseException) -> str:
-    text = (getattr(err, "message", None) or str(err)).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
