@@ -10,6 +10,7 @@ with TensorFlow's and with numpy references. Builders shared by both sides are h
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -100,6 +101,35 @@ def _model_outputs(name: str, model: keras.Model, x: Any) -> dict[str, np.ndarra
     return result
 
 
+def _sharded_outputs(data: Any) -> dict[str, np.ndarray]:
+    """The training call of "replica2" and "resnet" on a batch sharded over 2 devices
+    under `keras.distribution.DataParallel`, as the JAX engine and Keras's ``fit`` run it:
+    'replica' then takes its replica count from the distribution, and 'sync' is the
+    whole batch's statistics. Needs 2 devices (XLA_FLAGS in the test's environment)."""
+    import jax
+
+    devices = jax.devices()[:2]
+    distribution = keras.distribution.DataParallel(devices=devices)
+    sharding = jax.sharding.NamedSharding(distribution.device_mesh.backend_mesh,
+                                          jax.sharding.PartitionSpec("batch"))
+    result = {}
+    keras.distribution.set_distribution(distribution)
+    try:
+        for name in ("replica2", "resnet"):
+            model = MODELS[name][0]()  # variables replicated over the mesh
+            model.set_weights([data[f"{name}/weights/{i}"]
+                               for i in range(len(model.weights))])
+            x = jax.device_put(data[f"{name}/x"], sharding)
+            out, _ = jax.jit(functools.partial(model.stateless_call, training=True))(
+                [v.value for v in model.trainable_variables],
+                [v.value for v in model.non_trainable_variables], x)
+            result[f"{name}/sharded_train"] = np.asarray(out)
+            result[f"{name}/sharded_devices"] = np.asarray(len(x.sharding.device_set))
+    finally:
+        keras.distribution.set_distribution(None)
+    return result
+
+
 def _model_funcs(data: Any) -> dict[str, np.ndarray]:
     """ModelSpec.example_values and predict_fn under jax.jit, for clf and reg."""
     import jax
@@ -157,6 +187,7 @@ def main(in_path: str, out_path: str) -> None:
         count = len(model.weights)
         model.set_weights([data[f"{name}/weights/{i}"] for i in range(count)])
         result.update(_model_outputs(name, model, data[f"{name}/x"]))
+    result.update(_sharded_outputs(data))
     result.update(_model_funcs(data))
     result.update(_optimizers(data))
     result.update(_schedules())

@@ -70,7 +70,9 @@ def results(tmp_path_factory):
     _tensorflow_side(data, expected)
     np.savez(directory / "in.npz", **data)
     out = run_module_json("tests._blocks_jax", str(directory / "in.npz"),
-                          str(directory / "out.npz"), env={"KERAS_BACKEND": "jax"})
+                          str(directory / "out.npz"),
+                          env={"KERAS_BACKEND": "jax",
+                               "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     assert out["backend"] == "jax"
     return dict(np.load(directory / "out.npz")), expected
 
@@ -96,6 +98,17 @@ def test_replica_statistics_differ_from_the_whole_batch(results):
     assert not np.allclose(jax_results["replica2/train"], jax_results["mnist/train"],
                            atol=1e-3) or not np.allclose(
         jax_results["replica2/moving/0"], jax_results["mnist/moving/0"])
+
+
+@pytest.mark.parametrize("name", ["replica2", "resnet"])
+def test_a_batch_sharded_over_two_devices_gives_the_same_statistics(results, name):
+    """Under keras.distribution.DataParallel over 2 devices (the JAX engine's layout),
+    'replica' takes the replica count from the distribution (per-device statistics, as
+    batch_replicas(2) on one device) and 'sync' normalises over the global batch."""
+    jax_results, _ = results
+    assert int(jax_results[f"{name}/sharded_devices"]) == 2
+    np.testing.assert_allclose(jax_results[f"{name}/sharded_train"],
+                               jax_results[f"{name}/train"], rtol=1e-5, atol=1e-6)
 
 
 def _log_softmax(x):
