@@ -28,6 +28,10 @@ GRADS = [(RNG.randn(3, 2).astype("float32"), RNG.randn(2).astype("float32"))
 # TensorFlow's and XLA-on-JAX's convolutions and reductions sum in different orders;
 # BatchNorm over 8 examples then scales those differences by 1/std.
 MODEL_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+# 2 host devices for the sharded checks. LLVM optimisation off: XLA compiles every op of
+# these tiny programs, and each weight shape's random initializer, ~7x faster (resnet9's
+# build: 38 -> 5.6 s on this busy machine); at this size they run as fast either way.
+XLA_FLAGS = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
 
 
 def _perturbed_weights(model: keras.Model) -> list[np.ndarray]:
@@ -71,8 +75,7 @@ def results(tmp_path_factory):
     np.savez(directory / "in.npz", **data)
     out = run_module_json("tests._blocks_jax", str(directory / "in.npz"),
                           str(directory / "out.npz"),
-                          env={"KERAS_BACKEND": "jax",
-                               "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+                          env={"KERAS_BACKEND": "jax", "XLA_FLAGS": XLA_FLAGS})
     assert out["backend"] == "jax"
     return dict(np.load(directory / "out.npz")), expected
 
