@@ -60,7 +60,7 @@ setup(
             "ipykernel>=6",
             "ruff>=0.5",
             "py7zr>=0.20",  # fw.io.unzip of Kaggle's .7z archives (tests/test_io.py)
-            "jax>=0.7",  # the jax engine (tests/test_accel.py: FENWICKS_ENGINE=jax, cpu:8)
+            "jax>=0.7",  # the jax engine and the blocks on it (KERAS_BACKEND=jax, cpu:8)
         ],
     },
     entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},
