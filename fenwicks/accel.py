@@ -13,7 +13,8 @@ that TensorFlow does not list (the CPU-only wheel, a CUDA/cuDNN mismatch) is a w
 the fix and what was chosen instead; it is kept in `Accelerator.warnings` for `fw.info()`.
 ``FENWICKS_DEVICE=tpu`` or ``gpu`` then fails with the same cause.
 
-This module imports nothing of fenwicks; every higher layer builds on it.
+Of fenwicks this module imports only `fenwicks._text` (a leaf of message helpers);
+every higher layer builds on it.
 """
 
 from __future__ import annotations
