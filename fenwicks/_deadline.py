@@ -27,7 +27,8 @@ process says what it gave up on and exits with status `EXIT_STATUS` (75, EX_TEMP
 "try again later") rather than hanging in TensorFlow's client. Checkpoints already
 saved are complete (each save is), so the next run resumes from the last of them.
 
-This module imports nothing of Fenwicks (fw.io and fw.train both use it).
+Of Fenwicks this module imports only `fenwicks._text`, a leaf (fw.io and fw.train both
+use it).
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ what was chosen instead; it is kept in `Accelerator.warnings` for `fw.info()`, a
 "chosen by" reason names the same cause. ``FENWICKS_DEVICE=tpu`` or ``gpu`` then fails
 with the same cause.
 
-This module imports nothing of fenwicks but its two private helpers beside it
-(``_engine``, ``_tpu_diagnosis``), which import nothing either; every higher layer builds
-on it.
+Of fenwicks this module imports only its private helpers beside it (``_engine``,
+``_tpu_diagnosis``) and `fenwicks._text` (a leaf of message helpers); every higher layer
+builds on it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import numbers
 import os
 import shutil
 from collections.abc import Callable
@@ -101,17 +102,24 @@ class _Archive:
 def _check_max_bytes(max_bytes: Any) -> int | None:
     if max_bytes is None:
         return None
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral) \
+            or max_bytes < 1:
         raise ValueError(f"max_bytes={max_bytes!r} must be a positive number of bytes, "
                          f"e.g. max_bytes={DEFAULT_MAX_BYTES} (20 GiB), or None for no limit")
-    return max_bytes
+    return int(max_bytes)
+
+
+def _human(size: int) -> str:
+    """``'293.0 KiB'``: a size in the largest binary unit it reaches."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
 
 
 def _readable(size: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size:,} bytes ({size / scale:.1f} {unit})"
-    return f"{size:,} bytes"
+    """``'300,000 bytes (293.0 KiB)'``: exact, and at a glance."""
+    return f"{size:,} bytes" + (f" ({_human(size)})" if size >= 2**10 else "")
 
 
 def _check_sizes(archives: list[_Archive], dest: str, limit: int | None) -> None:
@@ -125,8 +133,8 @@ def _check_sizes(archives: list[_Archive], dest: str, limit: int | None) -> None
                 if earlier else ""
             raise ValueError(
                 f"{archive.path} unpacks to {_readable(archive.size)} in "
-                f"{len(archive.members)} member(s){before}: over the limit max_bytes="
-                f"{limit} ({_readable(limit)}). Nothing was written. If you trust this "
+                f"{len(archive.members)} member(s){before}: over the limit, max_bytes="
+                f"{limit} ({_human(limit)}). Nothing was written. If you trust this "
                 "archive, pass a larger max_bytes (or max_bytes=None)")
     existing = dest
     while not os.path.exists(existing):

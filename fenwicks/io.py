@@ -154,8 +154,8 @@ def get_project_dirs(root_dir: str | None, project: str) -> tuple[str, str]:
 def _accelerator_is_remote(detect: bool) -> bool:
     """Whether the accelerator is a TPU node that only reads ``gs://``.
 
-    fw.accel sits above fw.io in the layers but imports nothing of fenwicks, so this
-    lazy import cannot cycle. Without `detect`, an accelerator nobody has initialised
+    fw.accel sits above fw.io in the layers but imports only the leaf `fenwicks._text`,
+    so this lazy import cannot cycle. Without `detect`, an accelerator nobody has initialised
     counts as local: detection fixes TensorFlow's devices, and merely naming a local
     directory should not do that before `fw.accel.configure()`.
     """
