@@ -1,5 +1,6 @@
 """`fenwicks.train.actions` (and the default `callbacks.EpochLog`) on their own: each
-action fed hand-made `LoopOutput`s, with stand-ins for the state and the callbacks."""
+action fed hand-made `LoopOutput`s, with stand-ins for the state, the save policy and
+the callbacks (the policy itself: test_save_policy.py)."""
 
 from __future__ import annotations
 
