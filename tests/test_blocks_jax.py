@@ -201,26 +201,6 @@ def test_schedules_under_jit(results):
                                    atol=1e-7, err_msg=name)
 
 
-def test_replica_mode_in_batch_replicas_is_per_slice_statistics_on_tensorflow():
-    """The same property in this (TensorFlow) process: 'replica' over 2 replicas' batch
-    normalises each half by its own statistics (numpy), moving statistics by their mean."""
-    x = RNG.randn(8, 3, 3, 2).astype("float32")
-    layer = fw.layers.BatchNorm(momentum=0.5, epsilon=1e-3, center=False, scale=False)
-    layer.build(x.shape)
-    with fw.layers.batch_replicas(2):
-        out = keras.ops.convert_to_numpy(layer(x, training=True))
-    halves = x.reshape(2, 4, 3, 3, 2).astype(np.float64)
-    mean = halves.mean(axis=(1, 2, 3), keepdims=True)
-    var = halves.var(axis=(1, 2, 3), keepdims=True)
-    np.testing.assert_allclose(out, ((halves - mean) / np.sqrt(var + 1e-3)).reshape(x.shape),
-                               rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.5 * mean.mean(axis=(0, 1, 2, 3)),
-                               rtol=1e-5, atol=1e-6)
-    assert fw.layers.current_batch_replicas() == 1  # the context is left
-    with pytest.raises(ValueError, match="multiple of 3"), fw.layers.batch_replicas(3):
-        layer(x, training=True)
-
-
 def test_blocks_import_no_tensorflow_at_module_level():
     """Colab's TPU runtime has JAX and no TensorFlow: the blocks reach TensorFlow only
     inside the TensorFlow engine's own code paths (imported there, lazily)."""
