@@ -233,6 +233,10 @@ def listen_address(bind: Any) -> str:
 
     Raises:
         ValueError: naming `bind`, for a name that does not resolve.
+
+    Example:
+        >>> fw.data.service.listen_address('localhost')
+        '127.0.0.1'
     """
     if not isinstance(bind, str) or not bind:
         raise ValueError(f"bind={bind!r} must be an address such as 'localhost' (this "
@@ -247,7 +251,12 @@ def listen_address(bind: Any) -> str:
 
 
 def exposure_warning(bind: str, port: int, role: str = "server") -> str | None:
-    """The warning for a server listening beyond this machine; None for loopback."""
+    """The warning for a server listening beyond this machine; None for loopback.
+
+    Example:
+        >>> fw.data.service.exposure_warning('0.0.0.0', 5050, 'dispatcher')
+        'WARNING: the tf.data service dispatcher listens on 0.0.0.0:5050 (every ...'
+    """
     address = listen_address(bind)
     if _is_loopback(address):
         return None
