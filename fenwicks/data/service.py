@@ -243,6 +243,8 @@ def listen_address(bind: Any) -> str:
                          "machine only, the default) or '0.0.0.0' (every interface)")
     if bind in ("*", "[::]"):
         return "::"
+    if bind == "localhost":  # IPv4's loopback, whichever family the resolver puts first
+        return "127.0.0.1"
     try:
         return _resolve(bind.strip("[]"))
     except OSError as err:
@@ -303,6 +305,10 @@ def _check_port_free(address: str, port: int, bind: str) -> None:
         try:
             probe.bind((address, port))
         except OSError as err:
+            if err.errno != errno.EADDRINUSE:  # EADDRNOTAVAIL: another machine's address
+                raise _port_error(f"cannot listen on {bind} ({err.strerror}): it is not "
+                                  "an address of this machine; use 'localhost', '0.0.0.0' "
+                                  "or one of its own addresses", err.errno) from err
             raise _port_error(f"port {port} on {bind} is already in use ({err.strerror}); "
                               "choose another --port, or stop the process that listens "
                               f"there (`ss -ltnp 'sport = :{port}'` names it)",
