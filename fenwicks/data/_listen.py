@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import os
 import socket
@@ -23,18 +24,24 @@ import struct
 import sys
 from collections.abc import Iterator
 
+import numpy as np
+
 # libtensorflow_cc holds the data-service servers; libtensorflow_framework has its own
 # copy of gRPC. Both import libc's bind, so both slots are switched.
 _LIBRARIES = ("libtensorflow_cc.so.2", "libtensorflow_framework.so.2")
 _BIND = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint32,
                          use_errno=True)
-_PROT_READ, _PROT_WRITE = 1, 2
+_PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
 _DT_NULL, _DT_PLTRELSZ, _DT_STRTAB, _DT_SYMTAB, _DT_RELA, _DT_RELASZ, _DT_JMPREL = \
     0, 2, 5, 6, 7, 8, 23
 _TCP_LISTEN = "0A"
+_RELA = np.dtype([("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")])
+_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("section", "<u2"),
+                 ("value", "<u8"), ("size", "<u8")])
 
 
-def _import_slots(path: str, name: bytes = b"bind") -> list[int]:
+@functools.cache  # a process may start several servers
+def _import_slots(path: str, name: bytes = b"bind") -> tuple[int, ...]:
     """Offsets (from the load address) of `path`'s GOT slots for the symbol `name`."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:  # 64-bit little-endian only
@@ -60,19 +67,26 @@ def _import_slots(path: str, name: bytes = b"bind") -> list[int]:
                 break
             tags.setdefault(tag, value)
         symtab, strtab = at(tags[_DT_SYMTAB]), at(tags[_DT_STRTAB])
+        data = np.frombuffer(m, dtype=np.uint8)
+        wanted = np.frombuffer(name + b"\0", dtype=np.uint8)
         found = []
         for table, size in ((_DT_JMPREL, _DT_PLTRELSZ), (_DT_RELA, _DT_RELASZ)):
             if not tags.get(table):
                 continue
-            start = at(tags[table])
-            for j in range(tags[size] // 24):
-                offset, info, _ = struct.unpack_from("<QQq", m, start + 24 * j)
-                if not info >> 32:
-                    continue
-                name_at = strtab + struct.unpack_from("<I", m, symtab + 24 * (info >> 32))[0]
-                if m[name_at:m.find(b"\0", name_at)] == name:
-                    found.append(offset)
-    return found
+            # Elf64_Rela records, compared at once: libtensorflow_cc has ~10^6 of them
+            relocations = np.frombuffer(m, dtype=_RELA, count=tags[size] // 24,
+                                        offset=at(tags[table]))
+            symbols = (relocations["info"] >> np.uint64(32)).astype(np.int64)
+            names = np.frombuffer(m, dtype=_SYM, count=int(symbols.max()) + 1,
+                                  offset=symtab)["name"].astype(np.int64)[symbols]
+            starts = strtab + names
+            same = symbols > 0
+            for k, byte in enumerate(wanted):
+                same &= data[np.minimum(starts + k, len(data) - 1)] == byte
+            found.extend(int(o) for o in relocations["offset"][same])
+            del relocations  # a view of the mapping: gone before it closes
+        del data, wanted
+    return tuple(found)
 
 
 def _load_address(path: str) -> int:
@@ -143,17 +157,31 @@ def narrowed(address: str, tf_dir: str) -> Iterator[None]:
 
 
 def _swap(libc: ctypes.CDLL, slot: int, value) -> int:
-    """Writes `value` (a pointer) into the read-only GOT `slot`; returns the old one."""
+    """Writes `value` (a pointer) into the GOT `slot`; returns the old one."""
     page = slot & ~(mmap.PAGESIZE - 1)
-    if libc.mprotect(page, mmap.PAGESIZE, _PROT_READ | _PROT_WRITE) != 0:
+    was = _protection(page)
+    if libc.mprotect(page, mmap.PAGESIZE, was | _PROT_WRITE) != 0:
         raise OSError(ctypes.get_errno(), "cannot narrow the listen address (mprotect)")
     cell = ctypes.c_void_p.from_address(slot)
     old = cell.value
     cell.value = ctypes.cast(value, ctypes.c_void_p).value if not isinstance(value, int) \
         else value
-    # RELRO: the slot was read-only after loading; leave it as it was found.
-    libc.mprotect(page, mmap.PAGESIZE, _PROT_READ)
+    # As found: read-only after loading under RELRO, writable without it (the dynamic
+    # linker may still write lazily bound slots on that page).
+    libc.mprotect(page, mmap.PAGESIZE, was)
     return old
+
+
+def _protection(address: int) -> int:
+    """The PROT_* bits of the mapping holding `address` (from /proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, perms = line.split()[:2]
+            start, end = (int(x, 16) for x in span.split("-"))
+            if start <= address < end:
+                return (_PROT_READ if perms[0] == "r" else 0) | \
+                    (_PROT_WRITE if perms[1] == "w" else 0) | (_PROT_EXEC if perms[2] == "x" else 0)
+    raise OSError(f"address {address:#x} is not mapped")
 
 
 def listeners(port: int, pid: int | str = "self") -> list[str]:

@@ -233,12 +233,18 @@ def listen_address(bind: Any) -> str:
 
     Raises:
         ValueError: naming `bind`, for a name that does not resolve.
+
+    Example:
+        >>> fw.data.service.listen_address('localhost')
+        '127.0.0.1'
     """
     if not isinstance(bind, str) or not bind:
         raise ValueError(f"bind={bind!r} must be an address such as 'localhost' (this "
                          "machine only, the default) or '0.0.0.0' (every interface)")
     if bind in ("*", "[::]"):
         return "::"
+    if bind == "localhost":  # IPv4's loopback, whichever family the resolver puts first
+        return "127.0.0.1"
     try:
         return _resolve(bind.strip("[]"))
     except OSError as err:
@@ -247,7 +253,12 @@ def listen_address(bind: Any) -> str:
 
 
 def exposure_warning(bind: str, port: int, role: str = "server") -> str | None:
-    """The warning for a server listening beyond this machine; None for loopback."""
+    """The warning for a server listening beyond this machine; None for loopback.
+
+    Example:
+        >>> fw.data.service.exposure_warning('0.0.0.0', 5050, 'dispatcher')
+        'WARNING: the tf.data service dispatcher listens on 0.0.0.0:5050 (every ...'
+    """
     address = listen_address(bind)
     if _is_loopback(address):
         return None
@@ -294,6 +305,10 @@ def _check_port_free(address: str, port: int, bind: str) -> None:
         try:
             probe.bind((address, port))
         except OSError as err:
+            if err.errno != errno.EADDRINUSE:  # EADDRNOTAVAIL: another machine's address
+                raise _port_error(f"cannot listen on {bind} ({err.strerror}): it is not "
+                                  "an address of this machine; use 'localhost', '0.0.0.0' "
+                                  "or one of its own addresses", err.errno) from err
             raise _port_error(f"port {port} on {bind} is already in use ({err.strerror}); "
                               "choose another --port, or stop the process that listens "
                               f"there (`ss -ltnp 'sport = :{port}'` names it)",
