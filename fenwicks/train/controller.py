@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -45,20 +46,23 @@ class Controller:
         >>> controller.train(strategy, iterator, target=1000, callbacks=callback_list)
     """
 
-    def __init__(self, config: EstimatorConfig, state: RunState, record: History) -> None:
+    def __init__(self, config: EstimatorConfig, state: RunState, record: History,
+                 engine: Any = None) -> None:
         self.config = config
         self.state = state
         self.history = record
+        self._engine = engine  # None: the TensorFlow engine (`fenwicks.train.engines`)
         self._watcher = preemption.PreemptionWatcher()
         self._trainer: Trainer | None = None
 
     def _get_trainer(self, strategy: tf.distribute.Strategy) -> Trainer:
         if self._trainer is None:
-            state = self.state
-            self._trainer = Trainer(
-                strategy, state.spec, state.optimizer, state.step_counter,
-                self.config.train_batch_size, self.config.jit_compile, self._watcher.flag,
-                state.input_steps)
+            if self._engine is None:
+                from fenwicks.train.engines import TensorFlowEngine as engine
+            else:
+                engine = self._engine
+            self._trainer = engine.trainer(strategy, self.config, self.state,
+                                           self._watcher.flag)
         return self._trainer
 
     def train(self, strategy: tf.distribute.Strategy, iterator: Any, target: int,
@@ -137,7 +141,9 @@ class Controller:
 
 
 def _step_of(checkpoint: str | None) -> int:
-    return int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
+    """The step a checkpoint path ends with (``ckpt-<step>``, orbax's ``.../<step>``)."""
+    match = re.search(r"(\d+)$", checkpoint or "")
+    return int(match.group(1)) if match else 0
 
 
 def epochs_to(target: int, steps_per_epoch: int) -> int:

@@ -71,6 +71,21 @@ class Evaluator:
                                global_batch, smaller)
                 global_batch = smaller
 
+    def _eval_sums(self, input_fn: InputFn, global_batch: int,
+                   steps: int | None) -> np.ndarray:
+        """The masked sums of the evaluation (`loops.make_eval_loop`'s columns) over every
+        example, added up in float64."""
+        per_step = self._run_loop("eval", self._inputs.padded_dataset(
+            input_fn, global_batch, "eval", steps)).numpy().astype(np.float64)
+        # loss, metrics, count, weight, then the checks' counts
+        width = 3 + len(self._state.spec.metric_fns) + len(loops.EVAL_CHECKS)
+        return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
+
+    def _predictions(self, input_fn: InputFn, global_batch: int) -> list[Any]:
+        """``[(predictions, mask)]`` per global batch, in input order."""
+        return self._run_loop("predict", self._inputs.padded_dataset(
+            input_fn, global_batch, "predict", None))
+
     def reset(self) -> None:
         """Forgets the compiled loops (after the model was rebuilt)."""
         self._loops.clear()
@@ -86,14 +101,9 @@ class Evaluator:
 
     def evaluate(self, input_fn: InputFn, steps: int | None) -> dict[str, float]:
         """Loss and metrics over every example of `input_fn` (see `Estimator.evaluate`)."""
-        def run(global_batch: int) -> np.ndarray:
-            per_step = self._run_loop("eval", self._inputs.padded_dataset(
-                input_fn, global_batch, "eval", steps)).numpy().astype(np.float64)
-            # loss, metrics, count, weight, then the checks' counts
-            width = 3 + len(self._state.spec.metric_fns) + len(loops.EVAL_CHECKS)
-            return per_step.reshape(-1, width).sum(axis=0)  # an empty input gives zeros
-
-        sums = self._with_smaller_batches(run, self.config.eval_batch_size, "evaluation")
+        sums = self._with_smaller_batches(
+            lambda global_batch: self._eval_sums(input_fn, global_batch, steps),
+            self.config.eval_batch_size, "evaluation")
         self.warn_if_untrained("evaluated")
         checks = dict(zip(loops.EVAL_CHECKS, sums[-len(loops.EVAL_CHECKS):].astype(int),
                           strict=True))
@@ -126,12 +136,9 @@ class Evaluator:
         """One row per example, in input order (see `Estimator.predict`)."""
         self.check_single_host()
 
-        def run(global_batch: int) -> list[Any]:
-            return self._run_loop("predict", self._inputs.padded_dataset(
-                input_fn, global_batch, "predict", None))
-
-        results = self._with_smaller_batches(run, self.config.predict_batch_size,
-                                             "prediction")
+        results = self._with_smaller_batches(
+            lambda global_batch: self._predictions(input_fn, global_batch),
+            self.config.predict_batch_size, "prediction")
         self.warn_if_untrained("predicted with")
         if not results:
             raise ValueError("the prediction input_fn yielded no examples")

@@ -1,0 +1,202 @@
+"""The run's state on the JAX engine: model, optimizer and counters, their arrays placed
+on the mesh, and their orbax checkpoints.
+
+The Keras variables hold the state between calls: a compiled loop takes their arrays
+(`values`), and the arrays it returns are put back (`set_values`), so callbacks, export
+and ``model.get_weights()`` see the current weights, as on the TensorFlow engine. The
+counters (``global_step`` and the input position) live on the host: the trainer advances
+them by the steps each loop ran.
+
+Everything else (the work_dir lock, summary writers, the reload after a NaN, following a
+work_dir that changed) is `RunState`'s, shared with the TensorFlow engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import keras
+import numpy as np
+
+from fenwicks import io as fw_io
+from fenwicks.train import building
+from fenwicks.train.jax import checkpoints, mesh
+from fenwicks.train.state import RunState
+
+logger = logging.getLogger("fenwicks")
+
+
+def _keyed(variables: list[Any], what: str) -> dict[str, Any]:
+    keys = [v.path for v in variables]
+    if len(set(keys)) != len(keys):
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"{what} variables share the paths {duplicates[:3]}; give their "
+                         "layers unique names so each can be checkpointed")
+    return dict(zip(keys, variables, strict=True))
+
+
+class JaxRunState(RunState):
+    """`RunState` with the variables on a JAX mesh and orbax checkpoints.
+
+    Example:
+        >>> state = JaxRunState(model_func, config, fw.accel.current())
+        >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
+        >>> state.save()
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step = 0  # global_step, on the host
+        self.input_steps_taken = 0  # the input position, in steps
+        self.checkpointer: checkpoints.OrbaxCheckpointer | None = None
+
+    @property
+    def global_step(self) -> int:
+        return self.step if self.built else 0
+
+    @property
+    def input_position(self) -> int:
+        return self.input_steps_taken if self.built else 0
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        return self.checkpointer.latest if self.built else None
+
+    # ---------------------------------------------------------------- the arrays
+
+    def _variable_lists(self, spec: Any = None) -> tuple[list, list, list]:
+        model = (spec or self.spec).model
+        return (list(model.trainable_variables), list(model.non_trainable_variables),
+                list(self.optimizer.variables))
+
+    def values(self) -> tuple[list, list, list]:
+        """The state's arrays (trainable, non-trainable, optimizer), for a compiled step."""
+        return tuple([v.value for v in group] for group in self._lists)
+
+    def set_values(self, values: tuple[list, list, list]) -> None:
+        for group, arrays in zip(self._lists, values, strict=True):
+            for variable, array in zip(group, arrays, strict=True):
+                variable.assign(array)
+
+    def tree(self) -> dict[str, Any]:
+        """What a checkpoint holds: every variable by path, and the counters."""
+        trainable, non_trainable, optimizer = self._lists
+        return {"model": {k: v.value for k, v in self._model_keys.items()},
+                "optimizer": {k: v.value for k, v in self._optimizer_keys.items()},
+                "counters": {"global_step": np.int64(self.step),
+                             "input_steps": np.int64(self.input_steps_taken)}}
+
+    def set_tree(self, tree: dict[str, Any]) -> None:
+        for keys, part in ((self._model_keys, "model"), (self._optimizer_keys, "optimizer")):
+            for key, variable in keys.items():
+                variable.assign(tree[part][key])
+        self.step = int(tree["counters"]["global_step"])
+        self.input_steps_taken = int(tree["counters"]["input_steps"])
+
+    # ---------------------------------------------------------------- building
+
+    def build(self, features_spec: Any, params: dict) -> None:
+        """Creates model, optimizer and counters on the mesh; restores or warm-starts."""
+        if self.built:
+            return
+        fw_io.check_bucket(self.config.work_dir)
+        if "://" in self.config.work_dir:
+            raise ValueError(
+                f"work_dir={self.config.work_dir!r}: the JAX engine writes checkpoints to "
+                "local disk only for now; give a local work_dir (on a TPU VM, Kaggle or "
+                "Colab, e.g. /kaggle/working/run) or run on the TensorFlow engine "
+                "(FENWICKS_ENGINE=tf)")
+        if self.config.seed is not None:
+            keras.utils.set_random_seed(self.config.seed)
+        with building.precision_policy(self.config.precision):
+            spec, self.optimizer = building.build_model(
+                self._model_func, params, self.config.precision, features_spec)
+        self.features_spec = features_spec
+        self._lists = self._variable_lists(spec)
+        self._model_keys = _keyed(list(spec.model.variables), "model")
+        self._optimizer_keys = _keyed(list(self.optimizer.variables), "optimizer")
+        for group in self._lists:  # replicated on every device of the mesh
+            for variable in group:
+                variable.assign(jax.device_put(variable.value, mesh.replicated()))
+        self.step = self.input_steps_taken = 0
+        self.checkpointer = checkpoints.OrbaxCheckpointer(
+            self.config.work_dir, self.tree, self.set_tree, self.config.keep_checkpoints,
+            self.config.async_checkpoints and jax.process_count() == 1, mesh.replicated())
+        restored = self._restore()
+        if restored is None and self.config.warm_start_from:
+            from fenwicks.train.jax import warm_start
+            self.warm_start_report = warm_start.warm_start(spec.model,
+                                                           self.config.warm_start_from)
+        self._spec = spec
+        self._seen = _fingerprint(restored)
+
+    def reset(self) -> None:
+        self.wait()
+        self._spec = None
+        self.optimizer = self.warm_start_report = self.checkpointer = None
+        self.stale = False
+        self._seen = None
+
+    # ---------------------------------------------------------------- reading, writing
+
+    def _restore(self) -> str | None:
+        restored = self.checkpointer.restore()
+        self.last_good_checkpoint = restored
+        return restored
+
+    def catch_up(self) -> str | None:
+        """Follows work_dir if its checkpoints changed (see `RunState.catch_up`)."""
+        if not self.built or jax.process_count() > 1:
+            return None
+        current = self.checkpointer.latest  # waits for our own write first
+        if _fingerprint(current) == self._seen:
+            return None
+        if current is None:
+            logger.warning("fenwicks: %s no longer holds checkpoint %s; starting from a "
+                           "fresh initialisation (step 0), as a new estimator would",
+                           self.config.work_dir, self._seen[0] if self._seen else None)
+            self.reset()
+            return "reset"
+        restored = self._restore()
+        logger.warning("fenwicks: %s changed since this estimator read it; continuing from "
+                       "%s", self.config.work_dir, restored)
+        self._seen = _fingerprint(restored)
+        return "restored"
+
+    def save(self, force: bool = False) -> None:
+        """Checkpoints the current step (unless already saved, or `force`); see
+        `RunState.save`."""
+        self.checkpointer.save(self.step, force=force)
+        self.last_blocked_secs = self.checkpointer.last_blocked_secs
+        if not self.checkpointer.asynchronous:
+            self._saved()
+
+    def _saved(self) -> None:
+        self.last_save_secs = self.checkpointer.last_save_secs
+        self.last_good_checkpoint = self.checkpointer.latest
+        self._seen = _fingerprint(self.last_good_checkpoint)
+
+    def wait(self) -> None:
+        """Waits for a checkpoint being written in the background, if any.
+
+        Raises:
+            CheckpointWriteError: that write failed (the previous checkpoint is intact).
+        """
+        if self.checkpointer is None or self.checkpointer.pending_step is None:
+            return
+        self.checkpointer.wait()
+        self._saved()
+
+
+def _fingerprint(path: str | None) -> tuple | None:
+    """``(path, mtime)``: which checkpoint, and which copy of it (another run's written
+    under the same step has another modification time)."""
+    if path is None:
+        return None
+    try:
+        return (path, os.stat(path).st_mtime_ns)
+    except OSError:
+        return (path,)
