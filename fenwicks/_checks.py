@@ -4,6 +4,8 @@ each error names the argument, the value seen and what to give instead (STYLE.md
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +44,19 @@ def positive_int(name: str, value: Any, example: Any = None, *, why: str | None 
     return int(value)
 
 
+def steps(name: str, value: Any, minimum: int = 1) -> int:
+    """`value` as an int if it is an integer number of steps >= `minimum`, else a
+    ValueError naming `name` (schedules' spans, the lr finder's length).
+
+    Example:
+        >>> steps("warmup_steps", 0, minimum=0)
+        0
+    """
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer number of steps >= {minimum}")
+    return int(value)
+
+
 def divisible_by_replicas(name: str, value: Any, replicas: int) -> int:
     """A positive int that splits evenly over `replicas`, else a ValueError with the
     nearest sizes that do.
@@ -73,6 +88,41 @@ def non_negative_number(name: str, value: Any, *, allow_none: bool = False) -> f
             or not np.isfinite(value) or value < 0:
         raise ValueError(f"{name}={value!r} must be a number >= 0"
                          + (" or None" if allow_none else ""))
+    return float(value)
+
+
+def number(name: str, value: Any, low: float = 0.0, high: float = math.inf, *,
+           low_inclusive: bool = True, high_inclusive: bool = False) -> float:
+    """`value` as a float if it is a finite real number within the bounds, else a
+    ValueError naming `name`, the value and the interval.
+
+    The one number validator of Fenwicks (schedules, optimizers, the lr finder): ``low``
+    is included unless `low_inclusive` is False, ``high`` excluded unless
+    `high_inclusive` is True.
+
+    Args:
+        name: the argument's name, as the user wrote it.
+        value: what was given.
+        low: the smallest allowed value. Defaults to `0.0`.
+        high: the bound above. Defaults to infinity.
+        low_inclusive: `low` itself is allowed. Defaults to True.
+        high_inclusive: `high` itself is allowed. Defaults to False.
+
+    Example:
+        >>> number("mom", 0.9, high=1.0)
+        0.9
+        >>> number("lr", 0, low_inclusive=False)
+        Traceback (most recent call last):
+        ValueError: lr=0 must be a finite number in (0.0, inf)
+    """
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(value)
+    ok = ok and (value >= low if low_inclusive else value > low)
+    ok = ok and (value <= high if high_inclusive else value < high)
+    if not ok:
+        left, right = "[" if low_inclusive else "(", "]" if high_inclusive else ")"
+        raise ValueError(f"{name}={value!r} must be a finite number in {left}{low}, "
+                         f"{high}{right}")
     return float(value)
 
 

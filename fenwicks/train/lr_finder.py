@@ -29,15 +29,15 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks._checks import divisible_by_replicas, positive_int
+from fenwicks._checks import divisible_by_replicas, number, positive_int, steps
 from fenwicks.train import inputs
 from fenwicks.train.building import build_model, precision_policy
 from fenwicks.train.model_func import ModelSpec
-from fenwicks.train.schedules import Schedule, _number, _register, _steps
+from fenwicks.train.schedules import Schedule
 from fenwicks.train.trainer import InputExhaustedError, Trainer
 
 
-@_register
+@keras.saving.register_keras_serializable(package="fenwicks")
 class ExponentialSweep(Schedule):
     """``start_lr * (end_lr / start_lr) ** (step / (num_steps - 1))``: the LR range test.
 
@@ -47,9 +47,9 @@ class ExponentialSweep(Schedule):
     """
 
     def __init__(self, start_lr: float, end_lr: float, num_steps: int) -> None:
-        self.start_lr = _number(start_lr, "start_lr", strict=True)
-        self.end_lr = _number(end_lr, "end_lr", strict=True)
-        self.num_steps = _steps(num_steps, "num_steps", 2)
+        self.start_lr = number("start_lr", start_lr, low_inclusive=False)
+        self.end_lr = number("end_lr", end_lr, low_inclusive=False)
+        self.num_steps = steps("num_steps", num_steps, 2)
         if self.end_lr <= self.start_lr:
             raise ValueError(f"end_lr={end_lr} must be larger than start_lr={start_lr}")
 
@@ -103,7 +103,7 @@ def _check_args(start_lr: float, end_lr: float, num_steps: int, smoothing: float
     ExponentialSweep(start_lr, end_lr, num_steps)
     if not (isinstance(smoothing, (int, float)) and 0 <= smoothing < 1):
         raise ValueError(f"smoothing={smoothing!r} must be in [0, 1), e.g. 0.98")
-    if _number(diverge_factor, "diverge_factor") <= 1:
+    if number("diverge_factor", diverge_factor) <= 1:
         raise ValueError(f"diverge_factor={diverge_factor!r} must be > 1, e.g. 4")
 
 

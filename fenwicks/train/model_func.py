@@ -32,7 +32,13 @@ Your own loss, metrics or several outputs: write the function yourself::
         return fw.train.ModelSpec(
             model=model, optimizer=opt_func(), loss_fn=loss_fn,
             metric_fns={'accuracy': lambda y, out: fw.train.accuracy(y['cls'], out['cls'])},
-            predict_fn=lambda out: {'class': tf.argmax(out['cls'], -1), 'box': out['box']})
+            predict_fn=lambda out: {'class': keras.ops.argmax(out['cls'], -1),
+                                    'box': out['box']})
+
+Write these functions with `keras.ops` (as the ones here are): they then run in the
+TensorFlow engine's `tf.function` and inside the JAX engine's `jax.jit` alike. They must be
+pure functions of their arguments (no Python side effects, no reading of concrete values)
+since a compiled step traces them once.
 """
 
 from __future__ import annotations
@@ -43,11 +49,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
-import tensorflow as tf
+import numpy as np
 
 REDUCTIONS = ("mean", "sum")
 
-PerExampleFn = Callable[[Any, Any], tf.Tensor]
+PerExampleFn = Callable[[Any, Any], Any]
 
 
 def _identity(outputs: Any) -> Any:
@@ -95,15 +101,72 @@ class ModelSpec:
             raise ValueError("metric_fns must not contain 'loss': the estimator reports "
                              "the loss itself; rename the metric")
 
+    def example_values(self, labels: Any, outputs: Any) -> dict[str, Any]:
+        """The per-example loss and metrics of a batch: what an engine's step reduces.
+
+        `outputs` are cast to float32 first (`float32_outputs`). Pure when `loss_fn` and
+        `metric_fns` are (those of this module are, in `keras.ops`), so an engine calls it
+        inside its compiled step: a `tf.function` or `jax.jit`. The engine weights, masks
+        (padding rows of exact evaluation, with ``where``: a NaN there must not leak) and
+        reduces the values: ``'mean'`` divides the loss sum by the global batch size.
+
+        Returns:
+            ``{'loss': [B], <metric>: [B], ...}`` in `metric_fns` order, float32.
+
+        Example:
+            >>> spec.example_values(labels, spec.model(features, training=False))
+            {'loss': <[B] float32>, 'accuracy': <[B] float32>}
+        """
+        outputs = float32_outputs(outputs)
+        values = {"loss": self.loss_fn(labels, outputs)}
+        for name, metric in self.metric_fns.items():
+            values[name] = metric(labels, outputs)
+        return {name: keras.ops.cast(v, "float32") for name, v in values.items()}
+
+
+def float32_outputs(outputs: Any) -> Any:
+    """`outputs` (a tensor or a structure of them) with floating values cast to float32.
+
+    Mixed-precision models may emit bfloat16/float16; losses are computed in float32.
+
+    Example:
+        >>> float32_outputs({'cls': bfloat16_logits, 'id': int_ids})   # ids stay ints
+    """
+    def cast(value: Any) -> Any:
+        dtype = keras.backend.standardize_dtype(value.dtype)
+        return keras.ops.cast(value, "float32") if "float" in dtype else value
+
+    return keras.tree.map_structure(cast, outputs)
+
 
 # --------------------------------------------------------------------------- per-example fns
 
 
-def _check_labels_eagerly(labels: tf.Tensor, num_classes: int) -> None:
+def _concrete(values: Any) -> np.ndarray | None:
+    """`values` as numpy if they are concrete (eager), None while a step is being traced.
+
+    Tracing is a `tf.function` on TensorFlow and `jax.jit` on JAX: their values exist
+    only when the compiled step runs.
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf  # the TensorFlow engine's check only
+
+        if not tf.executing_eagerly():
+            return None
+    elif keras.backend.backend() == "jax":
+        import jax
+
+        if isinstance(values, jax.core.Tracer):
+            return None
+    return keras.ops.convert_to_numpy(values)
+
+
+def _check_labels_eagerly(labels: Any, num_classes: int) -> None:
     """Eager calls (the estimator's input check) get a clear error for bad labels."""
-    if not tf.executing_eagerly() or tf.size(labels) == 0:
+    values = _concrete(labels)
+    if values is None or values.size == 0:
         return
-    low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
+    low, high = int(values.min()), int(values.max())
     if low < 0 or high >= num_classes:
         bad = low if low < 0 else high
         raise ValueError(f"labels must lie in [0, {num_classes}) for a model with "
@@ -111,15 +174,14 @@ def _check_labels_eagerly(labels: tf.Tensor, num_classes: int) -> None:
                          "or the number of classes of the last layer")
 
 
-def _sparse_labels(labels: Any, outputs: tf.Tensor) -> tf.Tensor:
-    labels = tf.convert_to_tensor(labels)
-    if labels.shape.rank == outputs.shape.rank:  # [B, 1] -> [B]
-        labels = tf.squeeze(labels, axis=-1)
-    return tf.cast(labels, tf.int32)
+def _sparse_labels(labels: Any, outputs: Any) -> Any:
+    labels = keras.ops.convert_to_tensor(labels)
+    if len(labels.shape) == len(outputs.shape):  # [B, 1] -> [B]
+        labels = keras.ops.squeeze(labels, axis=-1)
+    return keras.ops.cast(labels, "int32")
 
 
-def sparse_softmax_cross_entropy(labels: Any, outputs: tf.Tensor,
-                                 from_logits: bool = True) -> tf.Tensor:
+def sparse_softmax_cross_entropy(labels: Any, outputs: Any, from_logits: bool = True) -> Any:
     """Per-example cross-entropy for integer labels, computed in float32.
 
     An out-of-range label gives NaN (instead of a silent garbage value on TPU and GPU),
@@ -136,57 +198,69 @@ def sparse_softmax_cross_entropy(labels: Any, outputs: tf.Tensor,
     Example:
         >>> sparse_softmax_cross_entropy([0], [[2.0, 0.0]])   # log(1 + e^-2) = 0.127
     """
-    outputs = tf.cast(outputs, tf.float32)
+    ops = keras.ops
+    outputs = ops.cast(outputs, "float32")
     labels = _sparse_labels(labels, outputs)
     num_classes = outputs.shape[-1]
     _check_labels_eagerly(labels, num_classes)
-    valid = tf.logical_and(labels >= 0, labels < num_classes)
-    safe = tf.where(valid, labels, tf.zeros_like(labels))
+    valid = ops.logical_and(labels >= 0, labels < num_classes)
+    safe = ops.where(valid, labels, ops.zeros_like(labels))
     if from_logits:
-        loss = tf.nn.sparse_softmax_cross_entropy_with_logits(safe, outputs)
+        # On TensorFlow: tf.nn.sparse_softmax_cross_entropy_with_logits, as before.
+        loss = ops.sparse_categorical_crossentropy(safe, outputs, from_logits=True)
     else:
-        # Clip like Keras does, so a probability of exactly 0 gives a large, finite loss.
-        probs = tf.clip_by_value(outputs, 1e-7, 1.0 - 1e-7)
-        loss = -tf.math.log(tf.gather(probs, safe, axis=-1, batch_dims=1))
-    return tf.where(valid, loss, tf.fill(tf.shape(loss), float("nan")))
+        # Clip like Keras does, so a probability of exactly 0 gives a large, finite loss
+        # (but no renormalisation: Keras's op divides by the sum first).
+        probs = ops.clip(outputs, 1e-7, 1.0 - 1e-7)
+        loss = -ops.log(ops.take_along_axis(probs, ops.expand_dims(safe, -1), axis=-1)[:, 0])
+    return ops.where(valid, loss, ops.full_like(loss, float("nan")))
 
 
-def accuracy(labels: Any, outputs: tf.Tensor) -> tf.Tensor:
+def accuracy(labels: Any, outputs: Any) -> Any:
     """Per-example accuracy (1.0 if argmax of `outputs` equals the label, else 0.0).
 
     Example:
         >>> accuracy([1, 0], [[0.1, 0.9], [0.2, 0.8]])   # [1.0, 0.0]
     """
-    outputs = tf.convert_to_tensor(outputs)
+    outputs = keras.ops.convert_to_tensor(outputs)
     labels = _sparse_labels(labels, outputs)
-    predicted = tf.argmax(outputs, axis=-1, output_type=tf.int32)
-    return tf.cast(tf.equal(predicted, labels), tf.float32)
+    predicted = keras.ops.cast(keras.ops.argmax(outputs, axis=-1), "int32")
+    return keras.ops.cast(keras.ops.equal(predicted, labels), "float32")
 
 
-def _per_example_mean(values: tf.Tensor) -> tf.Tensor:
+def _per_example_mean(values: Any) -> Any:
     """Averages every axis but the first, so any output shape gives a [B] vector."""
-    values = tf.cast(values, tf.float32)
-    if values.shape.rank is not None and values.shape.rank <= 1:
+    values = keras.ops.cast(values, "float32")
+    # A tf.TensorShape may have an unknown rank; then the reshape below handles any.
+    rank = getattr(values.shape, "rank", None) if hasattr(values.shape, "rank") \
+        else len(values.shape)
+    if rank is not None and rank <= 1:
         return values
-    return tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
+    # Flattened, then one mean: the order of the sum the TensorFlow version had.
+    flat = keras.ops.reshape(values, (keras.ops.shape(values)[0], -1))
+    return keras.ops.mean(flat, axis=1)
 
 
-def squared_error(labels: Any, outputs: tf.Tensor) -> tf.Tensor:
+def _float32_pair(labels: Any, outputs: Any) -> tuple[Any, Any]:
+    outputs = keras.ops.cast(outputs, "float32")
+    labels = keras.ops.cast(keras.ops.convert_to_tensor(labels), "float32")
+    return keras.ops.reshape(labels, keras.ops.shape(outputs)), outputs
+
+
+def squared_error(labels: Any, outputs: Any) -> Any:
     """Per-example mean squared error over the non-batch axes, float32, shape ``[B]``.
 
     Example:
         >>> squared_error([[1.0, 2.0]], [[0.0, 0.0]])   # [(1 + 4) / 2] = [2.5]
     """
-    outputs = tf.cast(outputs, tf.float32)
-    labels = tf.reshape(tf.cast(labels, tf.float32), tf.shape(outputs))
-    return _per_example_mean(tf.math.squared_difference(labels, outputs))
+    labels, outputs = _float32_pair(labels, outputs)
+    return _per_example_mean(keras.ops.square(labels - outputs))
 
 
-def absolute_error(labels: Any, outputs: tf.Tensor) -> tf.Tensor:
+def absolute_error(labels: Any, outputs: Any) -> Any:
     """Per-example mean absolute error over the non-batch axes, float32, shape ``[B]``."""
-    outputs = tf.cast(outputs, tf.float32)
-    labels = tf.reshape(tf.cast(labels, tf.float32), tf.shape(outputs))
-    return _per_example_mean(tf.abs(labels - outputs))
+    labels, outputs = _float32_pair(labels, outputs)
+    return _per_example_mean(keras.ops.abs(labels - outputs))
 
 
 # --------------------------------------------------------------------------- model functions
@@ -283,12 +357,12 @@ def get_clf_model_func(build_nn: Callable[..., keras.Model], opt_func: Callable[
         model = _call_builder(build_nn, params)
         logits = (not _ends_in_softmax(model)) if from_logits is None else from_logits
 
-        def loss_fn(labels: Any, outputs: tf.Tensor) -> tf.Tensor:
+        def loss_fn(labels: Any, outputs: Any) -> Any:
             return sparse_softmax_cross_entropy(labels, outputs, from_logits=logits)
 
-        def predict_fn(outputs: tf.Tensor) -> tf.Tensor:
-            outputs = tf.cast(outputs, tf.float32)
-            return tf.nn.softmax(outputs) if logits else outputs
+        def predict_fn(outputs: Any) -> Any:
+            outputs = keras.ops.cast(outputs, "float32")
+            return keras.ops.softmax(outputs) if logits else outputs
 
         return ModelSpec(model, opt_func(), loss_fn, {"accuracy": accuracy}, predict_fn,
                          reduction)

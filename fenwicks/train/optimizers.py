@@ -19,9 +19,13 @@ Both are Keras optimizer subclasses written against public hooks only: `build` m
 slots, `update_step` updates one variable (decay included, so it acts once per step on
 the variable itself), and `apply` runs a step. `apply` is ours because Keras's runs its
 clipping (``clipnorm``, ``global_clipnorm``) on each replica's partial gradient *before*
-its all-reduce and offers no hook between the all-reduce and the updates; here `apply`
-all-reduces with `tf.distribute.ReplicaContext.all_reduce`, clips the global gradient
-(``clip_norm``), and updates each variable once with `tf.distribute.StrategyExtended.update`.
+its all-reduce and offers no hook between the all-reduce and the updates. On TensorFlow
+`apply` all-reduces with `tf.distribute.ReplicaContext.all_reduce`, clips the global
+gradient (``clip_norm``), and updates each variable once with
+`tf.distribute.StrategyExtended.update`. On JAX the gradients are global already (the step
+is one `jax.jit` over the global batch), so `apply` clips and updates; Keras's
+`stateless_apply` runs it as it is, so the JAX engine's step uses these optimizers
+unchanged. The update rules are written in `keras.ops`, the same on both engines.
 Keras-spelled arguments (``weight_decay``, ``beta_1``, ``global_clipnorm``, ``use_ema``,
 ...) are errors that give the Fenwicks spelling, never silently dropped.
 """
@@ -29,16 +33,14 @@ Keras-spelled arguments (``weight_decay``, ``beta_1``, ``global_clipnorm``, ``us
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import keras
-import tensorflow as tf
 
+from fenwicks._checks import number
 from fenwicks.train.schedules import check_lr, schedule_value
 
 _register = keras.saving.register_keras_serializable(package="fenwicks")
@@ -49,20 +51,6 @@ BN_AND_BIAS: tuple[str, ...] = (r"(^|/)bias$", r"(^|/)gamma$", r"(^|/)beta$",
 _SHORTCUTS = {"bn_and_bias": BN_AND_BIAS}
 
 OptFunc = Callable[[], keras.optimizers.Optimizer]
-
-
-def _check_number(value: Any, name: str, low: float = 0.0, high: float = math.inf,
-                  low_inclusive: bool = True, high_inclusive: bool = False) -> float:
-    """`value` as a float within [low, high) (bounds configurable); else a ValueError."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    ok = ok and math.isfinite(value)
-    ok = ok and (value >= low if low_inclusive else value > low)
-    ok = ok and (value <= high if high_inclusive else value < high)
-    if not ok:
-        left, right = "[" if low_inclusive else "(", "]" if high_inclusive else ")"
-        raise ValueError(f"{name}={value!r} must be a finite number in {left}{low}, {high}"
-                         f"{right}")
-    return float(value)
 
 
 # Keras's names for arguments Fenwicks spells otherwise (shared by the classes and the
@@ -130,33 +118,41 @@ def exclusion_patterns(exclude_from_wd: str | Iterable[str] | None) -> tuple[str
     return patterns
 
 
-def _check_decay(wd: Any, exclude_from_wd: Any, clip_norm: Any) -> None:
-    _check_number(wd, "wd")
-    exclusion_patterns(exclude_from_wd)
-    if clip_norm is not None:
-        _check_number(clip_norm, "clip_norm", low_inclusive=False)
+def _check_decay(wd: Any, exclude_from_wd: Any, clip_norm: Any
+                 ) -> tuple[float, tuple[str, ...], float | None]:
+    """The decay and clipping arguments, validated and normalised."""
+    clip_norm = None if clip_norm is None else number("clip_norm", clip_norm,
+                                                      low_inclusive=False)
+    return number("wd", wd), exclusion_patterns(exclude_from_wd), clip_norm
 
 
 def _check_sgd(lr: Any, mom: Any, wd: Any, exclude_from_wd: Any,
-               clip_norm: Any) -> tuple[Any, Any]:
-    """Validates SGD arguments in plain Python: no TensorFlow op, no device touched."""
-    _check_decay(wd, exclude_from_wd, clip_norm)
+               clip_norm: Any) -> tuple[Any, Any, tuple[float, tuple[str, ...], float | None]]:
+    """Validates SGD arguments in plain Python: no backend op, no device touched.
+
+    Returns the learning rate, the momentum and `_check_decay`'s triple, so that one
+    construction validates each argument once.
+    """
     if not isinstance(mom, keras.optimizers.schedules.LearningRateSchedule):
-        mom = _check_number(mom, "mom", high=1.0)  # a schedule: momentum cycling
-    return check_lr(lr), mom
+        mom = number("mom", mom, high=1.0)  # a schedule: momentum cycling
+    return check_lr(lr), mom, _check_decay(wd, exclude_from_wd, clip_norm)
 
 
 def _check_adam(lr: Any, wd: Any, beta1: Any, beta2: Any, epsilon: Any,
-                exclude_from_wd: Any, clip_norm: Any) -> tuple[Any, float, float, float]:
-    """Validates AdamW arguments in plain Python: no TensorFlow op, no device touched."""
-    _check_decay(wd, exclude_from_wd, clip_norm)
-    return (check_lr(lr), _check_number(beta1, "beta1", high=1.0),
-            _check_number(beta2, "beta2", high=1.0),
-            _check_number(epsilon, "epsilon", low_inclusive=False))
+                exclude_from_wd: Any, clip_norm: Any) -> tuple[Any, float, float, float, Any]:
+    """Validates AdamW arguments in plain Python: no backend op, no device touched."""
+    return (check_lr(lr), number("beta1", beta1, high=1.0),
+            number("beta2", beta2, high=1.0),
+            number("epsilon", epsilon, low_inclusive=False),
+            _check_decay(wd, exclude_from_wd, clip_norm))
 
 
 def _path(variable: Any) -> str:
     return getattr(variable, "path", variable.name)
+
+
+def _on_tensorflow() -> bool:
+    return keras.backend.backend() == "tensorflow"
 
 
 def _backend_variable(variable: Any) -> Any:
@@ -167,18 +163,26 @@ def _backend_variable(variable: Any) -> Any:
 class _DecayMixin:
     """Decay decisions from path patterns; a step that clips after the all-reduce."""
 
-    def _init_decay(self, wd: float, exclude_from_wd: Any, clip_norm: float | None) -> None:
-        self.wd = _check_number(wd, "wd")
-        self.exclude_from_wd = exclusion_patterns(exclude_from_wd)
-        self.clip_norm = (None if clip_norm is None else
-                          _check_number(clip_norm, "clip_norm", low_inclusive=False))
+    def _init_decay(self, decay: tuple[float, tuple[str, ...], float | None]) -> None:
+        """Stores `_check_decay`'s already validated ``(wd, patterns, clip_norm)``."""
+        self.wd, self.exclude_from_wd, self.clip_norm = decay
         self._decay_flags: list[bool] = []
+        self._built_with: list[Any] = []
+        self._index_by_id: dict[int, int] = {}
 
     def build(self, variables: Sequence[Any]) -> None:
         if self.built:
             return
-        super().build(variables)  # the Keras optimizer's own slots and variable index
-        self._build_decay(variables)
+        super().build(variables)  # the Keras optimizer's own slots
+        self._built_with = list(variables)
+        # Our own index of each variable (its slots' position), instead of Keras's private
+        # `_get_variable_index`; by the keras.Variable and, on TensorFlow, by the variable
+        # behind it, as callers may hold either.
+        for index, variable in enumerate(self._built_with):
+            self._index_by_id[id(variable)] = index
+            if _on_tensorflow():
+                self._index_by_id[id(_backend_variable(variable))] = index
+        self._build_decay(self._built_with)
 
     def _build_decay(self, variables: Sequence[Any]) -> None:
         paths = [_path(v) for v in variables]
@@ -191,24 +195,35 @@ class _DecayMixin:
                           f"{len(paths)} trainable variables (paths such as {paths[:2]}); "
                           "they exclude nothing; check them against these paths", stacklevel=3)
 
-    def _decays(self, variable: Any) -> bool:
-        """Whether `variable` (as `update_step` sees it) gets weight decay."""
-        return self.wd > 0 and self._decay_flags[self._get_variable_index(variable)]
+    def _index_of(self, variable: Any) -> int:
+        """The position of `variable` in the list the optimizer was built with."""
+        index = self._index_by_id.get(id(variable))
+        if index is None:
+            raise ValueError(f"variable {_path(variable)!r} is not one of the "
+                             f"{len(self._built_with)} variables {type(self).__name__} "
+                             "was built with; build a new optimizer for another model")
+        return index
+
+    def _decays(self, index: int) -> bool:
+        """Whether the variable at `index` gets weight decay."""
+        return self.wd > 0 and self._decay_flags[index]
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        """Keras's hook: updates one variable (decay included) with its global gradient."""
+        self._update_at(gradient, variable, learning_rate, self._index_of(variable))
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None
               ) -> None:
         """One step: all-reduce the gradients, clip their global norm, update each variable.
 
-        Called in a replica context (inside `strategy.run`), as Keras's `apply` is. Each
-        variable is updated once, by `update_step` with the global gradient, through
-        `StrategyExtended.update` (a merge call where the strategy needs one).
+        On TensorFlow it is called in a replica context (inside `strategy.run`), as
+        Keras's `apply` is; each variable is updated once, with the global gradient,
+        through `StrategyExtended.update` (a merge call where the strategy needs one). On
+        JAX the gradients are already global (the gradient of the global batch's loss,
+        under `jax.jit` over sharded arrays), and `stateless_apply` calls ``apply(grads)``
+        without the variables: those the optimizer was built with are meant.
         """
-        if trainable_variables is None:  # Keras allows it; its variable list is private
-            raise ValueError(f"{type(self).__name__}.apply(grads) needs the variables too: "
-                             "apply(grads, model.trainable_variables)")
-        variables = list(trainable_variables)
-        if not self.built:
-            self.build(variables)
+        variables = self._variables_of(trainable_variables)
         pairs = [(g, v) for g, v in zip(grads, variables, strict=True) if g is not None]
         if not pairs:
             raise ValueError(f"no gradient for any of the {len(variables)} variables "
@@ -219,15 +234,43 @@ class _DecayMixin:
             warnings.warn(f"no gradient for {missing}; they are not updated", stacklevel=2)
         grads = self._global_gradients([g for g, _ in pairs])
         learning_rate = self.learning_rate  # at this step, before iterations moves
+        if _on_tensorflow():
+            self._update_all_replicas(grads, [v for _, v in pairs], learning_rate)
+        else:
+            for grad, (_, variable) in zip(grads, pairs, strict=True):
+                self._update_one(variable, grad, learning_rate, self._index_of(variable),
+                                 getattr(variable, "constraint", None))
+        self.iterations.assign_add(1)
+
+    def _variables_of(self, trainable_variables: Sequence[Any] | None) -> list[Any]:
+        if trainable_variables is not None:
+            variables = list(trainable_variables)
+            if not self.built:
+                self.build(variables)
+            return variables
+        if not self.built:
+            raise ValueError(f"{type(self).__name__}.apply(grads) needs the variables too: "
+                             "apply(grads, model.trainable_variables), or build(variables) "
+                             "first")
+        return list(self._built_with)
+
+    def _update_all_replicas(self, grads: list[Any], variables: list[Any],
+                             learning_rate: Any) -> None:
+        import tensorflow as tf  # the TensorFlow engine's path only
+
         extended = tf.distribute.get_strategy().extended
-        for grad, variable in zip(grads, [v for _, v in pairs], strict=True):
-            update = functools.partial(self._update_one,
+        for grad, variable in zip(grads, variables, strict=True):
+            update = functools.partial(self._update_one, index=self._index_of(variable),
                                        constraint=getattr(variable, "constraint", None))
             extended.update(_backend_variable(variable), update, args=(grad, learning_rate),
                             group=False)
-        self.iterations.assign_add(1)
 
     def _global_gradients(self, grads: list[Any]) -> list[Any]:
+        if not _on_tensorflow():  # under jax.jit the gradients are global already
+            return grads if self.clip_norm is None else _clip_by_global_norm(
+                grads, self.clip_norm)
+        import tensorflow as tf  # the TensorFlow engine's path only
+
         context = tf.distribute.get_replica_context()
         if context is not None:  # None: cross-replica context, gradients already global
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
@@ -235,11 +278,15 @@ class _DecayMixin:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
         return list(grads)
 
-    def _update_one(self, variable: Any, gradient: Any, learning_rate: Any,
+    def _update_one(self, variable: Any, gradient: Any, learning_rate: Any, index: int,
                     constraint: Callable[[Any], Any] | None) -> None:
-        self.update_step(gradient, variable, learning_rate)
+        self._update_at(gradient, variable, learning_rate, index)
         if constraint is not None:  # as Keras does after each update
             self.assign(variable, constraint(variable))
+
+    def _update_at(self, gradient: Any, variable: Any, learning_rate: Any,
+                   index: int) -> None:
+        raise NotImplementedError
 
     def _fenwicks_config(self, keras_config: dict[str, Any]) -> dict[str, Any]:
         # Only Fenwicks spellings: from_config passes them back to __init__, which
@@ -247,6 +294,15 @@ class _DecayMixin:
         return {"name": keras_config["name"], "learning_rate": keras_config["learning_rate"],
                 "wd": self.wd, "exclude_from_wd": list(self.exclude_from_wd),
                 "clip_norm": self.clip_norm}
+
+
+def _clip_by_global_norm(grads: list[Any], clip_norm: float) -> list[Any]:
+    """`tf.clip_by_global_norm` in keras.ops: scale every gradient by
+    ``clip_norm / max(global_norm, clip_norm)`` (a NaN norm makes every value NaN)."""
+    norm = keras.ops.sqrt(sum(keras.ops.sum(keras.ops.square(
+        keras.ops.cast(g, "float32"))) for g in grads))
+    scale = clip_norm * keras.ops.minimum(1.0 / norm, 1.0 / clip_norm)
+    return [g * keras.ops.cast(scale, g.dtype) for g in grads]
 
 
 def _is_shortcut(patterns: tuple[str, ...]) -> bool:
@@ -290,11 +346,12 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
                                 "clip_norm, name")
         if isinstance(mom, dict):
             mom = keras.saving.deserialize_keras_object(mom)
-        learning_rate, mom = _check_sgd(learning_rate, mom, wd, exclude_from_wd, clip_norm)
+        learning_rate, mom, decay = _check_sgd(learning_rate, mom, wd, exclude_from_wd,
+                                               clip_norm)
         super().__init__(learning_rate=learning_rate, name=name)
         self.mom = mom
         self.nesterov = bool(nesterov)
-        self._init_decay(wd, exclude_from_wd, clip_norm)
+        self._init_decay(decay)
 
     def build(self, variables: Sequence[Any]) -> None:
         if self.built:
@@ -302,14 +359,15 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
         super().build(variables)
         self.velocities = self.add_optimizer_variables(variables, "velocity")
 
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        dtype = variable.dtype
-        lr = tf.cast(learning_rate, dtype)
-        mom = tf.cast(schedule_value(self.mom, self.iterations), dtype)
-        gradient = tf.cast(gradient, dtype)
-        if self._decays(variable):
-            gradient = gradient + tf.cast(self.wd, dtype) * variable
-        velocity = self.velocities[self._get_variable_index(variable)]
+    def _update_at(self, gradient: Any, variable: Any, learning_rate: Any,
+                   index: int) -> None:
+        ops, dtype = keras.ops, variable.dtype
+        lr = ops.cast(learning_rate, dtype)
+        mom = ops.cast(schedule_value(self.mom, self.iterations), dtype)
+        gradient = ops.cast(gradient, dtype)
+        if self._decays(index):  # coupled L2: in the gradient, so momentum carries it
+            gradient = gradient + ops.cast(self.wd, dtype) * variable
+        velocity = self.velocities[index]
         self.assign(velocity, mom * velocity + gradient)
         step = gradient + mom * velocity if self.nesterov else velocity
         self.assign_sub(variable, lr * step)
@@ -351,18 +409,21 @@ class AdamW(_DecayMixin, keras.optimizers.Adam):
         _reject_keras_arguments("fw.train.AdamW", keras_kwargs, _ADAM_SPELLINGS,
                                 "learning_rate, wd, beta1, beta2, epsilon, "
                                 "exclude_from_wd, clip_norm, name")
-        learning_rate, beta1, beta2, epsilon = _check_adam(
+        learning_rate, beta1, beta2, epsilon, decay = _check_adam(
             learning_rate, wd, beta1, beta2, epsilon, exclude_from_wd, clip_norm)
-        # Keras's weight_decay attribute reports wd; the decay itself is in update_step.
+        # Keras's weight_decay attribute reports wd; the decay itself is in _update_at.
         super().__init__(learning_rate=learning_rate, beta_1=beta1, beta_2=beta2,
-                         epsilon=epsilon, weight_decay=wd if wd > 0 else None, name=name)
-        self._init_decay(wd, exclude_from_wd, clip_norm)
+                         epsilon=epsilon, weight_decay=decay[0] if decay[0] > 0 else None,
+                         name=name)
+        self._init_decay(decay)
 
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        if self._decays(variable):  # decoupled: on the weights, not through the moments
-            lr = tf.cast(learning_rate, variable.dtype)
-            self.assign_sub(variable, variable * tf.cast(self.wd, variable.dtype) * lr)
-        super().update_step(gradient, variable, learning_rate)
+    def _update_at(self, gradient: Any, variable: Any, learning_rate: Any,
+                   index: int) -> None:
+        if self._decays(index):  # decoupled: on the weights, not through the moments
+            lr = keras.ops.cast(learning_rate, variable.dtype)
+            self.assign_sub(variable,
+                            variable * keras.ops.cast(self.wd, variable.dtype) * lr)
+        keras.optimizers.Adam.update_step(self, gradient, variable, learning_rate)
 
     def get_config(self) -> dict[str, Any]:
         return {**self._fenwicks_config(super().get_config()), "beta1": self.beta_1,
@@ -440,5 +501,5 @@ def adam_optimizer(lr_func: Any, wd: float | None = None, beta1: float = 0.9,
     wd = 0.0 if wd is None else wd
     kwargs = dict(wd=wd, beta1=beta1, beta2=beta2, epsilon=epsilon,
                   exclude_from_wd=exclude_from_wd, clip_norm=clip_norm)
-    _check_adam(lr_func, wd, beta1, beta2, epsilon, exclude_from_wd, clip_norm)  # no TF op
+    _check_adam(lr_func, wd, beta1, beta2, epsilon, exclude_from_wd, clip_norm)  # no op
     return lambda: AdamW(lr_func, **kwargs)

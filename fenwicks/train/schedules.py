@@ -13,7 +13,9 @@ Python/numpy steps so that it plots directly, and survives a
     lr_per_example = lr_func / 512                         # schedules scale like numbers
 
 Tensor steps are computed in float32 (TPUs have no fast float64; exact up to 2**24
-steps); Python and numpy steps in float64 with numpy, so plotting runs no TensorFlow op.
+steps); Python and numpy steps in float64 with numpy, so plotting runs no backend op.
+Tensor steps use `keras.ops` only: the same schedules run in a `tf.function` on the
+TensorFlow engine and under `jax.jit` on the JAX engine.
 """
 
 from __future__ import annotations
@@ -25,48 +27,37 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
+
+from fenwicks._checks import number, steps
 
 _register = keras.saving.register_keras_serializable(package="fenwicks")
 _Base = keras.optimizers.schedules.LearningRateSchedule
 
 
-def _number(value: Any, name: str, low: float = 0.0, strict: bool = False) -> float:
-    """A finite real >= low (> low if strict), as float; else a ValueError naming it."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    ok = ok and math.isfinite(value) and (value > low if strict else value >= low)
-    if not ok:
-        relation = ">" if strict else ">="
-        raise ValueError(f"{name}={value!r} must be a finite number {relation} {low}")
-    return float(value)
+class _TensorOps:
+    """Array operations for steps that are tensors (compiled code, `optimizer.iterations`):
+    `keras.ops`, so a schedule traces in a `tf.function` and under `jax.jit` alike. On
+    TensorFlow each is the `tf` op the schedules used before (tf.clip_by_value, tf.gather,
+    tf.searchsorted, ...), so the values are unchanged."""
 
-
-def _steps(value: Any, name: str, minimum: int = 1) -> int:
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if not ok or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer number of steps >= {minimum}")
-    return int(value)
-
-
-class _TFOps:
-    """Array operations for steps that are tensors (compiled code, `optimizer.iterations`)."""
-
-    clip, cos, floor = staticmethod(tf.clip_by_value), staticmethod(tf.cos), staticmethod(tf.floor)
-    maximum, where = staticmethod(tf.maximum), staticmethod(tf.where)
-    take, reshape, shape = staticmethod(tf.gather), staticmethod(tf.reshape), staticmethod(tf.shape)
+    clip, cos, floor = (staticmethod(keras.ops.clip), staticmethod(keras.ops.cos),
+                        staticmethod(keras.ops.floor))
+    maximum, where = staticmethod(keras.ops.maximum), staticmethod(keras.ops.where)
+    take, reshape = staticmethod(keras.ops.take), staticmethod(keras.ops.reshape)
+    shape = staticmethod(keras.ops.shape)
 
     @staticmethod
     def const(value: Any) -> Any:
-        return tf.cast(tf.convert_to_tensor(value), tf.float32)
+        return keras.ops.cast(keras.ops.convert_to_tensor(value), "float32")
 
     @staticmethod
     def searchsorted(sorted_values: Any, values: Any) -> Any:
-        return tf.searchsorted(sorted_values, values, side="right")
+        return keras.ops.searchsorted(sorted_values, values, side="right")
 
 
 class _NPOps:
     """The same with numpy, for Python and numpy steps: plotting a schedule runs no
-    TensorFlow op, so it cannot initialise devices before `fw.accel` chooses them."""
+    backend op, so it cannot initialise devices before `fw.accel` chooses them."""
 
     clip, cos, floor = staticmethod(np.clip), staticmethod(np.cos), staticmethod(np.floor)
     maximum, where = staticmethod(np.maximum), staticmethod(np.where)
@@ -82,16 +73,16 @@ class _NPOps:
 
 
 class Schedule(_Base):
-    """Base class: subclasses implement `lr(step, ops)`, `ops` being `_TFOps` or `_NPOps`."""
+    """Base class: subclasses implement `lr(step, ops)`, `ops` being `_TensorOps` or `_NPOps`."""
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         raise NotImplementedError
 
     def __call__(self, step: Any) -> Any:
         if isinstance(step, (numbers.Number, np.ndarray, list, tuple)):
             value = self.lr(_NPOps.const(step), _NPOps)
             return float(value) if np.ndim(value) == 0 else np.asarray(value)
-        return self.lr(_TFOps.const(step), _TFOps)
+        return self.lr(_TensorOps.const(step), _TensorOps)
 
     def __mul__(self, factor: float) -> Schedule:
         return Scaled(self, factor)
@@ -99,7 +90,7 @@ class Schedule(_Base):
     __rmul__ = __mul__
 
     def __truediv__(self, divisor: float) -> Schedule:
-        return Scaled(self, 1.0 / _number(divisor, "divisor", strict=True))
+        return Scaled(self, 1.0 / number("divisor", divisor, low_inclusive=False))
 
     def get_config(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -125,8 +116,8 @@ class _Decay(Schedule):
     """A decay from `init_lr` over `decay_steps`; `with_span` re-targets it (for one-cycle)."""
 
     def __init__(self, init_lr: float = 1.0, decay_steps: int = 1) -> None:
-        self.init_lr = _number(init_lr, "init_lr")
-        self.decay_steps = _steps(decay_steps, "decay_steps")
+        self.init_lr = number("init_lr", init_lr)
+        self.decay_steps = steps("decay_steps", decay_steps)
 
     def with_span(self, init_lr: float, decay_steps: int) -> _Decay:
         """A copy starting at `init_lr`, over `decay_steps`, ending lrs scaled alike."""
@@ -152,9 +143,9 @@ class LinearDecay(_Decay):
 
     def __init__(self, init_lr: float = 1.0, decay_steps: int = 1, end_lr: float = 0.0) -> None:
         super().__init__(init_lr, decay_steps)
-        self.end_lr = _number(end_lr, "end_lr")
+        self.end_lr = number("end_lr", end_lr)
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         return self.init_lr + (self.end_lr - self.init_lr) * self._progress(step, ops)
 
     def get_config(self) -> dict[str, Any]:
@@ -172,9 +163,9 @@ class CosineDecay(_Decay):
 
     def __init__(self, init_lr: float = 1.0, decay_steps: int = 1, end_lr: float = 0.0) -> None:
         super().__init__(init_lr, decay_steps)
-        self.end_lr = _number(end_lr, "end_lr")
+        self.end_lr = number("end_lr", end_lr)
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         cosine = 0.5 * (1.0 + ops.cos(math.pi * self._progress(step, ops)))
         return self.end_lr + (self.init_lr - self.end_lr) * cosine
 
@@ -196,8 +187,8 @@ class ExpDecay(_Decay):
     def __init__(self, init_lr: float = 1.0, decay_steps: int = 1, base_lr: float = 0.0,
                  decay_rate: float = 1.0 / math.e, staircase: bool = False) -> None:
         super().__init__(init_lr, decay_steps)
-        self.base_lr = _number(base_lr, "base_lr")
-        self.decay_rate = _number(decay_rate, "decay_rate", strict=True)
+        self.base_lr = number("base_lr", base_lr)
+        self.decay_rate = number("decay_rate", decay_rate, low_inclusive=False)
         if self.decay_rate > 1:
             raise ValueError(f"decay_rate={decay_rate!r} must be in (0, 1]; it multiplies "
                              "the learning rate every decay_steps")
@@ -207,7 +198,7 @@ class ExpDecay(_Decay):
         """Keeps its own `decay_steps`: for an exponential they set the rate, not a span."""
         return super().with_span(init_lr, self.decay_steps)
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         exponent = ops.maximum(step, 0.0) / float(self.decay_steps)
         if self.staircase:
             exponent = ops.floor(exponent)
@@ -229,8 +220,8 @@ class PiecewiseLinear(Schedule):
     """
 
     def __init__(self, knots: Sequence[float], values: Sequence[float]) -> None:
-        self.knots = [_number(k, f"knots[{i}]") for i, k in enumerate(knots)]
-        self.values = [_number(v, f"values[{i}]") for i, v in enumerate(values)]
+        self.knots = [number(f"knots[{i}]", k) for i, k in enumerate(knots)]
+        self.values = [number(f"values[{i}]", v) for i, v in enumerate(values)]
         if len(self.knots) < 1 or len(self.knots) != len(self.values):
             raise ValueError(f"knots={list(knots)!r} and values={list(values)!r} must be "
                              "non-empty and of the same length")
@@ -239,7 +230,7 @@ class PiecewiseLinear(Schedule):
                 raise ValueError(f"knots={list(knots)!r} must be strictly increasing; "
                                  f"knots[{i}]={knots[i]} <= knots[{i - 1}]={knots[i - 1]}")
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         knots, values = ops.const(self.knots), ops.const(self.values)
         if len(self.knots) == 1:
             return values[0] + 0.0 * step
@@ -267,14 +258,14 @@ class Join(Schedule):
 
     def __init__(self, schedules: Sequence[Any], boundaries: Sequence[int]) -> None:
         self.schedules = [_deserialize(s) for s in schedules]
-        self.boundaries = [_steps(b, f"boundaries[{i}]", 0) for i, b in enumerate(boundaries)]
+        self.boundaries = [steps(f"boundaries[{i}]", b, 0) for i, b in enumerate(boundaries)]
         if len(self.schedules) != len(self.boundaries) + 1:
             raise ValueError(f"Join needs one boundary fewer than schedules; got "
                              f"{len(self.schedules)} schedules, boundaries={boundaries!r}")
         if any(b2 <= b1 for b1, b2 in zip(self.boundaries, self.boundaries[1:], strict=False)):
             raise ValueError(f"boundaries={boundaries!r} must be strictly increasing")
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         starts = [0, *self.boundaries]
         value = _as_lr(self.schedules[-1], step - starts[-1], ops)
         segments = list(zip(self.schedules, starts, starts[1:], strict=False))
@@ -299,10 +290,10 @@ class Warmup(Schedule):
 
     def __init__(self, schedule: Any, warmup_steps: int, start_lr: float = 0.0) -> None:
         self.schedule = _deserialize(schedule)
-        self.warmup_steps = _steps(warmup_steps, "warmup_steps")
-        self.start_lr = _number(start_lr, "start_lr")
+        self.warmup_steps = steps("warmup_steps", warmup_steps)
+        self.start_lr = number("start_lr", start_lr)
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         peak = _as_lr(self.schedule, ops.const(0.0), ops)
         ramp = self.start_lr + (peak - self.start_lr) * ops.clip(
             step / float(self.warmup_steps), 0.0, 1.0)
@@ -325,9 +316,9 @@ class Scaled(Schedule):
 
     def __init__(self, schedule: Any, factor: float) -> None:
         self.schedule = _deserialize(schedule)
-        self.factor = _number(factor, "factor")
+        self.factor = number("factor", factor)
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         return _as_lr(self.schedule, step, ops) * self.factor
 
     def get_config(self) -> dict[str, Any]:
@@ -344,9 +335,9 @@ class Constant(Schedule):
     """
 
     def __init__(self, value: float) -> None:
-        self.value = _number(value, "value")
+        self.value = number("value", value)
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         return self.value + 0.0 * step
 
     def get_config(self) -> dict[str, Any]:
@@ -369,17 +360,17 @@ class FunctionSchedule(Schedule):
         if not callable(self.function):
             raise ValueError(f"function={function!r} must be callable as function(step)")
 
-    def lr(self, step: Any, ops: Any = _TFOps) -> Any:
+    def lr(self, step: Any, ops: Any = _TensorOps) -> Any:
         return ops.const(self.function(step))
 
     def get_config(self) -> dict[str, Any]:
         return {"function": _serialize(self.function)}
 
 
-def _as_lr(schedule: Any, step: Any, ops: Any = _TFOps) -> Any:
+def _as_lr(schedule: Any, step: Any, ops: Any = _TensorOps) -> Any:
     if isinstance(schedule, Schedule):
         return schedule.lr(step, ops)
-    return ops.const(schedule(step))  # a foreign Keras schedule (TensorFlow ops)
+    return ops.const(schedule(step))  # a foreign Keras schedule (keras.ops)
 
 
 def schedule_value(value: Any, step: Any) -> Any:
@@ -401,7 +392,7 @@ def check_lr(lr_func: Any, name: str = "lr_func") -> Any:
         return lr_func
     if callable(lr_func):
         return FunctionSchedule(lr_func)
-    return _number(lr_func, name, strict=True)
+    return number(name, lr_func, low_inclusive=False)
 
 
 # ------------------------------------------------------------------- public constructors
@@ -473,7 +464,7 @@ def piecewise_linear(knots: Sequence[float], values: Sequence[float],
     Example:
         >>> lr_func = fw.train.piecewise_linear([0, 5, 24], [0, 0.4, 0], steps_per_epoch=98)
     """
-    spe = _steps(steps_per_epoch, "steps_per_epoch")
+    spe = steps("steps_per_epoch", steps_per_epoch)
     in_epochs = PiecewiseLinear(knots, values)  # validates, with the user's units in errors
     return PiecewiseLinear([k * spe for k in in_epochs.knots], in_epochs.values)
 
@@ -499,9 +490,9 @@ def one_cycle_lr(init_lr: float, total_steps: int, warmup_steps: int,
         >>> lr_func(500), lr_func(1450)
         (0.4, 0.2)
     """
-    init_lr = _number(init_lr, "init_lr", strict=True)
-    total_steps = _steps(total_steps, "total_steps")
-    warmup_steps = _steps(warmup_steps, "warmup_steps", 0)
+    init_lr = number("init_lr", init_lr, low_inclusive=False)
+    total_steps = steps("total_steps", total_steps)
+    warmup_steps = steps("warmup_steps", warmup_steps, 0)
     if warmup_steps >= total_steps:
         raise ValueError(f"warmup_steps={warmup_steps} must be shorter than "
                          f"total_steps={total_steps}; the decay needs at least one step")
@@ -524,14 +515,13 @@ def one_cycle_momentum(total_steps: int, warmup_steps: int, max_mom: float = 0.9
         >>> mom = fw.train.one_cycle_momentum(1000, 300)
         >>> opt_func = fw.train.sgd_optimizer(fw.train.one_cycle_lr(0.4, 1000, 300), mom=mom)
     """
-    total_steps = _steps(total_steps, "total_steps")
-    warmup_steps = _steps(warmup_steps, "warmup_steps", 0)
+    total_steps = steps("total_steps", total_steps)
+    warmup_steps = steps("warmup_steps", warmup_steps, 0)
     if warmup_steps >= total_steps:
         raise ValueError(f"warmup_steps={warmup_steps} must be shorter than "
                          f"total_steps={total_steps}")
     for name, value in (("max_mom", max_mom), ("min_mom", min_mom)):
-        if _number(value, name) >= 1:
-            raise ValueError(f"{name}={value!r} must be in [0, 1)")
+        number(name, value, high=1.0)
     down = LinearDecay(max_mom, max(warmup_steps, 1), end_lr=min_mom)
     up = LinearDecay(min_mom, total_steps - warmup_steps, end_lr=max_mom)
     return Join([down, up], [warmup_steps]) if warmup_steps else up
