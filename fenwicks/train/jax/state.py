@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import keras
 import numpy as np
 
@@ -73,8 +74,20 @@ class JaxRunState(RunState):
                 list(self.optimizer.variables))
 
     def values(self) -> tuple[list, list, list]:
-        """The state's arrays (trainable, non-trainable, optimizer), for a compiled step."""
-        return tuple([v.value for v in group] for group in self._lists)
+        """The state's arrays (trainable, non-trainable, optimizer), for a compiled step.
+
+        Each array appears once: a compiled block takes ownership of (donates) them, and
+        two variables may hold the same array (an initial value that Keras or JAX shared).
+        """
+        seen: set[int] = set()
+
+        def own(array: Any) -> Any:
+            if id(array) in seen:
+                return jnp.copy(array)
+            seen.add(id(array))
+            return array
+
+        return tuple([own(v.value) for v in group] for group in self._lists)
 
     def set_values(self, values: tuple[list, list, list]) -> None:
         for group, arrays in zip(self._lists, values, strict=True):

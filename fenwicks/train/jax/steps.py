@@ -20,6 +20,7 @@ losses (``model.losses``) are added once.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,16 @@ def _float32(outputs: Any) -> Any:
     return jax.tree.map(
         lambda t: t.astype(jnp.float32) if jnp.issubdtype(t.dtype, jnp.floating) else t,
         outputs)
+
+
+def replicas_context(num_replicas: int) -> Any:
+    """Per-replica BatchNorm (``bn='replica'``) sees the global batch under jit; this
+    tells it how many replicas share it, so each slice gets its own statistics, as each
+    replica does on the TensorFlow engine (`fw.layers.batch_replicas`, read at trace)."""
+    from fenwicks import layers
+
+    context = getattr(layers, "batch_replicas", None)
+    return context(num_replicas) if context else contextlib.nullcontext()
 
 
 def _weighted(values: Any, weights: Any) -> Any:
@@ -73,8 +84,9 @@ def _train_step(spec: ModelSpec, optimizer: Any, global_batch_size: int
 
     def loss_fn(trainable, non_trainable, optimizer_values, batch):
         features, labels, weights = inputs.unpack(batch)
-        outputs, non_trainable, losses = model.stateless_call(
-            trainable, non_trainable, features, training=True, return_losses=True)
+        with replicas_context(mesh.num_replicas()):
+            outputs, non_trainable, losses = model.stateless_call(
+                trainable, non_trainable, features, training=True, return_losses=True)
         loss_sum = jnp.sum(_weighted(spec.loss_fn(labels, _float32(outputs)), weights))
         loss = loss_sum / global_batch_size if spec.reduction == "mean" else loss_sum
         if losses:
@@ -159,8 +171,9 @@ def make_eval_step(spec: ModelSpec) -> Callable[[list, list, Any, Any], Any]:
 
     def step(trainable, non_trainable, batch, mask):
         features, labels, weights = inputs.unpack(batch)
-        outputs, _ = model.stateless_call(trainable, non_trainable, features,
-                                          training=False)
+        with replicas_context(mesh.num_replicas()):
+            outputs, _ = model.stateless_call(trainable, non_trainable, features,
+                                              training=False)
         outputs = _float32(outputs)
         values = [spec.loss_fn(labels, outputs)]
         values += [spec.metric_fns[name](labels, outputs) for name in names]
@@ -187,8 +200,9 @@ def make_predict_step(spec: ModelSpec) -> Callable[[list, list, Any], Any]:
     model = spec.model
 
     def step(trainable, non_trainable, features):
-        outputs, _ = model.stateless_call(trainable, non_trainable, features,
-                                          training=False)
+        with replicas_context(mesh.num_replicas()):
+            outputs, _ = model.stateless_call(trainable, non_trainable, features,
+                                              training=False)
         return spec.predict_fn(_float32(outputs))
 
     return jax.jit(step)
