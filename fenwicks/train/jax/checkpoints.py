@@ -1,9 +1,11 @@
 """Checkpoints of the JAX engine in orbax-checkpoint's format.
 
-One checkpoint is one pytree: ``{'model': {variable path: array}, 'optimizer': {...},
-'counters': {'global_step', 'input_steps'}}``. It holds every model variable (trainable
-or not: BatchNorm statistics, seed-generator states), every optimizer variable (slots,
-``iterations``, a loss scale) and the counters, so the next step depends on nothing else.
+One checkpoint is one pytree: ``{'model': [arrays], 'optimizer': [arrays], 'counters':
+{'global_step', 'input_steps'}}``, the variables in the order of ``model.variables`` and
+``optimizer.variables``, their paths in the checkpoint's metadata. It holds every model
+variable (trainable or not: BatchNorm statistics, seed-generator states), every optimizer
+variable (slots, ``iterations``, a loss scale) and the counters, so the next step depends
+on nothing else.
 Orbax writes each into a temporary directory and renames it when complete, so a process
 killed mid-save leaves the previous checkpoint as the latest (and the partial directory
 is removed by the next run). With ``async_checkpoints`` a save copies the arrays to host
@@ -56,25 +58,28 @@ class OrbaxCheckpointer:
         work_dir: the run's work_dir (local path).
         collect: ``() -> pytree`` of the arrays to save (called at each save).
         apply: ``(pytree) -> None``, puts restored arrays back.
+        describe: ``() -> dict`` of JSON metadata saved with each checkpoint.
         keep: how many recent checkpoints to keep.
         asynchronous: write in a background thread (`wait` joins it).
         sharding: where restored arrays go (replicated over the mesh).
 
     Example:
-        >>> checkpointer = OrbaxCheckpointer(work_dir, state.tree, state.set_tree, 3, True,
+        >>> checkpointer = OrbaxCheckpointer(work_dir, state.tree, state.set_tree,
+        ...                                  state.paths, 3, True,
         ...                                  mesh.replicated())
         >>> checkpointer.save(100)
         >>> checkpointer.restore()   # '<work_dir>/orbax/100'
     """
 
     def __init__(self, work_dir: str, collect: Callable[[], Any],
-                 apply: Callable[[Any], None], keep: int, asynchronous: bool,
-                 sharding: Any) -> None:
+                 apply: Callable[[Any], None], describe: Callable[[], dict], keep: int,
+                 asynchronous: bool, sharding: Any) -> None:
         import orbax.checkpoint as ocp  # optional: the JAX engine's dependency
 
         self._ocp = ocp
         self.directory = directory(work_dir)
         self._collect, self._apply, self._sharding = collect, apply, sharding
+        self._describe = describe
         self.asynchronous = asynchronous
         self._manager = ocp.CheckpointManager(
             os.path.abspath(self.directory), options=ocp.CheckpointManagerOptions(
@@ -110,7 +115,7 @@ class OrbaxCheckpointer:
             if step in self._manager.all_steps():  # force: this step's weights changed
                 self._manager.delete(step)
             self._manager.save(step, args=self._ocp.args.StandardSave(self._collect()),
-                               force=True)
+                               force=True, custom_metadata=self._describe())
         except Exception as err:
             raise self._write_error(step, err) from err
         self._pending = (step, started)

@@ -30,15 +30,6 @@ from fenwicks.train.state import RunState
 logger = logging.getLogger("fenwicks")
 
 
-def _keyed(variables: list[Any], what: str) -> dict[str, Any]:
-    keys = [v.path for v in variables]
-    if len(set(keys)) != len(keys):
-        duplicates = sorted({k for k in keys if keys.count(k) > 1})
-        raise ValueError(f"{what} variables share the paths {duplicates[:3]}; give their "
-                         "layers unique names so each can be checkpointed")
-    return dict(zip(keys, variables, strict=True))
-
-
 class JaxRunState(RunState):
     """`RunState` with the variables on a JAX mesh and orbax checkpoints.
 
@@ -95,17 +86,25 @@ class JaxRunState(RunState):
                 variable.assign(array)
 
     def tree(self) -> dict[str, Any]:
-        """What a checkpoint holds: every variable by path, and the counters."""
-        trainable, non_trainable, optimizer = self._lists
-        return {"model": {k: v.value for k, v in self._model_keys.items()},
-                "optimizer": {k: v.value for k, v in self._optimizer_keys.items()},
+        """What a checkpoint holds: every variable, in the model's and the optimizer's
+        order, and the counters. Positions, not names, key the variables: Keras names a
+        second model built in the same process ``conv2d_1`` where the first had
+        ``conv2d``; the names are kept beside them (`paths`) for a warm start by name."""
+        return {"model": [v.value for v in self._model_variables],
+                "optimizer": [v.value for v in self.optimizer.variables],
                 "counters": {"global_step": np.int64(self.step),
                              "input_steps": np.int64(self.input_steps_taken)}}
 
+    def paths(self) -> dict[str, list[str]]:
+        """The variables' paths, in `tree`'s order (a checkpoint's metadata)."""
+        return {"model": [v.path for v in self._model_variables],
+                "optimizer": [v.path for v in self.optimizer.variables]}
+
     def set_tree(self, tree: dict[str, Any]) -> None:
-        for keys, part in ((self._model_keys, "model"), (self._optimizer_keys, "optimizer")):
-            for key, variable in keys.items():
-                variable.assign(tree[part][key])
+        for variables, part in ((self._model_variables, "model"),
+                                (self.optimizer.variables, "optimizer")):
+            for variable, value in zip(variables, tree[part], strict=True):
+                variable.assign(value)
         self.step = int(tree["counters"]["global_step"])
         self.input_steps_taken = int(tree["counters"]["input_steps"])
 
@@ -129,14 +128,14 @@ class JaxRunState(RunState):
                 self._model_func, params, self.config.precision, features_spec)
         self.features_spec = features_spec
         self._lists = self._variable_lists(spec)
-        self._model_keys = _keyed(list(spec.model.variables), "model")
-        self._optimizer_keys = _keyed(list(self.optimizer.variables), "optimizer")
+        self._model_variables = list(spec.model.variables)
         for group in self._lists:  # replicated on every device of the mesh
             for variable in group:
                 variable.assign(jax.device_put(variable.value, mesh.replicated()))
         self.step = self.input_steps_taken = 0
         self.checkpointer = checkpoints.OrbaxCheckpointer(
-            self.config.work_dir, self.tree, self.set_tree, self.config.keep_checkpoints,
+            self.config.work_dir, self.tree, self.set_tree, self.paths,
+            self.config.keep_checkpoints,
             self.config.async_checkpoints and jax.process_count() == 1, mesh.replicated())
         restored = self._restore()
         if restored is None and self.config.warm_start_from:
