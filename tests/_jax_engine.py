@@ -30,7 +30,7 @@ BN_MODE = os.environ.get("JAX_ENGINE_TEST_BN", "replica")
 
 
 def model_func():
-    lr_func = fw.train.exp_decay_lr(init_lr=2e-3, decay_steps=32, base_lr=2e-5)
+    lr_func = fw.train.exp_decay_lr(init_lr=3e-3, decay_steps=63, base_lr=2e-5)
     opt_func = fw.train.adam_optimizer(lr_func, wd=1e-4, exclude_from_wd="bn_and_bias")
     # BN_MODE: the same statistics on 1 and 8 devices and on both engines (per-replica
     # statistics differ by nature between replica counts).
@@ -60,7 +60,6 @@ def main(work_dir: str, max_steps: int, val_sizes: list[int], kill: bool) -> dic
         save_every_loops=1, keep_checkpoints=2)
     if kill:
         _kill_during_next_write(f"{work_dir}/orbax", after=2)
-    start_step = est.global_step
     began = time.perf_counter()
     est.train(lambda p: fw.data.numpy_ds(x_train, y_train, p["batch_size"], training=True,
                                          seed=SEED, input_context=p["input_context"]),
@@ -81,7 +80,7 @@ def main(work_dir: str, max_steps: int, val_sizes: list[int], kill: bool) -> dic
     np.savez(f"{work_dir}/weights-{est.global_step}.npz", *weights)
     est.close()
     return {"engine": keras.backend.backend(), "replicas": est.num_replicas,
-            "start_step": start_step, "global_step": est.global_step,
+            "start_step": est.history.steps[0] - 1, "global_step": est.global_step,
             "losses": est.history.losses, "steps": est.history.steps,
             "evals": evals, "train_seconds": seconds, "num_test": len(y_test)}
 
