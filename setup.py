@@ -53,6 +53,7 @@ setup(
             "ipykernel>=6",
             "ruff>=0.5",
             "py7zr>=0.20",  # fw.io.unzip of Kaggle's .7z archives (tests/test_io.py)
+            "jax>=0.4.36",  # the blocks and the JAX engine on the CPU (KERAS_BACKEND=jax)
         ],
     },
     entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},

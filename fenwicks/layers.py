@@ -8,6 +8,13 @@ Every block takes a BatchNorm mode `bn`:
   examples. One GPU with batch 512 and ``bn=64`` computes exactly what an 8-core TPU
   with 64 examples per core and ``bn='replica'`` computes, outputs and moving statistics.
 
+The blocks are written in `keras.ops` and run on both engines. On TensorFlow each replica
+calls the model on its own batch (`tf.distribute`). On JAX the engine calls it once on the
+global batch under `jax.jit`, sharded over the devices, so there ``'sync'`` is Keras's
+plain BatchNorm (its mean over the global batch is the cross-replica statistic) and
+``'replica'`` splits the batch into the replicas' slices, each with its own statistics,
+when the engine says how many replicas share it (`batch_replicas`).
+
 Moving statistics are created with ``aggregation='mean'``: plain Keras 3 BatchNormalization
 leaves them unaggregated, so under `MirroredStrategy`/`TPUStrategy` every replica keeps its
 own moving mean and only replica 0's is read and saved. With mean aggregation the replicas
@@ -22,17 +29,20 @@ stay in sync and the saved value is the mean over replicas, the same as ghost gr
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from fenwicks._checks import positive_int
 
 __all__ = ["BN_MODES", "PYTORCH_PARAMS", "BatchNorm", "Classifier", "ConvBN", "ConvBlk",
-           "ConvResBlk", "DenseBN", "GlobalPools2D", "Sequential", "check_bn", "init_pytorch"]
+           "ConvResBlk", "DenseBN", "GlobalPools2D", "Sequential", "batch_replicas",
+           "build_chain", "check_bn", "current_batch_replicas", "init_pytorch"]
 
 _PACKAGE = "fenwicks"
 _register = keras.saving.register_keras_serializable(package=_PACKAGE)
@@ -53,6 +63,57 @@ def check_bn(bn: Any, name: str = "bn") -> str | int:
     raise ValueError(f"{name}={bn!r} is not a BatchNorm mode; use 'replica' (per-replica "
                      "statistics), 'sync' (across replicas) or an int group size such as "
                      "64 (ghost BatchNorm over groups of 64 examples)")
+
+
+# How many replicas' batches the batch a layer sees is made of (see `batch_replicas`).
+_BATCH_REPLICAS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "fenwicks_batch_replicas", default=None)
+
+
+@contextlib.contextmanager
+def batch_replicas(num_replicas: int) -> Iterator[None]:
+    """Within this context the batch a model sees is `num_replicas` replicas' batches.
+
+    For an engine that calls the model once on the global batch (the JAX engine: one
+    `jax.jit` over arrays sharded across the devices) rather than once per replica
+    (TensorFlow's `strategy.run`). BatchNorm's ``'replica'`` mode then computes its
+    statistics over each of the `num_replicas` equal, consecutive slices of the batch,
+    which is what each replica computes on the TensorFlow engine, outputs and moving
+    statistics alike. Read when the step is traced: enter it around the tracing call.
+
+    Args:
+        num_replicas: replicas (devices along the batch axis) sharing the batch.
+
+    Example:
+        >>> with fw.layers.batch_replicas(8):
+        ...     outputs, state = model.stateless_call(trainable, non_trainable, x,
+        ...                                           training=True)
+    """
+    token = _BATCH_REPLICAS.set(positive_int("num_replicas", num_replicas))
+    try:
+        yield
+    finally:
+        _BATCH_REPLICAS.reset(token)
+
+
+def current_batch_replicas() -> int:
+    """The replicas sharing the batch a layer sees: `batch_replicas`'s number if set,
+    else the batch axis of a `keras.distribution.DataParallel` distribution on JAX (as
+    Keras's own ``fit`` shards the batch), else 1 (the batch is one replica's).
+
+    Example:
+        >>> fw.layers.current_batch_replicas()
+        1
+    """
+    value = _BATCH_REPLICAS.get()
+    if value is not None:
+        return value
+    if keras.backend.backend() == "jax":
+        distribution = keras.distribution.distribution()
+        if isinstance(distribution, keras.distribution.DataParallel):
+            mesh = distribution.device_mesh
+            return int(mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)])
+    return 1
 
 
 def _plain_ints(value: Any) -> Any:
@@ -126,7 +187,9 @@ class BatchNorm(keras.layers.BatchNormalization):
 
     In training, ghost mode normalises each group by its own mean and (biased) variance
     and moves the moving statistics towards the mean over groups of those; in
-    inference every mode uses the moving statistics.
+    inference every mode uses the moving statistics. On JAX (one call on the global
+    batch), ``'sync'`` is Keras's BatchNorm over that batch, and ``'replica'`` is ghost
+    BatchNorm with one group per replica inside `batch_replicas` (else Keras's).
 
     Example:
         >>> bn = fw.layers.BatchNorm(mode=64)    # 1 GPU x 512 behaves as 8 TPU cores x 64
@@ -138,8 +201,11 @@ class BatchNorm(keras.layers.BatchNormalization):
         kwargs.pop("synchronized", None)
         if kwargs.get("name") is None:  # Keras's BN name, so wd exclusion patterns carry over
             kwargs["name"] = _unique_name("batch_normalization")
+        # Keras synchronises only on TensorFlow (it refuses synchronized=True elsewhere);
+        # on JAX the statistics of the global batch under jit are the synchronized ones.
         super().__init__(momentum=momentum, epsilon=epsilon,
-                         synchronized=self.mode == "sync", **kwargs)
+                         synchronized=self.mode == "sync"
+                         and keras.backend.backend() == "tensorflow", **kwargs)
         if isinstance(self.mode, int) and self.axis not in (-1,):
             raise ValueError(f"axis={self.axis} is not supported with ghost BatchNorm "
                              f"(mode={self.mode}); use channels-last inputs and axis=-1")
@@ -152,30 +218,52 @@ class BatchNorm(keras.layers.BatchNormalization):
         return super().add_weight(*args, **kwargs)
 
     def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
-        if not isinstance(self.mode, int) or not training or not self.trainable:
+        group = self._group_size(inputs) if training and self.trainable else None
+        if group is None:
             return super().call(inputs, training=training, mask=mask)
         if mask is not None:
-            raise ValueError("ghost BatchNorm does not support masks; use mode='replica'")
-        return self._ghost_call(inputs)
+            raise ValueError(f"BatchNorm mode={self.mode!r} over groups of examples does "
+                             "not support masks; use mode='sync' or one replica")
+        return self._ghost_call(inputs, group)
 
-    def _ghost_call(self, inputs: Any) -> Any:
-        x = tf.cast(inputs, "float32")  # statistics in float32, as Keras does
-        shape = tf.shape(x)
+    def _group_size(self, inputs: Any) -> int | None:
+        """Examples per statistics group in training, None for Keras's whole batch."""
+        if isinstance(self.mode, int):
+            return self.mode
+        replicas = current_batch_replicas() if self.mode == "replica" else 1
+        if replicas == 1:
+            return None
+        batch = inputs.shape[0]
+        if batch is None or batch % replicas or self.axis not in (-1, len(inputs.shape) - 1):
+            raise ValueError(f"BatchNorm mode='replica' over {replicas} replicas' batches "
+                             f"needs a channels-last input whose batch is a known multiple "
+                             f"of {replicas}; got shape {tuple(inputs.shape)} and axis="
+                             f"{self.axis}. Use a global batch divisible by {replicas}")
+        return batch // replicas
+
+    def _ghost_call(self, inputs: Any, group: int) -> Any:
+        ops = keras.ops
+        x = ops.cast(inputs, "float32")  # statistics in float32, as Keras does
+        shape = ops.shape(x)
         batch = x.shape[0]
-        if batch is not None and batch % self.mode:
+        if batch is not None and batch % group:
             raise ValueError(f"ghost BatchNorm mode={self.mode} needs a per-replica batch "
-                             f"that is a multiple of {self.mode}; got batch {batch}. "
+                             f"that is a multiple of {group}; got batch {batch}. "
                              "Change the batch size or the group size")
-        groups = tf.reshape(x, tf.concat([[-1, self.mode], shape[1:]], axis=0))
+        groups = ops.reshape(x, (-1, group, *shape[1:]))
         axes = list(range(1, len(x.shape)))  # within a group: examples and spatial dims
-        mean, variance = tf.nn.moments(groups, axes, keepdims=True)
-        gamma = tf.cast(self.gamma, "float32") if self.scale else None
-        beta = tf.cast(self.beta, "float32") if self.center else None
-        out = tf.nn.batch_normalization(groups, mean, variance, beta, gamma, self.epsilon)
+        mean, variance = ops.moments(groups, axes, keepdims=True)  # tf.nn.moments on TF
+        # tf.nn.batch_normalization's formula, written out: keras.ops.batch_normalization
+        # wants [C] statistics, these are [groups, 1, ..., C].
+        inv = ops.rsqrt(variance + self.epsilon)
+        if self.scale:
+            inv = inv * ops.cast(self.gamma, "float32")
+        offset = -mean * inv if not self.center else ops.cast(self.beta, "float32") - mean * inv
+        out = groups * inv + offset
         over_groups = list(range(len(x.shape)))  # every axis but channels -> shape [C]
-        self._update_moving(tf.reduce_mean(mean, axis=over_groups),
-                            tf.reduce_mean(variance, axis=over_groups))
-        return tf.cast(tf.reshape(out, shape), self.compute_dtype)
+        self._update_moving(ops.mean(mean, axis=over_groups),
+                            ops.mean(variance, axis=over_groups))
+        return ops.cast(ops.reshape(out, shape), self.compute_dtype)
 
     def _update_moving(self, mean: Any, variance: Any) -> None:
         momentum = self.momentum
@@ -193,8 +281,16 @@ def _batch_norm(bn: str | int, momentum: float, epsilon: float, dtype: Any) -> B
     return BatchNorm(mode=bn, momentum=momentum, epsilon=epsilon, dtype=dtype)
 
 
-def _build_chain(parts: list[keras.layers.Layer], shape: Any) -> Any:
-    """Builds `parts` in order from `shape`; returns the output shape of the last."""
+def build_chain(parts: list[keras.layers.Layer], shape: Any) -> Any:
+    """Builds `parts` in order from `shape`; returns the output shape of the last.
+
+    For composite layers' `build` (built from shapes, so that `from_config` and
+    `build_config` restore real weights).
+
+    Example:
+        >>> fw.layers.build_chain([conv, norm], (None, 32, 32, 3))
+        (None, 32, 32, 64)
+    """
     for part in parts:
         if not part.built:
             part.build(shape)
@@ -227,7 +323,7 @@ class _Block(keras.layers.Layer):
 
     def build(self, input_shape: Any) -> None:
         # Built from shapes so that `from_config` + `build_config` restore real weights.
-        _build_chain(self._parts, input_shape)
+        build_chain(self._parts, input_shape)
 
     def compute_output_shape(self, input_shape: Any) -> Any:
         shape = input_shape
@@ -357,7 +453,7 @@ class ConvResBlk(ConvBlk):
         return [getattr(self, f"res_{i}") for i in range(self.res_convs)]
 
     def build(self, input_shape: Any) -> None:
-        _build_chain(self.res, _build_chain(self._parts, input_shape))
+        build_chain(self.res, build_chain(self._parts, input_shape))
 
     def call(self, inputs: Any, training: Any = None) -> Any:
         h = self._apply(self._parts, inputs, training)

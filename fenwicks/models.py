@@ -147,8 +147,8 @@ class ResBlock(keras.layers.Layer):
             self.shortcut_conv = keras.layers.Conv2D(self.c, 1, strides=self.strides,
                                                      use_bias=False, dtype=policy)
             self.shortcut_norm = layers.BatchNorm(mode=self.bn, dtype=policy)
-        layers._build_chain([self.conv1, self.conv2, self.norm2], input_shape)
-        layers._build_chain(self.shortcut, input_shape)
+        layers.build_chain([self.conv1, self.conv2, self.norm2], input_shape)
+        layers.build_chain(self.shortcut, input_shape)
 
     def call(self, inputs: Any, training: Any = None) -> Any:
         h = self.norm2(self.conv2(self.conv1(inputs, training=training)), training=training)
