@@ -4,6 +4,7 @@ engine the environment selects (``KERAS_BACKEND=jax`` or not), printing what it 
 as one JSON line.
 
     python -m tests._jax_engine WORK_DIR MAX_STEPS [VAL_BS ...] [--kill-during-save]
+        [--export] [--precisions]
 
 The same code trains on both engines: the cross-engine test runs it twice.
 """
@@ -53,6 +54,33 @@ def _kill_during_next_write(orbax_dir: str, after: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def _export_difference(est, x_test: np.ndarray, probs: np.ndarray) -> float:
+    """The exported SavedModel's predictions against `predict`'s: largest difference."""
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(est.export_saved_model(f"{est.config.work_dir}/export"))
+    served = loaded.serve(x_test[:37])["predictions"].numpy()
+    return float(np.max(np.abs(served - probs[:37])))
+
+
+def _precisions(work_dir: str, x_train: np.ndarray, y_train: np.ndarray) -> dict:
+    """Three steps under each 16-bit policy: the compute dtype, the optimizer, the losses."""
+    out = {}
+    for precision in ("bfloat16", "float16"):
+        est = fw.train.get_tpu_estimator(
+            STEPS_PER_EPOCH, model_func(), f"{work_dir}/{precision}", trn_bs=BATCH,
+            seed=SEED, verbose=False, precision=precision)
+        est.train(lambda p: fw.data.numpy_ds(x_train, y_train, p["batch_size"], seed=SEED),
+                  steps=3)
+        conv = est.model.layers[0]
+        out[precision] = {"optimizer": type(est.optimizer).__name__,
+                          "compute_dtype": conv.compute_dtype,
+                          "variable_dtype": conv.variable_dtype,
+                          "losses": est.history.losses}
+        est.close()
+    return out
+
+
 def main(work_dir: str, max_steps: int, val_sizes: list[int], kill: bool) -> dict:
     x_train, y_train, x_test, y_test = demo.load_digits()
     est = fw.train.get_tpu_estimator(
@@ -65,7 +93,7 @@ def main(work_dir: str, max_steps: int, val_sizes: list[int], kill: bool) -> dic
                                          seed=SEED, input_context=p["input_context"]),
               max_steps=max_steps)
     seconds = time.perf_counter() - began
-    evals = {}
+    evals, out, probs = {}, {}, None
     for val_bs in val_sizes:
         est_eval = fw.train.get_tpu_estimator(STEPS_PER_EPOCH, model_func(), work_dir,
                                               trn_bs=BATCH, val_bs=val_bs, verbose=False)
@@ -76,10 +104,14 @@ def main(work_dir: str, max_steps: int, val_sizes: list[int], kill: bool) -> dic
         evals[val_bs]["predicted_rows"] = int(len(probs))
         evals[val_bs]["recount"] = float(np.mean(np.argmax(probs, 1) == y_test))
         est_eval.close()
+    if "--export" in sys.argv:
+        out["export_max_diff"] = _export_difference(est, x_test, probs)
+    if "--precisions" in sys.argv:
+        out["precisions"] = _precisions(f"{work_dir}-precision", x_train, y_train)
     weights = [np.asarray(v.value if hasattr(v, "value") else v) for v in est.model.variables]
     np.savez(f"{work_dir}/weights-{est.global_step}.npz", *weights)
     est.close()
-    return {"engine": keras.backend.backend(), "replicas": est.num_replicas,
+    return {**out, "engine": keras.backend.backend(), "replicas": est.num_replicas,
             "start_step": est.history.steps[0] - 1, "global_step": est.global_step,
             "losses": est.history.losses, "steps": est.history.steps,
             "evals": evals, "train_seconds": seconds, "num_test": len(y_test)}

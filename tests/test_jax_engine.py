@@ -5,8 +5,10 @@ narrow width and scikit-learn's digits (`tests._jax_engine`).
 
 One set of runs, started together, feeds every test of the module:
 
-- ``jax8``: 126 steps on 8 devices, then exact evaluation at ``val_bs`` 8, 56 and 1000;
-- ``jax1``: 42 steps on 1 device, evaluated at ``val_bs`` 7;
+- ``jax8``: 126 steps on 8 devices, then exact evaluation at ``val_bs`` 8, 56 and 1000,
+  and an export;
+- ``jax1``: 42 steps on 1 device, evaluated at ``val_bs`` 7; 3 steps in each 16-bit
+  precision;
 - ``tf``: the same code on the TensorFlow engine (1 replica), 126 steps;
 - ``killed`` then ``resumed``: ``jax8``'s run SIGKILLed while its second (asynchronous)
   checkpoint is being written, then resumed by a new process to step 126.
@@ -35,14 +37,14 @@ def _env(devices: int | None) -> dict[str, str | None]:
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
-def _run(work_dir, steps, val_sizes=(), devices=8, kill=False, check=True):
+def _run(work_dir, steps, val_sizes=(), devices=8, *flags, check=True):
     args = ["-m", "tests._jax_engine", str(work_dir), str(steps), *map(str, val_sizes)]
-    return run_process(args + (["--kill-during-save"] if kill else []), _env(devices),
-                       timeout=900, check=check, fresh=True)
+    return run_process(args + list(flags), _env(devices), timeout=900, check=check,
+                       fresh=True)
 
 
 def _kill_then_resume(work_dir) -> tuple[object, dict]:
-    killed = _run(work_dir, STEPS, kill=True, check=False)
+    killed = _run(work_dir, STEPS, (), 8, "--kill-during-save", check=False)
     listing = sorted(os.listdir(work_dir / "orbax"))
     resumed = last_json(_run(work_dir, STEPS).stdout)
     return killed, listing, resumed
@@ -52,9 +54,10 @@ def _kill_then_resume(work_dir) -> tuple[object, dict]:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("jax_engine")
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        jobs = {"jax8": pool.submit(_run, root / "jax8", STEPS, (8, 56, 1000)),
-                "jax1": pool.submit(_run, root / "jax1", 42, (7,), devices=1),
-                "tf": pool.submit(_run, root / "tf", STEPS, (56,), devices=None),
+        jobs = {"jax8": pool.submit(_run, root / "jax8", STEPS, (8, 56, 1000), 8,
+                                    "--export"),
+                "jax1": pool.submit(_run, root / "jax1", 42, (7,), 1, "--precisions"),
+                "tf": pool.submit(_run, root / "tf", STEPS, (56,), None),
                 "kill": pool.submit(_kill_then_resume, root / "killed")}
         results = {name: job.result() for name, job in jobs.items()}
     out = {name: last_json(results[name].stdout) for name in ("jax8", "jax1", "tf")}
@@ -131,3 +134,19 @@ def test_cross_engine_agreement(runs):
     epochs_jax = np.array(jax_run["losses"]).reshape(6, 21).mean(axis=1)
     assert np.all(np.diff(epochs_jax) < 0) and np.all(np.diff(epochs_tf) < 0)
     np.testing.assert_allclose(epochs_jax, epochs_tf, rtol=0.35, atol=0.03)
+
+
+def test_export_saved_model_serves_the_predictions(runs):
+    """The SavedModel (keras.export through jax2tf) serves what `predict` returned."""
+    assert runs["jax8"]["export_max_diff"] < 1e-5
+
+
+def test_sixteen_bit_precisions(runs):
+    """bfloat16 (a TPU's 'auto') and float16 (a GPU's, with a LossScaleOptimizer) compute
+    in 16 bits with float32 variables, and train to finite, falling losses."""
+    for precision, optimizer in (("bfloat16", "AdamW"), ("float16", "LossScaleOptimizer")):
+        got = runs["jax1"]["precisions"][precision]
+        assert (got["compute_dtype"], got["variable_dtype"]) == (precision, "float32")
+        assert got["optimizer"] == optimizer
+        assert len(got["losses"]) == 3 and np.all(np.isfinite(got["losses"]))
+        assert abs(got["losses"][0] - np.log(10)) < 0.5  # 10 classes, near uniform at first
