@@ -42,6 +42,9 @@ setup(
         "gpu": [f"tensorflow[and-cuda]{TF_RANGE}"],
         "tpu": [f"tensorflow-tpu{TF_RANGE}"],  # Colab TPU v5e-1, a TPU VM without TF
         "demo": ["scikit-learn>=1.2"],
+        # The JAX engine (KERAS_BACKEND=jax): jax for the devices, orbax for checkpoints.
+        # On a TPU, JAX comes with the image (or pip install 'jax[tpu]').
+        "jax": ["jax>=0.4.36", "orbax-checkpoint>=0.11"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.2",
@@ -54,6 +57,7 @@ setup(
             "ruff>=0.5",
             "py7zr>=0.20",  # fw.io.unzip of Kaggle's .7z archives (tests/test_io.py)
             "jax>=0.4.36",  # the blocks and the JAX engine on the CPU (KERAS_BACKEND=jax)
+            "orbax-checkpoint>=0.11",  # the JAX engine's checkpoints
         ],
     },
     entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},
