@@ -129,19 +129,21 @@ class JaxRunState(RunState):
         self.features_spec = features_spec
         self._lists = self._variable_lists(spec)
         self._model_variables = list(spec.model.variables)
-        for group in self._lists:  # replicated on every device of the mesh
-            for variable in group:
-                variable.assign(jax.device_put(variable.value, mesh.replicated()))
         self.step = self.input_steps_taken = 0
         self.checkpointer = checkpoints.OrbaxCheckpointer(
             self.config.work_dir, self.tree, self.set_tree, self.paths,
             self.config.keep_checkpoints,
             self.config.async_checkpoints and jax.process_count() == 1, mesh.replicated())
         restored = self._restore()
+        if restored is None:
+            _refuse_other_engines_checkpoint(self.config.work_dir)
         if restored is None and self.config.warm_start_from:
             from fenwicks.train.jax import warm_start
             self.warm_start_report = warm_start.warm_start(spec.model,
                                                            self.config.warm_start_from)
+        for group in self._lists:  # replicated on every device of the mesh
+            for variable in group:
+                variable.assign(jax.device_put(variable.value, mesh.replicated()))
         self._spec = spec
         self._seen = _fingerprint(restored)
 
@@ -201,6 +203,20 @@ class JaxRunState(RunState):
             return
         self.checkpointer.wait()
         self._saved()
+
+
+def _refuse_other_engines_checkpoint(work_dir: str) -> None:
+    """A work_dir the TensorFlow engine trained is not silently taken for a fresh one."""
+    from fenwicks.train import checkpoints as tf_checkpoints
+
+    theirs = tf_checkpoints.latest(work_dir)
+    if theirs is not None:
+        raise ValueError(
+            f"work_dir={work_dir!r} holds the TensorFlow engine's checkpoint {theirs} and "
+            "none of the JAX engine's: continuing, evaluating or predicting from it on "
+            "the JAX engine is not supported yet. Run this estimator on the TensorFlow "
+            "engine (FENWICKS_ENGINE=tf, or KERAS_BACKEND=tensorflow in a new process), "
+            "or give a new work_dir")
 
 
 def _fingerprint(path: str | None) -> tuple | None:

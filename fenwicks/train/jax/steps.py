@@ -60,26 +60,9 @@ def _weighted(values: Any, weights: Any) -> Any:
     return values * jnp.reshape(jnp.asarray(weights, jnp.float32), values.shape)
 
 
-def stateless_apply(optimizer: Any, trainable_refs: list[Any], optimizer_values: list[Any],
-                    grads: list[Any], trainable_values: list[Any]) -> tuple[list, list]:
-    """One optimizer update on arrays: ``optimizer.apply`` under a `StatelessScope`.
-
-    Keras's own ``stateless_apply`` calls ``apply(grads)`` without the variables, which
-    Fenwicks' optimizers refuse (they need the variables' names for weight-decay
-    exclusions); this passes them.
-    """
-    mapping = list(zip(trainable_refs, trainable_values, strict=True)) + list(
-        zip(optimizer.variables, optimizer_values, strict=True))
-    with keras.StatelessScope(state_mapping=mapping) as scope:
-        optimizer.apply(grads, trainable_refs)
-    return ([scope.get_current_value(v) for v in trainable_refs],
-            [scope.get_current_value(v) for v in optimizer.variables])
-
-
 def _train_step(spec: ModelSpec, optimizer: Any, global_batch_size: int
                 ) -> Callable[[State, Any], tuple[State, Any]]:
     model = spec.model
-    trainable_refs = list(model.trainable_variables)
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def loss_fn(trainable, non_trainable, optimizer_values, batch):
@@ -103,8 +86,10 @@ def _train_step(spec: ModelSpec, optimizer: Any, global_batch_size: int
         trainable, non_trainable, optimizer_values = state
         (_, (loss_sum, non_trainable)), grads = grad_fn(
             trainable, non_trainable, optimizer_values, batch)
-        trainable, optimizer_values = stateless_apply(
-            optimizer, trainable_refs, optimizer_values, grads, trainable)
+        # Keras's stateless update (a LossScaleOptimizer's skips non-finite gradients
+        # and adjusts its scale inside, with `ops.cond`).
+        trainable, optimizer_values = optimizer.stateless_apply(
+            optimizer_values, grads, trainable)
         return (trainable, non_trainable, optimizer_values), loss_sum / global_batch_size
 
     return step
