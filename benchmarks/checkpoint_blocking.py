@@ -4,7 +4,7 @@
 BatchNorm statistics: a ~53 MB checkpoint) trains on random CIFAR-shaped batches through
 the estimator with a save after every compiled loop (``save_every_loops=1``), once with
 ``async_checkpoints=False`` and once with the default ``True``, and once without saves
-during training. For each storage it prints the seconds `RunState.save` blocked the
+during training. For each storage it prints the seconds `Checkpointer.save` blocked the
 training thread per save (its own `last_blocked_secs`: a synchronous save writes the files,
 an asynchronous one copies the variables to host memory and waits for the previous write),
 the ratio async / sync, and the training steps/s of each run against the run without saves.
@@ -56,20 +56,20 @@ def _estimator(work_dir: str, mode: str, steps_per_loop: int, batch_size: int):
 
 
 def _blocked_seconds() -> tuple[list[float], object]:
-    """Records `RunState.save`'s own measure of each save that wrote (or started) one."""
-    from fenwicks.train import state
+    """Records the checkpointer's own measure of each save that wrote (or started) one
+    (`AsyncCheckpointer` inherits `SyncCheckpointer.save`: only its write differs)."""
+    from fenwicks.train.checkpointer import SyncCheckpointer
 
     blocked: list[float] = []
-    original = state.RunState.save
+    original = SyncCheckpointer.save
 
-    def save(self, force: bool = False) -> None:
-        self.last_blocked_secs = None
-        original(self, force)
+    def save(self, step: int, *, force: bool = False) -> None:
+        original(self, step, force=force)
         if self.last_blocked_secs is not None:  # None: nothing new to save
             blocked.append(self.last_blocked_secs)
 
-    state.RunState.save = save
-    return blocked, lambda: setattr(state.RunState, "save", original)
+    SyncCheckpointer.save = save
+    return blocked, lambda: setattr(SyncCheckpointer, "save", original)
 
 
 def measure(work_root: str, loops: int, steps_per_loop: int, batch_size: int,

@@ -10,6 +10,7 @@ import pytest
 
 from fenwicks.train import actions, callbacks, history, preemption
 from fenwicks.train.history import History
+from fenwicks.train.save_policy import Trigger
 from fenwicks.train.state import NonFiniteLossError
 from fenwicks.train.trainer import LoopOutput
 
@@ -22,11 +23,19 @@ def _output(start, losses, learning_rate=None, seconds=2.0, batch=8):
 
 
 def _state(stop_training=False):
-    saves = []
     model = types.SimpleNamespace(stop_training=stop_training)
     return types.SimpleNamespace(stale=False, spec=types.SimpleNamespace(model=model),
-                                 latest_checkpoint="ckpt-4", global_step=6,
-                                 save=lambda: saves.append(1), saves=saves)
+                                 latest_checkpoint="ckpt-4", global_step=6)
+
+
+class _Saves:
+    """A stand-in `SavePolicy` that records each (trigger, step) it is told of."""
+
+    def __init__(self):
+        self.calls = []
+
+    def save(self, trigger, step, force=False):
+        self.calls.append((trigger, step))
 
 
 class _Calls:
@@ -49,23 +58,6 @@ def test_record_history_appends_each_step_and_one_rate_per_loop():
     assert record.learning_rates == [(3, pytest.approx(0.1))]
 
 
-def test_save_every_n_loops_and_every_t_seconds(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(actions.time, "monotonic", lambda: clock[0])
-    saves = []
-    loops = actions.SaveEvery(lambda: saves.append(1), every_loops=3, every_secs=None)
-    assert [loops.due() for _ in range(7)] == [False, False, True, False, False, True, False]
-    for _ in range(3):
-        loops(_output(0, [1.0]))
-    assert saves == [1]
-    timed = actions.SaveEvery(lambda: None, every_loops=None, every_secs=10.0)
-    due = []
-    for now in (4.0, 9.9, 10.0, 15.0, 20.5):
-        clock[0] = now
-        due.append(timed.due())
-    assert due == [False, False, True, False, True]
-
-
 def test_a_non_finite_loss_is_an_error_naming_the_step_and_marks_the_state_stale():
     state = _state()
     actions.StopOnNonFiniteLoss(state)(_output(0, [1.0, 0.5]))
@@ -83,23 +75,23 @@ def test_a_non_finite_loss_after_a_callback_stopped_training_is_a_quiet_stop():
 
 
 def test_preemption_saves_and_stops_and_ctrl_c_stops():
-    state = _state()
+    state, saves = _state(), _Saves()
     watcher = types.SimpleNamespace(requested=True, interrupted=False)
-    with pytest.raises(preemption.Preempted):
-        actions.CheckPreemption(watcher, state)(_output(0, [1.0]))
-    assert state.saves == [1]
+    with pytest.raises(preemption.Preempted, match="step 6 saved to ckpt-4"):
+        actions.CheckPreemption(watcher, state, saves)(_output(0, [1.0]))
+    assert saves.calls == [(Trigger.PREEMPTION, 6)]
     watcher = types.SimpleNamespace(requested=False, interrupted=True)
-    with pytest.raises(KeyboardInterrupt):
-        actions.CheckPreemption(watcher, state)(_output(0, [1.0]))
+    with pytest.raises(KeyboardInterrupt):  # the controller asks the policy, not this
+        actions.CheckPreemption(watcher, state, saves)(_output(0, [1.0]))
     actions.CheckPreemption(types.SimpleNamespace(requested=False, interrupted=False),
-                            state)(_output(0, [1.0]))
-    assert state.saves == [1]
+                            state, saves)(_output(0, [1.0]))
+    assert saves.calls == [(Trigger.PREEMPTION, 6)]
 
 
 def test_epochs_end_at_each_boundary_with_the_mean_loss_and_evaluate_when_due():
-    calls, saves = _Calls(), []
+    calls, saves = _Calls(), _Saves()
     # 4 steps per epoch, loops of 2, evaluation every 8 steps and at the target, 10.
-    epochs = actions.Epochs(4, 10, calls, lambda: saves.append(1),
+    epochs = actions.Epochs(4, 10, calls, saves,
                             evaluate=lambda: {"loss": 0.5, "global_step": 8},
                             eval_every=8)
     for start, losses in ((0, [4.0, 2.0]), (2, [2.0, 0.0]), (4, [1.0, 1.0]),
@@ -110,7 +102,7 @@ def test_epochs_end_at_each_boundary_with_the_mean_loss_and_evaluate_when_due():
         ("on_epoch_begin", 0), ("on_epoch_end", 0, {"loss": 2.0}),      # mean of 4,2,2,0
         ("on_epoch_begin", 1), ("on_epoch_end", 1, {"loss": 1.5, "val_loss": 0.5}),
         ("on_epoch_begin", 2), ("on_epoch_end", 2, {"loss": 1.5, "val_loss": 0.5})]
-    assert saves == [1, 1]  # steps 8 and 10, the evaluated ones
+    assert saves.calls == [(Trigger.EVALUATION, 8), (Trigger.EVALUATION, 10)]
     assert epochs.logs == {"loss": 1.5, "val_loss": 0.5}
 
 

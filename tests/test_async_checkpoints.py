@@ -144,10 +144,11 @@ def test_close_and_a_restore_wait_for_the_write(tmp_path, data):
     est = _estimator(work)
     est.train(_flagship.train_input(*data), steps=5)
     est._state.step_counter.assign(7)  # as if two more steps ran: a save is due
-    est._state.save()
-    assert est._state._background.running or tf.io.gfile.exists(str(work / "ckpt-7.index"))
+    checkpointer = est._state.checkpointer
+    checkpointer.save(7)
+    assert checkpointer.pending_step == 7 or tf.io.gfile.exists(str(work / "ckpt-7.index"))
     est.close()
-    assert not est._state._background.running
+    assert checkpointer.pending_step is None
     assert tf.train.latest_checkpoint(str(work)) == str(work / "ckpt-7")
     again = _estimator(work)
     again.evaluate(_flagship.eval_input(*data))
@@ -182,8 +183,8 @@ x, y = _flagship.digits("mnist_net")
 est = _flagship.estimator("mnist_net", {str(work)!r}, steps_per_loop=5)
 est.train(_flagship.train_input(x, y), steps=5)
 est._state.step_counter.assign(7)  # as if two more steps ran
-est._state.save()
-print(json.dumps(est._state._background.running))  # then the interpreter exits
+est._state.checkpointer.save(7)
+print(json.dumps(est._state.checkpointer.pending_step))  # then the interpreter exits
 """, fresh=True)
-    assert out is True  # save() had returned with the write still running
+    assert out == 7  # save() had returned with the write of step 7 still running
     assert tf.train.latest_checkpoint(str(work)) == str(work / "ckpt-7")

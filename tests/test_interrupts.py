@@ -209,7 +209,7 @@ def test_when_saving_is_slow_ctrl_c_says_what_was_not_saved(tmp_path):
     est = _interrupts.estimator(str(tmp_path / "run"))
     input_fn = _interrupts.new_input_fn()
     est.train(input_fn, steps=3)  # ckpt-3
-    est._state.last_save_secs = 60.0  # as if each save took a minute (a slow bucket)
+    est._state.checkpointer._last_save_secs = 60.0  # as if saves took a minute (a slow bucket)
     stop = _interrupts._train_until_interrupted(est, input_fn, past=10)
     lost = stop["step"] - 3
     assert not stop["saved"] and stop["saved_step"] == 3  # the work_dir is still at 3

@@ -12,15 +12,22 @@ How the estimator is put together (one object per job, as Orbit):
   position, exact-evaluation padding); builds no model.
 - `building.py`: the model and optimizer under the precision policy, and the checks of
   model against data (input shape, labels).
-- `state.py`, `checkpoints.py`, `lock.py`: model, optimizer and counters, their
-  checkpoints in work_dir, and the work_dir lock.
+- `state.py`, `lock.py`: model, optimizer and counters, built once and restored from
+  work_dir; the work_dir lock.
+- `checkpointer.py`: `Checkpointer`, the one owner of a run's checkpoints (save, restore,
+  wait, close), synchronous, asynchronous (`async_checkpoints.py`: host copies written
+  by a background thread) or a non-chief worker's; `checkpoints.py`: what a checkpoint
+  holds, its safe restore, damage and warm start.
+- `save_policy.py`: `SavePolicy`, when to save (periodic, evaluation, SIGTERM, Ctrl-C,
+  input exhausted, end): the one caller of `Checkpointer.save`.
 - `trainer.py`: `Trainer`, the compiled inner loop (`loops.py`), used by the estimator
   and by `find_lr` (`lr_finder.py`).
-- `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions.
+- `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions;
+  it holds the `SavePolicy` of each `train` call.
 - `actions.py`, `progress.py`, `history.py`, `preemption.py`: what follows each loop
-  (history, summaries, progress bar, callbacks, non-finite-loss stop, preemption, save
-  policy, epochs and evaluation); `callbacks.py`: Keras callbacks (`EarlyStopping`,
-  `BestExporter`, the default `EpochLog`).
+  (history, summaries, progress bar, callbacks, non-finite-loss stop, preemption,
+  periodic saves, epochs and evaluation); `callbacks.py`: Keras callbacks
+  (`EarlyStopping`, `BestExporter`, the default `EpochLog`).
 - `evaluation.py`: exact evaluation and prediction; `export.py`: SavedModel export.
 - `model_func.py`, `optimizers.py`, `schedules.py`: what the user builds a run from.
 """

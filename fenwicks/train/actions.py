@@ -12,12 +12,17 @@ the others.
 5. `StopOnNonFiniteLoss`: a NaN/inf loss is an error (or a quiet stop when a callback
    such as Keras's `TerminateOnNaN`, called just before, asked to stop); nothing after
    it runs, so nothing is saved for that loop.
-6. `CheckPreemption`: SIGTERM saves and stops; Ctrl-C stops (the controller decides
-   whether to save).
-7. `Heartbeat`: the work_dir lock's heartbeat.
-8. `SaveEvery`: a checkpoint every ``save_every_loops`` loops or ``save_every_secs``.
-9. `Epochs`: epoch boundaries, evaluation when due, ``on_epoch_end`` of the callbacks,
-   whose first is the estimator's `callbacks.EpochLog` (the epoch log in work_dir).
+6. `CheckPreemption`: SIGTERM saves and stops; Ctrl-C stops (the controller asks the
+   save policy whether to save).
+7. the work_dir lock's heartbeat.
+8. the periodic save: `save_policy.Trigger.LOOP`, a checkpoint every
+   ``save_every_loops`` loops or ``save_every_secs``.
+9. `Epochs`: epoch boundaries, evaluation when due (and a checkpoint of each evaluated
+   step), ``on_epoch_end`` of the callbacks, whose first is the estimator's
+   `callbacks.EpochLog` (the epoch log in work_dir).
+
+The actions that save (6, 8, 9) do not call the checkpointer: they tell the run's
+`save_policy.SavePolicy` what happened, and it decides and saves.
 
 Keras's own callbacks do not do these jobs as Fenwicks needs them: `keras.callbacks.History`
 keeps epoch logs only, `ProgbarLogger` counts batches of one epoch and `TerminateOnNaN`
@@ -28,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterator
 
 import keras
@@ -39,6 +43,7 @@ from fenwicks.train.callbacks import val_logs
 from fenwicks.train.history import History
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import ProgressBar, TrainSummaries
+from fenwicks.train.save_policy import SavePolicy, Trigger
 from fenwicks.train.state import NonFiniteLossError, RunState
 from fenwicks.train.trainer import LoopOutput
 
@@ -95,62 +100,37 @@ class StopOnNonFiniteLoss:
 
 
 class CheckPreemption:
-    """SIGTERM: saves the step reached and raises `Preempted`; Ctrl-C: raises
-    KeyboardInterrupt (the controller saves if that is quick)."""
+    """SIGTERM: saves the step reached (`Trigger.PREEMPTION`) and raises `Preempted`;
+    Ctrl-C: raises KeyboardInterrupt (the controller asks the save policy)."""
 
-    def __init__(self, watcher: preemption.PreemptionWatcher, state: RunState) -> None:
-        self.watcher, self.state = watcher, state
+    def __init__(self, watcher: preemption.PreemptionWatcher, state: RunState,
+                 saves: SavePolicy) -> None:
+        self.watcher, self.state, self.saves = watcher, state, saves
 
     def __call__(self, output: LoopOutput) -> None:
         if self.watcher.requested:
-            self.state.save()
+            self.saves.save(Trigger.PREEMPTION, self.state.global_step)
             raise preemption.Preempted(self.state.global_step, self.state.latest_checkpoint)
         if self.watcher.interrupted:
             raise KeyboardInterrupt
-
-
-class SaveEvery:
-    """Saves every `every_loops` loops and every `every_secs` seconds (either may be None).
-
-    Example:
-        >>> saver = SaveEvery(state.save, every_loops=None, every_secs=600.0)
-    """
-
-    def __init__(self, save: Callable[[], None], every_loops: int | None,
-                 every_secs: float | None) -> None:
-        self._save, self._every, self._secs = save, every_loops, every_secs
-        self._last, self._loops = time.monotonic(), 0
-
-    def due(self) -> bool:
-        """Counts a loop; True when a save is due (and restarts both counts)."""
-        self._loops += 1
-        if (self._every and self._loops >= self._every) or (
-                self._secs is not None and time.monotonic() - self._last >= self._secs):
-            self._last, self._loops = time.monotonic(), 0
-            return True
-        return False
-
-    def __call__(self, output: LoopOutput) -> None:
-        if self.due():
-            self._save()
 
 
 class Epochs:
     """Epoch boundaries every `steps_per_epoch` steps: ``on_epoch_begin`` before the first
     loop of an epoch (`begin`), and after its last (the action) the epoch's mean loss,
     an evaluation when due (every `eval_every` steps and at `target`), a checkpoint of
-    each evaluated step, and ``on_epoch_end``.
+    each evaluated step (`Trigger.EVALUATION`), and ``on_epoch_end``.
 
     Attributes:
         logs: the last epoch's logs (``on_train_end`` gets them).
     """
 
     def __init__(self, steps_per_epoch: int, target: int,
-                 callbacks: keras.callbacks.CallbackList, save: Callable[[], None],
+                 callbacks: keras.callbacks.CallbackList, saves: SavePolicy,
                  evaluate: Callable[[], dict[str, float]] | None = None,
                  eval_every: int | None = None) -> None:
         self.steps_per_epoch, self.target = steps_per_epoch, target
-        self.callbacks, self._save = callbacks, save
+        self.callbacks, self._saves = callbacks, saves
         self._evaluate, self._eval_every = evaluate, eval_every
         self._losses: list[float] = []
         self.logs: dict[str, float] = {}
@@ -169,7 +149,7 @@ class Epochs:
             return
         logs = {"loss": float(np.mean(self._losses))}
         if due:
-            self._save()  # each evaluated step is also a checkpoint
+            self._saves.save(Trigger.EVALUATION, step)
             logs.update(val_logs(self._evaluate()))
         # The epoch the loop ran in (a loop never crosses an epoch's end).
         self.callbacks.on_epoch_end(output.start // self.steps_per_epoch, logs)
@@ -179,8 +159,8 @@ class Epochs:
 @contextlib.contextmanager
 def default_actions(config: EstimatorConfig, state: RunState, history: History,
                     watcher: preemption.PreemptionWatcher,
-                    callbacks: keras.callbacks.CallbackList, epochs: Epochs, start: int,
-                    ) -> Iterator[list[Action]]:
+                    callbacks: keras.callbacks.CallbackList, epochs: Epochs,
+                    saves: SavePolicy, start: int) -> Iterator[list[Action]]:
     """The actions of one `train` call, in the order of this module's docstring; the
     summaries are flushed and the bar closed on the way out."""
     summaries = TrainSummaries(state.summary_writer("train"), path=f"{config.work_dir}/train")
@@ -189,9 +169,9 @@ def default_actions(config: EstimatorConfig, state: RunState, history: History,
         RecordHistory(history), summaries, *([bar] if bar else []),
         lambda output: callbacks.on_train_batch_end(output.step,
                                                     {"loss": output.last_loss}),
-        StopOnNonFiniteLoss(state), CheckPreemption(watcher, state),
+        StopOnNonFiniteLoss(state), CheckPreemption(watcher, state, saves),
         lambda output: state.heartbeat(),
-        SaveEvery(state.save, config.save_every_loops, config.save_every_secs), epochs]
+        lambda output: saves.save(Trigger.LOOP, output.step), epochs]
     try:
         yield actions
     finally:

@@ -16,9 +16,10 @@ failed write at `sync()` and reads checkpoints back through its copies. Here the
 are made once, with `assign` on each save.
 
 One write at a time: a save first waits for the previous write (and raises its error).
-Everything that must see a complete checkpoint waits through `BackgroundWriter.wait`:
-the next save, the end of `train`, a restore from disk, SIGTERM, `close()` and, for
-writers still running, interpreter exit (`_wait_at_exit`).
+`checkpointer.AsyncCheckpointer` drives a `BackgroundWriter`; everything that must see a
+complete checkpoint waits through it: the next save, the end of `train`, a restore from
+disk, SIGTERM, `close()` and, for writers still running, interpreter exit
+(`_wait_at_exit`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class BackgroundWriter:
 
     def __init__(self, root: tf.train.Checkpoint, directory: str, keep: int) -> None:
         self._shadow, self._pairs = host_copies(root)
+        self._keep = keep
         self.manager = tf.train.CheckpointManager(self._shadow, directory, keep,
                                                   checkpoint_name="ckpt")
         self.pending_step: int | None = None
@@ -135,6 +137,12 @@ class BackgroundWriter:
         if not _EXIT_HOOK:
             _EXIT_HOOK.append(True)
             atexit.register(_wait_at_exit)  # after fenwicks._deadline's: runs before it
+
+    def reopen(self) -> None:
+        """Reads the directory's list of checkpoints again (after a restore from disk:
+        another run's checkpoints, or damaged ones set aside). No write may be running."""
+        self.manager = tf.train.CheckpointManager(self._shadow, self.manager.directory,
+                                                  self._keep, checkpoint_name="ckpt")
 
     def start(self, step: int) -> None:
         """Copies the variables now and writes checkpoint ``ckpt-<step>`` in the background.

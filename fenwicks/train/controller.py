@@ -3,10 +3,14 @@
 
 Each concern it calls lives elsewhere: the compiled inner loop and its counters in the
 `Trainer` (`trainer.py`), what follows each loop (history, summaries, the bar, the
-callbacks, the non-finite-loss stop, preemption, the save policy, epochs and evaluation)
-in `actions.py`, state and checkpoints in `state.py`, preemption signals in
-`preemption.py`. When to save: every `save_every_loops` loops, every `save_every_secs`,
-at each evaluation, on SIGTERM, on Ctrl-C (when quick), and at the end.
+callbacks, the non-finite-loss stop, preemption, periodic saves, epochs and evaluation)
+in `actions.py`, the model and counters in `state.py`, preemption signals in
+`preemption.py`.
+
+Checkpoints have one owner, the run's `checkpointer.Checkpointer`, and one caller: the
+controller holds a `save_policy.SavePolicy` over it for each `train` call, and every
+reason to save (every `save_every_loops` loops or `save_every_secs`, each evaluation,
+SIGTERM, Ctrl-C when quick, input exhausted, the end) goes through its `save`.
 """
 
 from __future__ import annotations
@@ -23,14 +27,11 @@ import tensorflow as tf
 from fenwicks.train import actions, preemption, profiling
 from fenwicks.train.history import History
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.save_policy import SavePolicy, Trigger
 from fenwicks.train.state import RunState
 from fenwicks.train.trainer import InputExhaustedError, LoopOutput, Trainer
 
 logger = logging.getLogger("fenwicks")
-
-# Ctrl-C saves the step reached unless the last checkpoint took longer than this to write:
-# someone pressing stop wants control back, not minutes of upload to a bucket.
-QUICK_SAVE_SECS = 10.0
 
 
 class Controller:
@@ -54,6 +55,7 @@ class Controller:
         self._engine = engine  # None: the TensorFlow engine (`fenwicks.train.engines`)
         self._watcher = preemption.PreemptionWatcher()
         self._trainer: Trainer | None = None
+        self.saves: SavePolicy | None = None  # the current train call's
 
     def _get_trainer(self, strategy: tf.distribute.Strategy) -> Trainer:
         if self._trainer is None:
@@ -78,14 +80,16 @@ class Controller:
         trainer, state = self._get_trainer(strategy), self.state
         model = state.spec.model
         model.stop_training = False
-        epochs = actions.Epochs(self.config.steps_per_epoch, target, callbacks, state.save,
+        saves = self.saves = SavePolicy(state.checkpointer, self.config.save_every_loops,
+                                        self.config.save_every_secs)
+        epochs = actions.Epochs(self.config.steps_per_epoch, target, callbacks, saves,
                                 evaluate, eval_every)
         callbacks.on_train_begin()
         profile = profiling.ProfileWindow(profile_steps if state.is_chief else None,
                                           f"{self.config.work_dir}/train")
         with self._watcher, profile, actions.default_actions(
                 self.config, state, self.history, self._watcher, callbacks, epochs,
-                state.global_step) as after_each_loop:
+                saves, state.global_step) as after_each_loop:
             try:
                 while state.global_step < target and not model.stop_training:
                     num_steps = self._loop_length(state.global_step, target, profile)
@@ -103,8 +107,8 @@ class Controller:
         callbacks.on_train_end(epochs.logs)
         # After on_train_end: a callback may have changed the weights (EarlyStopping's
         # restore_best_weights); the checkpoint then holds what the callbacks left.
-        state.save(force=any(not getattr(c, "installed_by_default", False)
-                             for c in callbacks.callbacks))
+        users = [c for c in callbacks.callbacks if not getattr(c, "installed_by_default", False)]
+        saves.save(Trigger.END, state.global_step, force=bool(users))
 
     def _loop_length(self, step: int, target: int, profile: profiling.ProfileWindow) -> int:
         """`steps_per_loop`, cut at the target, the epoch's end and the profile window."""
@@ -116,28 +120,18 @@ class Controller:
         try:
             return trainer.train(iterator, num_steps)
         except InputExhaustedError:
-            # The steps that did run are complete and valid (the loop counted them and
-            # the input position together): keep them.
-            self.state.save()
+            self.saves.save(Trigger.INPUT_EXHAUSTED, self.state.global_step)
             raise
 
     def _interrupted(self) -> preemption.Interrupted:
-        """Saves the step reached after Ctrl-C when that is quick; says what it did."""
-        state = self.state
-        step = state.global_step
-        if self._watcher.forced:
-            reason = "interrupted twice"
-        elif (state.last_save_secs or 0.0) > QUICK_SAVE_SECS:
-            reason = (f"the last checkpoint took {state.last_save_secs:.0f} s to write; "
-                      f"{step - _step_of(state.latest_checkpoint)} step(s) are only in memory")
-        else:
-            try:
-                state.save()
-                return preemption.Interrupted(step, state.latest_checkpoint, True)
-            except KeyboardInterrupt:
-                reason = "interrupted again while saving"
-        saved = _step_of(state.latest_checkpoint) == step
-        return preemption.Interrupted(step, state.latest_checkpoint, saved, reason)
+        """Saves the step reached after Ctrl-C when the policy says so; says what it did."""
+        step = self.state.global_step
+        reason = self.saves.save(Trigger.INTERRUPTED_TWICE if self._watcher.forced
+                                 else Trigger.INTERRUPT, step)
+        latest = self.state.latest_checkpoint
+        if reason is None:
+            return preemption.Interrupted(step, latest, True)
+        return preemption.Interrupted(step, latest, _step_of(latest) == step, reason)
 
 
 def _step_of(checkpoint: str | None) -> int:

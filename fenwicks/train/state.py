@@ -1,15 +1,17 @@
 """The run's state and where it lives: model, optimizer and step counters, built once and
-restored from (or saved to) ``work_dir``, the work_dir lock, and the summary writers.
+restored from ``work_dir``, the work_dir lock, and the summary writers.
 
-`RunState` knows nothing of loops, inputs or callbacks; the estimator, the controller
-and its actions call it.
+Checkpoints belong to the run's `checkpointer.Checkpointer`, built here with the model
+(sync, async or a non-chief worker's: `checkpointer.create` chooses). `RunState` restores
+through it and waits for it; it never saves: the controller's `save_policy.SavePolicy`
+does. `RunState` knows nothing of loops, inputs or callbacks; the estimator, the
+controller and its actions call it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +20,8 @@ import tensorflow as tf
 
 from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
-from fenwicks.train import async_checkpoints, building, checkpoints, lock
+from fenwicks.train import building, checkpoints, lock
+from fenwicks.train import checkpointer as checkpointer_lib
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
 
@@ -46,7 +49,7 @@ class StorageUnavailableError(OSError):
 
 
 class RunState:
-    """Model, optimizer, ``global_step`` and ``input_steps``, and their checkpoints.
+    """Model, optimizer, ``global_step`` and ``input_steps``, and their checkpointer.
 
     Args:
         model_func: ``params -> ModelSpec``.
@@ -56,7 +59,8 @@ class RunState:
     Example:
         >>> state = RunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
-        >>> state.save()
+        >>> state.latest_checkpoint
+        '/content/work/ckpt-1000'
     """
 
     def __init__(self, model_func: building.ModelFunc, config: EstimatorConfig,
@@ -64,17 +68,13 @@ class RunState:
         self.config = config
         self.warm_start_report: dict[str, list[str]] | None = None
         self.stale = False  # True after a NaN: the weights in memory are not trusted
-        self.last_save_secs: float | None = None  # how long the last checkpoint took
-        self.last_blocked_secs: float | None = None  # how long the last save() blocked
-        self._seen: tuple | None = None  # (prefix, mtime, size) last written or read
         self._model_func = model_func
         self._acc = accelerator
         self._strategy = accelerator.strategy
         self._spec: ModelSpec | None = None
         self._lock: lock.WorkDirLock | None = None
         self._writers: dict[str, Any] = {}
-        self._background: async_checkpoints.BackgroundWriter | None = None
-        self.last_good_checkpoint: str | None = None  # restored or saved, known complete
+        self._checkpointer: checkpointer_lib.SyncCheckpointer | None = None
 
     # ---------------------------------------------------------------- what is built
 
@@ -105,12 +105,21 @@ class RunState:
         return bool(self._strategy.extended.should_checkpoint)
 
     @property
+    def checkpointer(self) -> checkpointer_lib.SyncCheckpointer:
+        """The one owner of the run's checkpoints, built with the model (the controller's
+        `SavePolicy` is what saves through it)."""
+        self.spec  # noqa: B018 - raises the "built on first use" error
+        return self._checkpointer
+
+    @property
     def latest_checkpoint(self) -> str | None:
         """The newest complete checkpoint; waits for a save in progress (see `wait`)."""
-        if not self.built:
-            return None
-        self.wait()
-        return self._manager.latest_checkpoint
+        return self._checkpointer.latest if self.built else None
+
+    @property
+    def last_good_checkpoint(self) -> str | None:
+        """The newest checkpoint known complete, without waiting for a write in progress."""
+        return self._checkpointer.last_good if self._checkpointer is not None else None
 
     def build(self, features_spec: Any, params: dict) -> None:
         """Creates model, optimizer and step counters; restores or warm-starts them."""
@@ -127,54 +136,37 @@ class RunState:
         self.features_spec = features_spec
         self._root = checkpoints.make_checkpoint(spec.model, self.optimizer,
                                                  self.step_counter, self.input_steps)
-        restored = self._restore()
+        checkpointer = self._create_checkpointer()
+        restored = checkpointer.restore()
         if restored is None and self.config.warm_start_from:
             self.warm_start_report = checkpoints.warm_start(spec.model,
                                                             self.config.warm_start_from)
-        self._manager = self._make_manager()
-        self._spec = spec
-        self._seen = checkpoints.fingerprint(restored)
+        self._spec, self._checkpointer = spec, checkpointer
+
+    def _create_checkpointer(self) -> checkpointer_lib.SyncCheckpointer:
+        # A TPU reached over the network cannot write local files: its probe goes to gs://.
+        return checkpointer_lib.create(
+            self._root, self.config.work_dir, keep=self.config.keep_checkpoints,
+            asynchronous=self.config.async_checkpoints, workers=self._acc.num_workers,
+            worker_id=None if self.is_chief else self._strategy.cluster_resolver.task_id,
+            probe_dir=self.config.work_dir + "/.probe" if self._acc.is_remote else None)
 
     def reset(self) -> None:
-        """Forgets model, optimizer and counters: the next `build` starts afresh."""
-        self.wait()
-        self._spec = self._background = None
-        self.optimizer = self.warm_start_report = None
+        """Forgets model, optimizer, counters and checkpointer: the next `build` starts
+        afresh."""
+        checkpointer, self._checkpointer = self._checkpointer, None
+        self._spec = self.optimizer = self.warm_start_report = None
         self.stale = False
-        self._seen = None
+        if checkpointer is not None:
+            checkpointer.close()
 
     # ---------------------------------------------------------------- reading
-
-    def _scratch_dir(self) -> str | None:
-        return self.config.work_dir + "/.probe" if self._acc.is_remote else None
-
-    def _restore(self) -> str | None:
-        self.wait()  # a restore from disk sees complete checkpoints only
-        restored = checkpoints.restore_latest(self._root, self.config.work_dir,
-                                              self._scratch_dir())
-        self.last_good_checkpoint = restored
-        return restored
-
-    def _make_manager(self) -> tf.train.CheckpointManager:
-        self._background = None
-        # Several workers save together (reading a variable may take a collective), so
-        # one of them reading variables at other times could hang: synchronous there.
-        if self.config.async_checkpoints and self._acc.num_workers == 1:
-            try:
-                self._background = async_checkpoints.BackgroundWriter(
-                    self._root, self.config.work_dir, self.config.keep_checkpoints)
-                return self._background.manager
-            except async_checkpoints.UnsupportedAsyncCheckpointError as err:
-                logger.warning("fenwicks: checkpoints are saved synchronously: %s", err)
-        return tf.train.CheckpointManager(
-            self._root, self.config.work_dir, self.config.keep_checkpoints,
-            step_counter=self.step_counter, checkpoint_name="ckpt")
 
     def reload_if_stale(self) -> bool:
         """After a NaN, goes back to the last good checkpoint; True if it did."""
         if not self.stale:
             return False
-        if self._restore() is None:
+        if self.checkpointer.restore() is None:
             raise NonFiniteLossError("the weights became NaN before any checkpoint was "
                                      "saved; create a new estimator (lower the learning rate)")
         self.stale = False
@@ -198,58 +190,22 @@ class RunState:
         """
         if not self.built or self._acc.num_workers > 1:
             return None
-        self.wait()  # our own write in progress is not a change made by someone else
-        current = checkpoints.latest(self.config.work_dir)
-        if checkpoints.fingerprint(current) == self._seen:
+        checkpointer = self._checkpointer
+        change = checkpointer.change_on_disk()
+        if change is None:
             return None
-        if current is None:
+        if change == "removed":
             logger.warning("fenwicks: %s no longer holds checkpoint %s; starting from a "
                            "fresh initialisation (step 0), as a new estimator would",
-                           self.config.work_dir, self._seen[0] if self._seen else None)
+                           self.config.work_dir, checkpointer.last_good)
             self.reset()
             return "reset"
-        restored = self._restore()
+        restored = checkpointer.restore()
         logger.warning("fenwicks: %s changed since this estimator read it; continuing from "
                        "%s", self.config.work_dir, restored)
-        self._manager = self._make_manager()
-        self._seen = checkpoints.fingerprint(restored)
         return "restored"
 
-    # ---------------------------------------------------------------- writing
-
-    def save(self, force: bool = False) -> None:
-        """Checkpoints the current step (unless already saved, or `force`).
-
-        With ``config.async_checkpoints`` this copies the variables and returns while a
-        background thread writes the files; a write still running from the previous
-        save is waited for first, and its failure raised here (`wait`).
-
-        Raises:
-            CheckpointWriteError: this write, or the previous background one, failed;
-                the checkpoint before it is intact and stays the latest.
-        """
-        latest = self._manager.latest_checkpoint
-        pending = self._background.pending_step if self._background else None
-        if not force and (pending == self.global_step or (
-                latest and latest.endswith(f"-{self.global_step}"))):
-            return  # nothing new since the last save
-        if self.is_chief:
-            started = time.monotonic()
-            if self._background is not None:
-                self.wait()
-                self._background.start(self.global_step)
-            else:
-                self.last_good_checkpoint = checkpoints.save(self._manager,
-                                                             self.global_step)
-                self.last_save_secs = time.monotonic() - started
-                self._seen = checkpoints.fingerprint(self.last_good_checkpoint)
-            self.last_blocked_secs = time.monotonic() - started
-            return
-        # Every worker takes part in a save (a variable may need a collective to be read);
-        # the others write to a scratch directory that is removed at once.
-        scratch = f"{self.config.work_dir}/.worker-{self._strategy.cluster_resolver.task_id}"
-        tf.train.CheckpointManager(self._root, scratch, 1).save(self.global_step)
-        tf.io.gfile.rmtree(scratch)
+    # ---------------------------------------------------------------- waiting
 
     def wait(self) -> None:
         """Waits for a checkpoint being written in the background, if any.
@@ -258,10 +214,8 @@ class RunState:
             CheckpointWriteError: that write failed (the message names the last good
                 checkpoint, which stays the latest; nothing saved before is lost).
         """
-        if self._background is None or not self._background.running:
-            return
-        path, fingerprint, seconds = self._background.wait()
-        self.last_good_checkpoint, self._seen, self.last_save_secs = path, fingerprint, seconds
+        if self._checkpointer is not None:
+            self._checkpointer.wait()
 
     def _background_failure(self) -> Exception | None:
         """Waits for a background write; its error, or None if it succeeded (or none ran)."""

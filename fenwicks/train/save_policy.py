@@ -1,0 +1,128 @@
+"""When a run saves: every reason to save goes through `SavePolicy.save`, the one caller
+of `Checkpointer.save` during training.
+
+The reasons (`Trigger`) and what each does:
+
+=====================  ==========================================================
+``LOOP``               after each compiled loop: saves when ``save_every_loops``
+                       loops or ``save_every_secs`` seconds have passed since the
+                       last such save
+``EVALUATION``         each evaluated step is also a checkpoint
+``PREEMPTION``         SIGTERM: the step reached, then training stops
+``INTERRUPT``          Ctrl-C: the step reached, unless the last checkpoint took
+                       longer than `QUICK_SAVE_SECS` to write (someone pressing
+                       stop wants control back, not minutes of upload to a bucket)
+``INTERRUPTED_TWICE``  a second Ctrl-C: nothing is saved
+``INPUT_EXHAUSTED``    the input ran out: the steps that did run are complete and
+                       valid (the loop counted them and the input position together)
+``END``                the end of `train`
+=====================  ==========================================================
+
+A step already saved is not saved again (`Checkpointer.save`), so triggers that meet at
+one step (an evaluation at the end of `train`) write one checkpoint. The policy knows
+nothing of loops, callbacks or signals: the controller and its actions say which
+trigger happened. Engine-neutral: it only needs a `checkpointer.Checkpointer`.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from fenwicks.train.checkpointer import Checkpointer
+
+# Ctrl-C saves the step reached unless the last checkpoint took longer than this to write.
+QUICK_SAVE_SECS = 10.0
+
+
+class Trigger(enum.Enum):
+    """Why a save is asked for; `SavePolicy.save` decides whether it happens."""
+
+    LOOP = "loop"
+    EVALUATION = "evaluation"
+    PREEMPTION = "preemption"
+    INTERRUPT = "interrupt"
+    INTERRUPTED_TWICE = "interrupted twice"
+    INPUT_EXHAUSTED = "input exhausted"
+    END = "end"
+
+
+class SavePolicy:
+    """Decides, for each trigger, whether to save, and saves.
+
+    Args:
+        checkpointer: the run's `Checkpointer`.
+        every_loops: save every this many loops (`Trigger.LOOP`); None: never by count.
+            Defaults to None.
+        every_secs: save every this many seconds (`Trigger.LOOP`); None: never by time.
+            Defaults to None.
+        quick_secs: Ctrl-C saves only if the last save took at most this long.
+            Defaults to `QUICK_SAVE_SECS`.
+
+    Example:
+        >>> saves = SavePolicy(checkpointer, every_loops=None, every_secs=600.0)
+        >>> saves.save(Trigger.EVALUATION, 1000)        # None: ckpt-1000 saved
+        >>> saves.save(Trigger.LOOP, 1100)
+        'not due'
+    """
+
+    def __init__(self, checkpointer: Checkpointer, every_loops: int | None = None,
+                 every_secs: float | None = None, quick_secs: float = QUICK_SAVE_SECS) -> None:
+        self.checkpointer = checkpointer
+        self._every, self._secs, self._quick_secs = every_loops, every_secs, quick_secs
+        self._last, self._loops = time.monotonic(), 0
+
+    def save(self, trigger: Trigger, step: int, *, force: bool = False) -> str | None:
+        """Saves the state of `step` if `trigger` calls for it.
+
+        Args:
+            trigger: what happened.
+            step: the global step the live state belongs to.
+            force: write even if `step` is already saved: at the end of `train`, a
+                callback (EarlyStopping's ``restore_best_weights``) may have changed the
+                weights of a saved step. Defaults to False.
+
+        Returns:
+            None if `step` is saved (written, being written, or already there); else
+            why it was not, in words a message can quote (``'not due'``, ``'interrupted
+            twice'``, ``'the last checkpoint took 60 s to write; 7 step(s) are only in
+            memory'``, ``'interrupted again while saving'``).
+
+        Raises:
+            CheckpointWriteError: the checkpoint could not be written (`Checkpointer.save`).
+        """
+        why_not = self._why_not(trigger, step)
+        if why_not is not None:
+            return why_not
+        try:
+            self.checkpointer.save(step, force=force)  # the one call site
+        except KeyboardInterrupt:
+            if trigger is not Trigger.INTERRUPT:
+                raise
+            return "interrupted again while saving"
+        return None
+
+    def _why_not(self, trigger: Trigger, step: int) -> str | None:
+        if trigger is Trigger.LOOP:
+            return None if self.due() else "not due"
+        if trigger is Trigger.INTERRUPTED_TWICE:
+            return "interrupted twice"
+        seconds = self.checkpointer.last_save_secs or 0.0
+        if trigger is Trigger.INTERRUPT and seconds > self._quick_secs:
+            saved = _step_of(self.checkpointer.latest)
+            return (f"the last checkpoint took {seconds:.0f} s to write; {step - saved} "
+                    "step(s) are only in memory")
+        return None
+
+    def due(self) -> bool:
+        """Counts a loop; True when a periodic save is due (and restarts both counts)."""
+        self._loops += 1
+        if (self._every and self._loops >= self._every) or (
+                self._secs is not None and time.monotonic() - self._last >= self._secs):
+            self._last, self._loops = time.monotonic(), 0
+            return True
+        return False
+
+
+def _step_of(checkpoint: str | None) -> int:
+    return int(checkpoint.rsplit("-", 1)[1]) if checkpoint else 0
