@@ -142,16 +142,17 @@ def _eval_rates(trials: int) -> dict[str, float]:
 def _save_blocking(loops: int) -> dict[str, float]:
     """Median seconds `save` blocked training per save, sync and async (JAX engine)."""
     import fenwicks as fw
-    from fenwicks.train.jax import state as jax_state
+    from fenwicks.train.jax import checkpoints
 
     blocked: list[float] = []
-    save = jax_state.JaxRunState.save
+    save = checkpoints.OrbaxCheckpointer.save
 
-    def timed(self, force=False):
-        save(self, force)
-        blocked.append(self.last_blocked_secs)
+    def timed(self, step, *, force=False):
+        save(self, step, force=force)
+        if self.last_blocked_secs is not None:  # None: nothing new to save
+            blocked.append(self.last_blocked_secs)
 
-    jax_state.JaxRunState.save = timed
+    checkpoints.OrbaxCheckpointer.save = timed
     x, y = _data(NUM_TRAIN)
     out = {}
     for mode in ("sync", "async"):

@@ -14,9 +14,9 @@ memory and returns; a background thread writes them.
 The checkpoints live in ``<work_dir>/orbax/<step>``; the TensorFlow engine's stay
 ``<work_dir>/ckpt-<step>.*``, so the two formats never mix.
 
-`OrbaxCheckpointer` has the methods and meanings of the TensorFlow engine's
-``Checkpointer`` (``save(step, *, force=False)``, ``restore(path=None)``, ``wait()``,
-``latest``, ``last_save_secs``, ``close()``).
+`OrbaxCheckpointer` is a `fenwicks.train.checkpointer.Checkpointer`, as the TensorFlow
+engine's are, so the controller's `SavePolicy` saves through it unchanged; it also has
+what `RunState` reads of theirs (``last_good``, ``pending_step``, ``change_on_disk``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fenwicks.train.checkpointer import Checkpointer
 from fenwicks.train.checkpoints import CheckpointWriteError
 
 logger = logging.getLogger("fenwicks")
@@ -51,8 +52,8 @@ def _abstract(tree: Any, sharding: Any) -> Any:
         lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding), tree)
 
 
-class OrbaxCheckpointer:
-    """Saves and restores one pytree of a run under ``<work_dir>/orbax``.
+class OrbaxCheckpointer(Checkpointer):
+    """`Checkpointer` of one pytree of a run under ``<work_dir>/orbax``, with orbax.
 
     Args:
         work_dir: the run's work_dir (local path).
@@ -65,8 +66,7 @@ class OrbaxCheckpointer:
 
     Example:
         >>> checkpointer = OrbaxCheckpointer(work_dir, state.tree, state.set_tree,
-        ...                                  state.paths, 3, True,
-        ...                                  mesh.replicated())
+        ...                                  state.paths, 3, True, mesh.replicated())
         >>> checkpointer.save(100)
         >>> checkpointer.restore()   # '<work_dir>/orbax/100'
     """
@@ -85,21 +85,32 @@ class OrbaxCheckpointer:
             os.path.abspath(self.directory), options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep, enable_async_checkpointing=asynchronous, create=True,
                 cleanup_tmp_directories=True))
-        self.last_save_secs: float | None = None  # the last complete write, in seconds
+        self._last_save_secs: float | None = None
         self.last_blocked_secs: float | None = None  # how long the last save() blocked
         self._pending: tuple[int, float] | None = None  # (step, start) being written
+        self._good: tuple | None = None  # fingerprint of the last durable checkpoint
 
     @property
     def pending_step(self) -> int | None:
         return self._pending[0] if self._pending else None
 
     @property
+    def last_good(self) -> str | None:
+        """The newest checkpoint this object restored or saved durably (no waiting)."""
+        return self._good[0] if self._good else None
+
+    @property
     def latest(self) -> str | None:
-        """The newest complete checkpoint; waits for a save in progress."""
+        """The newest durable checkpoint restored or saved; waits for a save in progress."""
         self.wait()
-        self._manager.reload()
-        step = self._manager.latest_step()
-        return None if step is None else f"{self.directory}/{step}"
+        return self.last_good
+
+    @property
+    def last_save_secs(self) -> float | None:
+        return self._last_save_secs
+
+    def _path(self, step: int) -> str:
+        return f"{self.directory}/{step}"
 
     def save(self, step: int, *, force: bool = False) -> None:
         """Checkpoints `step`, unless it is already saved (or being saved) and not `force`.
@@ -107,7 +118,8 @@ class OrbaxCheckpointer:
         Raises:
             CheckpointWriteError: this write, or the previous background one, failed.
         """
-        if not force and (self.pending_step == step or step in self._manager.all_steps()):
+        if not force and (self.pending_step == step or self.last_good == self._path(step)):
+            self.last_blocked_secs = None
             return
         self.wait()
         started = time.monotonic()
@@ -127,8 +139,8 @@ class OrbaxCheckpointer:
         """Waits for a checkpoint being written in the background, if any.
 
         Raises:
-            CheckpointWriteError: that write failed; the checkpoint before it stays
-                the latest.
+            CheckpointWriteError: that write failed (raised once); the checkpoint before
+                it stays the latest.
         """
         if self._pending is None:
             return
@@ -138,15 +150,28 @@ class OrbaxCheckpointer:
             self._manager.wait_until_finished()
         except Exception as err:
             raise self._write_error(step, err) from err
-        self.last_save_secs = time.monotonic() - started
+        self._last_save_secs = time.monotonic() - started
+        self._good = _fingerprint(self._path(step))
 
     def _write_error(self, step: int, err: BaseException) -> CheckpointWriteError:
-        steps = [s for s in self._manager.all_steps() if s != step]
-        before = f"{self.directory}/{max(steps)}" if steps else "none"
         return CheckpointWriteError(
-            f"could not write checkpoint {self.directory}/{step}: "
-            f"{str(err).splitlines()[0][:200]}. The previous checkpoint ({before}) is "
-            "intact: free space or fix the storage, then call train() again")
+            f"could not write checkpoint {self._path(step)}: "
+            f"{str(err).splitlines()[0][:200]}. The previous checkpoint "
+            f"({self.last_good or 'none'}) is intact: free space or fix the storage, then "
+            "call train() again")
+
+    def _latest_on_disk(self) -> int | None:
+        self._manager.reload()
+        return self._manager.latest_step()
+
+    def change_on_disk(self) -> str | None:
+        """None if the newest checkpoint on disk is the one this object last wrote or
+        read; ``'removed'`` if there is none any more; else ``'replaced'``."""
+        self.wait()
+        step = self._latest_on_disk()
+        if step is None:
+            return "removed" if self._good else None
+        return None if _fingerprint(self._path(step)) == self._good else "replaced"
 
     def restore(self, path: str | None = None) -> str | None:
         """Restores `path` (a ``<work_dir>/orbax/<step>`` directory), or the latest.
@@ -155,8 +180,7 @@ class OrbaxCheckpointer:
             The checkpoint restored, or None if there is none.
         """
         self.wait()
-        self._manager.reload()
-        step = self._manager.latest_step() if path is None else step_of(path)
+        step = self._latest_on_disk() if path is None else step_of(path)
         if step is None:
             return None
         target = _abstract(self._collect(), self._sharding)
@@ -165,11 +189,12 @@ class OrbaxCheckpointer:
                 step, args=self._ocp.args.StandardRestore(target))
         except (ValueError, KeyError) as err:
             raise ValueError(
-                f"checkpoint {self.directory}/{step} does not fit this model: "
+                f"checkpoint {self._path(step)} does not fit this model: "
                 f"{str(err).splitlines()[0][:300]}. Use the model_func that wrote it, or "
                 "another work_dir (warm_start_from= loads the variables that match)") from err
         self._apply(restored)
-        return f"{self.directory}/{step}"
+        self._good = _fingerprint(self._path(step))
+        return self._path(step)
 
     def close(self) -> None:
         """Waits for a write in progress, then closes the manager's threads."""
@@ -177,3 +202,12 @@ class OrbaxCheckpointer:
             self.wait()
         finally:
             self._manager.close()
+
+
+def _fingerprint(path: str) -> tuple:
+    """``(path, mtime)``: which checkpoint, and which copy of it (another run's written
+    under the same step has another modification time)."""
+    try:
+        return (path, os.stat(path).st_mtime_ns)
+    except OSError:
+        return (path,)

@@ -8,13 +8,13 @@ counters (``global_step`` and the input position) live on the host: the trainer 
 them by the steps each loop ran.
 
 Everything else (the work_dir lock, summary writers, the reload after a NaN, following a
-work_dir that changed) is `RunState`'s, shared with the TensorFlow engine.
+work_dir that changed, waiting for writes) is `RunState`'s, shared with the TensorFlow
+engine, through the `checkpoints.OrbaxCheckpointer` this state builds.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import jax
@@ -43,7 +43,6 @@ class JaxRunState(RunState):
         super().__init__(*args, **kwargs)
         self.step = 0  # global_step, on the host
         self.input_steps_taken = 0  # the input position, in steps
-        self.checkpointer: checkpoints.OrbaxCheckpointer | None = None
 
     @property
     def global_step(self) -> int:
@@ -52,10 +51,6 @@ class JaxRunState(RunState):
     @property
     def input_position(self) -> int:
         return self.input_steps_taken if self.built else 0
-
-    @property
-    def latest_checkpoint(self) -> str | None:
-        return self.checkpointer.latest if self.built else None
 
     # ---------------------------------------------------------------- the arrays
 
@@ -130,11 +125,11 @@ class JaxRunState(RunState):
         self._lists = self._variable_lists(spec)
         self._model_variables = list(spec.model.variables)
         self.step = self.input_steps_taken = 0
-        self.checkpointer = checkpoints.OrbaxCheckpointer(
+        checkpointer = checkpoints.OrbaxCheckpointer(
             self.config.work_dir, self.tree, self.set_tree, self.paths,
             self.config.keep_checkpoints,
             self.config.async_checkpoints and jax.process_count() == 1, mesh.replicated())
-        restored = self._restore()
+        restored = checkpointer.restore()
         if restored is None:
             _refuse_other_engines_checkpoint(self.config.work_dir)
         if restored is None and self.config.warm_start_from:
@@ -144,65 +139,11 @@ class JaxRunState(RunState):
         for group in self._lists:  # replicated on every device of the mesh
             for variable in group:
                 variable.assign(jax.device_put(variable.value, mesh.replicated()))
-        self._spec = spec
-        self._seen = _fingerprint(restored)
+        self._spec, self._checkpointer = spec, checkpointer
 
     def reset(self) -> None:
-        self.wait()
-        self._spec = None
-        self.optimizer = self.warm_start_report = self.checkpointer = None
-        self.stale = False
-        self._seen = None
-
-    # ---------------------------------------------------------------- reading, writing
-
-    def _restore(self) -> str | None:
-        restored = self.checkpointer.restore()
-        self.last_good_checkpoint = restored
-        return restored
-
-    def catch_up(self) -> str | None:
-        """Follows work_dir if its checkpoints changed (see `RunState.catch_up`)."""
-        if not self.built or jax.process_count() > 1:
-            return None
-        current = self.checkpointer.latest  # waits for our own write first
-        if _fingerprint(current) == self._seen:
-            return None
-        if current is None:
-            logger.warning("fenwicks: %s no longer holds checkpoint %s; starting from a "
-                           "fresh initialisation (step 0), as a new estimator would",
-                           self.config.work_dir, self._seen[0] if self._seen else None)
-            self.reset()
-            return "reset"
-        restored = self._restore()
-        logger.warning("fenwicks: %s changed since this estimator read it; continuing from "
-                       "%s", self.config.work_dir, restored)
-        self._seen = _fingerprint(restored)
-        return "restored"
-
-    def save(self, force: bool = False) -> None:
-        """Checkpoints the current step (unless already saved, or `force`); see
-        `RunState.save`."""
-        self.checkpointer.save(self.step, force=force)
-        self.last_blocked_secs = self.checkpointer.last_blocked_secs
-        if not self.checkpointer.asynchronous:
-            self._saved()
-
-    def _saved(self) -> None:
-        self.last_save_secs = self.checkpointer.last_save_secs
-        self.last_good_checkpoint = self.checkpointer.latest
-        self._seen = _fingerprint(self.last_good_checkpoint)
-
-    def wait(self) -> None:
-        """Waits for a checkpoint being written in the background, if any.
-
-        Raises:
-            CheckpointWriteError: that write failed (the previous checkpoint is intact).
-        """
-        if self.checkpointer is None or self.checkpointer.pending_step is None:
-            return
-        self.checkpointer.wait()
-        self._saved()
+        super().reset()
+        self.step = self.input_steps_taken = 0
 
 
 def _refuse_other_engines_checkpoint(work_dir: str) -> None:
@@ -217,14 +158,3 @@ def _refuse_other_engines_checkpoint(work_dir: str) -> None:
             "the JAX engine is not supported yet. Run this estimator on the TensorFlow "
             "engine (FENWICKS_ENGINE=tf, or KERAS_BACKEND=tensorflow in a new process), "
             "or give a new work_dir")
-
-
-def _fingerprint(path: str | None) -> tuple | None:
-    """``(path, mtime)``: which checkpoint, and which copy of it (another run's written
-    under the same step has another modification time)."""
-    if path is None:
-        return None
-    try:
-        return (path, os.stat(path).st_mtime_ns)
-    except OSError:
-        return (path,)
