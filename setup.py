@@ -47,8 +47,11 @@ setup(
         # TensorFlow's CPU build runs tf.data. Not tensorflow-tpu: from PyPI it gets the
         # newest libtpu (JAX's; it asks only libtpu~=0.0.14), with which TensorFlow finds
         # no TPU, and it would replace the libtpu JAX needs. tools/platform_replicas.sh.
-        "tpu": [f"tensorflow-cpu{TF_RANGE}", "jax>=0.7"],
+        "tpu": [f"tensorflow-cpu{TF_RANGE}", "jax>=0.7", "orbax-checkpoint>=0.11"],
         "demo": ["scikit-learn>=1.2"],
+        # The JAX engine (KERAS_BACKEND=jax): jax for the devices, orbax for checkpoints.
+        # On a TPU, JAX comes with the image (or pip install 'jax[tpu]').
+        "jax": ["jax>=0.7", "orbax-checkpoint>=0.11"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.2",
@@ -60,7 +63,8 @@ setup(
             "ipykernel>=6",
             "ruff>=0.5",
             "py7zr>=0.20",  # fw.io.unzip of Kaggle's .7z archives (tests/test_io.py)
-            "jax>=0.7",  # the jax engine and the blocks on it (KERAS_BACKEND=jax, cpu:8)
+            "jax>=0.7",  # the blocks and the JAX engine on the CPU (KERAS_BACKEND=jax, cpu:8)
+            "orbax-checkpoint>=0.11",  # the JAX engine's checkpoints
         ],
     },
     entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},

@@ -27,6 +27,7 @@ import collections
 import hashlib
 import logging
 import os
+import re
 import tempfile
 import weakref
 from collections.abc import Iterable
@@ -286,11 +287,14 @@ def step_of(prefix: str | None) -> int:
     Example:
         >>> step_of('gs://bucket/work/ckpt-400')
         400
+        >>> step_of('/work/checkpoints/400')    # the JAX engine's orbax checkpoints
+        400
     """
     if prefix is None:
         return 0
-    tail = prefix.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
+    # TensorFlow's ``.../ckpt-<step>`` and the JAX engine's orbax ``.../<step>``.
+    match = re.search(r"(?:^|[-/])(\d+)/?$", prefix)
+    return int(match.group(1)) if match else -1
 
 
 # What a damaged file raises while it is read: TensorFlow's errors, and plain Python ones

@@ -47,21 +47,24 @@ class Controller:
         >>> controller.train(strategy, iterator, target=1000, callbacks=callback_list)
     """
 
-    def __init__(self, config: EstimatorConfig, state: RunState, record: History) -> None:
+    def __init__(self, config: EstimatorConfig, state: RunState, record: History,
+                 engine: Any = None) -> None:
         self.config = config
         self.state = state
         self.history = record
+        self._engine = engine  # None: the TensorFlow engine (`fenwicks.train.engines`)
         self._watcher = preemption.PreemptionWatcher()
         self._trainer: Trainer | None = None
         self.saves: SavePolicy | None = None  # the current train call's
 
     def _get_trainer(self, strategy: tf.distribute.Strategy) -> Trainer:
         if self._trainer is None:
-            state = self.state
-            self._trainer = Trainer(
-                strategy, state.spec, state.optimizer, state.step_counter,
-                self.config.train_batch_size, self.config.jit_compile, self._watcher.flag,
-                state.input_steps)
+            if self._engine is None:
+                from fenwicks.train.engines import TensorFlowEngine as engine
+            else:
+                engine = self._engine
+            self._trainer = engine.trainer(strategy, self.config, self.state,
+                                           self._watcher.flag)
         return self._trainer
 
     def train(self, strategy: tf.distribute.Strategy, iterator: Any, target: int,

@@ -33,7 +33,7 @@ import numpy as np
 
 from fenwicks import accel
 from fenwicks._checks import boolean, one_of, path_arg, positive_int
-from fenwicks.train import building, export, input_check, preemption, profiling
+from fenwicks.train import building, engines, input_check, preemption, profiling
 from fenwicks.train import callbacks as callbacks_lib
 from fenwicks.train.controller import Controller, epochs_to
 from fenwicks.train.evaluation import Evaluator
@@ -119,18 +119,18 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
         raise ValueError(f"work_dir={work_dir!r} is a file, not a directory; give a "
                          "directory for checkpoints and logs (it is created if missing)")
     one_of("precision", precision, accel.PRECISIONS)
-    acc = accel.current()
+    acc, engine = accel.current(), engines.current()
     config = EstimatorConfig(
         steps_per_epoch=steps_per_epoch, work_dir=work_dir, train_batch_size=trn_bs,
         eval_batch_size=trn_bs if val_bs is None else val_bs,
         predict_batch_size=(trn_bs if val_bs is None else val_bs) if pred_bs is None
         else pred_bs,
         steps_per_loop=steps_per_epoch if steps_per_loop is None else steps_per_loop,
-        precision=acc.precision if precision == "auto" else precision, seed=seed,
+        precision=engine.precision(acc) if precision == "auto" else precision, seed=seed,
         warm_start_from=warm_start_from, jit_compile=_jit_compile(jit_compile, acc),
         save_every_secs=save_every_secs, save_every_loops=save_every_loops,
         keep_checkpoints=keep_checkpoints, verbose=verbose,
-        async_checkpoints=async_checkpoints, num_replicas=acc.num_replicas)
+        async_checkpoints=async_checkpoints, num_replicas=engine.num_replicas(acc))
     return Estimator(model_func, config, acc)
 
 
@@ -195,11 +195,14 @@ class Estimator:
         self.config = config
         self.history = History()
         self._acc = accelerator
-        self._state = RunState(model_func, config, accelerator)
-        self._inputs = InputManager(config, accelerator)
+        # The engine's roles (`fenwicks.train.engines`); all else here is engine-neutral.
+        self._engine = engines.current()
+        self._state: RunState = self._engine.RunState(model_func, config, accelerator)
+        self._inputs: InputManager = self._engine.InputManager(config, accelerator)
         # Evaluation input_fns whose labels were checked (weak: a new lambda may reuse an id).
         self._checked: weakref.WeakSet = weakref.WeakSet()
-        self._evaluator = Evaluator(config, accelerator, self._state, self._inputs)
+        self._evaluator: Evaluator = self._engine.Evaluator(config, accelerator, self._state,
+                                                            self._inputs)
         self._controller: Controller | None = None
         self._last_train_loops = slice(0, 0)  # history.examples_per_sec of the last train
         # Not a method of self: the finalizer must not keep the estimator alive.
@@ -236,7 +239,7 @@ class Estimator:
 
     @property
     def num_replicas(self) -> int:
-        return self._acc.num_replicas
+        return self.config.num_replicas
 
     @property
     def warm_start_report(self) -> dict[str, list[str]] | None:
@@ -275,8 +278,8 @@ class Estimator:
             return iterator
         probe = self._inputs.probe(input_fn, "train")
         self._state.build(probe.features_spec, probe.params)
-        building.check_labels(self._state.spec, self._acc.strategy, probe.dataset)
-        return self._inputs.train_iterator(input_fn, int(self._state.input_steps.numpy()))
+        self._engine.check_labels(self._state.spec, self._acc, probe.dataset)
+        return self._inputs.train_iterator(input_fn, self._state.input_position)
 
     def _build_for(self, input_fn: InputFn, mode: str) -> None:
         """Builds the model (on first use) from an evaluation or prediction input, and
@@ -286,7 +289,7 @@ class Estimator:
                           self._inputs.params(mode, self.config.train_batch_size))
         building.check_same_features(self._state.features_spec, probe.features_spec, mode)
         if mode == "eval" and input_fn not in self._checked:
-            building.check_labels(self._state.spec, self._acc.strategy, probe.dataset)
+            self._engine.check_labels(self._state.spec, self._acc, probe.dataset)
             with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
                 self._checked.add(input_fn)
 
@@ -368,7 +371,8 @@ class Estimator:
                 return self
             profiling.check_in_range(profile_steps, self.global_step, target)
             if self._controller is None:
-                self._controller = Controller(self.config, self._state, self.history)
+                self._controller = Controller(self.config, self._state, self.history,
+                                              self._engine)
             self._last_train_loops = slice(len(self.history.examples_per_sec), None)
             self._controller.train(
                 self._acc.strategy, iterator, target,
@@ -510,7 +514,7 @@ class Estimator:
         export_dir = path_arg("export_dir", export_dir)
         spec = self._state.spec
         self._reload_if_stale()
-        return export.export_saved_model(spec, self._state.features_spec, export_dir)
+        return self._engine.export_saved_model(spec, self._state.features_spec, export_dir)
 
     def train_and_evaluate(self, train_input_fn: InputFn, eval_input_fn: InputFn,
                            epochs: int | None = None, max_steps: int | None = None,

@@ -72,6 +72,19 @@ class Evaluator:
                                global_batch, smaller)
                 global_batch = smaller
 
+    def _eval_totals(self, input_fn: InputFn, global_batch: int,
+                     steps: int | None) -> EvalTotals:
+        """The masked sums of the evaluation (`eval_sums`' columns) over every example,
+        added up in float64."""
+        per_step = self._run_loop("eval", self._inputs.padded_dataset(
+            input_fn, global_batch, "eval", steps)).numpy()
+        return EvalTotals.of(per_step, list(self._state.spec.metric_fns))
+
+    def _predictions(self, input_fn: InputFn, global_batch: int) -> list[Any]:
+        """``[(predictions, mask)]`` per global batch, in input order."""
+        return self._run_loop("predict", self._inputs.padded_dataset(
+            input_fn, global_batch, "predict", None))
+
     def reset(self) -> None:
         """Forgets the compiled loops (after the model was rebuilt)."""
         self._loops.clear()
@@ -87,12 +100,9 @@ class Evaluator:
 
     def evaluate(self, input_fn: InputFn, steps: int | None) -> dict[str, float]:
         """Loss and metrics over every example of `input_fn` (see `Estimator.evaluate`)."""
-        def run(global_batch: int) -> EvalTotals:
-            per_step = self._run_loop("eval", self._inputs.padded_dataset(
-                input_fn, global_batch, "eval", steps)).numpy()
-            return EvalTotals.of(per_step, list(self._state.spec.metric_fns))
-
-        totals = self._with_smaller_batches(run, self.config.eval_batch_size, "evaluation")
+        totals = self._with_smaller_batches(
+            lambda global_batch: self._eval_totals(input_fn, global_batch, steps),
+            self.config.eval_batch_size, "evaluation")
         self.warn_if_untrained("evaluated")
         _check_evaluation(totals.checks, totals.count, self._state.spec.model)
         if totals.count == 0:
@@ -118,12 +128,9 @@ class Evaluator:
         """One row per example, in input order (see `Estimator.predict`)."""
         self.check_single_host()
 
-        def run(global_batch: int) -> list[Any]:
-            return self._run_loop("predict", self._inputs.padded_dataset(
-                input_fn, global_batch, "predict", None))
-
-        results = self._with_smaller_batches(run, self.config.predict_batch_size,
-                                             "prediction")
+        results = self._with_smaller_batches(
+            lambda global_batch: self._predictions(input_fn, global_batch),
+            self.config.predict_batch_size, "prediction")
         self.warn_if_untrained("predicted with")
         if not results:
             raise ValueError("the prediction input_fn yielded no examples")

@@ -92,6 +92,11 @@ class RunState:
         return int(self.step_counter.numpy()) if self.built else 0
 
     @property
+    def input_position(self) -> int:
+        """Training steps' worth of input read so far: where a new input iterator starts."""
+        return int(self.input_steps.numpy()) if self.built else 0
+
+    @property
     def is_chief(self) -> bool:
         """False on the non-chief workers of a multi-worker run: they write no files."""
         return bool(self._strategy.extended.should_checkpoint)

@@ -1,0 +1,160 @@
+"""The run's state on the JAX engine: model, optimizer and counters, their arrays placed
+on the mesh, and their orbax checkpoints.
+
+The Keras variables hold the state between calls: a compiled loop takes their arrays
+(`values`), and the arrays it returns are put back (`set_values`), so callbacks, export
+and ``model.get_weights()`` see the current weights, as on the TensorFlow engine. The
+counters (``global_step`` and the input position) live on the host: the trainer advances
+them by the steps each loop ran.
+
+Everything else (the work_dir lock, summary writers, the reload after a NaN, following a
+work_dir that changed, waiting for writes) is `RunState`'s, shared with the TensorFlow
+engine, through the `checkpoints.OrbaxCheckpointer` this state builds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from fenwicks import io as fw_io
+from fenwicks.train import building
+from fenwicks.train.jax import checkpoints, mesh
+from fenwicks.train.state import RunState
+
+logger = logging.getLogger("fenwicks")
+
+
+class JaxRunState(RunState):
+    """`RunState` with the variables on a JAX mesh and orbax checkpoints.
+
+    Example:
+        >>> state = JaxRunState(model_func, config, fw.accel.current())
+        >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
+        >>> state.save()
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step = 0  # global_step, on the host
+        self.input_steps_taken = 0  # the input position, in steps
+
+    @property
+    def global_step(self) -> int:
+        return self.step if self.built else 0
+
+    @property
+    def input_position(self) -> int:
+        return self.input_steps_taken if self.built else 0
+
+    # ---------------------------------------------------------------- the arrays
+
+    def _variable_lists(self, spec: Any = None) -> tuple[list, list, list]:
+        model = (spec or self.spec).model
+        return (list(model.trainable_variables), list(model.non_trainable_variables),
+                list(self.optimizer.variables))
+
+    def values(self) -> tuple[list, list, list]:
+        """The state's arrays (trainable, non-trainable, optimizer), for a compiled step.
+
+        Each array appears once: a compiled block takes ownership of (donates) them, and
+        two variables may hold the same array (an initial value that Keras or JAX shared).
+        """
+        seen: set[int] = set()
+
+        def own(array: Any) -> Any:
+            if id(array) in seen:
+                return jnp.copy(array)
+            seen.add(id(array))
+            return array
+
+        return tuple([own(v.value) for v in group] for group in self._lists)
+
+    def set_values(self, values: tuple[list, list, list]) -> None:
+        for group, arrays in zip(self._lists, values, strict=True):
+            for variable, array in zip(group, arrays, strict=True):
+                variable.assign(array)
+
+    def tree(self) -> dict[str, Any]:
+        """What a checkpoint holds: every variable, in the model's and the optimizer's
+        order, and the counters. Positions, not names, key the variables: Keras names a
+        second model built in the same process ``conv2d_1`` where the first had
+        ``conv2d``; the names are kept beside them (`paths`) for a warm start by name."""
+        return {"model": [v.value for v in self._model_variables],
+                "optimizer": [v.value for v in self.optimizer.variables],
+                "counters": {"global_step": np.int64(self.step),
+                             "input_steps": np.int64(self.input_steps_taken)}}
+
+    def paths(self) -> dict[str, list[str]]:
+        """The variables' paths, in `tree`'s order (a checkpoint's metadata)."""
+        return {"model": [v.path for v in self._model_variables],
+                "optimizer": [v.path for v in self.optimizer.variables]}
+
+    def set_tree(self, tree: dict[str, Any]) -> None:
+        for variables, part in ((self._model_variables, "model"),
+                                (self.optimizer.variables, "optimizer")):
+            for variable, value in zip(variables, tree[part], strict=True):
+                variable.assign(value)
+        self.step = int(tree["counters"]["global_step"])
+        self.input_steps_taken = int(tree["counters"]["input_steps"])
+
+    # ---------------------------------------------------------------- building
+
+    def build(self, features_spec: Any, params: dict) -> None:
+        """Creates model, optimizer and counters on the mesh; restores or warm-starts."""
+        if self.built:
+            return
+        fw_io.check_bucket(self.config.work_dir)
+        if "://" in self.config.work_dir:
+            raise ValueError(
+                f"work_dir={self.config.work_dir!r}: the JAX engine writes checkpoints to "
+                "local disk only for now; give a local work_dir (on a TPU VM, Kaggle or "
+                "Colab, e.g. /kaggle/working/run) or run on the TensorFlow engine "
+                "(FENWICKS_ENGINE=tf)")
+        if self.config.seed is not None:
+            keras.utils.set_random_seed(self.config.seed)
+        with building.precision_policy(self.config.precision):
+            spec, self.optimizer = building.build_model(
+                self._model_func, params, self.config.precision, features_spec)
+        self.features_spec = features_spec
+        self._lists = self._variable_lists(spec)
+        self._model_variables = list(spec.model.variables)
+        self.step = self.input_steps_taken = 0
+        checkpointer = checkpoints.OrbaxCheckpointer(
+            self.config.work_dir, self.tree, self.set_tree, self.paths,
+            self.config.keep_checkpoints,
+            self.config.async_checkpoints and jax.process_count() == 1, mesh.replicated())
+        restored = checkpointer.restore()
+        if restored is None:
+            _refuse_other_engines_checkpoint(self.config.work_dir)
+        if restored is None and self.config.warm_start_from:
+            from fenwicks.train.jax import warm_start
+            self.warm_start_report = warm_start.warm_start(spec.model,
+                                                           self.config.warm_start_from)
+        for group in self._lists:  # replicated on every device of the mesh
+            for variable in group:
+                variable.assign(jax.device_put(variable.value, mesh.replicated()))
+        self._spec, self._checkpointer = spec, checkpointer
+
+    def reset(self) -> None:
+        super().reset()
+        self.step = self.input_steps_taken = 0
+
+
+def _refuse_other_engines_checkpoint(work_dir: str) -> None:
+    """A work_dir the TensorFlow engine trained is not silently taken for a fresh one."""
+    from fenwicks.train import checkpoints as tf_checkpoints
+
+    theirs = tf_checkpoints.latest(work_dir)
+    if theirs is not None:
+        raise ValueError(
+            f"work_dir={work_dir!r} holds the TensorFlow engine's checkpoint {theirs} and "
+            "none of the JAX engine's: continuing, evaluating or predicting from it on "
+            "the JAX engine is not supported yet. Run this estimator on the TensorFlow "
+            "engine (FENWICKS_ENGINE=tf, or KERAS_BACKEND=tensorflow in a new process), "
+            "or give a new work_dir")

@@ -1,0 +1,191 @@
+"""The compiled steps of the JAX engine, built from Keras's stateless API.
+
+The training state is a tuple of lists of arrays, ``(trainable, non_trainable,
+optimizer)``, in the order of ``model.trainable_variables``,
+``model.non_trainable_variables`` and ``optimizer.variables``. A step maps a state and a
+global batch to a new state; nothing reads or writes a Keras variable inside a compiled
+function (`state.JaxRunState` moves the arrays in and out between calls).
+
+Training runs a block of ``K`` steps in one ``jax.lax.scan`` over a ``[K, batch, ...]``
+stack of global batches. Steps at or past ``num_steps`` (a block padded to its static
+length) and steps after a non-finite loss leave the state as it was, so one compiled
+block serves any number of steps and training stops at the step that went wrong, as the
+TensorFlow loop does.
+
+Loss reduction: the step sees the whole global batch (the mesh splits it), so the loss is
+``sum(per-example loss) / global batch`` (``'mean'``) or the sum (``'sum'``) over every
+example, and the update does not depend on the device count. Model regularisation
+losses (``model.losses``) are added once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+
+from fenwicks.train import eval_sums, inputs
+from fenwicks.train.jax import mesh
+from fenwicks.train.model_func import ModelSpec
+
+State = tuple[list[Any], list[Any], list[Any]]
+
+
+def _float32(outputs: Any) -> Any:
+    """Mixed-precision models may emit bfloat16/float16; losses are computed in float32."""
+    return jax.tree.map(
+        lambda t: t.astype(jnp.float32) if jnp.issubdtype(t.dtype, jnp.floating) else t,
+        outputs)
+
+
+def replicas_context(num_replicas: int) -> Any:
+    """Per-replica BatchNorm (``bn='replica'``) sees the global batch under jit; this
+    tells it how many replicas share it, so each slice gets its own statistics, as each
+    replica does on the TensorFlow engine (`fw.layers.batch_replicas`, read at trace)."""
+    from fenwicks import layers
+
+    context = getattr(layers, "batch_replicas", None)
+    return context(num_replicas) if context else contextlib.nullcontext()
+
+
+def _weighted(values: Any, weights: Any) -> Any:
+    values = jnp.asarray(values, jnp.float32)
+    if weights is None:
+        return values
+    return values * jnp.reshape(jnp.asarray(weights, jnp.float32), values.shape)
+
+
+def _train_step(spec: ModelSpec, optimizer: Any, global_batch_size: int
+                ) -> Callable[[State, Any], tuple[State, Any]]:
+    model = spec.model
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+
+    def loss_fn(trainable, non_trainable, optimizer_values, batch):
+        features, labels, weights = inputs.unpack(batch)
+        with replicas_context(mesh.num_replicas()):
+            outputs, non_trainable, losses = model.stateless_call(
+                trainable, non_trainable, features, training=True, return_losses=True)
+        loss_sum = jnp.sum(_weighted(spec.loss_fn(labels, _float32(outputs)), weights))
+        loss = loss_sum / global_batch_size if spec.reduction == "mean" else loss_sum
+        if losses:
+            loss = loss + sum(jnp.asarray(x, jnp.float32) for x in losses)
+        if scaled:  # the loss scale is an optimizer variable: read it from the state
+            mapping = list(zip(optimizer.variables, optimizer_values, strict=True))
+            with keras.StatelessScope(state_mapping=mapping):
+                loss = optimizer.scale_loss(loss)
+        return loss, (loss_sum, non_trainable)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def step(state: State, batch: Any) -> tuple[State, Any]:
+        trainable, non_trainable, optimizer_values = state
+        (_, (loss_sum, non_trainable)), grads = grad_fn(
+            trainable, non_trainable, optimizer_values, batch)
+        # Keras's stateless update (a LossScaleOptimizer's skips non-finite gradients
+        # and adjusts its scale inside, with `ops.cond`).
+        trainable, optimizer_values = optimizer.stateless_apply(
+            optimizer_values, grads, trainable)
+        return (trainable, non_trainable, optimizer_values), loss_sum / global_batch_size
+
+    return step
+
+
+def make_train_block(spec: ModelSpec, optimizer: Any, global_batch_size: int
+                     ) -> Callable[[State, Any, Any], tuple[State, Any, Any]]:
+    """``block(state, batches, num_steps) -> (state, losses [K], ran [K])``, jitted.
+
+    `batches` stacks K global batches (``[K, batch, ...]``, split over the mesh on axis
+    1); only the first `num_steps` (a traced int, so any count reuses the compilation)
+    and none after a non-finite loss change the state. The state's buffers are donated:
+    the caller must not use the arrays it passed in.
+    """
+    step = _train_step(spec, optimizer, global_batch_size)
+
+    def block(state: State, batches: Any, num_steps: Any) -> tuple[State, Any, Any]:
+        def body(carry, xs):
+            state, done = carry
+            index, batch = xs
+            active = jnp.logical_and(index < num_steps, jnp.logical_not(done))
+            state, loss = jax.lax.cond(
+                active, step, lambda s, b: (s, jnp.float32(jnp.nan)), state, batch)
+            done = jnp.logical_or(done, jnp.logical_and(active, ~jnp.isfinite(loss)))
+            return (state, done), (loss, active)
+
+        length = jax.tree.leaves(batches)[0].shape[0]
+        (state, _), (losses, ran) = jax.lax.scan(
+            body, (state, jnp.bool_(False)), (jnp.arange(length), batches))
+        return state, losses, ran
+
+    return jax.jit(block, donate_argnums=0, out_shardings=mesh.replicated())
+
+
+def _non_finite_rows(features: Any) -> Any:
+    rows = None
+    for t in jax.tree.leaves(features):
+        if not jnp.issubdtype(t.dtype, jnp.floating):
+            continue
+        bad = jnp.any(~jnp.isfinite(t).reshape(t.shape[0], -1), axis=1)
+        rows = bad if rows is None else rows | bad
+    return rows
+
+
+def _bad_label_rows(labels: Any, outputs: Any) -> Any:
+    """True where an integer class label lies outside a ``[B, C]`` output's classes."""
+    if not (hasattr(labels, "dtype") and hasattr(outputs, "ndim")):
+        return None
+    if not jnp.issubdtype(labels.dtype, jnp.integer) or outputs.ndim != 2:
+        return None
+    if labels.ndim == 2 and labels.shape[-1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1:
+        return None
+    return (labels < 0) | (labels >= outputs.shape[-1])
+
+
+def make_eval_step(spec: ModelSpec) -> Callable[[list, list, Any, Any], Any]:
+    """``step(trainable, non_trainable, batch, mask) -> sums``, jitted: the columns of
+    `fenwicks.train.eval_sums` layout (loss sum, metric sums, count, weight sum, then
+    the `eval_sums.CHECKS` counts), over the rows where `mask` is True."""
+    names = list(spec.metric_fns)
+    model = spec.model
+
+    def step(trainable, non_trainable, batch, mask):
+        features, labels, weights = inputs.unpack(batch)
+        with replicas_context(mesh.num_replicas()):
+            outputs, _ = model.stateless_call(trainable, non_trainable, features,
+                                              training=False)
+        outputs = _float32(outputs)
+        values = [spec.loss_fn(labels, outputs)]
+        values += [spec.metric_fns[name](labels, outputs) for name in names]
+        weight = _weighted(jnp.ones(mask.shape, jnp.float32), weights)
+        # where, not multiply: a NaN on a padding row must not leak into the sum.
+        sums = [jnp.sum(jnp.where(mask, weight * jnp.asarray(v, jnp.float32), 0.0))
+                for v in values]
+
+        def masked_count(rows):
+            return jnp.float32(0) if rows is None else jnp.sum(mask & rows, dtype=jnp.float32)
+
+        checks = [masked_count(~jnp.isfinite(jnp.asarray(values[0], jnp.float32))),
+                  masked_count(_non_finite_rows(features)),
+                  masked_count(_bad_label_rows(labels, outputs))]
+        return jnp.stack(eval_sums.row(sums, jnp.sum(mask, dtype=jnp.float32),
+                                       jnp.sum(jnp.where(mask, weight, 0.0)), checks))
+
+    return jax.jit(step)
+
+
+def make_predict_step(spec: ModelSpec) -> Callable[[list, list, Any], Any]:
+    """``step(trainable, non_trainable, features) -> predictions``, jitted."""
+    model = spec.model
+
+    def step(trainable, non_trainable, features):
+        with replicas_context(mesh.num_replicas()):
+            outputs, _ = model.stateless_call(trainable, non_trainable, features,
+                                              training=False)
+        return spec.predict_fn(_float32(outputs))
+
+    return jax.jit(step)
