@@ -55,7 +55,7 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         return _serving_outputs(spec.predict_fn(outputs))
 
     module.serve = serve
-    existed = tf.io.gfile.exists(export_dir)
+    existed = _existed(export_dir)
     # A local export that exists is replaced only when the new one is whole: written
     # beside it, then swapped in. (gs:// has no directory rename: written in place.)
     staged = existed and "://" not in export_dir
@@ -67,6 +67,8 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         _deadline.run(tf.saved_model.save, module, written,
                       signatures={"serving_default": serve}, what="SavedModel export",
                       path=export_dir)
+    except _deadline.StorageTimeoutError:
+        raise  # storage stopped answering: cleaning up would hang as well
     except (tf.errors.OpError, OSError) as err:
         if written != export_dir or not existed:  # a partial SavedModel: never left
             with contextlib.suppress(tf.errors.OpError, OSError):
@@ -80,6 +82,20 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
     if staged:
         _replace(written, export_dir)
     return export_dir
+
+
+def _existed(export_dir: str) -> bool:
+    """Whether `export_dir` exists; True when storage cannot say (then a failed export
+    removes nothing: the folder may hold someone's earlier export)."""
+    if "://" not in export_dir:
+        return os.path.exists(export_dir)
+    try:  # bounded: storage that stops answering is an error naming the export
+        return bool(_deadline.run(tf.io.gfile.exists, export_dir, what="SavedModel export",
+                                  path=export_dir))
+    except _deadline.StorageTimeoutError:
+        raise
+    except (tf.errors.OpError, OSError):
+        return True
 
 
 def _replace(new: str, target: str) -> None:
