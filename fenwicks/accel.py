@@ -22,7 +22,8 @@ what was chosen instead; it is kept in `Accelerator.warnings` for `fw.info()`, a
 with the same cause.
 
 Of fenwicks this module imports only its private helpers beside it (``_engine``,
-``_tpu_diagnosis``) and `fenwicks._text` (a leaf of message helpers); every higher layer
+``_tpu_diagnosis``, ``_tf_internals`` for JAX's private backend state) and `fenwicks._text`
+(a leaf of message helpers); every higher layer
 builds on it.
 """
 
@@ -41,7 +42,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fenwicks import _engine, _tpu_diagnosis
+from fenwicks import _engine, _tf_internals, _tpu_diagnosis
 from fenwicks._engine import ENGINE_ENV, EngineError
 from fenwicks._text import first_line
 
@@ -302,9 +303,7 @@ def _prepare_jax_cpu(replicas: int | None, env: Any = None) -> None:
 
 
 def _jax_backends_initialised() -> bool:
-    from jax._src import xla_bridge
-
-    return bool(xla_bridge.backends_are_initialized())
+    return _tf_internals.jax_backends_initialized()
 
 
 def current() -> Accelerator:
@@ -431,10 +430,7 @@ class _HostProbe:
         if "jax" not in sys.modules:
             return False
         try:
-            from jax._src import xla_bridge
-
-            return bool(xla_bridge.backends_are_initialized()) and \
-                "tpu" in xla_bridge.backends()
+            return "tpu" in _tf_internals.jax_initialized_platforms()
         except Exception:  # noqa: BLE001 - a JAX without these internals: assume not
             return False
 
@@ -803,9 +799,7 @@ class _JaxProbe(_HostProbe):
     def backend_errors(self) -> dict[str, str]:
         """JAX's own message per platform it tried and could not start ('tpu': ...)."""
         try:
-            from jax._src import xla_bridge
-
-            return dict(getattr(xla_bridge, "_backend_errors", {}) or {})
+            return _tf_internals.jax_backend_errors()
         except Exception:  # noqa: BLE001 - a JAX without this internal: no details
             return {}
 

@@ -22,11 +22,7 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-# Dataset ops that map each batch to one batch: a claimed dataset behind them still
-# starts at the requested batch. Anything else (unbatch, filter, zip, interleave, skip,
-# take, shuffle...) changes what "batch n" is, and the caller falls back to `.skip`.
-_ONE_TO_ONE = frozenset({"_MapDataset", "_ParallelMapDataset", "_PrefetchDataset",
-                         "_OptionsDataset"})
+from fenwicks import _tf_internals
 
 
 @dataclasses.dataclass
@@ -45,8 +41,10 @@ class ResumeRequest:
         """Whether ``dataset`` starts at the requested batch: it is a claimed dataset,
         or one behind per-batch maps, ``prefetch`` and ``with_options`` only."""
         while not any(dataset is c for c in self.claimed):
-            inputs = dataset._inputs()  # noqa: SLF001 - tf.data's own graph walk
-            if type(dataset).__name__ not in _ONE_TO_ONE or len(inputs) != 1:
+            # Only per-batch maps, prefetch and with_options keep "batch n"; anything
+            # else (unbatch, filter, zip, skip, shuffle...) changes it: fall back to .skip.
+            inputs = _tf_internals.dataset_inputs(dataset)
+            if not _tf_internals.maps_batches_one_to_one(dataset) or len(inputs) != 1:
                 return False
             dataset = inputs[0]
         return True

@@ -40,6 +40,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from fenwicks import _tf_internals
+
 logger = logging.getLogger("fenwicks")
 
 PROCESSING_MODES = ("distributed_epoch", "parallel_epochs")
@@ -105,8 +107,7 @@ def check_processing_mode(processing_mode: Any, seed: int | None = None) -> str:
 
 def check_no_python(dataset: tf.data.Dataset, name: str = "dataset") -> None:
     """Raises if `dataset` calls Python functions, which service workers cannot run."""
-    graph = tf.compat.v1.GraphDef.FromString(
-        dataset._as_serialized_graph().numpy())  # noqa: SLF001 - what the service sends
+    graph = _tf_internals.dataset_graph(dataset)
     ops = {node.op for node in graph.node}
     ops |= {node.op for f in graph.library.function for node in f.node_def}
     found = sorted(ops & _PYTHON_OPS)
@@ -324,7 +325,7 @@ def _check_listeners(server: Any, address: str, bind: str, role: str) -> None:
     wide = [where for where in _listen.listeners(port)
             if where.rpartition(":")[0].strip("[]") not in allowed]
     if wide:
-        server._stop()  # noqa: SLF001 - the only way to stop it
+        server.stop()
         raise OSError(f"the tf.data service {role} was asked to listen on {bind}:{port} "
                       f"but listens on {', '.join(wide)}; it was stopped. Start it with "
                       "--bind 0.0.0.0 on a private network instead")
@@ -338,7 +339,10 @@ def _port_error(message: str, code: int | None = errno.EADDRINUSE) -> OSError:
 
 
 def _bound_port(server: Any) -> int:
-    return int(server._address.rpartition(":")[2])  # noqa: SLF001 - port 0 is chosen late
+    """The port `server` listens on (chosen when it started, for ``port=0``)."""
+    if isinstance(server, tf.data.experimental.service.DispatchServer):
+        return int(server.target.rpartition(":")[2])  # grpc://localhost:PORT
+    return int(_tf_internals.worker_address(server).rpartition(":")[2])
 
 
 def _resolve(name: str) -> str:

@@ -33,8 +33,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from tensorflow.python.util import object_identity
 
+from fenwicks import _tf_internals
 from fenwicks.train import checkpoints
 
 logger = logging.getLogger("fenwicks")
@@ -52,15 +52,6 @@ class UnsupportedAsyncCheckpointError(TypeError):
 
 def _is_variable(node: Any) -> bool:
     return isinstance(node, (tf.Variable, keras.Variable))
-
-
-def _saves_state(node: Any) -> bool:
-    """Whether `node` itself writes tensors to a checkpoint (not only its children)."""
-    base = tf.__internal__.tracking.Trackable
-    own = type(node)._serialize_to_tensors is not base._serialize_to_tensors
-    legacy = type(node)._gather_saveables_for_checkpoint is not \
-        base._gather_saveables_for_checkpoint
-    return own or legacy
 
 
 def host_copies(root: tf.train.Checkpoint) -> tuple[tf.train.Checkpoint, list[tuple]]:
@@ -84,7 +75,7 @@ def host_copies(root: tf.train.Checkpoint) -> tuple[tf.train.Checkpoint, list[tu
                 tf.train.TrackableView(root).children(root).items() if name != "save_counter"}
     shadow = tf.train.Checkpoint(**children)
     pairs, seen = [], set()
-    object_map = object_identity.ObjectIdentityDictionary()  # variables are unhashable
+    object_map = _tf_internals.identity_dict()  # variables are unhashable
     for child in children.values():
         for node in tf.train.TrackableView(child).descendants():
             if id(node) in seen:
@@ -98,14 +89,12 @@ def host_copies(root: tf.train.Checkpoint) -> tuple[tf.train.Checkpoint, list[tu
                                        name=inner.name.split(":")[0])
                 object_map[node] = copy
                 pairs.append((node, copy))
-            elif _saves_state(node):
+            elif _tf_internals.saves_own_state(node):
                 raise UnsupportedAsyncCheckpointError(
                     f"{type(node).__name__} in the checkpoint saves state that is not a "
                     "variable, so it cannot be copied for an asynchronous save; pass "
                     "async_checkpoints=False to get_tpu_estimator")
-    # The saver serializes each object's entry in `_object_map` in its place (TensorFlow's
-    # own async checkpoints and SavedModel export use this hook).
-    shadow._saver._object_map = object_map  # noqa: SLF001
+    _tf_internals.write_copies_in_place(shadow, object_map)
     return shadow, pairs
 
 

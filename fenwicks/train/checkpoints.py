@@ -35,9 +35,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from tensorflow.python.checkpoint import checkpoint_management
 
-from fenwicks import _deadline
+from fenwicks import _deadline, _tf_internals
 from fenwicks._text import first_line
 
 logger = logging.getLogger("fenwicks")
@@ -427,8 +426,7 @@ def _set_aside(work_dir: str, damaged: list[tuple[str, str]], used: str) -> None
                     tf.io.gfile.rename(path, path + _CORRUPT_SUFFIX, overwrite=True)
         bad = {prefix for prefix, _ in damaged}
         good = sorted((p for p in _listed(work_dir) if p not in bad), key=step_of)
-        checkpoint_management.update_checkpoint_state_internal(
-            work_dir, used, all_model_checkpoint_paths=good, save_relative_paths=True)
+        _tf_internals.update_checkpoint_state(work_dir, used, good)
     except tf.errors.OpError as err:  # a read-only work_dir: read around them each time
         logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
                        "(%s); they stay in place and are skipped", work_dir,

@@ -27,7 +27,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from fenwicks import accel
+from fenwicks import _tf_internals, accel
 from fenwicks._checks import positive_int
 from fenwicks.train import inputs
 from fenwicks.train.options import EstimatorConfig
@@ -169,8 +169,7 @@ def advice(dataset: tf.data.Dataset) -> tuple[str, ...]:
 def _graph(dataset: tf.data.Dataset) -> Any:
     """The `GraphDef` of `dataset` (what the tf.data service sends), or None."""
     try:
-        return tf.compat.v1.GraphDef.FromString(
-            dataset._as_serialized_graph().numpy())  # noqa: SLF001 - as tf.data service
+        return _tf_internals.dataset_graph(dataset)
     except (tf.errors.OpError, ValueError, TypeError) as err:
         logger.info("fenwicks: cannot read the input pipeline's graph (%s)", err)
         return None

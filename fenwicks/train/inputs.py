@@ -19,7 +19,6 @@ hands the pipeline's batches out round-robin: step s gives replica r batch ``s *
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import gc
 import inspect
@@ -31,7 +30,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks import accel
+from fenwicks import _tf_internals, accel
 from fenwicks.data import position
 from fenwicks.train.options import EstimatorConfig
 
@@ -398,37 +397,16 @@ def discard(holder: list[Any]) -> None:
         >>> loop(holder[0])
         >>> discard(holder)          # returns at once; holder == []
     """
-    handles = _iterator_resources(holder)
+    handles = _tf_internals.iterator_resources(holder)
     holder.clear()
     if threading.main_thread().is_alive():
         _in_thread(_collect_then_drop, handles)
         return
     for handle in handles:  # exiting: never destroyed (their memory goes with the process)
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+        _tf_internals.never_destroy(handle)
 
 
 DISCARD_THREAD = "fenwicks-discard"  # the name of the threads `discard` starts
-# tf.data's and tf.distribute's input objects: where an iterator's handles are found.
-_INPUT_MODULES = ("tensorflow.python.data.", "tensorflow.python.distribute.input_lib",
-                  "tensorflow.python.distribute.v1.input_lib")
-
-
-def _iterator_resources(roots: list[Any]) -> list[Any]:
-    """The resource tensors reachable from `roots` through tf.data and tf.distribute
-    input objects and plain containers: the iterators' handles (and their inputs')."""
-    found, seen, stack = [], set(), list(roots)
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, tf.Tensor):
-            if obj.dtype == tf.resource:
-                found.append(obj)
-        elif isinstance(obj, list | tuple | dict) or \
-                type(obj).__module__.startswith(_INPUT_MODULES):
-            stack.extend(gc.get_referents(obj))
-    return found
 
 
 def _in_thread(target: Callable[[list[Any]], None], items: list[Any]) -> None:

@@ -1,0 +1,209 @@
+"""Every private TensorFlow, Keras and JAX name Fenwicks uses, in one place.
+
+Each function here is one use of a name the installed library does not promise to keep,
+with why no public API does the job. `tests/test_internals.py` checks each name on the
+installed versions, so an upgrade that moves one fails there with the name and the
+Fenwicks feature it breaks, not somewhere deep in a training run. Outside this module no
+Fenwicks module imports ``tensorflow.python``, ``keras.src`` or ``jax._src``, or reads a
+``_``-attribute of a library object (`tests/test_internals.py` greps for it).
+
+TensorFlow and JAX are imported inside each function: `fenwicks.accel` uses the JAX ones
+and imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+from typing import Any
+
+# ------------------------------------------------------------------ tf.data graphs
+
+
+def dataset_graph(dataset: Any) -> Any:
+    """The `GraphDef` of a `tf.data.Dataset`: what the tf.data service sends a worker.
+
+    Why private: tf.data has no public "serialize this pipeline"; the service itself
+    calls ``Dataset._as_serialized_graph`` (`data/experimental/ops/data_service_ops.py`).
+    Used to find Python ops (service workers cannot run them) and to name the ops of a
+    slow pipeline.
+
+    Raises:
+        tf.errors.OpError, ValueError, TypeError: the pipeline cannot be serialized.
+    """
+    import tensorflow as tf
+
+    serialized = dataset._as_serialized_graph()  # noqa: SLF001 - see the docstring
+    return tf.compat.v1.GraphDef.FromString(serialized.numpy())
+
+
+# Dataset ops that map each batch to exactly one batch (`fenwicks.data.position`): a
+# resumed pipeline behind them still starts at the requested batch. tf.data's public
+# types are all `DatasetV2`; only the private subclass says which op made a dataset.
+ONE_TO_ONE_DATASETS = frozenset({"_MapDataset", "_ParallelMapDataset", "_PrefetchDataset",
+                                 "_OptionsDataset"})
+
+
+def dataset_inputs(dataset: Any) -> list[Any]:
+    """The datasets `dataset` reads from (none for a source).
+
+    Why private: ``Dataset._inputs`` is tf.data's own graph walk (it serves
+    ``Options``' propagation); no public API lists a dataset's inputs.
+    """
+    return list(dataset._inputs())  # noqa: SLF001 - see the docstring
+
+
+def maps_batches_one_to_one(dataset: Any) -> bool:
+    """Whether `dataset` is a map, prefetch or with_options over one input: its n-th
+    element comes from its input's n-th. Why private: see `ONE_TO_ONE_DATASETS`."""
+    return type(dataset).__name__ in ONE_TO_ONE_DATASETS
+
+
+# ------------------------------------------------------------------ input iterators
+
+# tf.data's and tf.distribute's input objects: where an iterator's resource handles are
+# found. No public API hands out an iterator's handles or destroys it without blocking
+# (`fenwicks.train.inputs.discard` says why it must not block).
+INPUT_MODULES = ("tensorflow.python.data.", "tensorflow.python.distribute.input_lib",
+                 "tensorflow.python.distribute.v1.input_lib")
+
+
+def iterator_resources(roots: list[Any]) -> list[Any]:
+    """The resource tensors reachable from `roots` through tf.data and tf.distribute
+    input objects and plain containers: the iterators' handles (and their inputs')."""
+    import tensorflow as tf
+
+    found, seen, stack = [], set(), list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, tf.Tensor):
+            if obj.dtype == tf.resource:
+                found.append(obj)
+        elif isinstance(obj, list | tuple | dict) or \
+                type(obj).__module__.startswith(INPUT_MODULES):
+            stack.extend(gc.get_referents(obj))
+    return found
+
+
+def never_destroy(handle: Any) -> None:
+    """Keeps `handle` alive to the process's end: its destructor never runs.
+
+    Why: at interpreter exit a resource destructor that runs while TensorFlow is torn
+    down aborts the process, and no public API detaches a handle from its deleter. One
+    extra reference leaks it (the process's memory goes with the process).
+    """
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def trackable_base() -> type:
+    """TensorFlow's base of every checkpointable object.
+
+    Why private: ``tf.__internal__.tracking.Trackable`` is the only name of it;
+    `tf.Module` and `tf.train.Checkpoint` are subclasses.
+    """
+    import tensorflow as tf
+
+    return tf.__internal__.tracking.Trackable
+
+
+def saves_own_state(node: Any) -> bool:
+    """Whether `node` itself writes tensors to a checkpoint (not only its children).
+
+    Why private: an object writes state by overriding ``_serialize_to_tensors`` (or the
+    legacy ``_gather_saveables_for_checkpoint``); no public API asks whether it does.
+    Asynchronous checkpoints copy only variables, so they refuse such an object.
+    """
+    base = trackable_base()
+    own = type(node)._serialize_to_tensors is not base._serialize_to_tensors  # noqa: SLF001
+    legacy = (type(node)._gather_saveables_for_checkpoint  # noqa: SLF001
+              is not base._gather_saveables_for_checkpoint)  # noqa: SLF001
+    return own or legacy
+
+
+def identity_dict() -> Any:
+    """A dict keyed by object identity: variables (unhashable) to their copies.
+
+    Why private: the saver's object map must be TensorFlow's own
+    ``ObjectIdentityDictionary`` (its lookups go through that type's API).
+    """
+    from tensorflow.python.util import object_identity
+
+    return object_identity.ObjectIdentityDictionary()
+
+
+def write_copies_in_place(checkpoint: Any, object_map: Any) -> None:
+    """`checkpoint` saves, for each object in `object_map`, its entry in that object's
+    place: same keys, same object graph.
+
+    Why private: the saver's ``_object_map`` is the hook TensorFlow's own async
+    checkpoints and SavedModel export use; ``tf.train.CheckpointOptions(enable_async=True)``
+    fails on Keras 3 (see `fenwicks.train.async_checkpoints`).
+    """
+    checkpoint._saver._object_map = object_map  # noqa: SLF001 - see the docstring
+
+
+def update_checkpoint_state(work_dir: str, latest: str, all_paths: list[str]) -> None:
+    """Rewrites the ``checkpoint`` state file of `work_dir` with relative paths.
+
+    Why private: the public ``tf.compat.v1.train.update_checkpoint_state`` writes
+    absolute paths (a work_dir copied elsewhere would point back at the old place);
+    relative ones need ``tf.__internal__.train.update_checkpoint_state``, what
+    `tf.train.CheckpointManager` calls.
+    """
+    import tensorflow as tf
+
+    tf.__internal__.train.update_checkpoint_state(
+        work_dir, latest, all_model_checkpoint_paths=all_paths, save_relative_paths=True)
+
+
+# ------------------------------------------------------------------ tf.data service
+
+
+def worker_address(server: Any) -> str:
+    """``host:port`` a `tf.data.experimental.service.WorkerServer` listens on.
+
+    Why private: with ``port=0`` the port is chosen when the server starts, and only the
+    private ``_address`` reports it (the `DispatchServer` has the public ``target``).
+    """
+    return server._address  # noqa: SLF001 - see the docstring
+
+
+# ------------------------------------------------------------------ JAX
+
+
+def jax_backends_initialized() -> bool:
+    """Whether JAX in this process has started its backends (devices are claimed).
+
+    Why private: ``jax.extend.backend.backends()`` starts them; only ``xla_bridge`` can
+    ask without doing so.
+    """
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def jax_initialized_platforms() -> set[str]:
+    """The platforms ('cpu', 'tpu'...) JAX has started, or none if it has started none
+    (never starts one). Why private: see `jax_backends_initialized`."""
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        return set()
+    return set(xla_bridge.backends())
+
+
+def jax_backend_errors() -> dict[str, str]:
+    """JAX's own message per platform it tried and could not start ('tpu': ...).
+
+    Why private: JAX logs these once and keeps them only in ``xla_bridge._backend_errors``;
+    the public error names the last platform only.
+    """
+    from jax._src import xla_bridge
+
+    return dict(getattr(xla_bridge, "_backend_errors", {}) or {})
