@@ -95,7 +95,7 @@ import contextlib, io, json
 import fenwicks as fw
 from fenwicks.__main__ import main
 
-fw.bench.timing._INTERLEAVE_PAUSE = 0.01  # tiny matrices: no BLAS threads to wait out
+fw.bench.timing.INTERLEAVE_PAUSE = 0.01  # tiny matrices: no BLAS threads to wait out
 out = {}
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf):

@@ -38,6 +38,6 @@ def test_the_serving_signature_applies_predict_fn_to_any_batch_size(tmp_path):
 
 def test_serving_outputs_are_always_a_dict():
     a, b = tf.constant([1.0]), tf.constant([2.0])
-    assert export._serving_outputs(a) == {"predictions": a}
-    assert export._serving_outputs((a, b)) == {"output_0": a, "output_1": b}
-    assert export._serving_outputs({"p": a}) == {"p": a}
+    assert export.serving_outputs(a) == {"predictions": a}
+    assert export.serving_outputs((a, b)) == {"output_0": a, "output_1": b}
+    assert export.serving_outputs({"p": a}) == {"p": a}

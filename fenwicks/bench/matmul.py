@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from fenwicks.bench.peaks import _tpu_type_from_env, accelerator_peak_tflops, cpu_info
+from fenwicks.bench.peaks import accelerator_peak_tflops, cpu_info, tpu_type_from_env
 from fenwicks.bench.timing import DEFAULT_TRIALS, Timing, measure
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -124,12 +124,13 @@ def _check_positive(name: str, value: Any, hint: str) -> int:
     return value
 
 
-def _or_one(value: Any) -> Any:
+def or_one(value: Any) -> Any:
     """None (use the default) validates as 1; 0 must still be rejected."""
     return 1 if value is None else value
 
 
-def _check_args(device: str | None, n: int, dtype: str, repeats: int, trials: int) -> None:
+def check_args(device: str | None, n: int, dtype: str, repeats: int, trials: int) -> None:
+    """Raises a ValueError naming the first argument of a matmul benchmark out of range."""
     if device not in DEVICES:
         raise ValueError(f"device={device!r} must be None (the current accelerator), "
                          "'cpu', 'gpu' or 'tpu'")
@@ -231,14 +232,15 @@ class _Plan:
                             self.peak_tflops, self.simulated)
 
 
-def _accelerator_name(acc: Any) -> str:
+def accelerator_name(acc: Any) -> str:
+    """The name the peak table knows `acc` by: the TPU type, else the first device."""
     if acc.kind == "tpu":
-        return _tpu_type_from_env() or "TPU"
+        return tpu_type_from_env() or "TPU"
     return acc.devices[0] if acc.devices else acc.kind
 
 
-def _plan(device: str | None, n: int | None, dtype: str, repeats: int | None,
-          jit_compile: bool | None) -> _Plan:
+def make_plan(device: str | None, n: int | None, dtype: str, repeats: int | None,
+              jit_compile: bool | None) -> _Plan:
     """Resolves `device` against `fw.accel.current()` and builds the call."""
     from fenwicks import accel
 
@@ -258,7 +260,7 @@ def _plan(device: str | None, n: int | None, dtype: str, repeats: int | None,
         repeats = max(1, math.ceil(repeats / replicas))
         peak = cpu_info().peak_tflops(dtype)
     else:
-        one = accelerator_peak_tflops(acc.kind, _accelerator_name(acc), dtype)
+        one = accelerator_peak_tflops(acc.kind, accelerator_name(acc), dtype)
         peak = None if one is None else one * replicas
     label = acc.kind + (f" x{replicas}" if replicas > 1 else "") + (
         " (sim)" if acc.simulated else "")
@@ -296,8 +298,8 @@ def matmul_flops(device: str | None = None, n: int | None = None, dtype: str = "
         >>> print(f"{r.tflops:.3f} TFLOPS, {r.peak_fraction:.0%} of peak")
         0.098 TFLOPS, 59% of peak
     """
-    _check_args(device, _or_one(n), dtype, _or_one(repeats), trials)
-    plan = _plan(device, n, dtype, repeats, jit_compile)
+    check_args(device, or_one(n), dtype, or_one(repeats), trials)
+    plan = make_plan(device, n, dtype, repeats, jit_compile)
     [timing] = measure([plan.call], trials)
     return plan.result(timing)
 
@@ -310,7 +312,7 @@ def numpy_matmul_flops(n: int = DEFAULT_N["cpu"], repeats: int = DEFAULT_REPEATS
         >>> fw.bench.numpy_matmul_flops(n=1024, repeats=10).tflops
         0.095
     """
-    _check_args("cpu", n, "float32", repeats, trials)
+    check_args("cpu", n, "float32", repeats, trials)
     plan = _numpy_plan(n, repeats)
     [timing] = measure([plan.call], trials)
     return plan.result(timing)
@@ -335,8 +337,8 @@ def cpu_vs_numpy(n: int | None = None, repeats: int | None = None,
         >>> tf_cpu.tflops / np_cpu.tflops
         1.04
     """
-    _check_args("cpu", _or_one(n), "float32", _or_one(repeats), trials)
-    plan = _plan("cpu", n, "float32", repeats, jit_compile)
+    check_args("cpu", or_one(n), "float32", or_one(repeats), trials)
+    plan = make_plan("cpu", n, "float32", repeats, jit_compile)
     reference = _numpy_plan(plan.n, plan.repeats)
     tf_timing, numpy_timing = measure([plan.call, reference.call], trials)
     return plan.result(tf_timing), reference.result(numpy_timing)

@@ -220,7 +220,7 @@ def tpu_version(accelerator_type: str | None) -> str | None:
     return key if key in TPU_PEAK_TFLOPS else None
 
 
-def _tpu_type_from_env() -> str | None:
+def tpu_type_from_env() -> str | None:
     """TPU VMs and GKE set the type; Colab's TPU node (COLAB_TPU_ADDR) was always a v2-8."""
     for name in ("TPU_ACCELERATOR_TYPE", "ACCELERATOR_TYPE"):
         if os.environ.get(name):

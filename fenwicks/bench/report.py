@@ -13,11 +13,11 @@ from fenwicks.bench import timing
 from fenwicks.bench.matmul import (
     DTYPES,
     MatmulResult,
-    _accelerator_name,
-    _check_args,
-    _or_one,
-    _plan,
+    accelerator_name,
+    check_args,
     cpu_vs_numpy,
+    make_plan,
+    or_one,
     speed_ratio,
 )
 from fenwicks.bench.peaks import CpuInfo, cpu_info
@@ -166,7 +166,7 @@ def _describe_accelerator(acc: Any) -> str:
                 "TPU numbers")
     if acc.kind == "cpu":
         return "none (CPU only)"
-    name = _accelerator_name(acc)
+    name = accelerator_name(acc)
     return f"{acc.kind} x{acc.num_replicas}: {name}"
 
 
@@ -191,7 +191,7 @@ def run(n: int | None = None, repeats: int | None = None,
     """
     from fenwicks import accel
 
-    _check_args(None, _or_one(n), "float32", _or_one(repeats), trials)
+    check_args(None, or_one(n), "float32", or_one(repeats), trials)
     acc = accel.current()
     cpu32, reference = cpu_vs_numpy(n, repeats, trials)
     results, errors = [cpu32], []
@@ -200,10 +200,10 @@ def run(n: int | None = None, repeats: int | None = None,
         others += [(None, dtype) for dtype in _accelerator_dtypes(acc.kind)]
     for device, dtype in others:
         try:
-            plan = _plan(device, n, dtype, repeats, None)
+            plan = make_plan(device, n, dtype, repeats, None)
             # pause: the previous row's worker threads may still be spinning. Read from
-            # the module, so one setting of timing._INTERLEAVE_PAUSE governs every call.
-            row_timing = measure([plan.call], trials, pause=timing._INTERLEAVE_PAUSE)[0]
+            # the module, so one setting of timing.INTERLEAVE_PAUSE governs every call.
+            row_timing = measure([plan.call], trials, pause=timing.INTERLEAVE_PAUSE)[0]
             results.append(plan.result(row_timing))
         except Exception as err:  # noqa: BLE001 - e.g. a dtype the device lacks
             errors.append(f"{device or acc.kind} {dtype}: {type(err).__name__}: "

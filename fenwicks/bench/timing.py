@@ -42,7 +42,7 @@ def measure(calls: Sequence[Callable[[], Any]], trials: int = DEFAULT_TRIALS,
         3
     """
     if pause is None:
-        pause = _INTERLEAVE_PAUSE if len(calls) > 1 else 0.0
+        pause = INTERLEAVE_PAUSE if len(calls) > 1 else 0.0
     cold = [_timed(call, clock, pause) for call in calls]
     for call in calls:
         call()  # warm-up: caches, allocator and thread pools settle before the clock runs
@@ -53,7 +53,7 @@ def measure(calls: Sequence[Callable[[], Any]], trials: int = DEFAULT_TRIALS,
     return [Timing(c, tuple(w)) for c, w in zip(cold, warm, strict=True)]
 
 
-_INTERLEAVE_PAUSE = 0.25  # seconds; > OpenBLAS's ~0.1 s spin-wait (2**28 cycles)
+INTERLEAVE_PAUSE = 0.25  # seconds; > OpenBLAS's ~0.1 s spin-wait (2**28 cycles)
 
 
 def _timed(call: Callable[[], Any], clock: Callable[[], float], pause: float = 0.0) -> float:

@@ -194,6 +194,7 @@ class Estimator:
                  accelerator: accel.Accelerator) -> None:
         self.config = config
         self.history = History()
+        self._model_func = model_func
         self._acc = accelerator
         # The engine's roles (`fenwicks.train.engines`); all else here is engine-neutral.
         self._engine = engines.current()
@@ -240,6 +241,11 @@ class Estimator:
     @property
     def num_replicas(self) -> int:
         return self.config.num_replicas
+
+    @property
+    def model_func(self) -> ModelFunc:
+        """The ``params -> ModelSpec`` function the estimator builds its model with."""
+        return self._model_func
 
     @property
     def warm_start_report(self) -> dict[str, list[str]] | None:

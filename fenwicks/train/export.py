@@ -14,7 +14,7 @@ from fenwicks._text import first_line
 from fenwicks.train.model_func import ModelSpec
 
 
-def _serving_outputs(predictions: Any) -> dict[str, tf.Tensor]:
+def serving_outputs(predictions: Any) -> dict[str, tf.Tensor]:
     """Serving signatures return dicts; a single tensor becomes {'predictions': ...}."""
     if isinstance(predictions, dict):
         return dict(predictions)
@@ -52,7 +52,7 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         outputs = tf.nest.map_structure(
             lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t,
             spec.model(features, training=False))
-        return _serving_outputs(spec.predict_fn(outputs))
+        return serving_outputs(spec.predict_fn(outputs))
 
     module.serve = serve
     existed = _existed(export_dir)

@@ -212,7 +212,8 @@ def pad_and_mask(dataset: tf.data.Dataset, batch_size: int, num_replicas: int,
             .unbatch())
 
 
-_WHAT = {"train": "training", "eval": "evaluation", "predict": "prediction"}
+# What each mode is called in messages ("the training input_fn returned ...").
+MODE_NOUNS = {"train": "training", "eval": "evaluation", "predict": "prediction"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +280,7 @@ class InputManager:
         if last is not None and (last.input_fn, last.mode, last.global_batch) == (
                 input_fn, mode, global_batch):
             return last  # probed just before (the estimator, then the evaluator)
-        what = _WHAT[mode]
+        what = MODE_NOUNS[mode]
         params = self.params(mode, global_batch,
                              tf.distribute.InputContext(1, 0, self.num_replicas))
         batch_size = params["batch_size"]
@@ -344,7 +345,7 @@ class InputManager:
         Every example appears exactly once: partial batches are padded to the static
         batch shape and masked out, as are whole filler batches.
         """
-        what, batch_size = _WHAT[mode], self.probe(input_fn, mode, global_batch).params[
+        what, batch_size = MODE_NOUNS[mode], self.probe(input_fn, mode, global_batch).params[
             "batch_size"]
         workers = self._acc.num_workers
 

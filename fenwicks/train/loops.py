@@ -29,8 +29,16 @@ def _float32(outputs: Any) -> Any:
         lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
 
 
-def _train_step(spec: ModelSpec, optimizer: Any, global_batch_size: int,
-                num_replicas: int) -> Callable[[Any], tf.Tensor]:
+def train_step_fn(spec: ModelSpec, optimizer: Any, global_batch_size: int,
+                  num_replicas: int) -> Callable[[Any], tf.Tensor]:
+    """One replica's training step on a batch: ``batch -> loss`` (not yet compiled).
+
+    `make_train_loop` runs it under the strategy; `fw.train.check_tpu_ready` compiles it
+    alone for TPU.
+
+    Example:
+        >>> loss = tf.function(train_step_fn(spec, optimizer, 128, 8))(batch)
+    """
     model = spec.model
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
@@ -82,7 +90,7 @@ def make_train_loop(strategy: tf.distribute.Strategy, spec: ModelSpec, optimizer
         ``loop(iterator, num_steps)`` returning a float32 vector of the mean loss of each
         step run (shorter than `num_steps` if a loss was not finite or `stop` was set).
     """
-    step = tf.function(_train_step(spec, optimizer, global_batch_size,
+    step = tf.function(train_step_fn(spec, optimizer, global_batch_size,
                                    strategy.num_replicas_in_sync), jit_compile=jit_compile)
 
     @tf.function
@@ -144,7 +152,13 @@ def _bad_label_rows(labels: Any, outputs: Any) -> tf.Tensor | None:
     return tf.logical_or(labels < 0, labels >= outputs.shape[-1])
 
 
-def _eval_step(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
+def eval_step_fn(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
+    """One replica's evaluation step: ``(element, mask) -> sums`` in the
+    `eval_sums` layout (not yet compiled).
+
+    Example:
+        >>> sums = tf.function(eval_step_fn(spec))((element, mask))
+    """
     names = list(spec.metric_fns)
     width = eval_sums.width(len(names))
 
@@ -195,7 +209,7 @@ def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
     The columns are `eval_sums`' layout; per-step sums leave the device in float32 and
     are added up on the host in float64 (`eval_sums.EvalTotals`).
     """
-    step = tf.function(_eval_step(spec), jit_compile=jit_compile)
+    step = tf.function(eval_step_fn(spec), jit_compile=jit_compile)
 
     @tf.function
     def loop(iterator: Any) -> tf.Tensor:
@@ -211,7 +225,13 @@ def make_eval_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
     return loop
 
 
-def _predict_step(spec: ModelSpec) -> Callable[[Any], Any]:
+def predict_step_fn(spec: ModelSpec) -> Callable[[Any], Any]:
+    """One replica's prediction step: ``(element, mask) -> (predictions, mask)`` (not
+    yet compiled).
+
+    Example:
+        >>> outputs = tf.function(predict_step_fn(spec))((element, mask))
+    """
     def step(batch: Any) -> Any:
         element, mask = batch
         features, _, _ = inputs.unpack(element)  # labels and weights are not needed
@@ -230,7 +250,7 @@ def make_predict_loop(strategy: tf.distribute.Strategy, spec: ModelSpec,
     output structure is the user's, so it is collected on the host rather than in a
     compiled loop.
     """
-    step = tf.function(_predict_step(spec), jit_compile=jit_compile)
+    step = tf.function(predict_step_fn(spec), jit_compile=jit_compile)
 
     @tf.function
     def predict_step(iterator: Any) -> Any:

@@ -102,10 +102,10 @@ def check_tpu_ready(est: Any, train_input_fn: inputs.InputFn,
     features_spec = tf.nest.map_structure(tf.TensorSpec.from_tensor, features)
     with tf.device("/cpu:0"), building.precision_policy(precision):
         spec, optimizer = building.build_model(
-            est._state._model_func, params[next(iter(fns))], precision, features_spec)
-    steps = {"train": lambda: loops._train_step(spec, optimizer, globals_["train"], replicas),
-             "eval": lambda: loops._eval_step(spec),
-             "predict": lambda: loops._predict_step(spec)}
+            est.model_func, params[next(iter(fns))], precision, features_spec)
+    steps = {"train": lambda: loops.train_step_fn(spec, optimizer, globals_["train"], replicas),
+             "eval": lambda: loops.eval_step_fn(spec),
+             "predict": lambda: loops.predict_step_fn(spec)}
     for mode, (batch, _) in batches.items():
         _compile(mode, steps[mode](), batch)
     return TPUReadiness(

@@ -12,7 +12,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks.train.export import _serving_outputs
+from fenwicks.train.export import serving_outputs
 from fenwicks.train.model_func import ModelSpec
 
 
@@ -34,7 +34,7 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
             lambda t: keras.ops.cast(t, "float32")
             if keras.backend.is_float_dtype(t.dtype) else t,
             spec.model(features, training=False))
-        return _serving_outputs(spec.predict_fn(outputs))
+        return serving_outputs(spec.predict_fn(outputs))
 
     archive = keras.export.ExportArchive()
     archive.track(spec.model)

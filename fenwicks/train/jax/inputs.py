@@ -93,7 +93,7 @@ class JaxInputManager(InputManager):
                        steps: int | None) -> Iterator[tuple[Any, np.ndarray]]:
         """``(global batch, mask)`` pairs covering every example once (`pad_and_mask`):
         the last partial batch padded to the static shape, filler batches masked out."""
-        what = tf_inputs._WHAT[mode]
+        what = tf_inputs.MODE_NOUNS[mode]
         batch_size = self.probe(input_fn, mode, global_batch).params["batch_size"]
         params = self.params(mode, global_batch, self._context())
         dataset = tf_inputs.call_input_fn(input_fn, params, what)

@@ -1,0 +1,271 @@
+"""Private library names live in `fenwicks._tf_internals` alone, and still exist.
+
+Two kinds of check:
+
+- A scan of every Fenwicks module (ast, not regexes): outside ``_tf_internals.py`` no
+  ``tensorflow.python``/``keras.src``/``jax._src`` name, no ``_``-attribute of another
+  object, no import of another module's private name. A module's own private names
+  (``self._x``, ``cls._x``) and the package's private modules (``fenwicks._deadline``) are
+  allowed: the underscore there means "private to Fenwicks".
+- One test per private name `_tf_internals` uses, on the installed TensorFlow/JAX, each
+  failing with the name and the Fenwicks feature that breaks without it.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import pathlib
+import weakref
+
+import pytest
+import tensorflow as tf
+
+from fenwicks import _tf_internals
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fenwicks"
+INTERNALS = PACKAGE / "_tf_internals.py"
+PRIVATE_MODULES = ("tensorflow.python", "keras.src", "jax._src")
+# Underscored names that are public API: os._exit (documented), namedtuple's _replace,
+# _asdict, _fields, _make (documented), sys._getframe is not used.
+PUBLIC_UNDERSCORED = {"_exit", "_replace", "_asdict", "_fields", "_make"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _fenwicks_module(dotted: str) -> bool:
+    """Whether `dotted` (``fenwicks.data._listen``) names a module of the package."""
+    parts = dotted.split(".")
+    if parts[0] != "fenwicks":
+        return False
+    path = PACKAGE.joinpath(*parts[1:])
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _module_aliases(tree: ast.AST, module: str) -> set[str]:
+    """Local names bound to a Fenwicks module (``from fenwicks import _deadline``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                if _fenwicks_module(f"{node.module}.{alias.name}"):
+                    names.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("fenwicks"):
+                    names.add(alias.asname or alias.name.split(".")[0])
+    return names
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def private_uses(path: pathlib.Path) -> list[str]:
+    """``file:line: what`` for each private library name or cross-module private name."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    where = path.relative_to(PACKAGE.parent) if path.is_relative_to(PACKAGE) else path.name
+    found = []
+    for number, line in enumerate(source.splitlines(), 1):
+        for module in PRIVATE_MODULES:
+            if module in line:
+                found.append(f"{where}:{number}: names {module}")
+    modules = _module_aliases(tree, path.stem)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                "fenwicks"):
+            for alias in node.names:
+                if _private(alias.name) and not _fenwicks_module(
+                        f"{node.module}.{alias.name}"):
+                    found.append(f"{where}:{node.lineno}: imports {node.module}.{alias.name}")
+        elif isinstance(node, ast.Attribute) and _private(node.attr) \
+                and node.attr not in PUBLIC_UNDERSCORED:
+            owner = _dotted(node.value)
+            if owner in ("self", "cls"):
+                continue
+            if owner is not None and (owner in modules or owner.startswith("fenwicks")) \
+                    and _fenwicks_module(_resolve(owner, tree) + "." + node.attr):
+                continue  # a private module of the package: fenwicks._deadline
+            found.append(f"{where}:{node.lineno}: {owner or '(expr)'}.{node.attr}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "setattr", "hasattr") and len(node.args) > 1 \
+                and _dotted(node.args[0]) not in ("self", "cls") \
+                and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and _private(node.args[1].value):
+            found.append(f"{where}:{node.lineno}: {node.func.id}(..., "
+                         f"{node.args[1].value!r})")
+    return found
+
+
+def _resolve(owner: str, tree: ast.AST) -> str:
+    """The dotted module path a local name stands for (``_deadline`` -> fenwicks._deadline)."""
+    first, _, rest = owner.partition(".")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                if (alias.asname or alias.name) == first:
+                    return ".".join(filter(None, [node.module, alias.name, rest]))
+    return owner
+
+
+def test_private_names_only_in_tf_internals():
+    found = [use for path in sorted(PACKAGE.rglob("*.py")) if path != INTERNALS
+             for use in private_uses(path)]
+    assert found == [], ("private names outside fenwicks/_tf_internals.py (move a library "
+                         "internal there with why no public API does it; give a Fenwicks "
+                         "name a public spelling):\n" + "\n".join(found))
+
+
+def test_the_scan_finds_each_kind(tmp_path):
+    """The scan is not vacuous: it reports each kind of private use."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from tensorflow.python.util import nest\n"
+        "from fenwicks.train.export import _serving_outputs\n"
+        "from fenwicks import _deadline\n"
+        "def f(est, server):\n"
+        "    _deadline.run_bounded\n"      # a private module's public name: allowed
+        "    self._x, cls._y\n"             # an object's own privates: allowed
+        "    server._stop()\n"
+        "    return est._state._model_func, getattr(server, '_address')\n")
+    kinds = sorted(use.split(": ", 1)[1] for use in private_uses(probe))
+    assert kinds == sorted(["names tensorflow.python",
+                     "imports fenwicks.train.export._serving_outputs",
+                     "server._stop", "est._state", "est._state._model_func",
+                     "getattr(..., '_address')"]), kinds
+
+
+# ------------------------------------------------------------------ each internal in use
+
+
+def _needs(what: str, name: str, feature: str) -> str:
+    return (f"the installed TensorFlow ({tf.__version__}) changed {name}, which "
+            f"fenwicks._tf_internals.{what} uses: {feature} no longer works; update "
+            "fenwicks/_tf_internals.py")
+
+
+def test_dataset_graph_lists_the_pipeline_ops():
+    dataset = tf.data.Dataset.range(4).map(lambda x: x * 2)
+    assert hasattr(dataset, "_as_serialized_graph"), _needs(
+        "dataset_graph", "Dataset._as_serialized_graph",
+        "the tf.data service's Python check and the input check's op names")
+    ops = {node.op for node in _tf_internals.dataset_graph(dataset).node}
+    assert {"RangeDataset", "MapDataset"} <= ops, ops
+
+
+def test_dataset_inputs_and_one_to_one_classes():
+    source = tf.data.Dataset.range(8)
+    chain = {"map": source.map(lambda x: x), "parallel map": source.map(
+        lambda x: x, num_parallel_calls=2), "prefetch": source.prefetch(1),
+        "with_options": source.with_options(tf.data.Options())}
+    for what, dataset in chain.items():
+        assert _tf_internals.maps_batches_one_to_one(dataset), _needs(
+            "ONE_TO_ONE_DATASETS", f"the class of Dataset.{what} "
+            f"({type(dataset).__name__})", "resuming Fenwicks pipelines without .skip")
+        inputs = _tf_internals.dataset_inputs(dataset)
+        assert len(inputs) == 1 and inputs[0] is source, _needs(
+            "dataset_inputs", "Dataset._inputs", "resuming Fenwicks pipelines")
+    for dataset in (source.skip(1), source.shuffle(2), source.filter(lambda x: x > 0)):
+        assert not _tf_internals.maps_batches_one_to_one(dataset), type(dataset).__name__
+    assert _tf_internals.dataset_inputs(source) == []
+
+
+def test_iterator_resources_found_and_kept():
+    iterator = iter(tf.data.Dataset.range(3))
+    assert type(iterator).__module__.startswith(_tf_internals.INPUT_MODULES), _needs(
+        "INPUT_MODULES", f"the module of tf.data's iterator ({type(iterator).__module__})",
+        "non-blocking iterator disposal (fenwicks.train.inputs.discard)")
+    handles = _tf_internals.iterator_resources([iterator])
+    assert handles and all(h.dtype == tf.resource for h in handles), _needs(
+        "iterator_resources", "the iterator's resource handle", "fw.train.inputs.discard")
+
+
+def test_never_destroy_keeps_an_object_past_its_last_reference():
+    class Box:
+        pass
+
+    box = Box()
+    alive = weakref.ref(box)
+    _tf_internals.never_destroy(box)
+    del box
+    gc.collect()
+    assert alive() is not None
+
+
+def test_checkpoint_hooks():
+    base = _tf_internals.trackable_base()
+    assert issubclass(tf.train.Checkpoint, base) and issubclass(tf.Variable, base), _needs(
+        "trackable_base", "tf.__internal__.tracking.Trackable", "asynchronous checkpoints")
+    for name in ("_serialize_to_tensors", "_gather_saveables_for_checkpoint"):
+        assert hasattr(base, name), _needs("saves_own_state", f"Trackable.{name}",
+                                           "asynchronous checkpoints' state check")
+    assert not _tf_internals.saves_own_state(tf.Module())
+    assert _tf_internals.saves_own_state(tf.Variable(1.0))  # a variable writes its value
+    table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+    assert _tf_internals.saves_own_state(table)  # its keys and values: not variables
+
+
+def test_write_copies_in_place_writes_the_copy_under_the_original_key(tmp_path):
+    variable = tf.Variable([1.0, 2.0])
+    copy = tf.Variable([5.0, 7.0])
+    checkpoint = tf.train.Checkpoint(v=variable)
+    assert hasattr(checkpoint, "_saver"), _needs("write_copies_in_place",
+                                                 "Checkpoint._saver", "async checkpoints")
+    object_map = _tf_internals.identity_dict()
+    object_map[variable] = copy
+    _tf_internals.write_copies_in_place(checkpoint, object_map)
+    path = checkpoint.write(str(tmp_path / "ckpt"))
+    restored = tf.Variable([0.0, 0.0])
+    tf.train.Checkpoint(v=restored).read(path).assert_consumed()
+    assert restored.numpy().tolist() == [5.0, 7.0], _needs(
+        "write_copies_in_place", "the saver's _object_map hook", "async checkpoints")
+
+
+def test_update_checkpoint_state_writes_relative_paths(tmp_path):
+    work = str(tmp_path)
+    (tmp_path / "ckpt-3.index").write_bytes(b"")  # what latest_checkpoint looks for
+    _tf_internals.update_checkpoint_state(work, f"{work}/ckpt-3",
+                                          [f"{work}/ckpt-1", f"{work}/ckpt-3"])
+    text = (tmp_path / "checkpoint").read_text()
+    assert text.splitlines() == ['model_checkpoint_path: "ckpt-3"',
+                                 'all_model_checkpoint_paths: "ckpt-1"',
+                                 'all_model_checkpoint_paths: "ckpt-3"'], text
+    assert tf.train.latest_checkpoint(work) == f"{work}/ckpt-3"
+
+
+def test_worker_address_names_the_chosen_port():
+    service = tf.data.experimental.service
+    dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+    worker = service.WorkerServer(service.WorkerConfig(
+        dispatcher_address=dispatcher.target.split("://")[1], port=0))
+    try:
+        assert hasattr(worker, "_address"), _needs(
+            "worker_address", "WorkerServer._address", "fw.data service workers on port 0")
+        host, _, port = _tf_internals.worker_address(worker).rpartition(":")
+        assert host == "localhost" and int(port) > 0, host
+    finally:
+        worker.stop()
+        dispatcher.stop()
+
+
+def test_jax_backend_state():
+    pytest.importorskip("jax")
+    from jax._src import xla_bridge
+
+    for name in ("backends_are_initialized", "backends", "_backend_errors"):
+        assert hasattr(xla_bridge, name), (
+            f"the installed JAX changed jax._src.xla_bridge.{name}, which "
+            "fenwicks._tf_internals uses to tell whether JAX holds the TPU and why a "
+            "platform failed; update fenwicks/_tf_internals.py")
+    assert isinstance(_tf_internals.jax_backends_initialized(), bool)
+    assert isinstance(_tf_internals.jax_backend_errors(), dict)
+    platforms = _tf_internals.jax_initialized_platforms()
+    assert platforms == set() or "cpu" in platforms
