@@ -124,10 +124,10 @@ VAL_BATCHES_8 = [56, 4096]
 def handle_deaths(iterator: Any) -> tuple[int, list[str]]:
     """How many resource handles `iterator` holds, and the list that gets the name of
     the thread each of them is destroyed on (this keeps no reference to them)."""
-    from fenwicks.train import inputs
+    from fenwicks import _tf_internals
 
     died: list[str] = []
-    handles = inputs._iterator_resources([iterator])
+    handles = _tf_internals.iterator_resources([iterator])
     for handle in handles:
         weakref.finalize(handle, lambda: died.append(threading.current_thread().name))
     return len(handles), died
