@@ -114,7 +114,7 @@ class Accelerator:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Request:
+class Request:
     """What the user asked for: `configure()` arguments merged with FENWICKS_DEVICE."""
 
     device: str = "auto"
@@ -124,7 +124,7 @@ class _Request:
     source: str = dataclasses.field(default="auto-detection", compare=False)
 
 
-_request = _Request()
+_request = Request()
 _current: Accelerator | None = None
 
 
@@ -190,7 +190,7 @@ def configure(device: str = "auto", replicas: int | None = None,
         raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
     _check_engine(engine)
     source = "auto-detection" if kind == "auto" else f"fw.accel.configure(device={device!r})"
-    new = _Request(kind, replicas, precision, source)
+    new = Request(kind, replicas, precision, source)
     if _current is not None and new != _request:
         raise AcceleratorError(
             f"the accelerator is already initialised as {_current.kind} with "
@@ -316,11 +316,11 @@ def current() -> Accelerator:
     """
     global _current
     if _current is None:
-        request = _effective_request(os.environ)
+        request = effective_request(os.environ)
         if engine() == "jax":
             _current = detect_jax(request, _JaxProbe())
         else:
-            _current = detect(request, _TFProbe())
+            _current = detect(request, TFProbe())
         logger.info("fenwicks: using %s with %d replica(s), %s on the %s engine (%s)",
                     _current.kind, _current.num_replicas, _current.precision,
                     _current.engine, _current.reason)
@@ -332,7 +332,7 @@ def is_initialized() -> bool:
     return _current is not None
 
 
-def _effective_request(env: Mapping[str, str]) -> _Request:
+def effective_request(env: Mapping[str, str]) -> Request:
     """configure() wins over FENWICKS_DEVICE, which wins over auto-detection."""
     if _request.device != "auto" or DEVICE_ENV not in env:
         return _request
@@ -476,7 +476,7 @@ class _HostProbe:
         return platform.processor() or platform.machine()
 
 
-class _TFProbe(_HostProbe):
+class TFProbe(_HostProbe):
     """The side-effecting half of TensorFlow detection. Tests substitute a fake with the
     same methods."""
 
@@ -566,7 +566,7 @@ class _TFProbe(_HostProbe):
 Unusable = _tpu_diagnosis.Unusable
 
 
-def detect(request: _Request, probe: Any, env: Mapping[str, str] | None = None) -> Accelerator:
+def detect(request: Request, probe: Any, env: Mapping[str, str] | None = None) -> Accelerator:
     """Chooses the accelerator for `request` on the TensorFlow engine, using `probe` for
     every side effect.
 
@@ -592,7 +592,7 @@ def detect(request: _Request, probe: Any, env: Mapping[str, str] | None = None) 
     raise AssertionError("unreachable")
 
 
-def _finish(found: Accelerator, request: _Request, unusable: list[Unusable],
+def _finish(found: Accelerator, request: Request, unusable: list[Unusable],
             probe: Any) -> Accelerator:
     """Who chose, the precision, and a warning per device present but unusable."""
     # Read after the label "chosen by": "auto-detection: no TPU or GPU was found..."
@@ -607,7 +607,7 @@ def _finish(found: Accelerator, request: _Request, unusable: list[Unusable],
     return dataclasses.replace(found, warnings=notes)
 
 
-def _raise_absent(request: _Request, unusable: list[Unusable]) -> None:
+def _raise_absent(request: Request, unusable: list[Unusable]) -> None:
     wanted = request.device
     if unusable:  # FENWICKS_DEVICE=tpu|gpu: the device is there but failed; say why
         raise AcceleratorError(
@@ -816,7 +816,7 @@ def _jax_kind(platform: str) -> str:
     return {"tpu": "tpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}.get(platform, "cpu")
 
 
-def detect_jax(request: _Request, probe: Any) -> Accelerator:
+def detect_jax(request: Request, probe: Any) -> Accelerator:
     """Describes JAX's devices for `request` on the jax engine, using `probe` (a
     `_JaxProbe` or a fake). ``cpu:N`` must already be in XLA_FLAGS (`setup_engine`,
     `configure`).
@@ -896,7 +896,7 @@ def auto_precision(kind: str, probe: Any = None) -> str:
     if kind == "tpu":
         return "bfloat16"
     if kind == "gpu":
-        gpus = (probe or _TFProbe()).gpus()
+        gpus = (probe or TFProbe()).gpus()
         capabilities = [g.get("compute_capability") or (0, 0) for g in gpus]
         if capabilities and all(tuple(c) >= (7, 0) for c in capabilities):
             return "float16"
@@ -906,4 +906,4 @@ def auto_precision(kind: str, probe: Any = None) -> str:
 def _reset_for_tests() -> None:
     """Forgets the cached accelerator and request (devices already set stay set)."""
     global _current, _request
-    _current, _request = None, _Request()
+    _current, _request = None, Request()

@@ -149,7 +149,7 @@ def closed_iterator_dies_on(work_dir: str) -> dict[str, Any]:
     est = fw.train.get_tpu_estimator(10, model_func(), work_dir, trn_bs=32, verbose=False)
     input_fn = train_input(x, y)
     est.train(input_fn, steps=5)
-    count, died = handle_deaths(est._inputs.live_train_iterator(input_fn))
+    count, died = handle_deaths(est.parts.inputs.live_train_iterator(input_fn))
     est.close()
     join_discards()
     return {"handles": count, "died_on": sorted(set(died)), "died": len(died)}

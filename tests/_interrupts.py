@@ -78,7 +78,7 @@ def _train_until_interrupted(est: Any, input_fn: Any, past: int) -> dict[str, An
         reader = tf.train.load_checkpoint(stop.checkpoint)
         return {"step": stop.step, "global_step": est.global_step, "saved": stop.saved,
                 "message": str(stop), "latency": caught - sent[0],
-                "input_steps": int(est._state.input_steps.numpy()),
+                "input_steps": int(est.parts.state.input_steps.numpy()),
                 "saved_step": int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE")),
                 "saved_input_steps": int(reader.get_tensor(
                     "input_steps/.ATTRIBUTES/VARIABLE_VALUE")),

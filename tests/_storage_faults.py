@@ -276,7 +276,7 @@ def outage(work_dir: str, fault: str, seconds: str) -> dict[str, Any]:
             if est.global_step >= OUTAGE_AT and not began:
                 # Storage goes between saves: the checkpoint of step 2 is complete first
                 # (with async checkpoints it may still be in flight after a fast loop).
-                est._state.wait()
+                est.parts.state.wait()
                 rule = {"fault": fault}
                 if fault == "hold":
                     rule["until"] = time.time() + float(seconds)

@@ -29,7 +29,7 @@ def main(replicas: int) -> None:
         def cluster_spec(self):
             return tf.train.ClusterSpec({})
 
-    class FakeTPUProbe(accel._TFProbe):
+    class FakeTPUProbe(accel.TFProbe):
         def has_libtpu(self) -> bool:
             return True
 
@@ -37,9 +37,9 @@ def main(replicas: int) -> None:
             assert tpu == "local", tpu
             if replicas == 1:
                 return Resolver(), tf.distribute.OneDeviceStrategy("/cpu:0")
-            return Resolver(), accel._TFProbe().cpu_strategy(replicas)
+            return Resolver(), accel.TFProbe().cpu_strategy(replicas)
 
-    accel._TFProbe = FakeTPUProbe
+    accel.TFProbe = FakeTPUProbe
     acc = fw.accel.current()
     rng = np.random.default_rng(0)
     x = rng.random((96, 8, 8, 1), dtype=np.float32)

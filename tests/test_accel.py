@@ -104,7 +104,7 @@ class FakeProbe:
 
 V100 = {"name": "Tesla V100", "compute_capability": (7, 0), "memory": 16 * 2**30}
 P100 = {"name": "Tesla P100", "compute_capability": (6, 0), "memory": 16 * 2**30}
-AUTO = accel._Request()
+AUTO = accel.Request()
 
 
 def test_tpu_vm_comes_first_even_with_gpus_and_tpu_name():
@@ -173,15 +173,15 @@ def test_gpus(gpus, replicas, precision):
 
 
 def test_gpu_replicas_limit_and_excess():
-    acc = accel.detect(accel._Request("gpu", 2), FakeProbe(gpus=[V100] * 4), env={})
+    acc = accel.detect(accel.Request("gpu", 2), FakeProbe(gpus=[V100] * 4), env={})
     assert acc.num_replicas == 2
     with pytest.raises(accel.AcceleratorError, match="replicas=8 GPUs.*only 4"):
-        accel.detect(accel._Request("gpu", 8), FakeProbe(gpus=[V100] * 4), env={})
+        accel.detect(accel.Request("gpu", 8), FakeProbe(gpus=[V100] * 4), env={})
 
 
 def test_cpu_replicas_and_explicit_precision():
     probe = FakeProbe()
-    acc = accel.detect(accel._Request("cpu", 8, "bfloat16"), probe, env={})
+    acc = accel.detect(accel.Request("cpu", 8, "bfloat16"), probe, env={})
     assert (acc.kind, acc.num_replicas, acc.simulated) == ("cpu", 8, True)
     assert acc.precision == "bfloat16" and acc.keras_policy == "mixed_bfloat16"
     assert probe.cpu_replicas == [8]
@@ -191,12 +191,12 @@ def test_cpu_replicas_and_explicit_precision():
 @pytest.mark.parametrize("device", ["tpu", "gpu"])
 def test_absent_accelerator_is_an_error_never_a_silent_fallback(device):
     with pytest.raises(accel.AcceleratorError, match=f"no {device.upper()} was found"):
-        accel.detect(accel._Request(device), FakeProbe(), env={})
+        accel.detect(accel.Request(device), FakeProbe(), env={})
 
 
 def test_requested_gpu_skips_tpu_and_cpu():
     probe = FakeProbe(libtpu=True, gpus=[V100])
-    acc = accel.detect(accel._Request("gpu"), probe, env={"TPU_NAME": "x"})
+    acc = accel.detect(accel.Request("gpu"), probe, env={"TPU_NAME": "x"})
     assert acc.kind == "gpu" and probe.tpu_addresses == []
 
 
@@ -206,13 +206,13 @@ def test_reason_says_who_chose_and_what_was_found(monkeypatch):
     assert accel.detect(AUTO, FakeProbe(gpus=[V100, V100]), env={}).reason == \
         "auto-detection: no TPU answered; TensorFlow sees 2 GPUs, so they train in sync, " \
         "one replica each"
-    monkeypatch.setattr(accel, "_request", accel._Request())
+    monkeypatch.setattr(accel, "_request", accel.Request())
     monkeypatch.setattr(accel, "_current", None)  # whatever this process already uses
-    request = accel._effective_request({"FENWICKS_DEVICE": "cpu:4"})
+    request = accel.effective_request({"FENWICKS_DEVICE": "cpu:4"})
     assert accel.detect(request, FakeProbe(), env={}).reason.startswith(
         "FENWICKS_DEVICE=cpu:4: the CPU split into 4 logical devices, to simulate 4 replicas")
     accel.configure(device="cpu")
-    request = accel._effective_request({})
+    request = accel.effective_request({})
     assert accel.detect(request, FakeProbe(), env={}).reason == \
         "fw.accel.configure(device='cpu'): the CPU, as asked"
 
@@ -232,13 +232,13 @@ def test_parse_device_rejects_malformed_specs(spec):
 
 
 def test_env_var_applies_unless_configure_overrides(monkeypatch):
-    monkeypatch.setattr(accel, "_request", accel._Request())
-    assert accel._effective_request({"FENWICKS_DEVICE": "cpu:4"}) == accel._Request("cpu", 4)
-    monkeypatch.setattr(accel, "_request", accel._Request("cpu", 2))
-    assert accel._effective_request({"FENWICKS_DEVICE": "cpu:4"}) == accel._Request("cpu", 2)
-    monkeypatch.setattr(accel, "_request", accel._Request())
+    monkeypatch.setattr(accel, "_request", accel.Request())
+    assert accel.effective_request({"FENWICKS_DEVICE": "cpu:4"}) == accel.Request("cpu", 4)
+    monkeypatch.setattr(accel, "_request", accel.Request("cpu", 2))
+    assert accel.effective_request({"FENWICKS_DEVICE": "cpu:4"}) == accel.Request("cpu", 2)
+    monkeypatch.setattr(accel, "_request", accel.Request())
     with pytest.raises(ValueError, match="'cpu:x'"):
-        accel._effective_request({"FENWICKS_DEVICE": "cpu:x"})
+        accel.effective_request({"FENWICKS_DEVICE": "cpu:x"})
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -247,7 +247,7 @@ def test_env_var_applies_unless_configure_overrides(monkeypatch):
     ({"precision": "float64"}, "precision='float64'"),
 ])
 def test_configure_rejects_bad_arguments(monkeypatch, kwargs, message):
-    monkeypatch.setattr(accel, "_request", accel._Request())
+    monkeypatch.setattr(accel, "_request", accel.Request())
     with pytest.raises(ValueError, match=message):
         accel.configure(**kwargs)
 
@@ -255,7 +255,7 @@ def test_configure_rejects_bad_arguments(monkeypatch, kwargs, message):
 def test_configure_after_initialisation_is_refused(monkeypatch):
     acc = accel.Accelerator("cpu", FakeStrategy(1), 1, "float32")
     monkeypatch.setattr(accel, "_current", acc)
-    monkeypatch.setattr(accel, "_request", accel._Request())
+    monkeypatch.setattr(accel, "_request", accel.Request())
     with pytest.raises(accel.AcceleratorError, match="already initialised"):
         accel.configure(device="cpu", replicas=8)
     accel.configure()  # asking for what is already there is fine
@@ -471,7 +471,7 @@ def test_cpu_n_on_jax_appends_the_host_device_count_to_xla_flags(before, replica
 
 
 def test_configure_accepts_only_the_engine_keras_runs_on(monkeypatch):
-    monkeypatch.setattr(accel, "_request", accel._Request())
+    monkeypatch.setattr(accel, "_request", accel.Request())
     assert accel.engine() == "tf"  # this process: not a TPU host, no FENWICKS_ENGINE
     accel.configure(engine="tf")
     with pytest.raises(accel.AcceleratorError) as failure:
@@ -527,14 +527,14 @@ def test_the_jax_engine_describes_jax_devices(probe, kind, replicas, precision):
 
 
 def test_jax_cpu_n_is_simulated_and_a_wrong_count_is_an_error():
-    eight = accel._Request("cpu", 8, source="FENWICKS_DEVICE=cpu:8")
+    eight = accel.Request("cpu", 8, source="FENWICKS_DEVICE=cpu:8")
     acc = accel.detect_jax(eight, FakeJaxProbe("cpu", 8))
     assert (acc.kind, acc.num_replicas, acc.simulated) == ("cpu", 8, True)
     assert acc.reason.startswith("FENWICKS_DEVICE=cpu:8: the CPU split into 8 JAX devices")
     with pytest.raises(accel.AcceleratorError, match="JAX has 1 device"):
         accel.detect_jax(eight, FakeJaxProbe("cpu", 1))
     with pytest.raises(accel.AcceleratorError, match="its tpu backend failed: UNKNOWN"):
-        accel.detect_jax(accel._Request("tpu"), FakeJaxProbe(errors={"tpu": "UNKNOWN: x"}))
+        accel.detect_jax(accel.Request("tpu"), FakeJaxProbe(errors={"tpu": "UNKNOWN: x"}))
 
 
 # ------------------------------------------------------- the engine in a real new process

@@ -43,7 +43,7 @@ def _tensors(prefix):
 def test_a_background_checkpoint_holds_exactly_what_a_synchronous_one_holds(tmp_path, data):
     est = _estimator(tmp_path / "run")
     est.train(_flagship.train_input(*data), steps=5)
-    root = est._state._root
+    root = est.parts.state.checkpoint_root
     # What async_checkpoints=False writes: the same root through a CheckpointManager.
     synchronous = _tensors(tf.train.CheckpointManager(root, str(tmp_path / "sync"), 1,
                                                       checkpoint_name="ckpt").save(5))
@@ -97,7 +97,7 @@ def test_training_goes_on_while_the_checkpoint_is_written(tmp_path, data, monkey
     assert gate.seen["thread"].startswith("fenwicks checkpoint writer")
     # The end of train waited for the last write.
     assert tf.train.latest_checkpoint(str(work)) == str(work / "ckpt-15")
-    assert est._state.last_good_checkpoint == str(work / "ckpt-15")
+    assert est.parts.state.last_good_checkpoint == str(work / "ckpt-15")
 
 
 def test_synchronous_checkpoints_are_an_option(tmp_path, data, monkeypatch):
@@ -133,7 +133,7 @@ def test_a_failed_background_write_is_raised_at_the_next_save_naming_the_last_go
     # Raised when the save of step 15 waited for it: training had gone on to step 15.
     assert est.global_step == 15
     assert tf.train.latest_checkpoint(str(work)) == str(work / "ckpt-5")
-    assert est._state.last_good_checkpoint == str(work / "ckpt-5")
+    assert est.parts.state.last_good_checkpoint == str(work / "ckpt-5")
     monkeypatch.setattr(checkpoint_management, "update_checkpoint_state_internal", original)
     est.train(_flagship.train_input(*data), steps=5)  # storage is fine again: saved
     assert tf.train.latest_checkpoint(str(work)) == str(work / "ckpt-20")
@@ -143,8 +143,8 @@ def test_close_and_a_restore_wait_for_the_write(tmp_path, data):
     work = tmp_path / "run"
     est = _estimator(work)
     est.train(_flagship.train_input(*data), steps=5)
-    est._state.step_counter.assign(7)  # as if two more steps ran: a save is due
-    checkpointer = est._state.checkpointer
+    est.parts.state.step_counter.assign(7)  # as if two more steps ran: a save is due
+    checkpointer = est.parts.state.checkpointer
     checkpointer.save(7)
     assert checkpointer.pending_step == 7 or tf.io.gfile.exists(str(work / "ckpt-7.index"))
     est.close()
@@ -182,9 +182,9 @@ checkpoint_management.update_checkpoint_state_internal = slow
 x, y = _flagship.digits("mnist_net")
 est = _flagship.estimator("mnist_net", {str(work)!r}, steps_per_loop=5)
 est.train(_flagship.train_input(x, y), steps=5)
-est._state.step_counter.assign(7)  # as if two more steps ran
-est._state.checkpointer.save(7)
-print(json.dumps(est._state.checkpointer.pending_step))  # then the interpreter exits
+est.parts.state.step_counter.assign(7)  # as if two more steps ran
+est.parts.state.checkpointer.save(7)
+print(json.dumps(est.parts.state.checkpointer.pending_step))  # then the interpreter exits
 """, fresh=True)
     assert out == 7  # save() had returned with the write of step 7 still running
     assert tf.train.latest_checkpoint(str(work)) == str(work / "ckpt-7")

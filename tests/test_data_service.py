@@ -259,7 +259,7 @@ def test_in_process_servers_divide_the_epochs_between_workers(records, caplog):
         pixels = np.concatenate([x.numpy().reshape(len(x), -1) for x, _ in ds.take(batches)])
     finally:
         for server in [*workers, dispatcher]:
-            server._stop()  # noqa: SLF001 - the servers' only way to stop in-process
+            server.stop()
     x, _ = flagship.digits("mnist_net")
     index = {row.tobytes(): i for i, row in enumerate(x[:flagship.NUM_TRAIN].reshape(
         flagship.NUM_TRAIN, -1))}

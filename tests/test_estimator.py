@@ -420,7 +420,7 @@ def test_out_of_memory_retries_with_smaller_batches(tmp_path, caplog):
         return global_batch
 
     with caplog.at_level("WARNING", logger="fenwicks"):
-        assert est._evaluator._with_smaller_batches(run, 128, "evaluation") == 32
+        assert est.parts.evaluator.with_smaller_batches(run, 128, "evaluation") == 32
     assert tried == [128, 64, 32]
     assert "out of memory at evaluation batch 128; retrying with 64" in caplog.text
 
@@ -540,7 +540,7 @@ def test_close_flushes_the_logs_and_lets_go_of_the_input(tmp_path):
     with fw.train.get_tpu_estimator(8, h.model_func(), str(tmp_path), trn_bs=32,
                                     steps_per_loop=4, verbose=False) as est:
         est.train(h.train_input(x, y), steps=12)
-    assert est._inputs._train is None
+    assert est.parts.inputs.training_input is None
     losses = [v for path in glob.glob(str(tmp_path / "train" / "events*"))
               for event in tf.compat.v1.train.summary_iterator(path)
               for v in event.summary.value if v.tag == "loss"]

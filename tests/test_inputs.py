@@ -85,10 +85,10 @@ def test_released_training_iterators_are_destroyed_off_the_callers_thread():
     manager.train_iterator(lambda params: _numbered(params), start_step=0)
     join_discards(60)
     assert died.all_on_discard_threads(), died.threads
-    died = _Deaths(manager.live_train_iterator(manager._train[0]))
+    died = _Deaths(manager.live_train_iterator(manager.training_input))
     manager.restart_training_input()
     join_discards(60)
-    assert died.all_on_discard_threads() and manager._train is None
+    assert died.all_on_discard_threads() and manager.training_input is None
 
 
 def test_discard_empties_the_holder_and_destroys_on_its_thread():

@@ -87,7 +87,7 @@ est.train(I.new_input_fn(), max_steps=target)   # the cell run again: a new lamb
 reference = I.estimator({reference!r})
 reference.train(I.new_input_fn(), max_steps=target)
 print(json.dumps({{"stopped": stopped, "step": est.global_step,
-                  "latest": est._state.latest_checkpoint,
+                  "latest": est.parts.state.latest_checkpoint,
                   "variables": I.variables(est), "reference": I.variables(reference)}}))
 """
 
@@ -209,11 +209,13 @@ def test_an_event_loops_wakeup_fd_still_gets_its_signals():
 
 
 @pytest.mark.slow
-def test_when_saving_is_slow_ctrl_c_says_what_was_not_saved(tmp_path):
+def test_when_saving_is_slow_ctrl_c_says_what_was_not_saved(tmp_path, monkeypatch):
     est = _interrupts.estimator(str(tmp_path / "run"))
     input_fn = _interrupts.new_input_fn()
     est.train(input_fn, steps=3)  # ckpt-3
-    est._state.checkpointer._last_save_secs = 60.0  # as if saves took a minute (a slow bucket)
+    # As if saves took a minute (a slow bucket): what the checkpointer reports of the last.
+    monkeypatch.setattr(type(est.parts.state.checkpointer), "last_save_secs",
+                        property(lambda self: 60.0))
     stop = _interrupts._train_until_interrupted(est, input_fn, past=10)
     lost = stop["step"] - 3
     assert not stop["saved"] and stop["saved_step"] == 3  # the work_dir is still at 3
@@ -270,13 +272,13 @@ def test_ctrl_c_during_a_loop_of_evaluate_calls_is_never_swallowed(tmp_path, mon
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)  # the KeyboardInterrupt is raised here, inside the callback
 
-    evaluate = est._evaluator.evaluate
+    evaluate = est.parts.evaluator.evaluate
 
     def evaluate_with_gc(*args, **kwargs):
         gc.collect()
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(est._evaluator, "evaluate", evaluate_with_gc)
+    monkeypatch.setattr(est.parts.evaluator, "evaluate", evaluate_with_gc)
     calls = 0
     gc.callbacks.append(press_ctrl_c_in_gc)
     try:

@@ -195,8 +195,8 @@ def test_an_out_of_memory_evaluation_retries_with_half_the_batch():
             raise tf.errors.ResourceExhaustedError(None, None, "OOM")
         return batch
 
-    assert evaluator._with_smaller_batches(run, 64, "evaluation") == 16
+    assert evaluator.with_smaller_batches(run, 64, "evaluation") == 16
     assert tried == [64, 32, 16]  # always a multiple of the 8 replicas
     tried.clear()
     with pytest.raises(tf.errors.ResourceExhaustedError):  # 8 cannot halve: give up
-        evaluator._with_smaller_batches(lambda b: run(b * 100), 16, "evaluation")
+        evaluator.with_smaller_batches(lambda b: run(b * 100), 16, "evaluation")

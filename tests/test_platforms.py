@@ -16,7 +16,7 @@ from fenwicks import _engine, accel
 from tests.conftest import ROOT, run_python
 from tests.test_accel import V100, FakeJaxProbe, FakeProbe
 
-AUTO = accel._Request()
+AUTO = accel.Request()
 BUSY = RuntimeError("TPU initialization failed: open(/dev/accel0): Device or resource busy: "
                     "Device or resource busy; Couldn't open device: /dev/accel0")
 NO_CUDNN = "libcudnn.so.9: cannot open shared object file: No such file or directory"
@@ -278,7 +278,7 @@ def test_nothing_present_means_no_warning():
      "built without CUDA"),
 ])
 def test_an_insisted_device_fails_with_the_original_cause(device, probe, cause):
-    request = accel._Request(device, source=f"FENWICKS_DEVICE={device}")
+    request = accel.Request(device, source=f"FENWICKS_DEVICE={device}")
     with pytest.raises(accel.AcceleratorError) as failure:
         accel.detect(request, probe, env={})
     message = str(failure.value)
@@ -326,7 +326,7 @@ def test_tpu_holders_are_found_in_proc(tmp_path, monkeypatch):
                                f"f = open({str(device)!r}); import time; time.sleep(60)"])
     try:
         for _ in range(100):  # until the holder has opened the file
-            holders = accel._TFProbe().tpu_holders()
+            holders = accel.TFProbe().tpu_holders()
             if holders:
                 break
             subprocess.run(["sleep", "0.05"], check=True)

@@ -27,7 +27,7 @@ SHAPES = {"v5e-1": 1, "tpu-vm-4": 4, "v5e-8": 8}
 
 
 def _tpu(replicas: int) -> accel.Accelerator:
-    acc = accel.detect(accel._Request(), FakeProbe(libtpu=True, tpu_replicas=replicas), env={})
+    acc = accel.detect(accel.Request(), FakeProbe(libtpu=True, tpu_replicas=replicas), env={})
     assert acc.kind == "tpu"
     return acc
 
@@ -73,7 +73,7 @@ def test_estimator_choices_on_each_tpu_shape(name, on_tpu, tmp_path):
     # params['batch_size'] is per replica: 64 / n (64, 16, 8), as the input_fn sees it.
     for mode, global_batch, per_replica in [("train", 64, 64 // n), ("eval", 200, 200 // n),
                                             ("predict", 40, 40 // n)]:
-        params = est._inputs.params(mode, global_batch)
+        params = est.parts.inputs.params(mode, global_batch)
         assert (params["batch_size"], params["global_batch_size"],
                 params["num_replicas"]) == (per_replica, global_batch, n)
         assert params["precision"] == "bfloat16"
@@ -142,7 +142,7 @@ def test_storage_root_on_a_tpu_vm(name, environment, env, expected, on_tpu, monk
 
 
 def test_storage_root_on_a_tpu_node_is_the_bucket(monkeypatch):
-    acc = accel.detect(accel._Request(), FakeProbe(), env={"TPU_NAME": "grpc://10.0.0.2:8470"})
+    acc = accel.detect(accel.Request(), FakeProbe(), env={"TPU_NAME": "grpc://10.0.0.2:8470"})
     assert acc.is_remote and acc.kind == "tpu"
     monkeypatch.setattr(accel, "_current", acc)
     monkeypatch.delenv("FENWICKS_ROOT", raising=False)

@@ -173,7 +173,7 @@ def test_a_work_dir_deleted_while_training_stops_it_by_name_and_is_not_recreated
     class DeleteWorkDir(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch >= 10 and work.exists() and not deleted:
-                est._state.wait()  # between saves (a write in flight would land anyway)
+                est.parts.state.wait()  # between saves (a write in flight would land anyway)
                 deleted.append(batch)
                 shutil.rmtree(work)
 

@@ -26,7 +26,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -171,6 +171,14 @@ def _release(inputs: InputManager, state: RunState) -> None:
     state.close()
 
 
+class EstimatorParts(NamedTuple):
+    """`Estimator.parts`: the engine's `RunState`, `InputManager` and `Evaluator`."""
+
+    state: Any
+    inputs: Any
+    evaluator: Any
+
+
 class Estimator:
     """Trains, evaluates, predicts and exports one model; see `get_tpu_estimator`.
 
@@ -246,6 +254,18 @@ class Estimator:
     def model_func(self) -> ModelFunc:
         """The ``params -> ModelSpec`` function the estimator builds its model with."""
         return self._model_func
+
+    @property
+    def parts(self) -> EstimatorParts:
+        """The run's parts, for tests and tools: state, inputs and evaluator.
+
+        A documented test hook: the parts' own attributes are Fenwicks-internal and may
+        change between releases; models, counters and results have public properties.
+
+        Example:
+            >>> est.parts.state.checkpointer.latest   # the newest complete checkpoint
+        """
+        return EstimatorParts(self._state, self._inputs, self._evaluator)
 
     @property
     def warm_start_report(self) -> dict[str, list[str]] | None:

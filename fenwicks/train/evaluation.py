@@ -56,8 +56,8 @@ class Evaluator:
         finally:
             discard(holder)
 
-    def _with_smaller_batches(self, run: Callable[[int], Any], global_batch: int,
-                              what: str) -> Any:
+    def with_smaller_batches(self, run: Callable[[int], Any], global_batch: int,
+                             what: str) -> Any:
         """Runs `run(batch)`, halving the batch after an out-of-memory error on a GPU."""
         replicas = self._acc.num_replicas
         while True:
@@ -100,7 +100,7 @@ class Evaluator:
 
     def evaluate(self, input_fn: InputFn, steps: int | None) -> dict[str, float]:
         """Loss and metrics over every example of `input_fn` (see `Estimator.evaluate`)."""
-        totals = self._with_smaller_batches(
+        totals = self.with_smaller_batches(
             lambda global_batch: self._eval_totals(input_fn, global_batch, steps),
             self.config.eval_batch_size, "evaluation")
         self.warn_if_untrained("evaluated")
@@ -128,7 +128,7 @@ class Evaluator:
         """One row per example, in input order (see `Estimator.predict`)."""
         self.check_single_host()
 
-        results = self._with_smaller_batches(
+        results = self.with_smaller_batches(
             lambda global_batch: self._predictions(input_fn, global_batch),
             self.config.predict_batch_size, "prediction")
         self.warn_if_untrained("predicted with")

@@ -296,6 +296,11 @@ class InputManager:
 
     # ---------------------------------------------------------------- training
 
+    @property
+    def training_input(self) -> InputFn | None:
+        """The input_fn whose training iterator is live, or None (none kept)."""
+        return None if self._train is None else self._train[0]
+
     def live_train_iterator(self, input_fn: InputFn) -> Any:
         """The live iterator of `input_fn` if `train` made one and it still stands."""
         if self._train is not None and self._train[0] is input_fn:

@@ -92,6 +92,12 @@ class RunState:
         return int(self.step_counter.numpy()) if self.built else 0
 
     @property
+    def checkpoint_root(self) -> tf.train.Checkpoint:
+        """What a checkpoint of this run holds (`checkpoints.make_checkpoint`)."""
+        self.spec  # noqa: B018 - raises the "built on first use" error
+        return self._root
+
+    @property
     def input_position(self) -> int:
         """Training steps' worth of input read so far: where a new input iterator starts."""
         return int(self.input_steps.numpy()) if self.built else 0
