@@ -670,10 +670,10 @@ def _same(src: _Side, src_info: dict, dst: _Side, dst_info: dict) -> bool:
 def _checksum(side: _Side, info: dict, kind: str) -> str | None:
     if side.is_gcs:
         return info.get(kind)
-    return _local_checksum(info["name"], kind)
+    return local_checksum(info["name"], kind)
 
 
-def _local_checksum(path: str, kind: str) -> str | None:
+def local_checksum(path: str, kind: str) -> str | None:
     """Base64 digest of a local file, as GCS spells it (md5Hash / big-endian crc32c)."""
     if kind == "md5Hash":
         digest: Any = hashlib.md5(usedforsecurity=False)

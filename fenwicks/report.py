@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 
-def _format_bytes(size: int | None) -> str:
+def format_bytes(size: int | None) -> str:
+    """A byte count in binary units (``1.5 GiB``), or ``unknown`` for None."""
     if size is None:
         return "unknown"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -46,7 +47,7 @@ def info_rows() -> list[tuple[str, str]]:
         ("remote (gs:// only)", "yes" if acc.is_remote else "no"),
     ]
     for i, (name, memory) in enumerate(zip(acc.devices, acc.memory, strict=False)):
-        rows.append((f"device {i}", f"{name}, memory {_format_bytes(memory)}"))
+        rows.append((f"device {i}", f"{name}, memory {format_bytes(memory)}"))
     try:
         root = io.default_root()
     except ValueError as err:  # a remote TPU without FENWICKS_BUCKET: say so, don't crash

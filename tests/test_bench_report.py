@@ -28,10 +28,10 @@ def test_table_shape_and_speedups():
     header = next(i for i, line in enumerate(lines) if line.startswith("device"))
     rows = lines[header + 2: header + 5]
     assert [r.split()[0] for r in rows] == ["cpu", "gpu", "numpy"]
-    width = sum(bench_report._WIDTHS)
+    width = sum(bench_report.WIDTHS)
     assert {len(line) for line in lines[header: header + 5]} == {width}
-    assert all(len(r.split()) == len(bench_report._HEADER) for r in rows)
-    gpu_cells = dict(zip(bench_report._HEADER, rows[1].split(), strict=True))
+    assert all(len(r.split()) == len(bench_report.HEADER) for r in rows)
+    gpu_cells = dict(zip(bench_report.HEADER, rows[1].split(), strict=True))
     assert gpu_cells["med TF"] == "2.000" and gpu_cells["x cpu"] == "20.0"
     assert gpu_cells["%peak"] == "3%"  # 2 / 65
     assert report.tf_over_numpy == pytest.approx(0.1 / 0.08)
@@ -44,7 +44,7 @@ def test_table_explains_every_column_in_words():
     table = bench_report.Report(info, "none (CPU only)", False,
                                 (_row("cpu", "cpu", "float32", 0.02),)).table()
     legend = table.split("\nColumns:\n", 1)[1].splitlines()
-    assert [line.split("  ")[1].strip() for line in legend] == list(bench_report._HEADER)
+    assert [line.split("  ")[1].strip() for line in legend] == list(bench_report.HEADER)
     explained = dict(bench_report.LEGEND)
     assert "compiling" in explained["cold s"] and "median" in explained["med TF"]
     assert "TFLOPS" in table.split("\n\n", 1)[0]  # the unit is spelled out above the table

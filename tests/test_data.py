@@ -544,12 +544,12 @@ def test_remote_tpu_gets_graph_constants_and_a_clear_limit(remote_tpu):
 
 
 def test_tfds_dir_follows_the_storage_rule(remote_tpu, monkeypatch):
-    from fenwicks.data.tfds_source import _tfds_dir
+    from fenwicks.data.tfds_source import tfds_data_dir
 
     monkeypatch.delenv("FENWICKS_ROOT", raising=False)
     monkeypatch.setenv("FENWICKS_BUCKET", "my-bucket")
-    assert _tfds_dir(None) == "gs://my-bucket/tensorflow_datasets"
-    assert _tfds_dir("gs://other/tfds") == "gs://other/tfds"
+    assert tfds_data_dir(None) == "gs://my-bucket/tensorflow_datasets"
+    assert tfds_data_dir("gs://other/tfds") == "gs://other/tfds"
 
 
 def test_the_three_pipelines_share_their_options_as_keyword_only_arguments():

@@ -192,9 +192,9 @@ def test_local_checksum_matches_gcs_spelling(tmp_path):
     content = b"The quick brown fox jumps over the lazy dog"
     (tmp_path / "f").write_bytes(content)
     md5 = base64.b64encode(hashlib.md5(content).digest()).decode()
-    assert fw.io._local_checksum(str(tmp_path / "f"), "md5Hash") == md5
+    assert fw.io.local_checksum(str(tmp_path / "f"), "md5Hash") == md5
     crc = google_crc32c.value(content).to_bytes(4, "big")  # GCS: big-endian, base64
-    assert fw.io._local_checksum(str(tmp_path / "f"), "crc32c") == base64.b64encode(
+    assert fw.io.local_checksum(str(tmp_path / "f"), "crc32c") == base64.b64encode(
         crc).decode()
     assert crc.hex() == "22620404"  # CRC-32C of this sentence (published check value)
 

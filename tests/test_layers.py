@@ -74,7 +74,7 @@ def test_dense_bn_inference_and_dropout():
     block = L.DenseBN(64, drop_rate=0.5, bn_eps=1e-3)
     x = np.random.RandomState(2).randn(8, 5).astype("float32")
     inference = block(x, training=False).numpy()
-    kernel = block._parts[0].kernel.numpy()
+    kernel = block.dense.kernel.numpy()
     # Fresh moving statistics are mean 0, variance 1; gamma 1, beta 0.
     np.testing.assert_allclose(inference, np.maximum(x @ kernel / np.sqrt(1 + 1e-3), 0),
                                rtol=1e-5, atol=1e-6)

@@ -151,12 +151,25 @@ def test_unmatched_exclusion_pattern_warns():
         run_keras(fw.train.adam_optimizer(0.1, wd=0.1, exclude_from_wd="bn_and_bias"), steps=1)
 
 
+
+def _all_layers(layer, seen=None):
+    """`layer` and every layer inside it, through public attributes (Keras 3 has no
+    public recursive walk): a model's ``layers`` and a block's layer attributes."""
+    seen = set() if seen is None else seen
+    if id(layer) in seen:
+        return
+    seen.add(id(layer))
+    yield layer
+    children = layer.layers if isinstance(layer, keras.Model) else [
+        v for v in vars(layer).values() if isinstance(v, keras.layers.Layer)]
+    for child in children:
+        yield from _all_layers(child, seen)
+
 def test_exclusion_shortcut_covers_fw_blocks():
     model = fw.models.mnist_net(c=2)
     opt = fw.train.sgd_optimizer(0.1, wd=0.1, exclude_from_wd="bn_and_bias")()
     opt.build(model.trainable_variables)
-    decayed = {v.path for v, flag in zip(model.trainable_variables, opt._decay_flags,
-                                         strict=True) if flag}
+    decayed = {v.path for v in model.trainable_variables if opt.applies_weight_decay(v)}
     kernels = {v.path for v in model.trainable_variables if v.path.endswith("kernel")}
     assert decayed == kernels
 
@@ -357,11 +370,11 @@ def test_batchnorm_name_keeps_keras_exclusion_patterns_matching():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a pattern matching nothing would warn
         opt.build(model.trainable_variables)
-    bn_params = {v.path for layer in model._flatten_layers()
+    bn_params = {v.path for layer in _all_layers(model)
                  if isinstance(layer, keras.layers.BatchNormalization)
                  for v in layer.trainable_variables}
-    excluded = {v.path for v, flag in zip(model.trainable_variables, opt._decay_flags,
-                                          strict=True) if not flag}
+    excluded = {v.path for v in model.trainable_variables
+                if not opt.applies_weight_decay(v)}
     assert len(bn_params) == 6 and excluded == bn_params  # gamma, beta of 3 ConvBN blocks
     assert fw.layers.BatchNorm(name="bn").name == "bn"  # an explicit name is the user's
 

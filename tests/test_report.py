@@ -33,6 +33,6 @@ def test_info_under_cpu8_simulation():
 
 
 def test_format_bytes():
-    assert report._format_bytes(None) == "unknown"
-    assert report._format_bytes(512) == "512 B"
-    assert report._format_bytes(3 * 2**30 // 2) == "1.5 GiB"
+    assert report.format_bytes(None) == "unknown"
+    assert report.format_bytes(512) == "512 B"
+    assert report.format_bytes(3 * 2**30 // 2) == "1.5 GiB"

@@ -87,8 +87,8 @@ class Report:
             f"host CPU    {self.cpu.describe()}",
             f"accelerator {self.accelerator}",
             "",
-            _row(_HEADER),
-            _row(tuple("-" * len(h) for h in _HEADER)),
+            _row(HEADER),
+            _row(tuple("-" * len(h) for h in HEADER)),
         ]
         lines += [_row(self._cells(r)) for r in self.results]
         if self.numpy is not None:
@@ -126,9 +126,9 @@ class Report:
 
 
 _SHORT_CALL_SECONDS = 0.02  # below this, per-call dispatch and sync overhead shows
-_HEADER = ("device", "dtype", "N", "reps", "cold s", "cold TF", "min TF", "med TF",
+HEADER = ("device", "dtype", "N", "reps", "cold s", "cold TF", "min TF", "med TF",
            "max TF", "cold x", "x cpu", "peak TF", "%peak")
-_WIDTHS = (14, 9, 6, 5, 8, 9, 9, 9, 9, 7, 7, 9, 6)
+WIDTHS = (14, 9, 6, 5, 8, 9, 9, 9, 9, 7, 7, 9, 6)
 # Printed under the table: every column in words, for someone new to benchmarks.
 LEGEND = (
     ("device", "where it ran: cpu = all host cores as one device; the accelerator with "
@@ -151,8 +151,8 @@ LEGEND = (
 
 
 def _row(cells: Sequence[str]) -> str:
-    first = f"{cells[0]:<{_WIDTHS[0]}}"
-    return first + "".join(f"{c:>{w}}" for c, w in zip(cells[1:], _WIDTHS[1:], strict=True))
+    first = f"{cells[0]:<{WIDTHS[0]}}"
+    return first + "".join(f"{c:>{w}}" for c, w in zip(cells[1:], WIDTHS[1:], strict=True))
 
 
 def _maybe(value: float | None, fmt: str) -> str:

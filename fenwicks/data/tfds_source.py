@@ -117,7 +117,7 @@ def tfds_builder(name: str, data_dir: str | None = None, download: bool = True):
         >>> builder.info.splits['train'].num_examples
         60000
     """
-    data_dir = _tfds_dir(data_dir)
+    data_dir = tfds_data_dir(data_dir)
     builder = _builder(name, data_dir)
     if builder.is_prepared():
         return builder
@@ -263,7 +263,7 @@ def _training_batches(builder: Any, files: list[tuple[str, int, int]],
     return epochs.training_batches(source, parse, size, options)
 
 
-def _tfds_dir(data_dir: str | None) -> str | None:
+def tfds_data_dir(data_dir: str | None) -> str | None:
     """tfds' own default locally; ``<storage root>/tensorflow_datasets`` on a TPU node."""
     if data_dir is None:
         remote = tpu_is_remote()

@@ -215,6 +215,15 @@ class _DecayMixin:
                              "optimizer for another model")
         return index
 
+    def applies_weight_decay(self, variable: Any) -> bool:
+        """Whether `variable`, one the optimizer was built with, gets weight decay.
+
+        Example:
+            >>> opt.build(model.trainable_variables)
+            >>> [v.path for v in model.trainable_variables if opt.applies_weight_decay(v)]
+        """
+        return self._decays(self._index_of(variable))
+
     def _decays(self, index: int) -> bool:
         """Whether the variable at `index` gets weight decay."""
         return self.wd > 0 and self._decay_flags[index]
