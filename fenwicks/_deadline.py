@@ -152,6 +152,22 @@ def in_outage() -> bool:
     return _outage_since is not None
 
 
+def abandoned_calls() -> list[threading.Thread]:
+    """Storage calls given up at their deadline whose threads may still be running."""
+    with _lock:
+        return list(_running)
+
+
+def reset_for_tests(join_secs: float = 5.0) -> None:
+    """Test hook: waits up to `join_secs` for each abandoned call, forgets them all and
+    ends any outage, so the next test starts as a fresh process would."""
+    for thread in abandoned_calls():
+        thread.join(join_secs)
+    with _lock:
+        _running.clear()
+    _mark_healthy()
+
+
 def run(fn: Callable[..., T], *args: Any, what: str, path: str | None,
         best_effort: bool = False, attempt_in_outage: bool = False,
         **kwargs: Any) -> T | None:

@@ -186,6 +186,7 @@ def _key_file_problem(key_file: str, err: BaseException) -> str:
     return f"google.auth refused it ({str(err).splitlines()[0][:200]})"
 
 
-def _reset_for_tests() -> None:
+def reset_for_tests() -> None:
+    """Test hook: forgets the verified credentials, as a fresh process would."""
     global _verified
     _verified = None

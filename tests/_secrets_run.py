@@ -67,7 +67,7 @@ def local(work_dir: str, export_dir: str) -> dict[str, Any]:
     }
     # An ADC file that google.auth cannot use: its contents (the secrets) must not show.
     os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = os.environ["FENWICKS_BROKEN_ADC"]
-    fw.gcs._reset_for_tests()
+    fw.gcs.reset_for_tests()
     out["errors"]["broken_adc"] = _message(lambda: fw.gcs.check_credentials("gs://b/x"))
     return out
 

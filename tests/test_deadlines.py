@@ -23,12 +23,7 @@ def storage_hangs(monkeypatch):
     release = threading.Event()
     yield lambda *args, **kwargs: release.wait(30)
     release.set()
-    with _deadline._lock:
-        threads = list(_deadline._running)
-    for thread in threads:
-        thread.join(5)
-    _deadline._running.clear()
-    _deadline._mark_healthy()
+    _deadline.reset_for_tests(join_secs=5)
 
 
 def test_a_timed_out_call_names_the_deadline_variable(storage_hangs):

@@ -174,7 +174,9 @@ def test_setup_without_credentials_says_what_to_do(fake_google):
         fw.gcs.setup()
     with pytest.raises(fw.gcs.GCSCredentialsError, match="'gs://b/data' is on Google Cloud"):
         fw.gcs.check_credentials("gs://b/data")
-    assert fw.gcs._verified is None  # a failure is not cached: the user can fix and retry
+    fake_google.failing = False  # the user runs `gcloud auth application-default login`
+    # A failure was not cached: the next check asks again and succeeds.
+    assert fw.gcs.check_credentials("gs://b/data") == "application-default"
 
 
 def test_setup_with_emulator_needs_no_credentials(fake_google, monkeypatch, capsys):

@@ -354,7 +354,7 @@ def test_a_gs_call_past_its_deadline_raises_naming_the_path(deadline):
                         best_effort=True) is None
     release.set()
     assert deadline.run(lambda: 7, what="read", path="gs://b/w") == 7
-    assert not deadline.in_outage() and deadline._running == []
+    assert not deadline.in_outage() and deadline.abandoned_calls() == []
 
 
 def test_local_calls_and_errors_pass_through(deadline):
