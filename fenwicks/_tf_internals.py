@@ -153,13 +153,35 @@ def update_checkpoint_state(work_dir: str, latest: str, all_paths: list[str]) ->
 
     Why private: the public ``tf.compat.v1.train.update_checkpoint_state`` writes
     absolute paths (a work_dir copied elsewhere would point back at the old place);
-    relative ones need ``tf.__internal__.train.update_checkpoint_state``, what
-    `tf.train.CheckpointManager` calls.
+    relative ones need ``update_checkpoint_state_internal`` (exported only as
+    ``tf.__internal__.train.update_checkpoint_state``), what `tf.train.CheckpointManager`
+    calls. Called through its module, as the manager does, so that a fault a test injects
+    there (`checkpoint_management_module`) reaches both.
     """
-    import tensorflow as tf
-
-    tf.__internal__.train.update_checkpoint_state(
+    checkpoint_management_module().update_checkpoint_state_internal(
         work_dir, latest, all_model_checkpoint_paths=all_paths, save_relative_paths=True)
+
+
+def checkpoint_management_module() -> Any:
+    """TensorFlow's ``checkpoint_management`` module: `tf.train.CheckpointManager` names
+    each checkpoint in the state file through its ``update_checkpoint_state_internal``.
+
+    Also a documented test hook: tests replace that function to fail or slow down the
+    naming of a checkpoint (a full disk, a kill between a checkpoint's files and its
+    name); no public API lets them in there.
+    """
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    return checkpoint_management
+
+
+def saver_io_ops() -> Any:
+    """The op module TensorFlow's checkpoint saver merges shards with
+    (``merge_v2_checkpoints``). Test hook only: tests slow the merge down to kill a
+    process inside it."""
+    from tensorflow.python.checkpoint import functional_saver
+
+    return functional_saver.gen_io_ops
 
 
 # ------------------------------------------------------------------ tf.data service

@@ -32,9 +32,11 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.checkpoint import checkpoint_management
 
+from fenwicks._tf_internals import checkpoint_management_module
 from tests import _flagship as flagship
+
+checkpoint_management = checkpoint_management_module()  # where tests inject faults
 
 MODEL = "mnist_net"
 
@@ -59,9 +61,9 @@ def _slow_state_updates(seconds: float) -> None:
 
 def _slow_merges(seconds: float) -> None:
     """Widens the kill window between a save's shards and their merge."""
-    from tensorflow.python.checkpoint import functional_saver
+    from fenwicks._tf_internals import saver_io_ops
 
-    io_ops = functional_saver.gen_io_ops
+    io_ops = saver_io_ops()
     original = io_ops.merge_v2_checkpoints
     merges: list[str] = []
 

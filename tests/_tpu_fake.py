@@ -18,6 +18,18 @@ import tempfile
 import numpy as np
 
 
+def _layers(layer):
+    """Every layer inside `layer`, depth first, through public attributes: a model's
+    ``layers`` and a block's layer attributes (Keras 3 has no public recursive walk)."""
+    import keras
+
+    children = layer.layers if isinstance(layer, keras.Model) else [
+        v for v in vars(layer).values() if isinstance(v, keras.layers.Layer)]
+    for child in children:
+        yield child
+        yield from _layers(child)
+
+
 def main(replicas: int) -> None:
     import keras
     import tensorflow as tf
@@ -58,7 +70,7 @@ def main(replicas: int) -> None:
             probs = est.predict(
                 lambda p: fw.data.numpy_ds(x[:37], None, p["batch_size"], training=False))
             # The first convolution: the head computes its softmax in float32 on purpose.
-            conv = next(layer for layer in est.model._flatten_layers(include_self=False)
+            conv = next(layer for layer in _layers(est.model)
                         if isinstance(layer, keras.layers.Conv2D))
             print(json.dumps({
                 "kind": acc.kind, "replicas": acc.num_replicas, "precision": acc.precision,

@@ -14,12 +14,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.checkpoint import checkpoint_management
 
 import fenwicks as fw
+from fenwicks._tf_internals import checkpoint_management_module
 from fenwicks.train import async_checkpoints
 from tests import _flagship
 from tests.conftest import run_json
+
+checkpoint_management = checkpoint_management_module()  # where tests inject faults
 
 MODEL = "mnist_net"
 
@@ -170,7 +172,8 @@ def test_interpreter_exit_waits_for_the_write(tmp_path):
     work = tmp_path / "run"
     out = run_json(f"""
 import json, time
-from tensorflow.python.checkpoint import checkpoint_management
+from fenwicks._tf_internals import checkpoint_management_module
+checkpoint_management = checkpoint_management_module()
 from tests import _flagship
 original = checkpoint_management.update_checkpoint_state_internal
 

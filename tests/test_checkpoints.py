@@ -17,12 +17,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.checkpoint import checkpoint_management
 
 import fenwicks as fw
+from fenwicks._tf_internals import checkpoint_management_module
 from fenwicks.train import checkpointer as checkpointer_lib
 from fenwicks.train import checkpoints
 from fenwicks.train.checkpointer import AsyncCheckpointer, SyncCheckpointer
+
+checkpoint_management = checkpoint_management_module()  # where tests inject faults
 
 KINDS = [SyncCheckpointer, AsyncCheckpointer]
 

@@ -269,3 +269,27 @@ def test_jax_backend_state():
     assert isinstance(_tf_internals.jax_backend_errors(), dict)
     platforms = _tf_internals.jax_initialized_platforms()
     assert platforms == set() or "cpu" in platforms
+
+
+def test_fault_injection_hooks_reach_what_the_checkpoint_manager_calls(tmp_path):
+    module = _tf_internals.checkpoint_management_module()
+    original = module.update_checkpoint_state_internal
+    named = []
+
+    def recording(*args, **kwargs):
+        named.append(kwargs.get("model_checkpoint_path", args[1:2]))
+        return original(*args, **kwargs)
+
+    module.update_checkpoint_state_internal = recording
+    try:
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)),
+                                             str(tmp_path), 2)
+        manager.save(checkpoint_number=4)
+    finally:
+        module.update_checkpoint_state_internal = original
+    # (The manager writes the state file more than once per save: each names ckpt-4.)
+    assert {str(n).rpartition("/")[2] for n in named} == {"ckpt-4"}, _needs(
+        "checkpoint_management_module", "checkpoint_management.update_checkpoint_state_"
+        "internal", "the tests' checkpoint fault injection")
+    assert hasattr(_tf_internals.saver_io_ops(), "merge_v2_checkpoints"), _needs(
+        "saver_io_ops", "functional_saver.gen_io_ops", "the tests' kill-inside-merge")
