@@ -25,25 +25,25 @@ MODEL = "mnist_net"
 STEPS_PER_EPOCH = flagship.NUM_TRAIN // flagship.GLOBAL_BATCH  # 32
 
 
-def _data() -> tuple[np.ndarray, np.ndarray]:
+def make_data() -> tuple[np.ndarray, np.ndarray]:
     return flagship.digits(MODEL)
 
 
-def _estimator(work_dir: str, **kwargs: Any) -> Any:
+def make_estimator(work_dir: str, **kwargs: Any) -> Any:
     return flagship.estimator(MODEL, work_dir, steps_per_loop=10, **kwargs)
 
 
 def early_stopping(work_dir: str) -> dict[str, Any]:
     """Keras's EarlyStopping: no epoch after the first improves by 10, patience 1."""
-    x, y = _data()
-    est = _estimator(work_dir)
+    x, y = make_data()
+    est = make_estimator(work_dir)
     stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10,
                                          restore_best_weights=True)
     est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y), epochs=6,
                            callbacks=[stop])
     evals = [e["loss"] for e in est.history.evals]
     after = est.evaluate(flagship.eval_input(x, y))
-    reopened = _estimator(work_dir).evaluate(flagship.eval_input(x, y))
+    reopened = make_estimator(work_dir).evaluate(flagship.eval_input(x, y))
     return {"step": est.global_step, "evals": evals,
             "stopped_epoch": stop.stopped_epoch, "after": after["loss"],
             "reopened": reopened["loss"]}
@@ -51,7 +51,7 @@ def early_stopping(work_dir: str) -> dict[str, Any]:
 
 def csv_and_lambda(work_dir: str) -> dict[str, Any]:
     """CSVLogger's rows and every call LambdaCallback sees over two epochs."""
-    x, y = _data()
+    x, y = make_data()
     calls: list[Any] = []
     spy = keras.callbacks.LambdaCallback(
         on_train_begin=lambda logs: calls.append(["train_begin"]),
@@ -62,7 +62,7 @@ def csv_and_lambda(work_dir: str) -> dict[str, Any]:
         on_train_end=lambda logs: calls.append(["train_end"]))
     log_path = os.path.join(work_dir, "log.csv")
     os.makedirs(work_dir, exist_ok=True)
-    est = _estimator(work_dir)
+    est = make_estimator(work_dir)
     est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y), epochs=2,
                            callbacks=[spy, keras.callbacks.CSVLogger(log_path)])
     with open(log_path) as f:
@@ -73,8 +73,8 @@ def csv_and_lambda(work_dir: str) -> dict[str, Any]:
 
 def stop_training(work_dir: str) -> dict[str, Any]:
     """A callback sets model.stop_training once step 20 is reached."""
-    x, y = _data()
-    est = _estimator(work_dir)
+    x, y = make_data()
+    est = make_estimator(work_dir)
 
     def stop(batch: int, logs: dict) -> None:
         if batch >= 20:
@@ -87,8 +87,8 @@ def stop_training(work_dir: str) -> dict[str, Any]:
 
 def terminate_on_nan(work_dir: str) -> dict[str, Any]:
     """Features turn NaN from the 26th batch on: TerminateOnNaN stops without raising."""
-    x, y = _data()
-    est = _estimator(work_dir, save_every_loops=1)
+    x, y = make_data()
+    est = make_estimator(work_dir, save_every_loops=1)
 
     def poisoned(params: dict) -> tf.data.Dataset:
         ds = flagship.train_input(x, y)(params).enumerate()
@@ -103,9 +103,9 @@ def terminate_on_nan(work_dir: str) -> dict[str, Any]:
 
 def model_checkpoint(work_dir: str) -> dict[str, Any]:
     """ModelCheckpoint writes a .keras file each epoch; the last equals the model."""
-    x, y = _data()
+    x, y = make_data()
     path = os.path.join(work_dir, "model.keras")
-    est = _estimator(work_dir)
+    est = make_estimator(work_dir)
     est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y), epochs=2,
                            callbacks=[keras.callbacks.ModelCheckpoint(path)])
     saved = keras.saving.load_model(path)

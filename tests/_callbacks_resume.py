@@ -23,7 +23,7 @@ def run(work_dir: str, epochs: str) -> dict[str, Any]:
     best_dir = os.path.join(work_dir, "best")
     callbacks = [fw.train.EarlyStopping(monitor="val_loss", patience=1, min_delta=10),
                  fw.train.BestExporter(best_dir, monitor="val_accuracy")]
-    est = _callbacks._estimator(work_dir)
+    est = _callbacks.make_estimator(work_dir)
     est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y),
                            epochs=int(epochs), callbacks=callbacks)
     best_file = os.path.join(best_dir, "best.json")

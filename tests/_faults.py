@@ -41,7 +41,7 @@ checkpoint_management = checkpoint_management_module()  # where tests inject fau
 MODEL = "mnist_net"
 
 
-def _slow_state_updates(seconds: float) -> None:
+def slow_state_updates(seconds: float) -> None:
     """Widens the kill window between a checkpoint's files and its state-file entry."""
     original = checkpoint_management.update_checkpoint_state_internal
     first: list[str] = []
@@ -86,7 +86,7 @@ def latest_step(work_dir: str) -> int:
 
 def train(work_dir: str, max_steps: str, steps_per_loop: str = "5") -> dict[str, Any]:
     if os.environ.get("FAULTS_SLOW_STATE"):
-        _slow_state_updates(float(os.environ["FAULTS_SLOW_STATE"]))
+        slow_state_updates(float(os.environ["FAULTS_SLOW_STATE"]))
     if os.environ.get("FAULTS_SLOW_MERGE"):
         _slow_merges(float(os.environ["FAULTS_SLOW_MERGE"]))
     start = latest_step(work_dir)

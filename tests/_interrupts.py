@@ -66,7 +66,7 @@ def _interrupt_when_past(est: Any, step: int, sent: list[float]) -> threading.Th
     return thread
 
 
-def _train_until_interrupted(est: Any, input_fn: Any, past: int) -> dict[str, Any]:
+def train_until_interrupted(est: Any, input_fn: Any, past: int) -> dict[str, Any]:
     sent: list[float] = []
     thread = _interrupt_when_past(est, past, sent)
     handler_before = signal.getsignal(signal.SIGINT)
@@ -93,9 +93,9 @@ def interrupt(work_root: str) -> dict[str, Any]:
     """
     run, copy = os.path.join(work_root, "run"), os.path.join(work_root, "copy")
     est, same_fn = estimator(run), new_input_fn()
-    first = _train_until_interrupted(est, same_fn, past=15)
+    first = train_until_interrupted(est, same_fn, past=15)
     shutil.copytree(run, copy)
-    second = _train_until_interrupted(est, same_fn, past=first["step"] + 15)
+    second = train_until_interrupted(est, same_fn, past=first["step"] + 15)
     target = second["step"] + 12
     est.train(new_input_fn(), max_steps=target)  # a re-run cell: a new, identical lambda
     reference = estimator(os.path.join(work_root, "reference"))

@@ -356,7 +356,7 @@ def _read_raw_data(handler) -> bytes | None:
     return handler.rfile.read(int(length)) if length else None
 
 
-def _multipart_upload_fields(raw: bytes, content_type: str) -> dict | None:
+def multipart_upload_fields(raw: bytes, content_type: str) -> dict | None:
     """Splits a multipart/related upload into metadata and exact content bytes.
 
     gcsfs separates parts with a bare LF; the emulator's email parser then eats a
@@ -390,7 +390,7 @@ def _read_data(emulator_read_data, handler, query):
     if not content_type.startswith("multipart/related"):
         return emulator_read_data(handler, query)
     raw = server._decode_raw_data(_read_raw_data(handler), handler) or b""
-    fields = _multipart_upload_fields(raw, content_type)
+    fields = multipart_upload_fields(raw, content_type)
     return fields if fields is not None else _email_multipart(raw, content_type)
 
 
@@ -412,7 +412,7 @@ def _patch_emulator() -> None:
        HTTP (RFC 9112, section 6.3) says chunked wins.
     2. An empty media upload (TensorFlow's ``dir/`` marker objects) reaches the handler
        as None and crashes it on ``len(None)``; it is an empty object.
-    3. gcsfs's multipart uploads lose a trailing CR (see `_multipart_upload_fields`).
+    3. gcsfs's multipart uploads lose a trailing CR (see `multipart_upload_fields`).
     4. A resumable-upload status query on a session holding no bytes is answered
        ``Range: bytes=0-0`` (one byte received); GCS sends no Range then. After a
        connection dropped mid-upload, TensorFlow resumed at byte 1 and got a 400.

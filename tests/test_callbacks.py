@@ -98,8 +98,8 @@ def test_model_checkpoint_writes_a_keras_file_of_the_trained_model(runs):
     (keras.callbacks.BackupAndRestore("/tmp/x"), "already resumes from work_dir"),
 ])
 def test_callbacks_that_cannot_apply_are_refused_before_training(tmp_path, callback, why):
-    est = _callbacks._estimator(str(tmp_path))
-    x, y = _callbacks._data()
+    est = _callbacks.make_estimator(str(tmp_path))
+    x, y = _callbacks.make_data()
     with pytest.raises(ValueError, match=why):
         est.train(flagship.train_input(x, y), steps=5, callbacks=[callback])
     assert est.global_step == 0 and not (tmp_path / "checkpoint").exists()

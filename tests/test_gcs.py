@@ -209,7 +209,7 @@ def test_emulator_fixture_fails_in_ci_and_skips_elsewhere(monkeypatch, tmp_path)
 def test_emulator_multipart_uploads_keep_every_byte(content, newline):
     raw = newline.join([b"--==0==", b"Content-Type: application/json", b"", b'{"name": "k"}',
                         b"--==0==", b"Content-Type: image/png", b"", content, b"--==0==--"])
-    fields = emulator_module._multipart_upload_fields(raw, 'multipart/related; boundary="==0=="')
+    fields = emulator_module.multipart_upload_fields(raw, 'multipart/related; boundary="==0=="')
     assert fields == {"meta": {"name": "k"}, "content": content, "content-type": "image/png"}
 
 

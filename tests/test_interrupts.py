@@ -216,7 +216,7 @@ def test_when_saving_is_slow_ctrl_c_says_what_was_not_saved(tmp_path, monkeypatc
     # As if saves took a minute (a slow bucket): what the checkpointer reports of the last.
     monkeypatch.setattr(type(est.parts.state.checkpointer), "last_save_secs",
                         property(lambda self: 60.0))
-    stop = _interrupts._train_until_interrupted(est, input_fn, past=10)
+    stop = _interrupts.train_until_interrupted(est, input_fn, past=10)
     lost = stop["step"] - 3
     assert not stop["saved"] and stop["saved_step"] == 3  # the work_dir is still at 3
     assert (f"training interrupted at step {stop['step']}, not saved (the last checkpoint "
@@ -245,7 +245,7 @@ def test_a_second_ctrl_c_while_the_save_starts_is_interrupted_not_a_key_error(
     est.train(input_fn, steps=3)  # ckpt-3, written in the background
     monkeypatch.setattr(async_checkpoints, "threading", types.SimpleNamespace(
         Thread=_StartInterrupted, Event=threading.Event))
-    stop = _interrupts._train_until_interrupted(est, input_fn, past=10)
+    stop = _interrupts.train_until_interrupted(est, input_fn, past=10)
     assert not stop["saved"] and stop["saved_step"] == 3, stop
     assert "not saved (interrupted again while saving)" in stop["message"], stop
     monkeypatch.undo()
