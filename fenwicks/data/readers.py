@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks import io as fw_io
-from fenwicks.data import epochs, pipeline, position, service
+from fenwicks.data import epochs, parsers, pipeline, position, service
 from fenwicks.data._checks import RecordError, check_batch_size, check_folds, pipeline_shard
 from fenwicks.data.scan import FileScan, scan_tfrecord
 
@@ -160,8 +160,11 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
                            shard=None if by_file else (num_pipelines, pipeline_id),
                            folds=folds)
 
+    dtype = parsers.stored_dtype(files[0]) if files else None
+
     def parse(records: tf.data.Dataset) -> tf.data.Dataset:
-        return _parse(records, parser, batched, deterministic)
+        with parsers.records_dtype(dtype):  # for tfexample_numpy_image_parser(dtype=None)
+            return _parse(records, parser, batched, deterministic)
 
     suffix = f"-{pipeline_id}-of-{num_pipelines}" if num_pipelines > 1 else ""
     options = {"batch_size": batch_size, "shuffle_buf_sz": shuffle_buf_sz, "cache": cache,

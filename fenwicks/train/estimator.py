@@ -41,6 +41,7 @@ from fenwicks.train.history import History
 from fenwicks.train.inputs import InputFn, InputManager
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.predictions import class_probabilities
 from fenwicks.train.state import NonFiniteLossError, RunState
 
 __all__ = ["Estimator", "EstimatorConfig", "History", "NonFiniteLossError",
@@ -469,8 +470,9 @@ class Estimator:
 
         Returns:
             A NumPy array (or a dict of arrays, as `predict_fn` returns) with one row per
-            example; class probabilities for `get_clf_model_func`. With ``as_dicts``, a
-            list of dicts.
+            example; class probabilities for `get_clf_model_func`, whose rows also answer
+            ``row['y_pred']`` and ``row['y_prob']`` as the original's dicts did
+            (`fenwicks.train.predictions`). With ``as_dicts``, a list of dicts.
 
         Raises:
             ValueError: on a multi-worker run (predict is single-host).
@@ -486,7 +488,7 @@ class Estimator:
         self._evaluator.check_single_host()
         self._build_for(input_fn, "predict")
         predictions = self._evaluator.predict(input_fn)
-        return _as_dicts(predictions) if as_dicts else predictions
+        return _as_dicts(predictions) if as_dicts else class_probabilities(predictions)
 
     # ---------------------------------------------------------------- export, loops of loops
 

@@ -747,7 +747,9 @@ class TPUEstimator:
         """
         _no_hooks(hooks, None)
         _no_checkpoint_path(checkpoint_path)
-        predictions = self._estimator("predict").predict(self._wrapped(input_fn, "predict"))
+        predictions = tf.nest.map_structure(  # plain arrays, as TPUEstimator yielded
+            lambda a: np.asarray(a).view(np.ndarray),
+            self._estimator("predict").predict(self._wrapped(input_fn, "predict")))
         if isinstance(predictions, dict) and predict_keys is not None:
             missing = set(predict_keys) - set(predictions)
             if missing:
