@@ -280,7 +280,7 @@ class Replay:
 
 def _nested(frame: Any) -> bool:
     """True if a Keras object is being made by another one (its __init__, build, call)."""
-    while frame is not None and frame.f_code is not _BOUNDARY[0]:
+    while frame is not None and frame.f_code not in _BOUNDARIES:
         owner = frame.f_locals.get("self")
         if isinstance(owner, _RECORDED_BASES):
             return True
@@ -288,7 +288,6 @@ def _nested(frame: Any) -> bool:
     return False
 
 
-_BOUNDARY: list[Any] = [None]  # the code object of call_user, where the walk stops
 
 
 @contextlib.contextmanager
@@ -385,7 +384,6 @@ def tf1_scope(replay: Replay, record: CallRecord,
 def call_user(model_fn: Callable[..., Any], features: Any, labels: Any, mode: str,
               params: dict, config: Any) -> Any:
     """Calls model_fn with the arguments its signature names (as TPUEstimator did)."""
-    _BOUNDARY[0] = _call_user_code
     names = inspect.signature(model_fn).parameters
     given = {"features": features, "labels": labels, "mode": mode, "params": params,
              "config": config}
@@ -398,4 +396,12 @@ def call_user(model_fn: Callable[..., Any], features: Any, labels: Any, mode: st
     return model_fn(**kwargs)
 
 
-_call_user_code = inspect.unwrap(call_user).__code__
+@tf.autograph.experimental.do_not_convert
+def call_in_scope(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Calls a function of the model_fn's (metric_fn, scaffold_fn): what it creates at
+    top level is recorded and replayed like the model_fn's own objects."""
+    return fn(*args, **kwargs)
+
+
+# Where `_nested`'s walk up the stack stops: the user's code starts below these frames.
+_BOUNDARIES = frozenset(inspect.unwrap(f).__code__ for f in (call_user, call_in_scope))

@@ -63,6 +63,7 @@ class ModeKeys:
 
 
 _ENGINE_MODE = {"train": ModeKeys.TRAIN, "eval": ModeKeys.EVAL, "predict": ModeKeys.PREDICT}
+_ENGINE_MODE_OF = {value: key for key, value in _ENGINE_MODE.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,6 +333,10 @@ def _rows(features: Any) -> tf.Tensor:
     return tf.shape(tf.nest.flatten(features)[0])[0]
 
 
+def _static_rows(features: Any) -> int | None:
+    return tf.nest.flatten(features)[0].shape[0]
+
+
 def _zeros(spec: Any, batch: int) -> Any:
     return tf.nest.map_structure(
         lambda s: tf.zeros([batch] + s.shape.as_list()[1:], s.dtype), spec)
@@ -364,15 +369,18 @@ class _Runner:
     def run(self, inputs: dict, mode: str) -> dict:
         features = inputs["features"]
         known = self.has_labels.get(mode, any(self.has_labels.values()))
-        labels = inputs.get("labels") if known else None
+        # PREDICT: the predict input's labels, if it yields them (TPUEstimator gave None;
+        # some model_fns compute their loss in every mode).
+        labels = inputs.get("labels", inputs.get("predict_labels")) if known else None
         record = mf.CallRecord()
         self.replay.start(mode)
         with mf.tf1_scope(self.replay, record, self._global_step):
             spec = _check_spec(mf.call_user(
-                self.front.model_fn, features, labels, mode, self.front.model_fn_params(mode),
-                self.front.config), mode)
+                self.front.model_fn, features, labels, mode,
+                self.front.model_fn_params(mode, _static_rows(features)), self.front.config),
+                mode)
             if spec.scaffold_fn is not None:
-                spec.scaffold_fn()
+                mf.call_in_scope(spec.scaffold_fn)
             terms = self._metric_terms(spec) if mode == ModeKeys.EVAL else {}
         self.seen[mode] = (spec, record, list(terms))
         out: dict[str, Any] = {}
@@ -406,7 +414,8 @@ class _Runner:
         if spec.eval_metrics is None:
             return {}
         metric_fn, tensors = spec.eval_metrics
-        results = metric_fn(**tensors) if isinstance(tensors, dict) else metric_fn(*tensors)
+        results = (mf.call_in_scope(metric_fn, **tensors) if isinstance(tensors, dict)
+                   else mf.call_in_scope(metric_fn, *tensors))
         terms = {}
         for name, value in dict(results).items():
             if isinstance(value, (tuple, list)) and value and isinstance(value[0],
@@ -437,9 +446,19 @@ class _Runner:
         for mode in modes:
             if mode == ModeKeys.TRAIN:  # it updates batch-norm statistics: undo after
                 snapshot = [(v, v.numpy()) for v in self.replay.variables()]
-            call = dict(inputs) if mode != ModeKeys.PREDICT else {
-                "features": inputs["features"]}
-            tf.function(lambda x, m=mode: self.run(x, m), autograph=False)(call)
+            # Each mode at its own batch size: params['batch_size'] says it to the model_fn.
+            rows = self.front.batch_per_replica(_ENGINE_MODE_OF[mode])
+            call = _zeros(features_spec, rows)
+            if mode == ModeKeys.PREDICT and "labels" in call:
+                call = {"features": call["features"], "predict_labels": call["labels"]}
+            try:
+                tf.function(lambda x, m=mode: self.run(x, m), autograph=False)(call)
+            except Exception:  # noqa: BLE001 - reported if predict is ever called
+                if mode != ModeKeys.PREDICT or built_for == "predict":
+                    raise
+                # TPUEstimator called the model_fn in PREDICT only for predict, and some
+                # model_fns (squeezenet's) fail there: a later predict says why.
+                logger.debug("fenwicks: model_fn fails in PREDICT mode", exc_info=True)
         for variable, value in snapshot:
             variable.assign(value)
         if ModeKeys.EVAL in self.seen:
@@ -581,9 +600,11 @@ class TPUEstimator:
                 "predict": self.predict_batch_size}[mode]
         return size // self.num_replicas
 
-    def model_fn_params(self, mode: str) -> dict[str, Any]:
-        engine_mode = {v: k for k, v in _ENGINE_MODE.items()}[mode]
-        return {**self.params, "batch_size": self.batch_per_replica(engine_mode),
+    def model_fn_params(self, mode: str, rows: int | None = None) -> dict[str, Any]:
+        """The model_fn's params; ``'batch_size'`` is the rows of the batch it gets (the
+        mode's per-replica batch, or fewer in the estimator's eager label check)."""
+        batch = rows or self.batch_per_replica(_ENGINE_MODE_OF[mode])
+        return {**self.params, "batch_size": batch,
                 "num_shards": self.num_replicas, "num_replicas": self.num_replicas,
                 "use_tpu": self.use_tpu}
 
@@ -665,20 +686,23 @@ class TPUEstimator:
         if not pair and not isinstance(element_spec, (dict, tf.TensorSpec)):
             raise ValueError(f"the {mode} input_fn yields {element_spec}; yield features "
                              "or (features, labels)")
-        has_labels = pair or (self.labels_key is not None and mode != "predict")
-        if mode != "predict":
-            self._runner_has_labels(mode, has_labels)
+        features_spec = element_spec[0] if pair else element_spec
+        in_features = isinstance(features_spec, dict) and self.labels_key in features_spec
+        if self.labels_key is not None and not pair and not in_features and mode != "predict":
+            raise ValueError(f"labels_key={self.labels_key!r} is not a key of the {mode} "
+                             f"input's features ({_keys(features_spec)})")
+        has_labels = pair or in_features
+        self._runner_has_labels(mode, has_labels)
 
         def split(*element: Any) -> Any:
             features = element[0]
             labels = element[1] if pair else None
-            if labels is None and self.labels_key is not None and mode != "predict":
-                if not isinstance(features, dict) or self.labels_key not in features:
-                    raise ValueError(f"labels_key={self.labels_key!r} is not a key of the "
-                                     f"features ({list(features) if isinstance(features, dict) else type(features).__name__})")  # noqa: E501
+            if labels is None and in_features:
                 labels = features[self.labels_key]
             if mode == "predict":
-                return {"features": features}
+                if labels is None:
+                    return {"features": features}
+                return {"features": features, "predict_labels": labels}
             engine_labels = labels if labels is not None else tf.zeros([_rows(features)],
                                                                         tf.int32)
             return {"features": features, "labels": engine_labels}, engine_labels
@@ -800,6 +824,10 @@ class TPUEstimator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _keys(spec: Any) -> str:
+    return f"keys {sorted(spec)}" if isinstance(spec, dict) else "not a dict"
 
 
 def _finish_metrics(result: dict[str, Any]) -> dict[str, Any]:
