@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
+from tests.conftest import run_json
 
 v1 = tf.compat.v1  # the programs' `import tensorflow.compat.v1 as tf`
 
@@ -163,18 +164,23 @@ def _linear_model_fn(optimizer_name):
     return model_fn
 
 
-@pytest.mark.parametrize("optimizer_name", ["sgd", "momentum"])
-def test_tf1_optimizers_make_the_updates_of_their_update_rules(tmp_path, optimizer_name):
+def _linear_weights_after_three_steps(model_dir, optimizer_name):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(8, 3)).astype(np.float32)
     y = rng.normal(size=(8, 1)).astype(np.float32)
-    est = fw.train.TPUEstimator(_linear_model_fn(optimizer_name), model_dir=str(tmp_path),
+    est = fw.train.TPUEstimator(_linear_model_fn(optimizer_name), model_dir=model_dir,
                                 train_batch_size=8, verbose=False,
                                 config=fw.train.RunConfig(tpu_config=fw.train.TPUConfig(1)))
-    est.train(lambda params: tf.data.Dataset.from_tensors((x, y)).repeat(), max_steps=3)
+    est.train(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        params["batch_size"], drop_remainder=True).repeat(), max_steps=3)
     weights = np.array(list(est.predict(
-        lambda params: tf.data.Dataset.from_tensors(np.eye(3, dtype=np.float32)))))
+        lambda params: tf.data.Dataset.from_tensor_slices(np.eye(3, dtype=np.float32)).batch(
+            params["batch_size"]))))
+    est.close()
+    return x, y, weights.reshape(3, 1)
 
+
+def _update_rule(x, y, optimizer_name):
     w, velocity = np.zeros((3, 1)), np.zeros((3, 1))
     for step in range(3):
         grad = 2 / 8 * x.T @ (x @ w - y)  # d/dw mean((xw - y)^2)
@@ -183,8 +189,27 @@ def test_tf1_optimizers_make_the_updates_of_their_update_rules(tmp_path, optimiz
         else:  # TF1 momentum: accumulate, then step by lr * accumulator
             velocity = 0.9 * velocity + grad
             w = w - 0.1 * velocity
-    np.testing.assert_allclose(weights.reshape(3, 1), w, rtol=1e-5, atol=1e-6)
-    est.close()
+    return w
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "momentum"])
+def test_tf1_optimizers_make_the_updates_of_their_update_rules(tmp_path, optimizer_name):
+    x, y, weights = _linear_weights_after_three_steps(str(tmp_path), optimizer_name)
+    np.testing.assert_allclose(weights, _update_rule(x, y, optimizer_name), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_tf1_optimizer_with_a_decayed_rate_on_two_replicas(tmp_path):
+    """The rate computed in the model_fn is set on every replica (the batch of 8 split
+    4 + 4): the update is the single-device one."""
+    out = run_json(f"""
+        import json, numpy as np
+        from tests import test_tpu_estimator as t
+        x, y, w = t._linear_weights_after_three_steps({str(tmp_path)!r}, "sgd")
+        print(json.dumps({{"w": w.tolist(), "x": x.tolist(), "y": y.tolist()}}))
+    """, env={"FENWICKS_DEVICE": "cpu:2"})
+    expected = _update_rule(np.array(out["x"]), np.array(out["y"]), "sgd")
+    np.testing.assert_allclose(np.array(out["w"]), expected, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------ run_classifier.py
