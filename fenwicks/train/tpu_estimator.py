@@ -197,8 +197,10 @@ class TPUEstimatorSpec:
             (``fw.train.sgd_optimizer(lr_func)``), instead of ``train_op``.
         scaffold_fn: called once per call; ``tf.compat.v1.train.init_from_checkpoint``
             inside it (BERT's warm start) is applied when model_dir has no checkpoint.
-        export_outputs, host_call, training_hooks, evaluation_hooks, prediction_hooks:
-            accepted; hooks and host_call must be empty (see the module docstring).
+        export_outputs, host_call: accepted and ignored (TensorBoard scalars are written
+            every loop; `export_saved_model` serves the predictions).
+        training_hooks, evaluation_hooks, prediction_hooks: must be empty (TF1
+            SessionRunHooks; see the module docstring).
 
     Example:
         >>> return fw.train.TPUEstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1),
