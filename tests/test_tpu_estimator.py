@@ -653,3 +653,26 @@ def test_run_config_and_tpu_config_check_their_arguments():
         fw.train.TPUEstimator(_mnist_model_fn, model_dir="/tmp/x", params={"batch_size": 8})
     assert fw.train.ModeKeys.PREDICT == "infer" and fw.train.EstimatorSpec is \
         fw.train.TPUEstimatorSpec
+
+
+def test_get_tpu_estimator_evaluates_and_predicts_without_steps_per_epoch(tmp_path, digits):
+    images, labels = digits[0][:256] / 255.0, digits[1][:256]
+    model_func = fw.train.get_clf_model_func(
+        lambda: keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10)]),
+        fw.train.sgd_optimizer(0.1))
+    work_dir = str(tmp_path / "run")
+    with fw.train.get_tpu_estimator(4, model_func, work_dir, trn_bs=32,
+                                    verbose=False) as est:
+        est.train(lambda params: fw.data.numpy_ds(images, labels, params["batch_size"]),
+                  steps=8)
+    eval_fn = lambda params: fw.data.numpy_ds(  # noqa: E731
+        images, labels, params["batch_size"], training=False)
+    with fw.train.get_tpu_estimator(model_func=model_func, work_dir=work_dir, val_bs=100,
+                                    verbose=False) as est:  # no steps_per_epoch
+        result = est.evaluate(eval_fn)
+        preds = est.predict(eval_fn)
+    assert result["global_step"] == 8 and result["num_examples"] == 256
+    assert result["accuracy"] == pytest.approx(np.mean(preds.argmax(1) == labels), abs=1e-9)
+    assert [row["y_pred"] for row in preds[:3]] == list(preds.argmax(1)[:3])
+    with pytest.raises(ValueError, match="work_dir is required"):
+        fw.train.get_tpu_estimator(model_func=model_func)
