@@ -29,6 +29,7 @@ summaries (Keras callbacks and TensorBoard scalars replace them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -326,8 +327,8 @@ class _ModelFnNet(keras.Model):
         if tf.inside_function():
             return self._runner.outputs(inputs, bool(training))
         if bool(training) not in self._eager:  # the model_fn always runs as a graph
-            self._eager[bool(training)] = tf.function(
-                lambda x, t=bool(training): self._runner.outputs(x, t), autograph=False)
+            self._eager[bool(training)] = tf.function(functools.partial(
+                self._runner.outputs, training=bool(training)), autograph=False)
         return self._eager[bool(training)](inputs)
 
 
@@ -454,7 +455,9 @@ class _Runner:
             if mode == ModeKeys.PREDICT and "labels" in call:
                 call = {"features": call["features"], "predict_labels": call["labels"]}
             try:
-                tf.function(lambda x, m=mode: self.run(x, m), autograph=False)(call)
+                # A new function per call (only a first call may create variables); a
+                # partial, not a lambda: TensorFlow counts a lambda's traces as retracing.
+                tf.function(functools.partial(self.run, mode=mode), autograph=False)(call)
             except Exception:  # noqa: BLE001 - reported if predict is ever called
                 if mode != ModeKeys.PREDICT or built_for == "predict":
                     raise
@@ -584,12 +587,13 @@ class TPUEstimator:
         self._check_shards()
 
     def _check_shards(self) -> None:
-        wanted = self.config.tpu_config.num_shards
+        wanted = self.config.tpu_config.num_shards or self.params.get("num_shards")
         replicas = accel.current().num_replicas
         if wanted is not None and wanted != replicas:
-            logger.warning("fenwicks: TPUConfig(num_shards=%d), but %d replica(s) are "
-                           "available: training runs on %d (batch sizes are global, so "
-                           "the update is the same)", wanted, replicas, replicas)
+            logger.warning("fenwicks: num_shards=%d asked for, but %d replica(s) are "
+                           "available: training runs on %d, and params['num_shards'] says "
+                           "so (batch sizes are global, so the update is the same)",
+                           wanted, replicas, replicas)
 
     # ---------------------------------------------------------------- the engine
 
@@ -606,9 +610,10 @@ class TPUEstimator:
         """The model_fn's params; ``'batch_size'`` is the rows of the batch it gets (the
         mode's per-replica batch, or fewer in the estimator's eager label check)."""
         batch = rows or self.batch_per_replica(_ENGINE_MODE_OF[mode])
-        return {**self.params, "batch_size": batch,
-                "num_shards": self.num_replicas, "num_replicas": self.num_replicas,
-                "use_tpu": self.use_tpu}
+        # num_shards is the replicas there are (a program's own value, squeezenet's 8, is
+        # replaced: num_shards * batch_size must stay the global batch).
+        return {"use_tpu": self.use_tpu, **self.params, "batch_size": batch,
+                "num_shards": self.num_replicas, "num_replicas": self.num_replicas}
 
     def _estimator(self, mode: str) -> Estimator:
         """The Fenwicks estimator; one built for predict only is replaced for training
@@ -671,8 +676,8 @@ class TPUEstimator:
         """The input_fn as the engine calls it: TPUEstimator's params in, and each
         element as ``({'features', 'labels'}, labels)`` (predict: ``{'features'}``)."""
         def wrapped(params: dict) -> tf.data.Dataset:
-            full = {**self.params, **params, "num_shards": params["num_replicas"],
-                    "use_tpu": self.use_tpu}
+            full = {"use_tpu": self.use_tpu, **self.params, **params,
+                    "num_shards": params["num_replicas"]}
             dataset = _call_input_fn(input_fn, full, self.config, _ENGINE_MODE[mode])
             if not isinstance(dataset, tf.data.Dataset):
                 raise ValueError(
