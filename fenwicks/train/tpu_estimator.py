@@ -321,15 +321,32 @@ class _ModelFnNet(keras.Model):
     def __init__(self, runner: _Runner) -> None:
         super().__init__(name="model_fn")
         self._runner = runner
-        self._eager: dict[bool, Any] = {}
+
+    @property
+    def _default_save_signature(self) -> None:
+        # Keras would trace one taking every input as input_dtype (labels as floats);
+        # export_saved_model gives the serving signature itself.
+        return None
 
     def call(self, inputs: Any, training: bool = False) -> Any:
         if tf.inside_function():
             return self._runner.outputs(inputs, bool(training))
-        if bool(training) not in self._eager:  # the model_fn always runs as a graph
-            self._eager[bool(training)] = tf.function(functools.partial(
+        eager = self._runner.eager  # on the runner: Keras would track a dict here
+        if bool(training) not in eager:  # the model_fn always runs as a graph
+            eager[bool(training)] = tf.function(functools.partial(
                 self._runner.outputs, training=bool(training)), autograph=False)
-        return self._eager[bool(training)](inputs)
+        return eager[bool(training)](inputs)
+
+
+class _Serving(keras.Model):
+    """The model_fn's PREDICT mode on plain features, for `export_saved_model`."""
+
+    def __init__(self, net: _ModelFnNet) -> None:
+        super().__init__(name="serving")
+        self.net = net
+
+    def call(self, features: Any, training: bool = False) -> Any:
+        return self.net({"features": features}, training=False)
 
 
 def _rows(features: Any) -> tf.Tensor:
@@ -357,6 +374,7 @@ class _Runner:
         # mode -> (spec, record, metric names) of its latest call
         self.seen: dict[str, tuple[TPUEstimatorSpec, mf.CallRecord, list[str]]] = {}
         self.v1_learning_rate = False
+        self.eager: dict[bool, Any] = {}  # the net's eager calls, as graph functions
 
     def _global_step(self) -> tf.Tensor:
         if self.optimizer is None:
@@ -804,12 +822,11 @@ class TPUEstimator:
             >>> tf.saved_model.load(est.export_saved_model('/tmp/m')).serve(images)
         """
         from fenwicks.train import export
-        est = self._estimator("predict")
-        state = est._state
-        features_spec = state.features_spec
-        if isinstance(features_spec, dict) and "features" in features_spec:
-            features_spec = {"features": features_spec["features"]}
-        return export.export_saved_model(state.spec, features_spec, export_dir_base)
+        est = self._estimator(self._built_for or "predict")
+        spec = est._state.spec  # raises the "built on first use" error before any call
+        features_spec = est._state.features_spec["features"]
+        serving = dataclasses.replace(spec, model=_Serving(spec.model))
+        return export.export_saved_model(serving, features_spec, export_dir_base)
 
     @property
     def estimator(self) -> Estimator:
