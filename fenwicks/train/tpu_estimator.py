@@ -456,20 +456,42 @@ class _Runner:
     def build(self, params: dict) -> ModelSpec:
         """The engine's model_func: the first calls, the optimizer, warm start."""
         built_for = params["mode"]
+        # A rebuild (model_dir emptied between calls) starts from new layers, as the
+        # estimator's fresh initialisation does: nothing of the last build is handed back.
+        self.replay, self.seen, self.optimizer, self.eager = mf.Replay(), {}, None, {}
+        self.v1_learning_rate, self.metric_names = False, []
         spec = self.front.element_specs[built_for]
         features_spec = spec[0] if isinstance(spec, tuple) else spec
-        batch = self.front.batch_per_replica(built_for)
+        self._first_calls(features_spec, built_for)
+        if ModeKeys.EVAL in self.seen:
+            self.metric_names = [name + part for name in self.seen[ModeKeys.EVAL][2]
+                                 for part in (_NUM, _DEN)]
+        self.optimizer = self._make_optimizer(built_for)
+        self.front.apply_warm_start(self.replay.variables(),
+                                    [record for _, record, _ in self.seen.values()])
         net = _ModelFnNet(self)
-        inputs = _zeros(features_spec, batch)
+        for index, layer in enumerate(self.replay.layers()):
+            # One attribute each: TensorFlow's checkpoint graph does not see a plain list.
+            setattr(net, f"model_fn_layer_{index}", layer)
+        self.replay.recording = False
+        inputs = _zeros(features_spec, self.front.batch_per_replica(built_for))
+        net(inputs if built_for != "predict" else {"features": inputs["features"]})
+        metric_fns = {name: (lambda y, out, n=name: out["metrics"][n])
+                      for name in self.metric_names}
+        return ModelSpec(net, self.optimizer, lambda y, out: out["loss"], metric_fns,
+                         lambda out: out["predictions"], "mean")
+
+    def _first_calls(self, features_spec: Any, built_for: str) -> None:
+        """Calls the model_fn in each mode on zeros, recording the objects it creates;
+        the TRAIN call's batch-norm updates are undone."""
         modes = [ModeKeys.PREDICT] if built_for == "predict" else [
             ModeKeys.EVAL, ModeKeys.PREDICT, ModeKeys.TRAIN]
         snapshot: list[tuple[Any, np.ndarray]] = []
         for mode in modes:
-            if mode == ModeKeys.TRAIN:  # it updates batch-norm statistics: undo after
+            if mode == ModeKeys.TRAIN:
                 snapshot = [(v, v.numpy()) for v in self.replay.variables()]
             # Each mode at its own batch size: params['batch_size'] says it to the model_fn.
-            rows = self.front.batch_per_replica(_ENGINE_MODE_OF[mode])
-            call = _zeros(features_spec, rows)
+            call = _zeros(features_spec, self.front.batch_per_replica(_ENGINE_MODE_OF[mode]))
             if mode == ModeKeys.PREDICT and "labels" in call:
                 call = {"features": call["features"], "predict_labels": call["labels"]}
             try:
@@ -484,21 +506,6 @@ class _Runner:
                 logger.debug("fenwicks: model_fn fails in PREDICT mode", exc_info=True)
         for variable, value in snapshot:
             variable.assign(value)
-        if ModeKeys.EVAL in self.seen:
-            self.metric_names = [name + part for name in self.seen[ModeKeys.EVAL][2]
-                                 for part in (_NUM, _DEN)]
-        self.optimizer = self._make_optimizer(built_for)
-        self.front.apply_warm_start(self.replay.variables(),
-                                    [record for _, record, _ in self.seen.values()])
-        for index, layer in enumerate(self.replay.layers()):
-            # One attribute each: TensorFlow's checkpoint graph does not see a plain list.
-            setattr(net, f"model_fn_layer_{index}", layer)
-        self.replay.recording = False
-        net(inputs if built_for != "predict" else {"features": inputs["features"]})
-        metric_fns = {name: (lambda y, out, n=name: out["metrics"][n])
-                      for name in self.metric_names}
-        return ModelSpec(net, self.optimizer, lambda y, out: out["loss"], metric_fns,
-                         lambda out: out["predictions"], "mean")
 
     def _make_optimizer(self, built_for: str) -> Any:
         spec, record, _ = self.seen.get(ModeKeys.TRAIN, (None, None, None))
