@@ -205,13 +205,22 @@ def test_tf1_optimizers_make_the_updates_of_their_update_rules(tmp_path, optimiz
                                atol=1e-6)
 
 
-def test_tf1_optimizer_with_a_decayed_rate_on_two_replicas(tmp_path):
-    """The rate computed in the model_fn is set on every replica (the batch of 8 split
-    4 + 4): the update is the single-device one."""
+def test_ports_on_two_replicas(tmp_path):
+    """On 2 replicas: the rate computed in the model_fn is set on every replica (the
+    batch of 8 split 4 + 4), so the update is the single-device one; the BERT and
+    squeezenet ports pass their own checks (run in the same process, to start one)."""
     out = run_json(f"""
-        import json, numpy as np
+        import json, pathlib
+        import fenwicks as fw
+        assert fw.accel.current().num_replicas == 2
         from tests import test_tpu_estimator as t
-        x, y, w = t._linear_weights_after_three_steps({str(tmp_path)!r}, "sgd")
+        x, y, w = t._linear_weights_after_three_steps({str(tmp_path / "linear")!r}, "sgd")
+        for name in ("bert", "squeezenet"):
+            (pathlib.Path({str(tmp_path)!r}) / name).mkdir()
+        t.test_bert_run_classifier_port_warm_starts_a_partial_map_and_evaluates_real_examples(
+            pathlib.Path({str(tmp_path / "bert")!r}))
+        t.test_squeezenet_port_params_schedules_and_recall_at_k(
+            pathlib.Path({str(tmp_path / "squeezenet")!r}))
         print(json.dumps({{"w": w.tolist(), "x": x.tolist(), "y": y.tolist()}}))
     """, env={"FENWICKS_DEVICE": "cpu:2"})
     expected = _update_rule(np.array(out["x"]), np.array(out["y"]), "sgd")
