@@ -33,7 +33,6 @@ import functools
 import inspect
 import logging
 import math
-import re
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -44,6 +43,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.train import _model_fn as mf
+from fenwicks.train import assignment_map
 from fenwicks.train.estimator import Estimator, get_tpu_estimator
 from fenwicks.train.model_func import ModelSpec
 
@@ -241,75 +241,6 @@ def _check_spec(spec: Any, mode: str) -> TPUEstimatorSpec:
         raise mf.ModelFnError("eval_metric_ops is TF1's graph form; give "
                               "eval_metrics=(metric_fn, tensors)")
     return spec
-
-
-# --------------------------------------------------------------------------- warm start
-
-
-def _checkpoint_names(source: str) -> tuple[Any, dict[str, list[int]]]:
-    path = tf.train.latest_checkpoint(source) or source
-    reader = tf.train.load_checkpoint(path)
-    suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
-    names = {}
-    for key, shape in reader.get_variable_to_shape_map().items():
-        names[key[:-len(suffix)] if key.endswith(suffix) else key] = (key, shape)
-    return reader, names
-
-
-def _current_name(variable: Any) -> str:
-    return getattr(variable, "path", None) or variable.name.split(":")[0]
-
-
-def _source_for(name: str, assignment_map: Mapping[str, Any]) -> str | None:
-    """TF1's init_from_checkpoint map: {ckpt name or 'scope/': current name or 'scope/'}."""
-    for old, new in assignment_map.items():
-        new = new if isinstance(new, str) else _current_name(new)
-        if old.endswith("/") or old == "/":
-            new_scope = "" if new == "/" else new
-            old_scope = "" if old == "/" else old
-            if name.startswith(new_scope):
-                return old_scope + name[len(new_scope):]
-        elif new == name:
-            return old
-    return None
-
-
-def warm_start(variables: Sequence[Any], source: str,
-               assignment_map: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Assigns checkpoint values to `variables` by name through `assignment_map`.
-
-    Variables the map does not cover are left alone; a mapped one whose name is missing
-    from the checkpoint, or whose shape differs, is not loaded and is listed so.
-
-    Returns:
-        ``{'loaded': [current names], 'not_loaded': [current names]}``.
-    """
-    reader, names = _checkpoint_names(source)
-    report: dict[str, list[str]] = {"loaded": [], "not_loaded": []}
-    for variable in variables:
-        name = _current_name(variable)
-        old = _source_for(name, assignment_map)
-        if old is None:
-            continue
-        found = names.get(old)
-        if found is None or tuple(found[1]) != tuple(variable.shape):
-            report["not_loaded"].append(name)
-            continue
-        variable.assign(reader.get_tensor(found[0]))
-        report["loaded"].append(name)
-    return report
-
-
-def _settings_map(settings: WarmStartSettings, variables: Sequence[Any]) -> dict[str, str]:
-    patterns = settings.vars_to_warm_start
-    patterns = [patterns] if isinstance(patterns, str) else list(patterns or [])
-    renames = dict(settings.var_name_to_prev_var_name or {})
-    chosen = {}
-    for variable in variables:
-        name = _current_name(variable)
-        if variable.trainable and any(re.match(p, name) for p in patterns):
-            chosen[renames.get(name, name)] = name
-    return chosen
 
 
 # --------------------------------------------------------------------------- the runner
@@ -679,8 +610,8 @@ class TPUEstimator:
         sources: list[tuple[str, Any]] = []
         if isinstance(self.warm_start_from, WarmStartSettings):
             settings = self.warm_start_from
-            sources.append((settings.ckpt_to_initialize_from,
-                            _settings_map(settings, variables)))
+            sources.append((settings.ckpt_to_initialize_from, assignment_map.settings_map(
+                variables, settings.vars_to_warm_start, settings.var_name_to_prev_var_name)))
         seen = set()
         for record in records:
             for source, mapping in record.init_from_checkpoint:
@@ -689,7 +620,7 @@ class TPUEstimator:
                     seen.add(key)
                     sources.append((source, mapping))
         for source, mapping in sources:
-            part = warm_start(variables, source, mapping)
+            part = assignment_map.warm_start(variables, source, mapping)
             report["loaded"] += part["loaded"]
             report["not_loaded"] += part["not_loaded"]
         if sources:
@@ -844,7 +775,7 @@ class TPUEstimator:
         """Names of the model's variables (Keras paths), for warm-start maps."""
         if self._runner is None:
             return []
-        return [_current_name(v) for v in self._runner.replay.variables()]
+        return [assignment_map.current_name(v) for v in self._runner.replay.variables()]
 
     def close(self) -> None:
         if self._est is not None:
