@@ -96,4 +96,13 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     piecewise_linear,
 )
 from fenwicks.train.state import StorageUnavailableError  # noqa: E402, F401
+from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
+    EstimatorSpec,
+    ModeKeys,
+    RunConfig,
+    TPUConfig,
+    TPUEstimator,
+    TPUEstimatorSpec,
+    WarmStartSettings,
+)
 from fenwicks.train.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401, E501
