@@ -150,3 +150,19 @@ def test_sixteen_bit_precisions(runs):
         assert got["optimizer"] == optimizer
         assert len(got["losses"]) == 3 and np.all(np.isfinite(got["losses"]))
         assert abs(got["losses"][0] - np.log(10)) < 0.5  # 10 classes, near uniform at first
+
+
+def test_demo_on_the_jax_engine_with_eight_devices(tmp_path):
+    """The issue's Done-when: ``python -m fenwicks demo`` on the JAX engine over 8 host
+    devices reaches the TensorFlow engine's demo accuracy (>= 0.99 of the 450 digits);
+    a second run resumes the first from its orbax checkpoint and says so."""
+    env = {**_env(8), "FENWICKS_DEVICE": "cpu:8"}
+    work_dir = str(tmp_path / "demo")
+    out = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
+                      timeout=900, fresh=True).stdout
+    line = next(line for line in out.splitlines() if line.startswith("test accuracy"))
+    correct, total = (int(n) for n in line.split("(")[1].split(" test")[0].split(" of "))
+    assert total == NUM_TEST and correct / total >= 0.99, line
+    again = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
+                        timeout=900, fresh=True).stdout
+    assert f"resuming {work_dir} at step 252" in again, again
