@@ -11,8 +11,8 @@ would happily install a second distribution over the one that is there (they sha
 from setuptools import find_packages, setup
 
 # The supported range, each end tested by tools/tf_matrix.sh: 2.20 is Kaggle's TPU pin (its
-# tensorflow-cpu) and the newest tensorflow-tpu; 2.21 the newest release (no TPU build). Raise the ceiling after running the
-# matrix on the new release, not before.
+# tensorflow-cpu) and the newest tensorflow-tpu; 2.21 the newest release (no TPU build).
+# Raise the ceiling after running the matrix on the new release, not before.
 TF_RANGE = ">=2.20,<2.22"
 
 setup(
