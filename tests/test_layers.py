@@ -244,3 +244,25 @@ def test_numpy_integers_work_wherever_an_int_is_asked():
     assert config["n_classes"] == 7 and type(config["n_classes"]) is int
     with pytest.raises(ValueError, match="n_classes"):
         fw.layers.Classifier(np.int64(0))
+
+
+def test_replica_mode_in_batch_replicas_uses_each_slices_statistics():
+    """'replica' over 2 replicas' batch (what the JAX engine's global batch is) normalises
+    each half by its own statistics (numpy), the moving statistics by their mean."""
+    x = np.random.RandomState(3).randn(8, 3, 3, 2).astype("float32")
+    layer = fw.layers.BatchNorm(momentum=0.5, epsilon=1e-3, center=False, scale=False)
+    layer.build(x.shape)
+    with fw.layers.batch_replicas(2):
+        out = keras.ops.convert_to_numpy(layer(x, training=True))
+    halves = x.reshape(2, 4, 3, 3, 2).astype(np.float64)
+    mean = halves.mean(axis=(1, 2, 3), keepdims=True)
+    var = halves.var(axis=(1, 2, 3), keepdims=True)
+    np.testing.assert_allclose(out, ((halves - mean) / np.sqrt(var + 1e-3)).reshape(x.shape),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), 0.5 * mean.mean(axis=(0, 1, 2, 3)),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer.moving_variance.numpy(),
+                               0.5 + 0.5 * var.mean(axis=(0, 1, 2, 3)), rtol=1e-5)
+    assert fw.layers.current_batch_replicas() == 1  # the context is left
+    with pytest.raises(ValueError, match="multiple of 3"), fw.layers.batch_replicas(3):
+        layer(x, training=True)

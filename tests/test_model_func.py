@@ -24,6 +24,29 @@ def test_cross_entropy_matches_numpy_for_logits_and_probabilities():
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5)
 
 
+def test_from_logits_takes_the_outputs_as_given_even_from_a_softmax():
+    """Keras's TensorFlow op would swap a Softmax output for that softmax's input; the JAX
+    op cannot. Both engines use what they are given: here, probabilities as logits."""
+    logits = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], np.float32)
+    probs = keras.activations.softmax(keras.ops.convert_to_tensor(logits))
+    expected = -_log_softmax(np.exp(_log_softmax(logits)))[np.arange(2), [0, 2]]
+    got = fw.train.sparse_softmax_cross_entropy(np.array([0, 2]), probs)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got), expected, rtol=1e-6)
+
+
+def test_example_values_are_float32_per_example_in_metric_order():
+    model = fw.Sequential([keras.Input((3,)), fw.layers.Classifier(3)])
+    spec = fw.train.get_clf_model_func(lambda: model, fw.train.sgd_optimizer(0.1))({})
+    outputs = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], "float16")  # a mixed model's
+    values = spec.example_values(np.array([0, 1]), outputs)
+    assert list(values) == ["loss", "accuracy"]
+    assert all(keras.backend.standardize_dtype(v.dtype) == "float32" for v in values.values())
+    expected = -_log_softmax(outputs.astype(np.float32))[np.arange(2), [0, 1]]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(values["loss"]), expected,
+                               rtol=1e-6)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(values["accuracy"]), [1, 0])
+
+
 def test_accuracy_and_regression_errors_are_per_example():
     np.testing.assert_array_equal(
         fw.train.accuracy([1, 0, 2], [[0.1, 0.9, 0], [0.2, 0.8, 0], [0, 0, 1]]).numpy(),

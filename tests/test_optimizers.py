@@ -430,3 +430,20 @@ def test_no_private_keras_method_is_overridden():
                 for name in vars(klass) if name.startswith("_") and not name.startswith("__")}
         assert ours and not {name for name in ours
                              if any(hasattr(k, name) for k in keras_classes)}, cls
+
+
+@pytest.mark.parametrize("opt_func,slots", [
+    (fw.train.sgd_optimizer(0.1), ["velocity"]),
+    (fw.train.adam_optimizer(0.1, wd=0.1), ["momentum", "velocity"]),
+])
+def test_optimizer_variables_are_its_own_counter_rate_and_slots(opt_func, slots):
+    """The model's variables the optimizer remembers (for `apply(grads)`) must not become
+    its own: they would be checkpointed twice and mapped twice by stateless_apply."""
+    layer = keras.layers.Dense(2, name="dense")
+    layer.build((None, 3))
+    opt = opt_func()
+    opt.build(layer.trainable_variables)
+    name = opt.name
+    expected = {f"{name}/iteration", f"{name}/learning_rate"} | {
+        f"{name}/dense_{w}_{slot}" for w in ("kernel", "bias") for slot in slots}
+    assert {v.path for v in opt.variables} == expected

@@ -206,8 +206,11 @@ def sparse_softmax_cross_entropy(labels: Any, outputs: Any, from_logits: bool = 
     valid = ops.logical_and(labels >= 0, labels < num_classes)
     safe = ops.where(valid, labels, ops.zeros_like(labels))
     if from_logits:
-        # On TensorFlow: tf.nn.sparse_softmax_cross_entropy_with_logits, as before.
-        loss = ops.sparse_categorical_crossentropy(safe, outputs, from_logits=True)
+        # On TensorFlow: tf.nn.sparse_softmax_cross_entropy_with_logits, as before. `+ 0.0`
+        # (exact) makes a new tensor: given a Softmax's output, Keras's TensorFlow op would
+        # otherwise take that softmax's input instead (its `_keras_logits`), which the
+        # JAX op does not; the outputs are what the caller says they are on both.
+        loss = ops.sparse_categorical_crossentropy(safe, outputs + 0.0, from_logits=True)
     else:
         # Clip like Keras does, so a probability of exactly 0 gives a large, finite loss
         # (but no renormalisation: Keras's op divides by the sum first).

@@ -160,6 +160,24 @@ def _backend_variable(variable: Any) -> Any:
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
+class _VariableIndex:
+    """The variables an optimizer was built with and each one's position (its slots').
+
+    Our own index, instead of Keras's private `_get_variable_index`: by the keras.Variable
+    and, on TensorFlow, by the variable behind it, as callers may hold either. A plain
+    object on purpose: Keras's optimizer tracks the variables in the lists, tuples and
+    dicts set on it, and would list the model's variables among its own.
+    """
+
+    def __init__(self, variables: tuple[Any, ...]) -> None:
+        self.variables = variables
+        self.positions: dict[int, int] = {}
+        for index, variable in enumerate(variables):
+            self.positions[id(variable)] = index
+            if _on_tensorflow():
+                self.positions[id(_backend_variable(variable))] = index
+
+
 class _DecayMixin:
     """Decay decisions from path patterns; a step that clips after the all-reduce."""
 
@@ -167,22 +185,14 @@ class _DecayMixin:
         """Stores `_check_decay`'s already validated ``(wd, patterns, clip_norm)``."""
         self.wd, self.exclude_from_wd, self.clip_norm = decay
         self._decay_flags: list[bool] = []
-        self._built_with: list[Any] = []
-        self._index_by_id: dict[int, int] = {}
+        self._built_with = _VariableIndex(())
 
     def build(self, variables: Sequence[Any]) -> None:
         if self.built:
             return
         super().build(variables)  # the Keras optimizer's own slots
-        self._built_with = list(variables)
-        # Our own index of each variable (its slots' position), instead of Keras's private
-        # `_get_variable_index`; by the keras.Variable and, on TensorFlow, by the variable
-        # behind it, as callers may hold either.
-        for index, variable in enumerate(self._built_with):
-            self._index_by_id[id(variable)] = index
-            if _on_tensorflow():
-                self._index_by_id[id(_backend_variable(variable))] = index
-        self._build_decay(self._built_with)
+        self._built_with = _VariableIndex(tuple(variables))
+        self._build_decay(self._built_with.variables)
 
     def _build_decay(self, variables: Sequence[Any]) -> None:
         paths = [_path(v) for v in variables]
@@ -197,11 +207,12 @@ class _DecayMixin:
 
     def _index_of(self, variable: Any) -> int:
         """The position of `variable` in the list the optimizer was built with."""
-        index = self._index_by_id.get(id(variable))
+        index = self._built_with.positions.get(id(variable))
         if index is None:
             raise ValueError(f"variable {_path(variable)!r} is not one of the "
-                             f"{len(self._built_with)} variables {type(self).__name__} "
-                             "was built with; build a new optimizer for another model")
+                             f"{len(self._built_with.variables)} variables "
+                             f"{type(self).__name__} was built with; build a new "
+                             "optimizer for another model")
         return index
 
     def _decays(self, index: int) -> bool:
@@ -252,7 +263,7 @@ class _DecayMixin:
             raise ValueError(f"{type(self).__name__}.apply(grads) needs the variables too: "
                              "apply(grads, model.trainable_variables), or build(variables) "
                              "first")
-        return list(self._built_with)
+        return list(self._built_with.variables)
 
     def _update_all_replicas(self, grads: list[Any], variables: list[Any],
                              learning_rate: Any) -> None:
