@@ -63,6 +63,20 @@ def runs(tmp_path_factory):
     out = {name: last_json(results[name].stdout) for name in ("jax8", "jax1", "tf")}
     out["killed"], out["listing"], out["resumed"] = results["kill"]
     out["root"] = root
+    print("\njax engine runs:", {  # shown with pytest -s: the figures of the closing note
+        "loss 1 vs 8 devices, max |diff| over 42 steps": float(np.max(np.abs(
+            np.subtract(out["jax1"]["losses"], out["jax8"]["losses"][:42])))),
+        "accuracy jax8 / tf": (out["jax8"]["evals"]["56"]["accuracy"],
+                               out["tf"]["evals"]["56"]["accuracy"]),
+        "epoch losses jax8": np.array(out["jax8"]["losses"]).reshape(6, 21).mean(1).round(4)
+        .tolist(),
+        "epoch losses tf": np.array(out["tf"]["losses"]).reshape(6, 21).mean(1).round(4)
+        .tolist(),
+        "train seconds jax8 / jax1 / tf": (out["jax8"]["train_seconds"],
+                                           out["jax1"]["train_seconds"],
+                                           out["tf"]["train_seconds"]),
+        "resumed from": out["resumed"]["start_step"], "killed during": out["killed"].stdout
+        .strip().splitlines()[-1]})
     return out
 
 
