@@ -21,6 +21,7 @@ _deadline.configure_tensorflow()
 accel.import_keras()
 
 from fenwicks import (  # noqa: E402  (after the TensorFlow check, on purpose)
+    anim,
     colab_utils,
     data,
     gcs,
@@ -43,6 +44,7 @@ __all__ = [
     "Sequential",
     "__version__",
     "accel",
+    "anim",
     "bench",
     "colab_utils",
     "data",
@@ -65,9 +67,6 @@ _ON_FIRST_USE = ("bench",)
 
 # Modules of the original Fenwicks (2019) that have no place here: what to use instead.
 _REMOVED = {
-    "anim": "fw.plt.show_batch(input_func, converter=...) instead of "
-            "fw.anim.show_input_func, fw.plt.show_image_files(paths) instead of "
-            "fw.anim.show_image_files (still images, no animation)",
     "datasets": "keras.utils.get_file(fname, origin, extract=True) instead of "
                 "fw.datasets.untar_data, the Kaggle CLI ('!kaggle competitions download -c "
                 "cifar-10') instead of fw.datasets.URLs, or tensorflow-datasets via "

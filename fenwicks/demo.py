@@ -91,13 +91,22 @@ def default_work_dir() -> str:
 def checkpoint_step(work_dir: str) -> int | None:
     """The step of the latest checkpoint in ``work_dir``, or None if it holds none.
 
-    The estimator names its checkpoints ``ckpt-<global step>``.
+    The estimator names its checkpoints ``ckpt-<global step>`` (TensorFlow engine) or
+    ``orbax/<global step>`` (JAX engine).
     """
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(work_dir)
     match = re.search(r"-(\d+)$", latest or "")
-    return int(match.group(1)) if match else None
+    if match:
+        return int(match.group(1))
+    # The JAX engine's checkpoints: <work_dir>/orbax/<step> (complete ones only: orbax
+    # writes into a temporary name and renames when done).
+    orbax = f"{work_dir}/orbax"
+    steps = [int(name) for name in (tf.io.gfile.listdir(orbax)
+                                    if tf.io.gfile.isdir(orbax) else [])
+             if name.rstrip("/").isdigit()]
+    return max(steps) if steps else None
 
 
 def load_digits(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -296,8 +296,13 @@ def test_parser_names_the_dtype_and_shape_numpy_tfrecord_stored(tmp_path):
     fn = fw.data.numpy_tfrecord(str(tmp_path / "floats"), xs, np.arange(5))[0]
     told = re.escape(f"the record holds float32 values of shape ({H}, {W}, {C})")
     advice = re.escape(f"pass h, w, c = {H}, {W}, {C} and dtype=tf.float32")
+    as_uint8 = lambda r: fw.data.tfexample_numpy_image_parser(r, H, W, C, dtype=tf.uint8)
     with pytest.raises(fw.data.RecordError, match=f"floats do not fit .*{told}.*{advice}"):
-        fw.data.tfrecord_ds(fn, _parser, 5, training=False)  # uint8 asked for
+        fw.data.tfrecord_ds(fn, as_uint8, 5, training=False)
+    # No dtype: the one the records hold, eagerly and in the pipeline.
+    images, _ = _collect(fw.data.tfrecord_ds(fn, _parser, 5, training=False))
+    assert images[0].dtype == np.float32
+    np.testing.assert_array_equal(images[0], xs)
     swapped = lambda r: fw.data.tfexample_numpy_image_parser(r, W, H, C, dtype=tf.float32)
     with pytest.raises(fw.data.RecordError, match=f"{told}.*{advice}"):  # same size
         fw.data.tfrecord_ds(fn, swapped, 5, training=False)

@@ -63,6 +63,20 @@ def runs(tmp_path_factory):
     out = {name: last_json(results[name].stdout) for name in ("jax8", "jax1", "tf")}
     out["killed"], out["listing"], out["resumed"] = results["kill"]
     out["root"] = root
+    print("\njax engine runs:", {  # shown with pytest -s: the figures of the closing note
+        "loss 1 vs 8 devices, max |diff| over 42 steps": float(np.max(np.abs(
+            np.subtract(out["jax1"]["losses"], out["jax8"]["losses"][:42])))),
+        "accuracy jax8 / tf": (out["jax8"]["evals"]["56"]["accuracy"],
+                               out["tf"]["evals"]["56"]["accuracy"]),
+        "epoch losses jax8": np.array(out["jax8"]["losses"]).reshape(6, 21).mean(1).round(4)
+        .tolist(),
+        "epoch losses tf": np.array(out["tf"]["losses"]).reshape(6, 21).mean(1).round(4)
+        .tolist(),
+        "train seconds jax8 / jax1 / tf": (out["jax8"]["train_seconds"],
+                                           out["jax1"]["train_seconds"],
+                                           out["tf"]["train_seconds"]),
+        "resumed from": out["resumed"]["start_step"], "killed during": out["killed"].stdout
+        .strip().splitlines()[-1]})
     return out
 
 
@@ -150,3 +164,19 @@ def test_sixteen_bit_precisions(runs):
         assert got["optimizer"] == optimizer
         assert len(got["losses"]) == 3 and np.all(np.isfinite(got["losses"]))
         assert abs(got["losses"][0] - np.log(10)) < 0.5  # 10 classes, near uniform at first
+
+
+def test_demo_on_the_jax_engine_with_eight_devices(tmp_path):
+    """The issue's Done-when: ``python -m fenwicks demo`` on the JAX engine over 8 host
+    devices reaches the TensorFlow engine's demo accuracy (>= 0.99 of the 450 digits);
+    a second run resumes the first from its orbax checkpoint and says so."""
+    env = {**_env(8), "FENWICKS_DEVICE": "cpu:8"}
+    work_dir = str(tmp_path / "demo")
+    out = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
+                      timeout=900, fresh=True).stdout
+    line = next(line for line in out.splitlines() if line.startswith("test accuracy"))
+    correct, total = (int(n) for n in line.split("(")[1].split(" test")[0].split(" of "))
+    assert total == NUM_TEST and correct / total >= 0.99, line
+    again = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
+                        timeout=900, fresh=True).stdout
+    assert f"resuming {work_dir} at step 252" in again, again

@@ -77,7 +77,7 @@ def _fresh_keras():
 # ------------------------------------------------------------------- names and arguments
 
 REMOVED = {  # original name -> words its error must contain
-    "fenwicks.anim": "fw.plt.show_batch",
+    "fenwicks.anim.show_transform": "fw.plt.show_batch",
     "fenwicks.datasets": "keras.utils.get_file",
     "fenwicks.colab_utils.setup_kaggle_from_gdrive": "kaggle.json",
     "fenwicks.data.numpy_tfrecord_shards": "num_shards",
@@ -179,8 +179,7 @@ def test_tutorial1_mnist_calls(tmp_path):
         training=True)
     eval_input_func = lambda params: fw.data.numpy_ds(  # noqa: E731
         X_test, y_test, batch_size=params['batch_size'], training=False)
-    # forced edit: was fw.anim.show_input_func(eval_input_func, converter=fw.image.gray2rgb)
-    fig = fw.plt.show_batch(eval_input_func, converter=fw.image.gray2rgb)
+    fig = fw.anim.show_input_func(eval_input_func, converter=fw.image.gray2rgb)
     assert fig.axes[0].images[0].get_array().shape == (8, 8, 3)
 
     batch_size, epochs = 32, 2
@@ -241,23 +240,23 @@ def test_tutorial2_cifar10_calls(tmp_path):
     fw.data.numpy_tfrecord(test_fn, X_test, y_test)
 
     def parser_train(tfexample):
-        # forced edit: dtype=tf.float64 (records keep the array's dtype; was float lists)
-        x, y = fw.data.tfexample_numpy_image_parser(tfexample, img_size, img_size,
-                                                    dtype=tf.float64)
+        # the records say they hold float64 (X was normalised): no dtype= needed
+        x, y = fw.data.tfexample_numpy_image_parser(tfexample, img_size, img_size)
+        assert x.dtype == tf.float64
         x = fw.transform.random_pad_crop(x, 4)
         x = fw.transform.random_flip(x)
         x = fw.transform.cutout(x, 8, 8)
         return x, y
 
     parser_test = lambda x: fw.data.tfexample_numpy_image_parser(  # noqa: E731
-        x, img_size, img_size, dtype=tf.float64)  # forced edit, as above
+        x, img_size, img_size)
     train_input_func = lambda params: fw.data.tfrecord_ds(  # noqa: E731
         train_fn, parser_train, batch_size=params['batch_size'], training=True)
     eval_input_func = lambda params: fw.data.tfrecord_ds(  # noqa: E731
         test_fn, parser_test, batch_size=params['batch_size'], training=False)
     converter = fw.transform.tfm_reverse_standard_scaler(X_train_mean / 255,
                                                          X_train_std / 255)
-    fw.plt.show_batch(eval_input_func, converter=converter)  # forced edit: was fw.anim
+    fw.anim.show_input_func(eval_input_func, converter=converter)
 
     batch_size, epochs, warmup = 16, 2, 1
     steps_per_epoch = n_train // batch_size
@@ -299,7 +298,8 @@ def test_tutorial3_kaggle_cifar10_calls(kaggle_archives, tmp_path, monkeypatch):
     assert (n_train, n_classes, labels) == (24, 3, ["cat", "dog", "frog"])
     assert [labels[label] for label in y_train] == [name for _, name in rows]
     fw.plt.plot_counts_pie(y_train, labels, w=450)
-    fw.plt.show_image_files(paths_train, h_inch=1, w_inch=1)  # forced edit: was fw.anim
+    fig = fw.anim.show_image_files(paths_train, h_inch=1, w_inch=1)
+    assert sum(len(ax.images) for ax in fig.axes) == min(20, n_train)
 
     X_train_mean, X_train_std, img_size, _ = fw.image.compute_mean_std(
         local_train_fn, n_train, batch_size=100)
@@ -344,8 +344,7 @@ def test_tutorial3_kaggle_cifar10_calls(kaggle_archives, tmp_path, monkeypatch):
     est.train(train_input_func, steps=total_steps)
 
     y_preds, test_ids = [], []
-    # forced edit: as_dicts=True (predict returns an array of probabilities by default)
-    for i, pred in enumerate(est.predict(test_input_func, as_dicts=True)):
+    for i, pred in enumerate(est.predict(test_input_func)):  # each row answers y_pred
         y_preds.append(pred['y_pred'])
         assert pred['y_pred'] == int(np.argmax(pred['y_prob']))
         fn = os.path.basename(path_test[i])
@@ -370,7 +369,7 @@ def test_tutorial5_flowers_kfold_calls(flower_dir, tmp_path):
     assert (n_classes, n_all) == (3, 24) and sorted(y) == sorted([0, 1, 2] * 8)
     assert [labels[label] for label in y] == [p.split(os.sep)[-2] for p in paths]
     fw.plt.plot_counts_pie(y, labels)
-    fw.plt.show_image_files(paths)  # forced edit: was fw.anim.show_image_files(paths)
+    fw.anim.show_image_files(paths)
 
     def build_nn():
         base = base_model.model_func()

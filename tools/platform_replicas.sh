@@ -12,6 +12,8 @@
 # runs README.md's first cell for that platform as written (its folder pointed at this
 # clone; a step that needs an unreachable index is skipped, and says so), then `pip check`,
 # `python -m fenwicks info` and the demo, and prints one summary line per image at the end.
+# On the TPU images it also runs info and the demo with FENWICKS_ENGINE=tf: the TPU
+# diagnosis of the image's TensorFlow, and what that TensorFlow trains on its own (the CPU).
 #
 # Usage:  tools/platform_replicas.sh [IMAGE ...]     (default: kaggle-tpu colab-tpu colab-gpu)
 # Environment:
@@ -168,9 +170,22 @@ run_image() {
   else
     demo="FAILED: $(last_line "$dir/demo.log")"; ok=0
   fi
+  # On a TPU image, the same demo on the tf engine: what this TensorFlow trains on its own.
+  local tf_demo=""
+  if [ -n "$tf_info" ]; then
+    t0=$(date +%s)
+    if (cd "$dir" && env "${envs[@]}" FENWICKS_ENGINE=tf timeout 1200 "$python" -m fenwicks \
+          demo --work-dir "$dir/demo-tf" "${epochs[@]}") >"$dir/demo-tf.log" 2>&1; then
+      t1=$(date +%s)
+      tf_demo=" | demo with FENWICKS_ENGINE=tf: accuracy $(sed -n \
+        's/^test accuracy *\([0-9.]*\).*/\1/p' "$dir/demo-tf.log") in $((t1 - t0)) s"
+    else
+      tf_demo=" | demo with FENWICKS_ENGINE=tf: FAILED: $(last_line "$dir/demo-tf.log")"
+    fi
+  fi
   line="$image$before_cell | cell $cell_result | pip check $check"
   line+=" | changed by fenwicks: ${changed:-none}"
-  line+="${added:+ (added: $added)} | info $info$tf_info | demo $demo"
+  line+="${added:+ (added: $added)} | info $info$tf_info | demo $demo$tf_demo"
   SUMMARY+=("$line")
   [ $ok = 1 ]
 }

@@ -2,11 +2,52 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 
 import tensorflow as tf
 
 from fenwicks._checks import positive_int
+
+# The dtype `numpy_tfrecord` stored in the records `tfrecord_ds` is parsing: a parser
+# traced for its pipeline (graph mode, where the record's value is not known yet) takes it
+# from here when given no dtype.
+_RECORDS_DTYPE: contextvars.ContextVar[tf.DType | None] = contextvars.ContextVar(
+    "fenwicks_records_dtype", default=None)
+
+
+def stored_dtype(path: str) -> tf.DType | None:
+    """The dtype `numpy_tfrecord` stored in the first record of `path`, or None."""
+    try:
+        for raw in tf.data.TFRecordDataset(path).take(1):
+            feature = tf.train.Example.FromString(raw.numpy()).features.feature.get("dtype")
+            if feature is not None and feature.bytes_list.value:
+                return tf.as_dtype(feature.bytes_list.value[0].decode())
+    except (tf.errors.OpError, TypeError, ValueError):
+        return None  # compressed, unreadable or not numpy_tfrecord's: the parser decides
+    return None
+
+
+@contextlib.contextmanager
+def records_dtype(dtype: tf.DType | None) -> Iterator[None]:
+    """Parsers traced inside read `dtype=None` as `dtype` (see `tfrecord_ds`)."""
+    token = _RECORDS_DTYPE.set(dtype)
+    try:
+        yield
+    finally:
+        _RECORDS_DTYPE.reset(token)
+
+
+def _dtype_to_read(features: dict[str, tf.Tensor], dtype: tf.DType | None) -> tf.DType:
+    """The dtype asked for; else the one the record says (eagerly) or its pipeline's."""
+    if dtype is not None:
+        return tf.as_dtype(dtype)
+    if tf.executing_eagerly():
+        stored = tf.reshape(features["dtype"], [-1]).numpy()
+        if len(stored) and stored[0]:
+            return tf.as_dtype(stored[0].decode())
+    return _RECORDS_DTYPE.get() or tf.uint8
 
 
 def _check_size(h, w, c) -> tuple[int, int, int]:
@@ -73,7 +114,7 @@ def _check_eagerly(features: dict[str, tf.Tensor], h: int, w: int, c: int,
 
 
 def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 3,
-                                 dtype: tf.DType = tf.uint8) -> tuple[tf.Tensor, tf.Tensor]:
+                                 dtype: tf.DType | None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """Parses a record written by `numpy_tfrecord` into ``(image [h, w, c], label)``.
 
     Records written by `numpy_tfrecord` also hold their array's dtype and shape: a record
@@ -87,8 +128,10 @@ def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 
         h: image height.
         w: image width.
         c: channels. Defaults to 3.
-        dtype: dtype of the array that was written. Defaults to `tf.uint8` (images stay
-            uint8 until augmentation: 4x less to read, shuffle and cache than float32).
+        dtype: dtype of the array that was written. Defaults to None: the dtype the
+            record says it holds (`numpy_tfrecord` stores it; `tfrecord_ds` reads it from
+            the first record), else `tf.uint8` (older records). Images stay as written
+            (uint8 until augmentation: 4x less to read, shuffle and cache than float32).
 
     Returns:
         The image (``dtype``) and its int32 label.
@@ -102,8 +145,8 @@ def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 
         >>> ds = fw.data.tfrecord_ds('/tmp/cifar/train*', parser, 128)
     """
     h, w, c = _check_size(h, w, c)
-    dtype = tf.as_dtype(dtype)
     features = _features(tfexample, numpy_meta=True)
+    dtype = _dtype_to_read(features, dtype)
     if tf.executing_eagerly():
         _check_eagerly(features, h, w, c, dtype)
     # In the pipeline (graph mode) the checks are ops; the message cannot be formatted

@@ -12,7 +12,7 @@ import tensorflow as tf
 from fenwicks import _checks, accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
-from fenwicks.data import epochs, pipeline, position, service
+from fenwicks.data import epochs, parsers, pipeline, position, service
 from fenwicks.data._checks import RecordError, check_folds
 from fenwicks.data.options import PipelineOptions, RecordOptions, Transform, check_record_shuffle
 from fenwicks.data.scan import FileScan, scan_tfrecord
@@ -192,8 +192,11 @@ def _read_records(file_pattern: str | Sequence[str], parser: Parser, options: Pi
                            shard=None if by_file else (num_pipelines, pipeline_id),
                            folds=folds)
 
+    dtype = parsers.stored_dtype(files[0]) if files else None
+
     def parse(records: tf.data.Dataset) -> tf.data.Dataset:
-        return _parse(records, parser, batched, deterministic)
+        with parsers.records_dtype(dtype):  # for tfexample_numpy_image_parser(dtype=None)
+            return _parse(records, parser, batched, deterministic)
 
     if options.training:
         # Unless TensorFlow decides what a damaged file loses, the epoch's size is known.

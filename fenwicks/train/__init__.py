@@ -30,6 +30,9 @@ How the estimator is put together (one object per job, as Orbit):
   (`EarlyStopping`, `BestExporter`, the default `EpochLog`).
 - `evaluation.py`: exact evaluation and prediction; `export.py`: SavedModel export.
 - `model_func.py`, `optimizers.py`, `schedules.py`: what the user builds a run from.
+- `engines.py`: the engine seam: the TensorFlow engine's roles (the modules above) or
+  the JAX engine's (`jax/`: mesh, jitted steps, NumPy inputs, orbax checkpoints,
+  trainer, evaluator), chosen by Keras's backend; everything else is shared.
 """
 
 from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401
@@ -96,4 +99,13 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     piecewise_linear,
 )
 from fenwicks.train.state import StorageUnavailableError  # noqa: E402, F401
+from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
+    EstimatorSpec,
+    ModeKeys,
+    RunConfig,
+    TPUConfig,
+    TPUEstimator,
+    TPUEstimatorSpec,
+    WarmStartSettings,
+)
 from fenwicks.train.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401, E501

@@ -41,6 +41,7 @@ from fenwicks.train.history import History
 from fenwicks.train.inputs import InputFn, InputManager
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.predictions import class_probabilities
 from fenwicks.train.state import NonFiniteLossError, RunState
 
 __all__ = ["Estimator", "EstimatorConfig", "History", "NonFiniteLossError",
@@ -52,8 +53,8 @@ ModelFunc = Callable[[dict], ModelSpec]
 Callbacks = Sequence[keras.callbacks.Callback] | None
 
 
-def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str,
-                      ws_dir: str | None = None, ws_vars: Any = None,
+def get_tpu_estimator(steps_per_epoch: int | None = None, model_func: ModelFunc | None = None,
+                      work_dir: str | None = None, ws_dir: str | None = None, ws_vars: Any = None,
                       trn_bs: int = 128, val_bs: int | None = None,
                       pred_bs: int | None = None, *, steps_per_loop: int | None = None,
                       precision: str = "auto", seed: int | None = None,
@@ -64,8 +65,10 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
     """Creates an `Estimator` on the current accelerator (`fw.accel.current()`).
 
     Args:
-        steps_per_epoch: training steps per pass over the data.
-        model_func: ``params -> ModelSpec``, e.g. from `get_clf_model_func`.
+        steps_per_epoch: training steps per pass over the data. None (an evaluate- or
+            predict-only run, or training by ``steps=``): epochs are loops of
+            `steps_per_loop` steps, or of 100 steps. Defaults to None.
+        model_func: ``params -> ModelSpec``, e.g. from `get_clf_model_func`. Required.
         work_dir: checkpoints and TensorBoard logs: a local path (str or
             `pathlib.Path`, ``~`` expanded) or a ``gs://`` URL. An existing checkpoint
             there is resumed. The work_dir is the model: if its checkpoints are removed
@@ -109,8 +112,15 @@ def get_tpu_estimator(steps_per_epoch: int, model_func: ModelFunc, work_dir: str
     Example:
         >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=512,
         ...                                  val_bs=10000, seed=1)
+        >>> fw.train.get_tpu_estimator(model_func=model_func, work_dir=work_dir,
+        ...                            val_bs=10000).evaluate(eval_input_func)
     """
     warm_start_from = _warm_start_source(ws_dir, ws_vars, warm_start_from)
+    if steps_per_epoch is None:  # no epochs asked for: they only mark logs and callbacks
+        steps_per_epoch = 100 if steps_per_loop is None else steps_per_loop
+    if work_dir is None:
+        raise ValueError("work_dir is required: get_tpu_estimator(steps_per_epoch, "
+                         "model_func, work_dir), or model_func=..., work_dir=...")
     if not callable(model_func):
         raise ValueError(f"model_func={model_func!r} must be callable params -> ModelSpec, "
                          "e.g. fw.train.get_clf_model_func(build_nn, opt_func)")
@@ -502,8 +512,9 @@ class Estimator:
 
         Returns:
             A NumPy array (or a dict of arrays, as `predict_fn` returns) with one row per
-            example; class probabilities for `get_clf_model_func`. With ``as_dicts``, a
-            list of dicts.
+            example; class probabilities for `get_clf_model_func`, whose rows also answer
+            ``row['y_pred']`` and ``row['y_prob']`` as the original's dicts did
+            (`fenwicks.train.predictions`). With ``as_dicts``, a list of dicts.
 
         Raises:
             ValueError: on a multi-worker run (predict is single-host).
@@ -519,7 +530,7 @@ class Estimator:
         self._evaluator.check_single_host()
         self._build_for(input_fn, "predict")
         predictions = self._evaluator.predict(input_fn)
-        return _as_dicts(predictions) if as_dicts else predictions
+        return _as_dicts(predictions) if as_dicts else class_probabilities(predictions)
 
     # ---------------------------------------------------------------- export, loops of loops
 

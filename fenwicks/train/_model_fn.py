@@ -1,0 +1,407 @@
+"""Running a TPUEstimator ``model_fn(features, labels, mode, params)`` in TensorFlow 2.
+
+A TPUEstimator model_fn builds its network on every call (``keras.layers.Dense(10)(x)``
+inside the function) and relied on TF1's graph to share the variables between calls. Here
+the first calls record every top-level Keras object the model_fn creates (layers, models,
+optimizers, metrics), and later calls get the same objects back in the same order, per
+class: one set of variables for train, eval and predict, and no variable is ever created
+inside a later `tf.function` trace (TensorFlow 2 forbids that).
+
+While the model_fn runs, a few TF1 names are replaced by recorders, because their TF1
+implementations need a graph collection TensorFlow 2 no longer has:
+
+- ``tf.compat.v1.metrics.accuracy / mean / mean_squared_error / mean_absolute_error /
+  root_mean_squared_error / recall_at_k / precision / recall`` (and Keras mean-type
+  metrics' ``update_state``) record per-example values, so evaluation stays exact;
+- ``tf.compat.v1.train.Optimizer.minimize`` records the optimizer, converted to Keras
+  (`convert_v1_optimizer`); ``get_global_step`` / ``get_or_create_global_step`` give the
+  optimizer's step;
+- ``tf.compat.v1.train.init_from_checkpoint`` records a warm start;
+- ``tf.compat.v1.get_variable`` raises: graph-only variables cannot be shared here.
+
+The patches are undone when the model_fn returns; the model_fn runs on one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+TF2_INCOMPATIBLE = (
+    "model_fn used {what}, which needs TF1's graph and variable scopes; TensorFlow 2 has "
+    "neither, so its variables could not be shared between train, eval and predict. Build "
+    "the network from Keras layers (keras.layers.Dense(...)(x), a keras.Model) inside the "
+    "model_fn instead; see tutorials/PORTING.md, 'TPUEstimator programs'")
+
+
+class ModelFnError(ValueError):
+    """A model_fn that cannot run in TensorFlow 2, or returned an unusable spec."""
+
+
+# --------------------------------------------------------------------------- metric terms
+
+
+@dataclasses.dataclass
+class MetricTerm:
+    """A metric as ``post(sum(numerator) / sum(denominator))`` over every example."""
+
+    numerator: tf.Tensor  # [B]
+    denominator: tf.Tensor  # [B]
+    post: str = "none"  # 'none' or 'sqrt'
+
+
+def _per_example(values: Any, weights: Any) -> MetricTerm:
+    """Per-example weighted sums over every non-batch axis."""
+    values = tf.cast(values, tf.float32)
+    weights = tf.ones_like(values) if weights is None else tf.cast(weights, tf.float32)
+    if weights.shape.rank is not None and values.shape.rank is not None:
+        while weights.shape.rank < values.shape.rank:
+            weights = tf.expand_dims(weights, -1)
+    weights = tf.broadcast_to(weights, tf.shape(values))
+    if values.shape.rank == 0:
+        return MetricTerm(values * weights, weights)
+    flat = [tf.shape(values)[0], -1]
+    return MetricTerm(tf.reduce_sum(tf.reshape(values * weights, flat), 1),
+                      tf.reduce_sum(tf.reshape(weights, flat), 1))
+
+
+def _same(labels: Any, predictions: Any) -> tf.Tensor:
+    labels, predictions = tf.convert_to_tensor(labels), tf.convert_to_tensor(predictions)
+    if labels.dtype.is_integer and predictions.dtype.is_integer:
+        labels, predictions = tf.cast(labels, tf.int64), tf.cast(predictions, tf.int64)
+    else:
+        predictions = tf.cast(predictions, labels.dtype)
+    if labels.shape.rank == predictions.shape.rank + 1 and labels.shape[-1] == 1:
+        labels = tf.squeeze(labels, -1)
+    return tf.cast(tf.equal(labels, predictions), tf.float32)
+
+
+def _pair(term: MetricTerm) -> tuple[MetricTerm, MetricTerm]:
+    return term, term  # TF1's (value, update_op)
+
+
+def _accuracy(labels, predictions, weights=None, *args, **kwargs):
+    return _pair(_per_example(_same(labels, predictions), weights))
+
+
+def _mean(values, weights=None, *args, **kwargs):
+    return _pair(_per_example(values, weights))
+
+
+def _squared(labels, predictions, weights=None, *args, **kwargs):
+    diff = tf.cast(predictions, tf.float32) - tf.cast(labels, tf.float32)
+    return _pair(_per_example(tf.square(diff), weights))
+
+
+def _absolute(labels, predictions, weights=None, *args, **kwargs):
+    diff = tf.cast(predictions, tf.float32) - tf.cast(labels, tf.float32)
+    return _pair(_per_example(tf.abs(diff), weights))
+
+
+def _rmse(labels, predictions, weights=None, *args, **kwargs):
+    term = _squared(labels, predictions, weights)[0]
+    return _pair(dataclasses.replace(term, post="sqrt"))
+
+
+def _recall_at_k(labels, predictions, k, class_id=None, weights=None, *args, **kwargs):
+    if class_id is not None:
+        raise ModelFnError("tf.compat.v1.metrics.recall_at_k(class_id=...) is not "
+                           "supported; leave class_id=None (one label per example)")
+    labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
+    hit = tf.math.in_top_k(labels, tf.cast(predictions, tf.float32), k)
+    return _pair(_per_example(tf.cast(hit, tf.float32), weights))
+
+
+def _binary(labels, predictions, weights, count_predicted: bool):
+    labels = tf.cast(tf.cast(labels, tf.bool), tf.float32)
+    predictions = tf.cast(tf.cast(predictions, tf.bool), tf.float32)
+    term = _per_example(labels * predictions, weights)
+    total = _per_example(predictions if count_predicted else labels, weights)
+    return _pair(MetricTerm(term.numerator, total.numerator))
+
+
+def _precision(labels, predictions, weights=None, *args, **kwargs):
+    return _binary(labels, predictions, weights, count_predicted=True)
+
+
+def _recall(labels, predictions, weights=None, *args, **kwargs):
+    return _binary(labels, predictions, weights, count_predicted=False)
+
+
+V1_METRICS = {"accuracy": _accuracy, "mean": _mean, "mean_squared_error": _squared,
+              "mean_absolute_error": _absolute, "root_mean_squared_error": _rmse,
+              "recall_at_k": _recall_at_k, "precision": _precision, "recall": _recall}
+
+
+def _unsupported_metric(name: str) -> Callable[..., Any]:
+    def metric(*args: Any, **kwargs: Any) -> Any:
+        raise ModelFnError(
+            f"tf.compat.v1.metrics.{name} is not supported in eval_metrics: Fenwicks "
+            "evaluates exactly by summing per-example values over every example, and "
+            f"{name} is not a ratio of such sums. Supported: {', '.join(sorted(V1_METRICS))}"
+            " and Keras metrics derived from keras.metrics.Mean (Accuracy, "
+            "SparseCategoricalAccuracy, MeanSquaredError, ...)")
+    return metric
+
+
+def _keras_mean_update(self: keras.metrics.Mean, values: Any,
+                       sample_weight: Any = None) -> None:
+    """Replaces `keras.metrics.Mean.update_state` (under every mean-type Keras metric)
+    inside metric_fn: records the per-example values instead of adding them up."""
+    self._fw_term = _per_example(values, sample_weight)
+
+
+# --------------------------------------------------------------------------- v1 optimizers
+
+
+@dataclasses.dataclass
+class V1Minimize:
+    """What ``optimizer.minimize(loss, global_step)`` asked for."""
+
+    optimizer: Any
+    learning_rate: Any
+
+
+def _unwrap(optimizer: Any) -> Any:
+    while hasattr(optimizer, "_opt") and "CrossShard" in type(optimizer).__name__:
+        optimizer = optimizer._opt  # all-reduces gradients: Fenwicks always does
+    return optimizer
+
+
+def convert_v1_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
+    """The Keras 3 optimizer that makes the same updates as a `tf.compat.v1` one.
+
+    GradientDescent is exactly SGD, and Adam is Keras's Adam (both use TF1's
+    epsilon-hat form). Momentum matches exactly at a constant learning rate; under a
+    schedule TF1 scaled the accumulated gradients by the current rate, Keras the new one.
+
+    Raises:
+        ModelFnError: for another optimizer class, naming the Keras one to pass instead.
+    """
+    optimizer = _unwrap(optimizer)
+    name = type(optimizer).__name__
+    lr = optimizer._learning_rate
+    start = float(lr) if isinstance(lr, (int, float)) else 0.0  # a tensor: set per step
+    if name == "GradientDescentOptimizer":
+        return keras.optimizers.SGD(start)
+    if name == "MomentumOptimizer":
+        return keras.optimizers.SGD(start, momentum=float(optimizer._momentum),
+                                    nesterov=bool(optimizer._use_nesterov))
+    if name == "AdamOptimizer":
+        return keras.optimizers.Adam(start, beta_1=float(optimizer._beta1),
+                                     beta_2=float(optimizer._beta2),
+                                     epsilon=float(optimizer._epsilon))
+    raise ModelFnError(
+        f"tf.compat.v1.train.{name}.minimize cannot run in TensorFlow 2, and Fenwicks "
+        "converts only GradientDescentOptimizer, MomentumOptimizer and AdamOptimizer. "
+        "Pass a Keras optimizer instead: TPUEstimatorSpec(mode, loss=loss, "
+        "optimizer=keras.optimizers.RMSprop(...)) (or an fw.train optimizer function)")
+
+
+# --------------------------------------------------------------------------- object replay
+
+
+_RECORDED_BASES = (keras.layers.Layer, BaseOptimizer, keras.metrics.Metric)
+
+
+def _restoring_init(cls: type) -> Callable[..., None]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        self.__class__ = cls  # the object was built on the first call: not again
+    return __init__
+
+
+class Replay:
+    """Hands out the Keras objects of the first calls again, in creation order per class.
+
+    ``recording`` (the build calls) creates and records what is new; afterwards a new
+    object is an error, because it would create variables inside a traced function.
+    """
+
+    def __init__(self) -> None:
+        self.objects: dict[type, list[Any]] = {}
+        self.order: list[Any] = []
+        self.recording = True
+        self._next: dict[type, int] = {}
+        self._skip_init: dict[type, type] = {}
+        self.mode = ""
+
+    def start(self, mode: str) -> None:
+        self._next = {}
+        self.mode = mode
+
+    def layers(self) -> list[Any]:
+        return [obj for obj in self.order if isinstance(obj, keras.layers.Layer)]
+
+    def variables(self) -> list[Any]:
+        seen, out = set(), []
+        for obj in self.order:
+            for variable in getattr(obj, "variables", []):
+                if id(variable) not in seen:
+                    seen.add(id(variable))
+                    out.append(variable)
+        return out
+
+    def _no_init(self, cls: type) -> type:
+        if cls not in self._skip_init:
+            self._skip_init[cls] = type(cls.__name__, (cls,),
+                                        {"__init__": _restoring_init(cls),
+                                         "__module__": cls.__module__})
+        return self._skip_init[cls]
+
+    def new(self, original: Callable[..., Any], cls: type, args: tuple, kwargs: dict) -> Any:
+        if _nested(sys._getframe(2)):
+            return original(cls, *args, **kwargs)
+        index = self._next.get(cls, 0)
+        self._next[cls] = index + 1
+        known = self.objects.setdefault(cls, [])
+        if index < len(known):
+            obj = known[index]
+            obj.__class__ = self._no_init(cls)
+            return obj
+        if not self.recording:
+            raise ModelFnError(
+                f"model_fn created a {cls.__name__} in mode {self.mode!r} beyond those it "
+                f"created when it was first called ({len(known)} of them): a model_fn must "
+                "create the same Keras layers on every call (they are shared, as "
+                "TPUEstimator shared variables by name)")
+        obj = original(cls, *args, **kwargs)
+        known.append(obj)
+        self.order.append(obj)
+        return obj
+
+
+def _nested(frame: Any) -> bool:
+    """True if a Keras object is being made by another one (its __init__, build, call)."""
+    while frame is not None and frame.f_code not in _BOUNDARIES:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, _RECORDED_BASES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+
+
+@contextlib.contextmanager
+def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
+    had = name in vars(target) if isinstance(target, type) else hasattr(target, name)
+    old = getattr(target, name, None)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(target, name, old)
+        elif name == "__new__":
+            # Deleting a __new__ set on a class leaves CPython calling object.__new__ with
+            # the constructor's arguments (a TypeError): put a neutral one in its place.
+            setattr(target, name, _plain_new)
+        else:
+            delattr(target, name)
+
+
+def _plain_new(cls: type, *args: Any, **kwargs: Any) -> Any:
+    return object.__new__(cls)
+
+
+def _replaying_new(replay: Replay, base: type) -> Any:
+    original = base.__dict__.get("__new__")
+
+    def create(cls: type, *args: Any, **kwargs: Any) -> Any:
+        return object.__new__(cls)
+
+    original_fn = original.__func__ if isinstance(original, staticmethod) else original
+    make = original_fn if original_fn is not None else create
+
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:  # noqa: N807
+        return replay.new(make, cls, args, kwargs)
+
+    return __new__
+
+
+def _raise_tf1(what: str) -> Callable[..., Any]:
+    def raiser(*args: Any, **kwargs: Any) -> Any:
+        raise ModelFnError(TF2_INCOMPATIBLE.format(what=what))
+    return raiser
+
+
+@dataclasses.dataclass
+class CallRecord:
+    """What one model_fn call asked for beside its spec."""
+
+    minimize: V1Minimize | None = None
+    init_from_checkpoint: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@contextlib.contextmanager
+def tf1_scope(replay: Replay, record: CallRecord,
+              global_step: Callable[[], tf.Tensor]) -> Iterator[None]:
+    """Patches the TF1 names listed in the module docstring while a model_fn runs."""
+    v1 = tf.compat.v1
+
+    def minimize(self: Any, loss: Any, global_step: Any = None, *args: Any,
+                 **kwargs: Any) -> Any:
+        record.minimize = V1Minimize(self, _unwrap(self)._learning_rate)
+        return tf.no_op()
+
+    def init_from_checkpoint(ckpt_dir_or_file: str, assignment_map: Any) -> None:
+        record.init_from_checkpoint.append((ckpt_dir_or_file, assignment_map))
+
+    patches = [(v1.train.Optimizer, "minimize", minimize),
+               (v1.train, "get_global_step", global_step),
+               (v1.train, "get_or_create_global_step", global_step),
+               (v1.train, "init_from_checkpoint", init_from_checkpoint),
+               (v1, "trainable_variables",
+                lambda *a, **k: [v for v in replay.variables() if v.trainable]),
+               (v1, "get_variable", _raise_tf1("tf.compat.v1.get_variable")),
+               (keras.metrics.Mean, "update_state", _keras_mean_update)]
+    patches += [(v1.metrics, name, fn) for name, fn in V1_METRICS.items()]
+    patches += [(v1.metrics, name, _unsupported_metric(name))
+                for name in ("auc", "precision_at_k", "mean_per_class_accuracy",
+                             "mean_iou", "sparse_average_precision_at_k",
+                             "false_negatives", "false_positives", "true_positives",
+                             "true_negatives", "percentage_below", "mean_cosine_distance",
+                             "mean_relative_error", "mean_tensor", "sensitivity_at_specificity",
+                             "specificity_at_sensitivity", "precision_at_thresholds",
+                             "recall_at_thresholds", "average_precision_at_k")
+                if hasattr(v1.metrics, name)]
+    patches += [(base, "__new__", _replaying_new(replay, base)) for base in _RECORDED_BASES]
+    with contextlib.ExitStack() as stack:
+        for target, name, value in patches:
+            stack.enter_context(_patched(target, name, value))
+        yield
+
+
+@tf.autograph.experimental.do_not_convert  # TF1 never converted a model_fn either
+def call_user(model_fn: Callable[..., Any], features: Any, labels: Any, mode: str,
+              params: dict, config: Any) -> Any:
+    """Calls model_fn with the arguments its signature names (as TPUEstimator did)."""
+    names = inspect.signature(model_fn).parameters
+    given = {"features": features, "labels": labels, "mode": mode, "params": params,
+             "config": config}
+    kwargs = {name: value for name, value in given.items() if name in names}
+    if "features" not in names:
+        raise ModelFnError(f"model_fn{inspect.signature(model_fn)} must take features "
+                           "(and usually labels, mode, params)")
+    if "labels" not in names and labels is not None and mode != "infer":
+        raise ModelFnError("model_fn takes no labels, but the input_fn gives labels")
+    return model_fn(**kwargs)
+
+
+@tf.autograph.experimental.do_not_convert
+def call_in_scope(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Calls a function of the model_fn's (metric_fn, scaffold_fn): what it creates at
+    top level is recorded and replayed like the model_fn's own objects."""
+    return fn(*args, **kwargs)
+
+
+# Where `_nested`'s walk up the stack stops: the user's code starts below these frames.
+_BOUNDARIES = frozenset(inspect.unwrap(f).__code__ for f in (call_user, call_in_scope))

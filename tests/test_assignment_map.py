@@ -1,0 +1,40 @@
+"""`fenwicks.train.assignment_map`: TF1-style warm start by name, scopes and exact names."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from fenwicks.train import assignment_map
+
+
+def _checkpoint(prefix, tensors):
+    names = sorted(tensors)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.constant(tensors[n]) for n in names])
+    return prefix
+
+
+def test_scope_and_exact_entries_load_what_they_name_and_report_mismatches(tmp_path):
+    dense = keras.layers.Dense(2, name="head")
+    dense.build((None, 3))
+    other = keras.layers.Dense(4, name="other")
+    other.build((None, 3))
+    rng = np.random.default_rng(0)
+    saved = {"old/kernel": rng.normal(size=(3, 2)).astype(np.float32),
+             "old/bias": rng.normal(size=(2,)).astype(np.float32),
+             "other_w": np.ones((5, 4), np.float32)}  # wrong shape for other/kernel
+    source = _checkpoint(str(tmp_path / "model.ckpt"), saved)
+    variables = dense.variables + other.variables
+    report = assignment_map.warm_start(variables, source,
+                                       {"old/": "head/", "other_w": "other/kernel"})
+    assert sorted(report["loaded"]) == ["head/bias", "head/kernel"]
+    assert report["not_loaded"] == ["other/kernel"]
+    np.testing.assert_array_equal(dense.kernel.numpy(), saved["old/kernel"])
+    np.testing.assert_array_equal(other.bias.numpy(), np.zeros(4))  # not in the map
+
+
+def test_settings_map_picks_trainable_variables_by_pattern_and_renames():
+    dense = keras.layers.Dense(2, name="enc")
+    dense.build((None, 3))
+    chosen = assignment_map.settings_map(dense.variables, "enc/k.*", {"enc/kernel": "x/w"})
+    assert chosen == {"x/w": "enc/kernel"}

@@ -1,0 +1,699 @@
+"""TPUEstimator programs port to `fw.train.TPUEstimator` with few edits.
+
+Three ports follow the call patterns of public TPUEstimator programs (read for their API
+facts; the code here is our own, on tiny offline data): tensorflow/tpu
+models/official/mnist/mnist_tpu.py, google-research/bert run_classifier.py, and
+tensorflow/tpu models/official/squeezenet (squeezenet_main.py, squeezenet_model.py).
+Each port starts with a comment block counting its forced edits: the lines Fenwicks makes
+a user change. TensorFlow 2's own removals (``tf.estimator``, ``tf.contrib``,
+``tf.layers``, ``tf.get_variable``) and the stand-in data are listed apart.
+
+Every number checked is derived independently: from the predictions with NumPy, or from
+the update rule by hand.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import fenwicks as fw
+from tests.conftest import run_json
+
+v1 = tf.compat.v1  # the programs' `import tensorflow.compat.v1 as tf`
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = (data.images * 16).astype(np.float32).reshape(-1, 8, 8, 1)  # 0..255 as MNIST
+    return images[:480], data.target[:480].astype(np.int64)
+
+
+def _softmax(logits):
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+# ----------------------------------------------------------------------------- mnist_tpu.py
+# Port of tensorflow/tpu models/official/mnist/mnist_tpu.py.
+# Forced edits (Fenwicks): 0.
+# TensorFlow 2 removals (not counted): tf.estimator.tpu.{TPUEstimatorSpec, RunConfig,
+#   TPUConfig, TPUEstimator} and tf.estimator.ModeKeys -> fw.train.* (5 names, same
+#   arguments); tf.layers.* -> keras.layers.* (7 lines); the TPUClusterResolver and
+#   session_config lines dropped (fw.accel finds the device).
+# Stand-in data: scikit-learn's 8x8 digits in place of the MNIST TFRecords.
+# Kept as written: tf.metrics.accuracy in metric_fn, tf.losses.sparse_softmax_cross_entropy,
+#   tf.train.exponential_decay(lr, tf.train.get_global_step(), ...),
+#   tf.train.GradientDescentOptimizer + CrossShardOptimizer + minimize(loss, global_step),
+#   params["data_dir"] and params["batch_size"] in the input_fns, the predict loop.
+
+
+LEARNING_RATE = 0.5  # FLAGS.learning_rate (0.05 there, for 28x28 images)
+
+
+def _mnist_metric_fn(labels, logits):
+    accuracy = v1.metrics.accuracy(labels=labels, predictions=v1.argmax(logits, axis=1))
+    return {"accuracy": accuracy}
+
+
+def _mnist_model_fn(features, labels, mode, params):
+    del params
+    image = features / 255.
+    y = keras.layers.Conv2D(filters=8, kernel_size=3, padding="same",
+                            activation="relu")(image)
+    y = keras.layers.MaxPooling2D(pool_size=(2, 2), strides=(2, 2), padding="same")(y)
+    y = keras.layers.Flatten()(y)
+    y = keras.layers.Dense(32, activation="relu")(y)
+    y = keras.layers.Dropout(0.4)(y, training=(mode == fw.train.ModeKeys.TRAIN))
+    logits = keras.layers.Dense(10)(y)
+    if mode == fw.train.ModeKeys.PREDICT:
+        predictions = {"class_ids": v1.argmax(logits, axis=1),
+                       "probabilities": v1.nn.softmax(logits)}
+        return fw.train.TPUEstimatorSpec(mode, predictions=predictions)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+    if mode == fw.train.ModeKeys.TRAIN:
+        learning_rate = v1.train.exponential_decay(
+            LEARNING_RATE, v1.train.get_global_step(), decay_steps=100000, decay_rate=0.96)
+        optimizer = v1.train.GradientDescentOptimizer(learning_rate=learning_rate)
+        optimizer = v1.tpu.CrossShardOptimizer(optimizer)
+        return fw.train.TPUEstimatorSpec(
+            mode=mode, loss=loss,
+            train_op=optimizer.minimize(loss, v1.train.get_global_step()))
+    if mode == fw.train.ModeKeys.EVAL:
+        return fw.train.TPUEstimatorSpec(
+            mode=mode, loss=loss, eval_metrics=(_mnist_metric_fn, [labels, logits]))
+
+
+def _mnist_estimator(model_dir, data):
+    images, labels = data
+
+    def dataset(part):
+        rows = slice(0, 384) if part == "train" else slice(384, 480)
+        return v1.data.Dataset.from_tensor_slices((images[rows], labels[rows]))
+
+    def train_input_fn(params):
+        batch_size = params["batch_size"]
+        assert params["data_dir"] == "/data/mnist"  # user params reach the input_fn
+        return dataset("train").cache().repeat().shuffle(
+            buffer_size=384).batch(batch_size, drop_remainder=True)
+
+    def eval_input_fn(params):
+        return dataset("validation").batch(params["batch_size"], drop_remainder=True)
+
+    def predict_input_fn(params):
+        return dataset("validation").batch(params["batch_size"])
+
+    run_config = fw.train.RunConfig(model_dir=model_dir, tf_random_seed=1,
+                                    tpu_config=fw.train.TPUConfig(20, 8))
+    estimator = fw.train.TPUEstimator(
+        model_fn=_mnist_model_fn, use_tpu=True, train_batch_size=32, eval_batch_size=32,
+        predict_batch_size=32, params={"data_dir": "/data/mnist"}, config=run_config,
+        verbose=False)
+    return estimator, train_input_fn, eval_input_fn, predict_input_fn
+
+
+def test_mnist_tpu_port_trains_evaluates_exactly_predicts_dicts_and_resumes(tmp_path, digits):
+    model_dir = str(tmp_path / "mnist")
+    estimator, train_fn, eval_fn, predict_fn = _mnist_estimator(model_dir, digits)
+    estimator.train(input_fn=train_fn, max_steps=40)
+    result = estimator.evaluate(input_fn=eval_fn, steps=3)
+    preds = list(estimator.predict(input_fn=predict_fn))
+
+    assert len(preds) == 96 and set(preds[0]) == {"class_ids", "probabilities"}
+    class_ids = np.array([p["class_ids"] for p in preds])
+    probs = np.stack([p["probabilities"] for p in preds])
+    y = digits[1][384:480]
+    assert np.array_equal(class_ids, probs.argmax(1))
+    assert result["global_step"] == 40 and result["num_examples"] == 96
+    assert result["accuracy"] == pytest.approx(np.mean(class_ids == y), abs=1e-6)
+    cross_entropy = -np.mean(np.log(probs[np.arange(96), y]))
+    assert result["loss"] == pytest.approx(cross_entropy, rel=1e-4)
+    assert result["loss"] < np.log(10) - 0.3  # below a uniform guess's: it learned
+    loaded = tf.saved_model.load(estimator.export_saved_model(str(tmp_path / "export")))
+    served = loaded.serve(digits[0][384:390])
+    np.testing.assert_allclose(served["probabilities"], probs[:6], rtol=1e-5, atol=1e-6)
+    estimator.close()
+
+    # A new estimator on the model_dir resumes (train) and restores (evaluate only).
+    again, train_fn, eval_fn, _ = _mnist_estimator(model_dir, digits)
+    assert again.evaluate(input_fn=eval_fn)["accuracy"] == pytest.approx(result["accuracy"])
+    again.train(input_fn=train_fn, steps=20)
+    assert again.evaluate(input_fn=eval_fn)["global_step"] == 60
+    again.close()
+
+
+# ------------------------------------------------------------ the TF1 optimizer conversion
+
+
+def _linear_model_fn(optimizer_name):
+    def model_fn(features, labels, mode, params):
+        dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+        outputs = dense(features)
+        if mode == fw.train.ModeKeys.PREDICT:
+            return fw.train.TPUEstimatorSpec(mode, predictions=outputs)
+        loss = v1.losses.mean_squared_error(labels, outputs)
+        step = v1.train.get_global_step()
+        if optimizer_name == "sgd":
+            lr = v1.train.exponential_decay(0.1, step, decay_steps=1, decay_rate=0.5)
+            optimizer = v1.train.GradientDescentOptimizer(lr)
+        else:
+            optimizer = v1.train.MomentumOptimizer(0.1, momentum=0.9)
+        return fw.train.TPUEstimatorSpec(mode, loss=loss,
+                                         train_op=optimizer.minimize(loss, step))
+    return model_fn
+
+
+def _linear_weights_after_three_steps(model_dir, optimizer_name):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    y = rng.normal(size=(8, 1)).astype(np.float32)
+    est = fw.train.TPUEstimator(_linear_model_fn(optimizer_name), model_dir=model_dir,
+                                train_batch_size=8, verbose=False,
+                                config=fw.train.RunConfig(tpu_config=fw.train.TPUConfig(1)))
+    est.train(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        params["batch_size"], drop_remainder=True).repeat(), max_steps=3)
+    weights = np.array(list(est.predict(
+        lambda params: tf.data.Dataset.from_tensor_slices(np.eye(3, dtype=np.float32)).batch(
+            params["batch_size"]))))
+    est.close()
+    return x, y, weights.reshape(3, 1)
+
+
+def _update_rule(x, y, optimizer_name):
+    w, velocity = np.zeros((3, 1)), np.zeros((3, 1))
+    for step in range(3):
+        grad = 2 / 8 * x.T @ (x @ w - y)  # d/dw mean((xw - y)^2)
+        if optimizer_name == "sgd":  # exponential_decay at the step's global step
+            w = w - 0.1 * 0.5 ** step * grad
+        else:  # TF1 momentum: accumulate, then step by lr * accumulator
+            velocity = 0.9 * velocity + grad
+            w = w - 0.1 * velocity
+    return w
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "momentum"])
+def test_tf1_optimizers_make_the_updates_of_their_update_rules(tmp_path, optimizer_name):
+    x, y, weights = _linear_weights_after_three_steps(str(tmp_path), optimizer_name)
+    np.testing.assert_allclose(weights, _update_rule(x, y, optimizer_name), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_ports_on_two_replicas(tmp_path):
+    """On 2 replicas: the rate computed in the model_fn is set on every replica (the
+    batch of 8 split 4 + 4), so the update is the single-device one; the BERT and
+    squeezenet ports pass their own checks (run in the same process, to start one)."""
+    out = run_json(f"""
+        import json, pathlib
+        import fenwicks as fw
+        assert fw.accel.current().num_replicas == 2
+        from tests import test_tpu_estimator as t
+        x, y, w = t._linear_weights_after_three_steps({str(tmp_path / "linear")!r}, "sgd")
+        for name in ("bert", "squeezenet"):
+            (pathlib.Path({str(tmp_path)!r}) / name).mkdir()
+        t.test_bert_run_classifier_port_warm_starts_a_partial_map_and_evaluates_real_examples(
+            pathlib.Path({str(tmp_path / "bert")!r}))
+        t.test_squeezenet_port_params_schedules_and_recall_at_k(
+            pathlib.Path({str(tmp_path / "squeezenet")!r}))
+        print(json.dumps({{"w": w.tolist(), "x": x.tolist(), "y": y.tolist()}}))
+    """, env={"FENWICKS_DEVICE": "cpu:2"})
+    expected = _update_rule(np.array(out["x"]), np.array(out["y"]), "sgd")
+    np.testing.assert_allclose(np.array(out["w"]), expected, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------ run_classifier.py
+# Port of google-research/bert run_classifier.py (model_fn_builder, the file-based
+# input_fn_builder, PaddingInputExample / is_real_example, init_checkpoint).
+# Forced edits (Fenwicks): 1.
+#   1. train_op=optimization.create_optimizer(...) -> optimizer=keras.optimizers.AdamW(...):
+#      BERT's AdamWeightDecayOptimizer is a TF1 optimizer with its own apply_gradients and
+#      global-step assignment, which only a TF1 graph can run; Fenwicks converts the
+#      standard TF1 optimizers only.
+# TensorFlow 2 removals (not counted): modeling.BertModel and the output_weights/bias
+#   tf.get_variable head -> Keras layers (a tiny stand-in encoder here);
+#   modeling.get_assignment_map_from_checkpoint read tf.trainable_variables()' TF1 names ->
+#   the map is written from the Keras variable paths; tf.contrib.tpu.TPUEstimator* ->
+#   fw.train.*; tf.contrib.data.map_and_batch -> map + batch.
+# Stand-in data: random token ids written as TFRecords by the test.
+# Kept as written: params["batch_size"] in input_fn, int64 -> int32 casts in _decode_record,
+#   features["label_ids"] / features["is_real_example"] read in model_fn, the per-example
+#   loss computed by hand, metric_fn(per_example_loss, label_ids, logits, is_real_example)
+#   with tf.metrics.accuracy(weights=) and tf.metrics.mean(weights=), scaffold_fn calling
+#   tf.train.init_from_checkpoint(init_checkpoint, assignment_map), predictions
+#   {"probabilities": ...}.
+
+SEQ, VOCAB, LABELS = 6, 20, 3
+
+
+def _bert_records(path, n_real, n_padding, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, VOCAB, (n_real + n_padding, SEQ))
+    labels = rng.integers(0, LABELS, n_real + n_padding)
+    real = np.array([1] * n_real + [0] * n_padding)
+    ids[n_real:], labels[n_real:] = 0, 0  # PaddingInputExample: all zeros, label 0
+    def feature(values):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(len(ids)):
+            example = tf.train.Example(features=tf.train.Features(feature={
+                "input_ids": feature(ids[i]),
+                "input_mask": feature(ids[i] > 0),
+                "segment_ids": feature([0] * SEQ), "label_ids": feature([labels[i]]),
+                "is_real_example": feature([real[i]])}))
+            writer.write(example.SerializeToString())
+    return ids, labels, real
+
+
+def _file_based_input_fn_builder(input_file, seq_length, is_training, drop_remainder):
+    name_to_features = {
+        "input_ids": v1.FixedLenFeature([seq_length], v1.int64),
+        "input_mask": v1.FixedLenFeature([seq_length], v1.int64),
+        "segment_ids": v1.FixedLenFeature([seq_length], v1.int64),
+        "label_ids": v1.FixedLenFeature([], v1.int64),
+        "is_real_example": v1.FixedLenFeature([], v1.int64),
+    }
+
+    def _decode_record(record, name_to_features):
+        example = v1.parse_single_example(record, name_to_features)
+        for name in list(example.keys()):
+            t = example[name]
+            if t.dtype == v1.int64:
+                t = v1.to_int32(t)
+            example[name] = t
+        return example
+
+    def input_fn(params):
+        batch_size = params["batch_size"]
+        d = v1.data.TFRecordDataset(input_file)
+        if is_training:
+            d = d.repeat()
+            d = d.shuffle(buffer_size=100)
+        d = d.map(lambda record: _decode_record(record, name_to_features))
+        d = d.batch(batch_size, drop_remainder=drop_remainder)
+        return d
+
+    return input_fn
+
+
+def _create_model(is_training, input_ids, input_mask, segment_ids, labels, num_labels):
+    embedded = keras.layers.Embedding(VOCAB, 8, name="word_embeddings")(input_ids)
+    mask = v1.cast(input_mask, v1.float32)[:, :, None]
+    pooled = v1.reduce_sum(embedded * mask, axis=1) / (v1.reduce_sum(mask, axis=1) + 1.0)
+    pooled = keras.layers.Dense(8, activation="tanh", name="pooler")(pooled)
+    if is_training:
+        pooled = keras.layers.Dropout(0.1)(pooled, training=True)
+    logits = keras.layers.Dense(num_labels, name="output")(pooled)
+    probabilities = v1.nn.softmax(logits, axis=-1)
+    log_probs = v1.nn.log_softmax(logits, axis=-1)
+    one_hot_labels = v1.one_hot(labels, depth=num_labels, dtype=v1.float32)
+    per_example_loss = -v1.reduce_sum(one_hot_labels * log_probs, axis=-1)
+    loss = v1.reduce_mean(per_example_loss)
+    return loss, per_example_loss, logits, probabilities
+
+
+def _model_fn_builder(num_labels, init_checkpoint, learning_rate, assignment_map):
+    def model_fn(features, labels, mode, params):
+        input_ids = features["input_ids"]
+        input_mask = features["input_mask"]
+        segment_ids = features["segment_ids"]
+        label_ids = features["label_ids"]
+        is_real_example = v1.cast(features["is_real_example"], dtype=v1.float32)
+        is_training = mode == fw.train.ModeKeys.TRAIN
+        (total_loss, per_example_loss, logits, probabilities) = _create_model(
+            is_training, input_ids, input_mask, segment_ids, label_ids, num_labels)
+
+        def tpu_scaffold():
+            v1.train.init_from_checkpoint(init_checkpoint, assignment_map)
+            return v1.train.Scaffold()
+
+        scaffold_fn = tpu_scaffold if init_checkpoint else None
+        if mode == fw.train.ModeKeys.TRAIN:
+            return fw.train.TPUEstimatorSpec(
+                mode=mode, loss=total_loss, scaffold_fn=scaffold_fn,
+                optimizer=keras.optimizers.AdamW(learning_rate))  # forced edit 1
+        if mode == fw.train.ModeKeys.EVAL:
+            def metric_fn(per_example_loss, label_ids, logits, is_real_example):
+                predictions = v1.argmax(logits, axis=-1, output_type=v1.int32)
+                accuracy = v1.metrics.accuracy(labels=label_ids, predictions=predictions,
+                                               weights=is_real_example)
+                loss = v1.metrics.mean(values=per_example_loss, weights=is_real_example)
+                return {"eval_accuracy": accuracy, "eval_loss": loss}
+
+            eval_metrics = (metric_fn, [per_example_loss, label_ids, logits,
+                                        is_real_example])
+            return fw.train.TPUEstimatorSpec(mode=mode, loss=total_loss,
+                                             eval_metrics=eval_metrics,
+                                             scaffold_fn=scaffold_fn)
+        return fw.train.TPUEstimatorSpec(mode=mode,
+                                         predictions={"probabilities": probabilities},
+                                         scaffold_fn=scaffold_fn)
+
+    return model_fn
+
+
+def _write_name_based_checkpoint(prefix, tensors):
+    """A TF1-style checkpoint (variables saved by name), as BERT's pretrained models."""
+    names = sorted(tensors)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.constant(tensors[n]) for n in names])
+    return prefix
+
+
+def test_bert_run_classifier_port_warm_starts_a_partial_map_and_evaluates_real_examples(
+        tmp_path):
+    rng = np.random.default_rng(7)
+    pretrained = {  # BERT-style names; the head has another shape, as a new task's
+        "bert/embeddings/word_embeddings": rng.normal(size=(VOCAB, 8)).astype(np.float32),
+        "bert/pooler/dense/kernel": rng.normal(size=(8, 8)).astype(np.float32),
+        "bert/pooler/dense/bias": rng.normal(size=(8,)).astype(np.float32),
+        "output_weights": np.zeros((2, 8), np.float32),
+    }
+    init_checkpoint = _write_name_based_checkpoint(str(tmp_path / "bert_model.ckpt"),
+                                                   pretrained)
+    assignment_map = {  # checkpoint name -> this model's variable (Keras paths)
+        "bert/embeddings/word_embeddings": "word_embeddings/embeddings",
+        "bert/pooler/dense/kernel": "pooler/kernel", "bert/pooler/dense/bias": "pooler/bias",
+        "output_weights": "output/kernel"}
+    train_file, eval_file = str(tmp_path / "train.tf_record"), str(tmp_path / "eval.tf_record")
+    _bert_records(train_file, 64, 0, seed=1)
+    ids, labels, real = _bert_records(eval_file, 21, 3, seed=2)  # padded to 24 = 3 x 8
+
+    def estimator():
+        return fw.train.TPUEstimator(
+            use_tpu=True, model_fn=_model_fn_builder(LABELS, init_checkpoint, 1e-2,
+                                                     assignment_map),
+            config=fw.train.RunConfig(model_dir=str(tmp_path / "output"),
+                                      save_checkpoints_steps=10,
+                                      tpu_config=fw.train.TPUConfig(
+                                          iterations_per_loop=5, num_shards=8)),
+            train_batch_size=16, eval_batch_size=8, predict_batch_size=8, verbose=False)
+
+    est = estimator()
+    eval_input_fn = _file_based_input_fn_builder(eval_file, SEQ, False, True)
+    before = est.evaluate(input_fn=eval_input_fn)  # evaluate-only: no steps, no training
+    assert sorted(est.warm_start_report["loaded"]) == sorted(
+        v for k, v in assignment_map.items() if k != "output_weights")
+    assert est.warm_start_report["not_loaded"] == ["output/kernel"]  # shape (2, 8) != (8, 3)
+    model = est.estimator.model
+    loaded = {v.path.split("/", 1)[-1] if v.path.startswith("model_fn/") else v.path:
+              v.numpy() for v in model.variables}
+    np.testing.assert_array_equal(loaded["word_embeddings/embeddings"],
+                                  pretrained["bert/embeddings/word_embeddings"])
+    assert before["global_step"] == 0
+
+    train_input_fn = _file_based_input_fn_builder(train_file, SEQ, True, True)
+    est.train(input_fn=train_input_fn, max_steps=20)
+    result = est.evaluate(input_fn=eval_input_fn)
+    predict_input_fn = _file_based_input_fn_builder(eval_file, SEQ, False, False)
+    probs = np.stack([p["probabilities"] for p in est.predict(input_fn=predict_input_fn)])
+    assert probs.shape == (24, LABELS)
+    keep = real == 1
+    accuracy = np.mean(probs[keep].argmax(1) == labels[keep])
+    cross_entropy = -np.mean(np.log(probs[keep][np.arange(21), labels[keep]]))
+    assert result["eval_accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert result["eval_loss"] == pytest.approx(cross_entropy, rel=1e-4)
+    assert result["global_step"] == 20
+    assert os.path.exists(os.path.join(str(tmp_path / "output"), "checkpoint"))
+    est.close()
+
+    # Resumed from the output dir: the warm start is not applied over the trained weights.
+    again = estimator()
+    assert again.evaluate(input_fn=eval_input_fn)["eval_accuracy"] == pytest.approx(accuracy)
+    again.close()
+
+
+# ---------------------------------------------------------------------- squeezenet_main.py
+# Port of tensorflow/tpu models/official/squeezenet (squeezenet_main.py's estimator and
+# input setup, squeezenet_model.py's model_fn and metric_fn), narrowed to 8x8 images.
+# Forced edits (Fenwicks): 0.
+# TensorFlow 2 removals (not counted): tf.layers.conv2d / max_pooling2d / dropout /
+#   average_pooling2d / flatten and tf.variable_scope(..., [inputs]) -> Keras layers;
+#   tf.contrib.layers.xavier_initializer_conv2d / l2_regularizer -> keras.initializers /
+#   keras.regularizers (the regulariser loss is added to the loss by Fenwicks, as TF1's
+#   tf.losses.get_total_loss did); tf.contrib.tpu.* -> fw.train.*.
+# Stand-in data: random 8x8 images with 5 classes in place of the ImageNet InputReader.
+# Kept as written: params={..., "num_shards": 8, ...} (params["num_shards"] is the replica
+#   count Fenwicks runs on, so params["num_shards"] * params["batch_size"] stays the global
+#   batch), params["num_classes"],
+#   ["num_epochs"], ["lr"], ["min_lr"], ["optimizer"], ["momentum"], ["use_tpu"];
+#   tf.train.polynomial_decay(global_step=tf.train.get_or_create_global_step());
+#   lr_repeat tiled to params["batch_size"]; MomentumOptimizer(use_nesterov=True) with
+#   CrossShardOptimizer; one spec with train_op, eval_metrics and predictions for all modes;
+#   metric_fn with accuracy, recall_at_k(5), recall_at_k(1) and mean(learning_rate);
+#   main's loop of train(steps=) then evaluate(steps=).
+
+NUM_CLASSES = 5
+
+
+def _conv2d(inputs, filters, kernel_size, strides=(1, 1), name=None):
+    return keras.layers.Conv2D(
+        filters, kernel_size, strides, kernel_initializer="glorot_uniform",
+        bias_initializer="zeros", kernel_regularizer=keras.regularizers.l2(0.0002),
+        activation="relu", name=name, padding="same")(inputs)
+
+
+def _fire_module(inputs, squeeze_depth, expand_depth, name):
+    squeezed = _conv2d(inputs, squeeze_depth, [1, 1], name=name + "_squeeze")
+    e1x1 = _conv2d(squeezed, expand_depth, [1, 1], name=name + "_e1x1")
+    e3x3 = _conv2d(squeezed, expand_depth, [3, 3], name=name + "_e3x3")
+    return v1.concat([e1x1, e3x3], axis=3)
+
+
+def _squeezenet(images, is_training=True, num_classes=1001):
+    net = _conv2d(images, 8, [3, 3], strides=(2, 2), name="conv1")
+    net = _fire_module(net, 4, 8, name="fire2")
+    net = keras.layers.Dropout(0.5 if is_training else 0.0)(net, training=is_training)
+    net = _conv2d(net, num_classes, [1, 1], strides=(1, 1), name="conv10")
+    net = keras.layers.AveragePooling2D(pool_size=(4, 4), strides=(1, 1))(net)
+    return keras.layers.Flatten()(net)
+
+
+def _squeezenet_metric_fn(labels, logits, learning_rate):
+    predictions = v1.cast(v1.argmax(logits, 1), v1.int32)
+    labels = v1.cast(labels, v1.int64)
+    return {
+        "accuracy": v1.metrics.accuracy(labels, predictions),
+        "recall_at_5": v1.metrics.recall_at_k(labels, logits, 5),
+        "recall_at_1": v1.metrics.recall_at_k(labels, logits, 1),
+        "learning_rate": v1.metrics.mean(learning_rate),
+    }
+
+
+def _squeezenet_model_fn(features, labels, mode, params):
+    is_training = mode == fw.train.ModeKeys.TRAIN
+    logits = _squeezenet(features, is_training=is_training,
+                         num_classes=params["num_classes"])
+    loss = v1.reduce_mean(
+        v1.losses.sparse_softmax_cross_entropy(logits=logits, labels=labels))
+    global_batch_size = params["num_shards"] * params["batch_size"]
+    decay_steps = 640 * params["num_epochs"] // global_batch_size
+    learning_rate = v1.train.polynomial_decay(
+        params["lr"], global_step=v1.train.get_or_create_global_step(),
+        end_learning_rate=params["min_lr"], decay_steps=decay_steps, power=1.0, cycle=False)
+    lr_repeat = v1.reshape(
+        v1.tile(v1.expand_dims(learning_rate, 0), [params["batch_size"], ]),
+        [params["batch_size"], 1])
+    if params["optimizer"] == "adam":
+        optimizer = v1.train.AdamOptimizer(learning_rate=learning_rate)
+    else:
+        optimizer = v1.train.MomentumOptimizer(
+            learning_rate=learning_rate, momentum=params["momentum"], use_nesterov=True)
+    if params["use_tpu"]:
+        optimizer = v1.tpu.CrossShardOptimizer(optimizer)
+    train_op = optimizer.minimize(loss, v1.train.get_global_step())
+    return fw.train.TPUEstimatorSpec(
+        mode=mode, loss=loss, train_op=train_op,
+        eval_metrics=(_squeezenet_metric_fn, [labels, logits, lr_repeat]),
+        predictions={"classes": v1.argmax(input=logits, axis=1),
+                     "probabilities": v1.nn.softmax(logits, name="softmax_tensor")})
+
+
+def test_squeezenet_port_params_schedules_and_recall_at_k(tmp_path):
+    rng = np.random.default_rng(3)
+    images = rng.normal(size=(160, 8, 8, 3)).astype(np.float32)
+    labels = rng.integers(0, NUM_CLASSES, 160).astype(np.int64)
+    images += labels[:, None, None, None] * 0.5  # learnable
+
+    def input_fn(is_training):
+        def fn(params):
+            rows = slice(0, 128) if is_training else slice(128, 160)
+            ds = tf.data.Dataset.from_tensor_slices((images[rows], labels[rows]))
+            if is_training:
+                ds = ds.repeat().shuffle(128)
+            return ds.batch(params["batch_size"], drop_remainder=True)
+        return fn
+
+    params = {"num_classes": NUM_CLASSES, "lr": 0.04, "min_lr": 0.004, "momentum": 0.9,
+              "optimizer": "momentum", "num_eval_examples": 32, "num_shards": 8,
+              "num_epochs": 2}
+    run_config = fw.train.RunConfig(
+        model_dir=str(tmp_path / "squeezenet"), save_checkpoints_secs=600,
+        tpu_config=fw.train.TPUConfig(iterations_per_loop=4, num_shards=8))
+    estimator = fw.train.TPUEstimator(
+        model_fn=_squeezenet_model_fn, use_tpu=True, config=run_config,
+        train_batch_size=32, eval_batch_size=16, params=dict(params, use_tpu=True),
+        verbose=False)
+    for _ in range(2):  # squeezenet_main's loop: train some steps, then evaluate
+        estimator.train(input_fn=input_fn(True), steps=3)
+        result = estimator.evaluate(input_fn=input_fn(False), steps=32 // 16)
+    preds = list(estimator.predict(input_fn=input_fn(False)))
+    probs = np.stack([p["probabilities"] for p in preds])
+    y = labels[128:160]
+
+    # In EVAL, params["batch_size"] is the evaluation's (16 on 1 replica), as in
+    # TPUEstimator, so the model_fn's decay_steps there is 640 * 2 // 16, at global step 6.
+    decay_steps = 640 * 2 // 16
+    assert result["learning_rate"] == pytest.approx(
+        (0.04 - 0.004) * (1 - 6 / decay_steps) + 0.004, rel=1e-5)
+    top5 = np.argsort(-probs, axis=1)[:, :5]
+    assert result["recall_at_5"] == pytest.approx(np.mean([y[i] in top5[i]
+                                                           for i in range(32)]), abs=1e-6)
+    assert result["recall_at_1"] == pytest.approx(np.mean(probs.argmax(1) == y), abs=1e-6)
+    assert result["accuracy"] == pytest.approx(result["recall_at_1"], abs=1e-6)
+    assert np.array_equal([p["classes"] for p in preds], probs.argmax(1))
+    estimator.close()
+
+
+# ------------------------------------------------------------------ options and failures
+
+
+def _keras_metric_model_fn(features, labels, mode, params):
+    logits = keras.layers.Dense(3, name="head")(features["x"])
+    if mode == fw.train.ModeKeys.PREDICT:
+        return fw.train.TPUEstimatorSpec(mode, predictions=logits)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+
+    def metric_fn(labels, logits):
+        accuracy = keras.metrics.SparseCategoricalAccuracy()
+        accuracy.update_state(labels, logits)
+        return {"keras_accuracy": accuracy}
+
+    assert params["num_shards"] == params["num_replicas"] == 1 and params["answer"] == 42
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(metric_fn, [labels, logits]),
+                                     optimizer=fw.train.sgd_optimizer(0.1))
+
+
+def test_labels_key_keras_metrics_tensor_predictions_and_warm_start_settings(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(20, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 20).astype(np.int64)
+
+    def input_fn(params):  # labels inside the features dict, as BERT's label_ids
+        return tf.data.Dataset.from_tensor_slices({"x": x, "label": y}).batch(
+            params["batch_size"], drop_remainder=True)
+
+    est = fw.train.TPUEstimator(_keras_metric_model_fn, model_dir=str(tmp_path / "a"),
+                                params={"answer": 42}, train_batch_size=4,
+                                labels_key="label", verbose=False)
+    est.train(lambda params: input_fn(params).repeat(), steps=5)
+    result = est.evaluate(input_fn)
+    logits = np.stack(list(est.predict(input_fn)))  # a tensor: one row per example
+    assert logits.shape == (20, 3)
+    assert result["keras_accuracy"] == pytest.approx(np.mean(logits.argmax(1) == y), abs=1e-6)
+    est.close()
+
+    # WarmStartSettings with a rename: a new model whose head is called "renamed".
+    def renamed_model_fn(features, labels, mode, params):
+        logits = keras.layers.Dense(3, name="renamed")(features["x"])
+        return fw.train.TPUEstimatorSpec(mode, predictions=logits)
+
+    # Checkpoint names as tf.train.list_variables gives them (the object path, without
+    # its '/.ATTRIBUTES/VARIABLE_VALUE'); current names as est.get_variable_names() does.
+    trained = "model/model_fn_layer_0/_kernel"
+    kernel = tf.train.load_checkpoint(str(tmp_path / "a")).get_tensor(
+        trained + "/.ATTRIBUTES/VARIABLE_VALUE")
+    settings = fw.train.WarmStartSettings(
+        str(tmp_path / "a"), vars_to_warm_start="renamed/kernel",
+        var_name_to_prev_var_name={"renamed/kernel": trained})
+    warm = fw.train.TPUEstimator(renamed_model_fn, model_dir=str(tmp_path / "b"),
+                                 warm_start_from=settings, train_batch_size=4, verbose=False)
+    warm_logits = np.stack(list(warm.predict(input_fn)))
+    assert warm.warm_start_report == {"loaded": ["renamed/kernel"], "not_loaded": []}
+    assert sorted(warm.get_variable_names()) == ["renamed/bias", "renamed/kernel"]
+    np.testing.assert_allclose(warm_logits, x @ kernel, atol=1e-5)  # bias: zeros, not loaded
+    warm.close()
+
+
+def _get_variable_model_fn(features, labels, mode, params):
+    w = v1.get_variable("w", [4, 3])
+    return fw.train.TPUEstimatorSpec(mode, predictions=v1.matmul(features, w))
+
+
+def _rmsprop_model_fn(features, labels, mode, params):
+    logits = keras.layers.Dense(3)(features)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    train_op = v1.train.RMSPropOptimizer(0.1).minimize(loss, v1.train.get_global_step())
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _auc_model_fn(features, labels, mode, params):
+    logits = keras.layers.Dense(2)(features)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    metrics = (lambda y, p: {"auc": v1.metrics.auc(y, p[:, 1])}, [labels, logits])
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, eval_metrics=metrics,
+                                     optimizer=keras.optimizers.SGD(0.1))
+
+
+@pytest.mark.parametrize("model_fn, call, words", [
+    (_get_variable_model_fn, "predict", "tf.compat.v1.get_variable"),
+    (_rmsprop_model_fn, "train", "optimizer=keras.optimizers.RMSprop"),
+    (_auc_model_fn, "evaluate", "not a ratio of such sums"),
+])
+def test_model_fns_that_cannot_work_in_tensorflow_2_fail_saying_why(tmp_path, model_fn,
+                                                                   call, words):
+    x = np.zeros((8, 4), np.float32)
+    y = np.zeros(8, np.int64)
+    est = fw.train.TPUEstimator(model_fn, model_dir=str(tmp_path), train_batch_size=4,
+                                verbose=False)
+    data = lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(  # noqa: E731
+        4, drop_remainder=True)
+    with pytest.raises(ValueError) as err:
+        if call == "predict":
+            list(est.predict(data))
+        elif call == "train":
+            est.train(lambda params: data(params).repeat(), steps=1)
+        else:
+            est.evaluate(data)
+    assert words in str(err.value)
+    est.close()
+
+
+def test_run_config_and_tpu_config_check_their_arguments():
+    with pytest.raises(ValueError, match="iterations_per_loop=0"):
+        fw.train.TPUConfig(iterations_per_loop=0)
+    with pytest.raises(ValueError, match="give one"):
+        fw.train.RunConfig(save_checkpoints_steps=10, save_checkpoints_secs=60)
+    with pytest.raises(ValueError, match="train_batch_size="):
+        fw.train.TPUEstimator(_mnist_model_fn, model_dir="/tmp/x", params={"batch_size": 8})
+    assert fw.train.ModeKeys.PREDICT == "infer" and fw.train.EstimatorSpec is \
+        fw.train.TPUEstimatorSpec
+
+
+def test_get_tpu_estimator_evaluates_and_predicts_without_steps_per_epoch(tmp_path, digits):
+    images, labels = digits[0][:256] / 255.0, digits[1][:256]
+    model_func = fw.train.get_clf_model_func(
+        lambda: keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10)]),
+        fw.train.sgd_optimizer(0.1))
+    work_dir = str(tmp_path / "run")
+    with fw.train.get_tpu_estimator(4, model_func, work_dir, trn_bs=32,
+                                    verbose=False) as est:
+        est.train(lambda params: fw.data.numpy_ds(images, labels, params["batch_size"]),
+                  steps=8)
+    eval_fn = lambda params: fw.data.numpy_ds(  # noqa: E731
+        images, labels, params["batch_size"], training=False)
+    with fw.train.get_tpu_estimator(model_func=model_func, work_dir=work_dir, val_bs=100,
+                                    verbose=False) as est:  # no steps_per_epoch
+        result = est.evaluate(eval_fn)
+        preds = est.predict(eval_fn)
+    assert result["global_step"] == 8 and result["num_examples"] == 256
+    assert result["accuracy"] == pytest.approx(np.mean(preds.argmax(1) == labels), abs=1e-9)
+    assert [row["y_pred"] for row in preds[:3]] == list(preds.argmax(1)[:3])
+    with pytest.raises(ValueError, match="work_dir is required"):
+        fw.train.get_tpu_estimator(model_func=model_func)
