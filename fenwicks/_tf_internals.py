@@ -196,6 +196,40 @@ def worker_address(server: Any) -> str:
     return server._address  # noqa: SLF001 - see the docstring
 
 
+# ------------------------------------------------------------------ TF1 and Keras optimizers
+
+
+def v1_optimizer_arg(optimizer: Any, name: str) -> Any:
+    """A constructor argument of a `tf.compat.v1.train` optimizer: ``learning_rate``,
+    ``momentum``, ``use_nesterov``, ``beta1``, ``beta2``, ``epsilon``.
+
+    Why private: TF1 optimizers keep their arguments only as ``_<name>`` attributes (no
+    ``get_config``); the TPUEstimator front door converts them to Keras optimizers.
+    """
+    return getattr(optimizer, "_" + name)
+
+
+def unwrap_cross_shard(optimizer: Any) -> Any:
+    """The optimizer inside a ``tf.compat.v1.tpu.CrossShardOptimizer`` (or `optimizer`).
+
+    Why private: the wrapper keeps it only as ``_opt``.
+    """
+    while "CrossShard" in type(optimizer).__name__ and hasattr(optimizer, "_opt"):
+        optimizer = optimizer._opt  # noqa: SLF001 - see the docstring
+    return optimizer
+
+
+def keras_base_optimizer() -> type:
+    """Keras 3's root optimizer class, where the TPUEstimator replay patches ``__new__``
+    (as it does at `keras.layers.Layer` and `keras.metrics.Metric`).
+
+    Why private: Keras exports only its backend's subclass, ``keras.optimizers.Optimizer``.
+    """
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    return BaseOptimizer
+
+
 # ------------------------------------------------------------------ JAX
 
 

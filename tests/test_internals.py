@@ -26,9 +26,9 @@ from fenwicks import _tf_internals
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fenwicks"
 INTERNALS = PACKAGE / "_tf_internals.py"
 PRIVATE_MODULES = ("tensorflow.python", "keras.src", "jax._src")
-# Underscored names that are public API: os._exit (documented), namedtuple's _replace,
-# _asdict, _fields, _make (documented), sys._getframe is not used.
-PUBLIC_UNDERSCORED = {"_exit", "_replace", "_asdict", "_fields", "_make"}
+# Underscored names that are public, documented API: os._exit, sys._getframe, and
+# namedtuple's _replace, _asdict, _fields, _make.
+PUBLIC_UNDERSCORED = {"_exit", "_replace", "_asdict", "_fields", "_make", "_getframe"}
 
 
 def _private(name: str) -> bool:
@@ -325,3 +325,31 @@ def test_fault_injection_hooks_reach_what_the_checkpoint_manager_calls(tmp_path)
         "internal", "the tests' checkpoint fault injection")
     assert hasattr(_tf_internals.saver_io_ops(), "merge_v2_checkpoints"), _needs(
         "saver_io_ops", "functional_saver.gen_io_ops", "the tests' kill-inside-merge")
+
+
+def test_v1_optimizer_arguments_and_cross_shard_unwrap():
+    v1 = tf.compat.v1.train
+    momentum = v1.MomentumOptimizer(0.1, 0.9, use_nesterov=True)
+    adam = v1.AdamOptimizer(0.01, beta1=0.8, beta2=0.95, epsilon=1e-6)
+    seen = {name: _tf_internals.v1_optimizer_arg(opt, name) for opt, names in [
+        (momentum, ("learning_rate", "momentum", "use_nesterov")),
+        (adam, ("beta1", "beta2", "epsilon"))] for name in names}
+    assert seen == {"learning_rate": 0.1, "momentum": 0.9, "use_nesterov": True,
+                    "beta1": 0.8, "beta2": 0.95, "epsilon": 1e-6}, _needs(
+        "v1_optimizer_arg", "tf.compat.v1 optimizers' _<argument> attributes",
+        "TPUEstimator's conversion of TF1 optimizers")
+    wrapped = tf.compat.v1.tpu.CrossShardOptimizer(momentum)
+    assert _tf_internals.unwrap_cross_shard(wrapped) is momentum, _needs(
+        "unwrap_cross_shard", "CrossShardOptimizer._opt", "TPUEstimator's optimizers")
+    assert _tf_internals.unwrap_cross_shard(adam) is adam
+
+
+def test_keras_base_optimizer_is_the_root_of_every_keras_optimizer():
+    import keras
+
+    base = _tf_internals.keras_base_optimizer()
+    for optimizer in (keras.optimizers.SGD(), keras.optimizers.Adam(),
+                      keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())):
+        assert isinstance(optimizer, base), _needs(
+            "keras_base_optimizer", "keras.src.optimizers.base_optimizer.BaseOptimizer",
+            "TPUEstimator's replay of optimizers")

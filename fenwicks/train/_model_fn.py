@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterator
@@ -33,7 +34,8 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+from fenwicks import _tf_internals
 
 TF2_INCOMPATIBLE = (
     "model_fn used {what}, which needs TF1's graph and variable scopes; TensorFlow 2 has "
@@ -156,7 +158,7 @@ def _keras_mean_update(self: keras.metrics.Mean, values: Any,
                        sample_weight: Any = None) -> None:
     """Replaces `keras.metrics.Mean.update_state` (under every mean-type Keras metric)
     inside metric_fn: records the per-example values instead of adding them up."""
-    self._fw_term = _per_example(values, sample_weight)
+    self.fenwicks_metric_term = _per_example(values, sample_weight)
 
 
 # --------------------------------------------------------------------------- v1 optimizers
@@ -171,9 +173,8 @@ class V1Minimize:
 
 
 def _unwrap(optimizer: Any) -> Any:
-    while hasattr(optimizer, "_opt") and "CrossShard" in type(optimizer).__name__:
-        optimizer = optimizer._opt  # all-reduces gradients: Fenwicks always does
-    return optimizer
+    # A CrossShardOptimizer all-reduces gradients: Fenwicks always does.
+    return _tf_internals.unwrap_cross_shard(optimizer)
 
 
 def convert_v1_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
@@ -188,17 +189,18 @@ def convert_v1_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
     """
     optimizer = _unwrap(optimizer)
     name = type(optimizer).__name__
-    lr = optimizer._learning_rate
+    lr = _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
     start = float(lr) if isinstance(lr, (int, float)) else 0.0  # a tensor: set per step
     if name == "GradientDescentOptimizer":
         return keras.optimizers.SGD(start)
     if name == "MomentumOptimizer":
-        return keras.optimizers.SGD(start, momentum=float(optimizer._momentum),
-                                    nesterov=bool(optimizer._use_nesterov))
+        arg = functools.partial(_tf_internals.v1_optimizer_arg, optimizer)
+        return keras.optimizers.SGD(start, momentum=float(arg("momentum")),
+                                    nesterov=bool(arg("use_nesterov")))
     if name == "AdamOptimizer":
-        return keras.optimizers.Adam(start, beta_1=float(optimizer._beta1),
-                                     beta_2=float(optimizer._beta2),
-                                     epsilon=float(optimizer._epsilon))
+        arg = functools.partial(_tf_internals.v1_optimizer_arg, optimizer)
+        return keras.optimizers.Adam(start, beta_1=float(arg("beta1")),
+                                     beta_2=float(arg("beta2")), epsilon=float(arg("epsilon")))
     raise ModelFnError(
         f"tf.compat.v1.train.{name}.minimize cannot run in TensorFlow 2, and Fenwicks "
         "converts only GradientDescentOptimizer, MomentumOptimizer and AdamOptimizer. "
@@ -209,7 +211,8 @@ def convert_v1_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
 # --------------------------------------------------------------------------- object replay
 
 
-_RECORDED_BASES = (keras.layers.Layer, BaseOptimizer, keras.metrics.Metric)
+_RECORDED_BASES = (keras.layers.Layer, _tf_internals.keras_base_optimizer(),
+                   keras.metrics.Metric)
 
 
 def _restoring_init(cls: type) -> Callable[..., None]:
@@ -349,7 +352,8 @@ def tf1_scope(replay: Replay, record: CallRecord,
 
     def minimize(self: Any, loss: Any, global_step: Any = None, *args: Any,
                  **kwargs: Any) -> Any:
-        record.minimize = V1Minimize(self, _unwrap(self)._learning_rate)
+        record.minimize = V1Minimize(
+            self, _tf_internals.v1_optimizer_arg(_unwrap(self), "learning_rate"))
         return tf.no_op()
 
     def init_from_checkpoint(ckpt_dir_or_file: str, assignment_map: Any) -> None:

@@ -373,8 +373,8 @@ class _Runner:
             if isinstance(value, (tuple, list)) and value and isinstance(value[0],
                                                                          mf.MetricTerm):
                 terms[name] = value[0]
-            elif isinstance(getattr(value, "_fw_term", None), mf.MetricTerm):
-                terms[name] = value._fw_term
+            elif isinstance(getattr(value, "fenwicks_metric_term", None), mf.MetricTerm):
+                terms[name] = value.fenwicks_metric_term
             else:
                 raise mf.ModelFnError(
                     f"eval_metrics' metric_fn gave {name!r}: {value!r}; give "
@@ -761,8 +761,8 @@ class TPUEstimator:
         """
         from fenwicks.train import export
         est = self._estimator(self._built_for or "predict")
-        spec = est._state.spec  # raises the "built on first use" error before any call
-        features_spec = est._state.features_spec["features"]
+        spec = est.parts.state.spec  # raises the "built on first use" error before any call
+        features_spec = est.parts.state.features_spec["features"]
         serving = dataclasses.replace(spec, model=_Serving(spec.model))
         return export.export_saved_model(serving, features_spec, export_dir_base)
 
