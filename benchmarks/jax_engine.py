@@ -184,7 +184,9 @@ def _run(what: str, engine: str, loops: int) -> object:
                           env=_env(engine), capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         raise RuntimeError(f"{what} on {engine} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"  {what} on {engine}: {result}", file=sys.stderr, flush=True)
+    return result
 
 
 def main() -> None:
