@@ -1,5 +1,5 @@
-"""Progress during training, as actions called after each compiled loop (see
-`fenwicks.train.actions`): a notebook-aware tqdm bar and TensorBoard scalars. Both read
+"""Progress during training, as entries of the action list called after each compiled
+loop (see `fenwicks.train.actions`): a notebook-aware tqdm bar and TensorBoard scalars. Both read
 the loop's `LoopOutput`, so the bar, the scalars and `History` show the same numbers.
 """
 
@@ -10,10 +10,11 @@ from typing import Any
 import tensorflow as tf
 
 from fenwicks import _deadline
+from fenwicks.train.actions import Action
 from fenwicks.train.trainer import LoopOutput
 
 
-class TrainSummaries:
+class TrainSummaries(Action):
     """An action: each loop's last loss, examples/s and learning rate as TensorBoard
     scalars (``<work_dir>/train``), at the loop's last global step.
 
@@ -52,7 +53,7 @@ class TrainSummaries:
                       best_effort=True)
 
 
-class ProgressBar:
+class ProgressBar(Action):
     """An action: a notebook-aware tqdm bar over global steps, with the loss and
     examples/s of the last loop.
 
