@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from fenwicks.train import save_policy
+from fenwicks.train import conditions
 from fenwicks.train.save_policy import SavePolicy, Trigger
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ class _Checkpointer:
 
 def test_periodic_saves_every_n_loops_and_every_t_seconds(monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr(save_policy.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(conditions.time, "monotonic", lambda: clock[0])
     checkpointer = _Checkpointer()
     loops = SavePolicy(checkpointer, every_loops=3, every_secs=None)
     said = [loops.save(Trigger.LOOP, step) for step in range(1, 8)]

@@ -23,11 +23,13 @@ How the estimator is put together (one object per job, as Orbit):
 - `trainer.py`: `Trainer`, the compiled inner loop (`loops.py`), used by the estimator
   and by `find_lr` (`lr_finder.py`).
 - `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions;
-  it holds the `SavePolicy` of each `train` call.
-- `actions.py`, `progress.py`, `history.py`, `preemption.py`: what follows each loop
-  (history, summaries, progress bar, callbacks, non-finite-loss stop, preemption,
-  periodic saves, epochs and evaluation); `callbacks.py`: Keras callbacks
-  (`EarlyStopping`, `BestExporter`, the default `EpochLog`).
+  it builds each `train` call's one ordered action list (`default_actions`) and holds
+  its `SavePolicy`. `train_and_evaluate` alternates its ``run.train`` and `evaluate`.
+- `actions.py`, `conditions.py`, `progress.py`, `history.py`, `preemption.py`: the
+  entries of that list (history, summaries, progress bar, the epoch log, the user's
+  callbacks, non-finite-loss stop, preemption, periodic saves, epoch ends) and the
+  conditions that trigger them; `callbacks.py`: Keras callbacks (`EarlyStopping`,
+  `BestExporter`, `EpochLog`).
 - `evaluation.py`: exact evaluation and prediction; `export.py`: SavedModel export.
 - `model_func.py`, `optimizers.py`, `schedules.py`: what the user builds a run from.
 - `engines.py`: the engine seam: the TensorFlow engine's roles (the modules above) or

@@ -1,62 +1,175 @@
-"""What happens after each compiled loop of `Estimator.train`: Orbit-style actions, plain
-callables ``action(output: LoopOutput) -> None``, each knowing one concern and none of
-the others.
+"""What happens around each compiled loop of `Estimator.train`: one ordered list of
+actions (`ActionList`), built per `train` call by `controller.default_actions`.
 
-`default_actions` installs them, composed with the user's Keras callbacks, in this order
-(each sees the state the ones before it left):
+An entry is an `Action`: called with each loop's `LoopOutput`, and with hooks for the
+train's and each epoch's begin and end, which default to nothing. The user's Keras
+callbacks are entries too (`KerasCallback` calls a callback as ``model.fit`` would), so
+the built-in jobs (history, TensorBoard scalars, the progress bar, the epoch log) and the
+user's callbacks are one list, and every hook runs over it in the list's order: an entry
+sees what the entries before it left.
 
-1. `RecordHistory`: per-step losses, learning rates and examples/s into `History`.
-2. `progress.TrainSummaries`: TensorBoard scalars in ``<work_dir>/train``.
-3. `progress.ProgressBar`: the tqdm bar (when ``verbose``).
-4. the user's callbacks: ``on_train_batch_end(global_step, {'loss': last loss})``.
-5. `StopOnNonFiniteLoss`: a NaN/inf loss is an error (or a quiet stop when a callback
-   such as Keras's `TerminateOnNaN`, called just before, asked to stop); nothing after
-   it runs, so nothing is saved for that loop.
-6. `CheckPreemption`: SIGTERM saves and stops; Ctrl-C stops (the controller asks the
-   save policy whether to save).
-7. the work_dir lock's heartbeat.
-8. the periodic save: `save_policy.Trigger.LOOP`, a checkpoint every
-   ``save_every_loops`` loops or ``save_every_secs``.
-9. `Epochs`: epoch boundaries, evaluation when due (and a checkpoint of each evaluated
-   step), ``on_epoch_end`` of the callbacks, whose first is the estimator's
-   `callbacks.EpochLog` (the epoch log in work_dir).
-
-The actions that save (6, 8, 9) do not call the checkpointer: they tell the run's
+"When" is apart from "what" (Orbit's ``ConditionalAction``): `ConditionalAction` pairs a
+condition of `fenwicks.train.conditions` ("at the epoch's end") with the action it
+triggers. The actions that save do not call the checkpointer: they tell the run's
 `save_policy.SavePolicy` what happened, and it decides and saves.
 
 Keras's own callbacks do not do these jobs as Fenwicks needs them: `keras.callbacks.History`
 keeps epoch logs only, `ProgbarLogger` counts batches of one epoch and `TerminateOnNaN`
 stops quietly where Fenwicks raises `NonFiniteLossError`; the user may still add them.
+
+Example:
+    >>> losses = EpochLoss()
+    >>> end = ConditionalAction(conditions.AtEpochEnd(100), EndEpoch(100, losses))
+    >>> entries = end.action.actions = ActionList([losses, end])
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
 
 from fenwicks.train import preemption
-from fenwicks.train.callbacks import val_logs
 from fenwicks.train.history import History
-from fenwicks.train.options import EstimatorConfig
-from fenwicks.train.progress import ProgressBar, TrainSummaries
 from fenwicks.train.save_policy import SavePolicy, Trigger
 from fenwicks.train.state import NonFiniteLossError, RunState
 from fenwicks.train.trainer import LoopOutput
 
 logger = logging.getLogger("fenwicks")
 
-Action = Callable[[LoopOutput], None]
+
+class Action:
+    """An entry of the `ActionList`: ``action(output)`` after each compiled loop, and
+    hooks that default to doing nothing.
+
+    Example:
+        >>> class PrintLoss(Action):
+        ...     def __call__(self, output):
+        ...         print(output.step, output.last_loss)
+    """
+
+    def on_train_begin(self) -> None:
+        """Before the first loop of a `train` call."""
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        """Before the first loop of an epoch (and the first loop of a `train` call)."""
+
+    def on_loop_begin(self, step: int) -> None:
+        """Before each compiled loop, which starts at global step `step`."""
+
+    def __call__(self, output: LoopOutput) -> None:
+        """After each compiled loop."""
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
+        """After an epoch's last loop (and its evaluation, if any)."""
+
+    def on_train_end(self, logs: dict[str, float]) -> None:
+        """After the last loop of a `train` call: the last epoch's logs."""
+
+    def close(self) -> None:
+        """On the way out of a `train` call, however it ends (flush, close a bar)."""
+
+
+class ActionList:
+    """The one ordered list: the entries before the user's, the user's callbacks, the
+    entries after them; every hook runs over the entries in this order.
+
+    Args:
+        before: the built-in entries that run before the user's callbacks.
+        user: the user's callbacks, as entries (`KerasCallback`).
+        after: the built-in entries that run after them.
+
+    Attributes:
+        entries: all entries, in order.
+        user: the user's part of the list (the controller forces the end-of-train save
+            when it is not empty: a callback may have changed the weights).
+    """
+
+    def __init__(self, before: Sequence[Action], user: Sequence[Action] = (),
+                 after: Sequence[Action] = ()) -> None:
+        self.user = tuple(user)
+        self.entries = (*before, *self.user, *after)
+
+    def on_train_begin(self) -> None:
+        for entry in self.entries:
+            entry.on_train_begin()
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        for entry in self.entries:
+            entry.on_epoch_begin(epoch)
+
+    def on_loop_begin(self, step: int) -> None:
+        for entry in self.entries:
+            entry.on_loop_begin(step)
+
+    def __call__(self, output: LoopOutput) -> None:
+        for entry in self.entries:
+            entry(output)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
+        for entry in self.entries:
+            entry.on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs: dict[str, float]) -> None:
+        for entry in self.entries:
+            entry.on_train_end(logs)
+
+    def close(self) -> None:
+        for entry in self.entries:
+            entry.close()
+
+
+class ConditionalAction(Action):
+    """Runs `action` after a loop when `condition(output)` holds (Orbit's pattern).
+
+    Args:
+        condition: ``condition(output) -> bool``, e.g. `conditions.AtEpochEnd`.
+        action: the `Action` to run.
+    """
+
+    def __init__(self, condition: Callable[[LoopOutput], bool], action: Action) -> None:
+        self.condition, self.action = condition, action
+
+    def __call__(self, output: LoopOutput) -> None:
+        if self.condition(output):
+            self.action(output)
+
+
+class KerasCallback(Action):
+    """A `keras.callbacks.Callback` as an entry, called as ``model.fit`` calls it:
+    ``on_train_batch_begin/end`` around each loop (``batch`` is the global step,
+    ``logs['loss']`` the loop's last loss), ``on_epoch_begin/end``, ``on_train_begin/end``.
+    """
+
+    def __init__(self, callback: keras.callbacks.Callback) -> None:
+        self.callback = callback
+
+    def on_train_begin(self) -> None:
+        self.callback.on_train_begin({})
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        self.callback.on_epoch_begin(epoch, {})
+
+    def on_loop_begin(self, step: int) -> None:
+        self.callback.on_train_batch_begin(step, {})
+
+    def __call__(self, output: LoopOutput) -> None:
+        self.callback.on_train_batch_end(output.step, {"loss": output.last_loss})
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
+        self.callback.on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs: dict[str, float]) -> None:
+        self.callback.on_train_end(logs)
 
 
 class StoppedOnNonFiniteLoss(Exception):  # noqa: N818 - a signal, not an error
     """A callback stopped training after a non-finite loss: end quietly, save nothing."""
 
 
-class RecordHistory:
+class RecordHistory(Action):
     """Appends each loop's per-step losses, learning rate and examples/s to `history`."""
 
     def __init__(self, history: History) -> None:
@@ -71,7 +184,7 @@ class RecordHistory:
             self.history.learning_rates.append((output.step, output.learning_rate))
 
 
-class StopOnNonFiniteLoss:
+class StopOnNonFiniteLoss(Action):
     """A NaN or infinite loss stops training: `NonFiniteLossError` naming the step, or,
     when a callback already set ``model.stop_training``, a warning and a quiet stop.
 
@@ -99,7 +212,7 @@ class StopOnNonFiniteLoss:
             "inputs for NaN and the labels' range")
 
 
-class CheckPreemption:
+class CheckPreemption(Action):
     """SIGTERM: saves the step reached (`Trigger.PREEMPTION`) and raises `Preempted`;
     Ctrl-C: raises KeyboardInterrupt (the controller asks the save policy)."""
 
@@ -115,66 +228,70 @@ class CheckPreemption:
             raise KeyboardInterrupt
 
 
-class Epochs:
-    """Epoch boundaries every `steps_per_epoch` steps: ``on_epoch_begin`` before the first
-    loop of an epoch (`begin`), and after its last (the action) the epoch's mean loss,
-    an evaluation when due (every `eval_every` steps and at `target`), a checkpoint of
-    each evaluated step (`Trigger.EVALUATION`), and ``on_epoch_end``.
+class Heartbeat(Action):
+    """Renews the work_dir lock (`RunState.heartbeat`)."""
 
-    Attributes:
-        logs: the last epoch's logs (``on_train_end`` gets them).
-    """
-
-    def __init__(self, steps_per_epoch: int, target: int,
-                 callbacks: keras.callbacks.CallbackList, saves: SavePolicy,
-                 evaluate: Callable[[], dict[str, float]] | None = None,
-                 eval_every: int | None = None) -> None:
-        self.steps_per_epoch, self.target = steps_per_epoch, target
-        self.callbacks, self._saves = callbacks, saves
-        self._evaluate, self._eval_every = evaluate, eval_every
-        self._losses: list[float] = []
-        self.logs: dict[str, float] = {}
-
-    def begin(self, step: int) -> None:
-        """Before a loop that starts at `step`: ``on_epoch_begin`` if an epoch starts."""
-        if step % self.steps_per_epoch == 0 or not self._losses:
-            self.callbacks.on_epoch_begin(step // self.steps_per_epoch)
+    def __init__(self, state: RunState) -> None:
+        self.state = state
 
     def __call__(self, output: LoopOutput) -> None:
-        self._losses += [float(x) for x in output.losses]
-        step = output.step
-        due = self._evaluate is not None and (step == self.target or bool(
-            self._eval_every and step % self._eval_every == 0))
-        if not (step % self.steps_per_epoch == 0 or due):
-            return
-        logs = {"loss": float(np.mean(self._losses))}
-        if due:
-            self._saves.save(Trigger.EVALUATION, step)
-            logs.update(val_logs(self._evaluate()))
-        # The epoch the loop ran in (a loop never crosses an epoch's end).
-        self.callbacks.on_epoch_end(output.start // self.steps_per_epoch, logs)
-        self.logs, self._losses = logs, []
+        self.state.heartbeat()
 
 
-@contextlib.contextmanager
-def default_actions(config: EstimatorConfig, state: RunState, history: History,
-                    watcher: preemption.PreemptionWatcher,
-                    callbacks: keras.callbacks.CallbackList, epochs: Epochs,
-                    saves: SavePolicy, start: int) -> Iterator[list[Action]]:
-    """The actions of one `train` call, in the order of this module's docstring; the
-    summaries are flushed and the bar closed on the way out."""
-    summaries = TrainSummaries(state.summary_writer("train"), path=f"{config.work_dir}/train")
-    bar = ProgressBar(start, epochs.target) if config.verbose else None
-    actions: list[Action] = [
-        RecordHistory(history), summaries, *([bar] if bar else []),
-        lambda output: callbacks.on_train_batch_end(output.step,
-                                                    {"loss": output.last_loss}),
-        StopOnNonFiniteLoss(state), CheckPreemption(watcher, state, saves),
-        lambda output: state.heartbeat(),
-        lambda output: saves.save(Trigger.LOOP, output.step), epochs]
-    try:
-        yield actions
-    finally:
-        summaries.close()
-        if bar is not None:
-            bar.close()
+class PeriodicSave(Action):
+    """Tells the save policy a loop ended (`Trigger.LOOP`); its condition,
+    ``every_loops`` or ``every_secs`` (`conditions.AnyOf`), decides whether to save."""
+
+    def __init__(self, saves: SavePolicy) -> None:
+        self.saves = saves
+
+    def __call__(self, output: LoopOutput) -> None:
+        self.saves.save(Trigger.LOOP, output.step)
+
+
+class EpochLoss(Action):
+    """Adds up the training losses of the current epoch; `EndEpoch` takes their mean."""
+
+    def __init__(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def __call__(self, output: LoopOutput) -> None:
+        self.total += float(np.sum(output.losses, dtype=np.float64))
+        self.count += len(output.losses)
+
+    def take(self) -> float:
+        """The epoch's mean loss; starts the next epoch's count."""
+        mean = self.total / self.count if self.count else float("nan")
+        self.total, self.count = 0.0, 0
+        return mean
+
+
+class EndEpoch(Action):
+    """Ends the epoch of the loop just run: its logs (the mean training ``loss``, plus
+    what `end` is given, e.g. ``val_*``) go to ``on_epoch_end`` of every entry of
+    `actions`, in order.
+
+    Args:
+        steps_per_epoch: the estimator's steps per epoch.
+        losses: the `EpochLoss` entry adding up the epoch's losses.
+        actions: the `ActionList` whose entries' ``on_epoch_end`` run; set after the
+            list is made when this action is one of its entries. Defaults to None.
+
+    Attributes:
+        logs: the last ended epoch's logs (``on_train_end`` gets them).
+    """
+
+    def __init__(self, steps_per_epoch: int, losses: EpochLoss,
+                 actions: ActionList | None = None) -> None:
+        self.steps_per_epoch, self.losses, self.actions = steps_per_epoch, losses, actions
+        self.logs: dict[str, float] = {}
+
+    def __call__(self, output: LoopOutput) -> None:
+        self.end(output.step)
+
+    def end(self, step: int, extra: dict[str, float] | None = None) -> None:
+        """Ends the epoch that global step `step` closes, with `extra` logs."""
+        logs = {"loss": self.losses.take(), **(extra or {})}
+        # The epoch of the loop that reached `step` (a loop never crosses an epoch's end).
+        self.actions.on_epoch_end((step - 1) // self.steps_per_epoch, logs)
+        self.logs = logs

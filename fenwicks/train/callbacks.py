@@ -69,16 +69,17 @@ def check_supported(callbacks: Sequence[Any]) -> list[keras.callbacks.Callback]:
     return out
 
 
-def callback_list(callbacks: list[keras.callbacks.Callback], estimator: Any,
-                  epochs: int) -> keras.callbacks.CallbackList:
-    """Keras's own CallbackList over `callbacks` (the estimator's defaults, then the
-    user's), with the model and `params` set."""
+def attach(callbacks: list[keras.callbacks.Callback], estimator: Any,
+           epochs: int) -> list[keras.callbacks.Callback]:
+    """Sets each callback's model and ``params`` (``epochs``, ``steps`` per epoch,
+    ``verbose``) as ``model.fit`` does, and the estimator of those that take one."""
+    params = {"epochs": epochs, "steps": estimator.config.steps_per_epoch, "verbose": 0}
     for callback in callbacks:
-        if hasattr(callback, "set_estimator"):
+        if hasattr(callback, "set_estimator"):  # EarlyStopping, BestExporter
             callback.set_estimator(estimator)
-    return keras.callbacks.CallbackList(
-        callbacks, model=estimator.model, epochs=epochs,
-        steps=estimator.config.steps_per_epoch, verbose=0)
+        callback.set_model(estimator.model)
+        callback.set_params(params)
+    return callbacks
 
 
 def val_logs(result: dict[str, float]) -> dict[str, float]:
@@ -88,11 +89,14 @@ def val_logs(result: dict[str, float]) -> dict[str, float]:
 
 
 class EpochLog(keras.callbacks.Callback):
-    """Installed by default, first: appends each evaluated epoch's logs to the epoch log
-    in work_dir (`fenwicks.train.history`), which resumable callbacks replay. Only the
-    chief writes it (the other workers of a multi-worker run write no files)."""
+    """Appends each evaluated epoch's logs to the epoch log in work_dir
+    (`fenwicks.train.history`), which resumable callbacks replay. Every `train` call's
+    action list has it just before the user's callbacks (`controller.default_actions`).
+    Only the chief writes it (the other workers of a multi-worker run write no files).
 
-    installed_by_default = True  # not the user's: the final save is not forced for it
+    Example:
+        >>> EpochLog(work_dir, lambda: est.global_step).on_epoch_end(0, {'val_loss': 0.5})
+    """
 
     def __init__(self, work_dir: str, global_step: Callable[[], int],
                  writes: bool = True) -> None:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import keras
@@ -35,13 +35,14 @@ from fenwicks import accel
 from fenwicks._checks import boolean, one_of, path_arg, positive_int
 from fenwicks.train import building, engines, input_check, preemption, profiling
 from fenwicks.train import callbacks as callbacks_lib
-from fenwicks.train.controller import Controller, epochs_to
+from fenwicks.train.controller import Controller, Run, epochs_to
 from fenwicks.train.evaluation import Evaluator
 from fenwicks.train.history import History
 from fenwicks.train.inputs import InputFn, InputManager
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.predictions import class_probabilities
+from fenwicks.train.save_policy import Trigger
 from fenwicks.train.state import NonFiniteLossError, RunState
 
 __all__ = ["Estimator", "EstimatorConfig", "History", "NonFiniteLossError",
@@ -337,10 +338,10 @@ class Estimator:
         `steps_per_loop` steps run in one compiled call; the last call is shortened so
         training stops exactly at the target (and loops end at epoch boundaries). A
         checkpoint is written at the end, every `save_every_secs` and every
-        `save_every_loops` loops. After each loop the default actions record `history`,
-        TensorBoard scalars and the progress bar, call the callbacks, stop on a
-        non-finite loss, save when due and end epochs; their order is documented in
-        `fenwicks.train.actions`.
+        `save_every_loops` loops. Around each loop one ordered list of actions records
+        `history`, TensorBoard scalars and the progress bar, calls the callbacks, stops
+        on a non-finite loss, saves when due and ends epochs; the list is built, in
+        order, by `fenwicks.train.controller.default_actions`.
 
         Args:
             input_fn: ``params -> tf.data.Dataset`` of (features, labels) batches of
@@ -381,18 +382,17 @@ class Estimator:
             ...           max_steps=1000, callbacks=[keras.callbacks.CSVLogger('log.csv')])
             >>> est.train(train_fn, steps=300, profile_steps=(200, 220))  # a profile
         """
-        return self._train(input_fn, steps, max_steps, callbacks, profile_steps=profile_steps)
+        with self._training(input_fn, steps, max_steps, callbacks, profile_steps) as run:
+            if run is not None:
+                run.train(run.target)
+        return self
 
-    def _default_callbacks(self) -> list[keras.callbacks.Callback]:
-        """The callbacks every `train` installs before the user's (the per-loop ones are
-        actions: see `fenwicks.train.actions`)."""
-        return [callbacks_lib.EpochLog(self.config.work_dir, lambda: self.global_step,
-                                       writes=self._state.is_chief)]
-
-    def _train(self, input_fn: InputFn, steps: int | None, max_steps: int | None,
-               callbacks: Callbacks, evaluate: Callable[[], dict] | None = None,
-               eval_every: int | None = None,
-               profile_steps: tuple[int, int] | None = None) -> Estimator:
+    @contextlib.contextmanager
+    def _training(self, input_fn: InputFn, steps: int | None, max_steps: int | None,
+                  callbacks: Callbacks,
+                  profile_steps: tuple[int, int] | None = None) -> Iterator[Run | None]:
+        """One `train` call, the work_dir locked: the controller's `Run` to the target,
+        or None when the target is already reached."""
         self._check_steps(steps, max_steps)
         profile_steps = profiling.check_profile_steps(profile_steps)
         callbacks = callbacks_lib.check_supported(callbacks)
@@ -404,18 +404,17 @@ class Estimator:
             if self.global_step >= target:
                 logger.info("fenwicks: already at step %d >= %d; not training",
                             self.global_step, target)
-                return self
+                yield None
+                return
             profiling.check_in_range(profile_steps, self.global_step, target)
             if self._controller is None:
                 self._controller = Controller(self.config, self._state, self.history,
                                               self._engine)
             self._last_train_loops = slice(len(self.history.examples_per_sec), None)
-            self._controller.train(
-                self._acc.strategy, iterator, target,
-                callbacks_lib.callback_list(self._default_callbacks() + callbacks, self,
-                                            epochs_to(target, self.config.steps_per_epoch)),
-                evaluate, eval_every, profile_steps)
-        return self
+            callbacks_lib.attach(callbacks, self, epochs_to(target, self.config.steps_per_epoch))
+            with self._controller.run(self._acc.strategy, iterator, target, callbacks,
+                                      profile_steps) as run:
+                yield run
 
     def check_input(self, input_fn: InputFn, num_batches: int = 100,
                     warmup_batches: int = 10) -> input_check.InputVerdict:
@@ -583,15 +582,19 @@ class Estimator:
         if epochs is not None:
             max_steps = positive_int("epochs", epochs) * self.config.steps_per_epoch
         max_steps = positive_int("max_steps", max_steps)
-        every = positive_int("eval_every_epochs", eval_every_epochs)
-
-        def evaluate() -> dict[str, float]:
-            result = self.evaluate(eval_input_fn)
-            logger.info("fenwicks: step %d: %s", self.global_step, result)
-            return result
-
-        self._train(train_input_fn, None, max_steps, callbacks, evaluate,
-                    every * self.config.steps_per_epoch)
+        every = positive_int("eval_every_epochs", eval_every_epochs) * self.config.steps_per_epoch
+        # Orbit's shape: train to the next evaluation, evaluate, again; one `train` call
+        # (one on_train_begin/end, one bar) around the whole alternation.
+        with self._training(train_input_fn, None, max_steps, callbacks) as run:
+            while run is not None and not run.stopped:
+                boundary = min((run.step // every + 1) * every, max_steps)
+                run.train(boundary, evaluation_follows=True)
+                if run.step < boundary:
+                    break  # a callback stopped training before the evaluation was due
+                run.save(Trigger.EVALUATION)  # each evaluated step is a checkpoint
+                result = self.evaluate(eval_input_fn)
+                logger.info("fenwicks: step %d: %s", self.global_step, result)
+                run.end_epoch(callbacks_lib.val_logs(result))
         return self.history
 
 

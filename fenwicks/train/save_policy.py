@@ -27,11 +27,11 @@ trigger happened. Engine-neutral: it only needs a `checkpointer.Checkpointer`.
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable
 
 from fenwicks.train.checkpointer import Checkpointer
 from fenwicks.train.checkpoints import step_of
+from fenwicks.train.conditions import AnyOf, EveryNLoops, EverySeconds
 
 # Ctrl-C saves the step reached unless the last checkpoint took longer than this to write.
 QUICK_SAVE_SECS = 10.0
@@ -75,8 +75,10 @@ class SavePolicy:
                  before_save: Callable[[], None] | None = None) -> None:
         self.checkpointer = checkpointer
         self._before_save = before_save
-        self._every, self._secs, self._quick_secs = every_loops, every_secs, quick_secs
-        self._last, self._loops = time.monotonic(), 0
+        self._quick_secs = quick_secs
+        # "When" is a condition object (`fenwicks.train.conditions`), apart from the save.
+        self.periodic = AnyOf(*([EveryNLoops(every_loops)] if every_loops else []),
+                              *([EverySeconds(every_secs)] if every_secs is not None else []))
 
     def save(self, trigger: Trigger, step: int, *, force: bool = False) -> str | None:
         """Saves the state of `step` if `trigger` calls for it.
@@ -124,9 +126,4 @@ class SavePolicy:
 
     def due(self) -> bool:
         """Counts a loop; True when a periodic save is due (and restarts both counts)."""
-        self._loops += 1
-        if (self._every and self._loops >= self._every) or (
-                self._secs is not None and time.monotonic() - self._last >= self._secs):
-            self._last, self._loops = time.monotonic(), 0
-            return True
-        return False
+        return self.periodic()

@@ -94,6 +94,7 @@ class Trainer:
         self._loop: Callable[[Any, tf.Tensor], tf.Tensor] | None = None
         self._optimizer = optimizer
         self._global_batch_size = global_batch_size
+        self._counts: dict[int, tf.Tensor] = {}  # num_steps as made once
 
     @property
     def global_step(self) -> int:
@@ -108,12 +109,16 @@ class Trainer:
         if self._loop is None:
             self._loop = self._make_loop()
         start, began = self.global_step, time.perf_counter()
+        if num_steps not in self._counts:
+            self._counts[num_steps] = tf.constant(num_steps, tf.int64)
         try:
             # A tensor count: asking for another number of steps does not retrace.
-            losses = self._loop(iterator, tf.constant(num_steps, tf.int64)).numpy()
+            losses = self._loop(iterator, self._counts[num_steps]).numpy()
         except tf.errors.OutOfRangeError as err:
             raise InputExhaustedError(self.global_step) from err
-        seconds, step = time.perf_counter() - began, self.global_step
+        # Each step run adds one loss and one to global_step (`loops.make_train_loop`):
+        # the step reached is known without reading the variable again.
+        seconds, step = time.perf_counter() - began, start + len(losses)
         return LoopOutput(start, step, losses, self._learning_rate(), seconds,
                           (step - start) * self._global_batch_size / max(seconds, 1e-9))
 
