@@ -14,7 +14,6 @@ A second run on the same work dir resumes the first (it says so, and at which st
 from __future__ import annotations
 
 import dataclasses
-import re
 import statistics
 import sys
 import time
@@ -96,10 +95,11 @@ def checkpoint_step(work_dir: str) -> int | None:
     """
     import tensorflow as tf
 
+    from fenwicks.train.checkpoints import step_of
+
     latest = tf.train.latest_checkpoint(work_dir)
-    match = re.search(r"-(\d+)$", latest or "")
-    if match:
-        return int(match.group(1))
+    if latest and step_of(latest) >= 0:
+        return step_of(latest)
     # The JAX engine's checkpoints: <work_dir>/orbax/<step> (complete ones only: orbax
     # writes into a temporary name and renames when done).
     orbax = f"{work_dir}/orbax"

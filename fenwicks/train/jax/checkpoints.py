@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from fenwicks.train.checkpointer import Checkpointer
-from fenwicks.train.checkpoints import CheckpointWriteError
+from fenwicks.train.checkpoints import CheckpointWriteError, step_of
 
 logger = logging.getLogger("fenwicks")
 
@@ -41,10 +41,6 @@ SUBDIR = "orbax"
 def directory(work_dir: str) -> str:
     """Where a work_dir's JAX checkpoints live."""
     return f"{work_dir}/{SUBDIR}"
-
-
-def step_of(path: str) -> int:
-    return int(path.rstrip("/").rsplit("/", 1)[1])
 
 
 def _abstract(tree: Any, sharding: Any) -> Any:
