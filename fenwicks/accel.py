@@ -29,6 +29,7 @@ builds on it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -39,7 +40,7 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from fenwicks import _engine, _tf_internals, _tpu_diagnosis
@@ -346,8 +347,9 @@ def effective_request(env: Mapping[str, str]) -> Request:
 
 
 _LIBTPU_FILES = _engine.LIBTPU_FILES
-_NVIDIA_PATHS = ("/proc/driver/nvidia", "/dev/nvidia0")
-_TPU_DEVICE_RE = re.compile(r"^/dev/(accel[0-9]+|vfio/.*)$")
+# Where the machine shows its devices (public so that tests can point them at a fake).
+NVIDIA_PATHS = ("/proc/driver/nvidia", "/dev/nvidia0")
+TPU_DEVICE_RE = re.compile(r"^/dev/(accel[0-9]+|vfio/.*)$")
 
 
 def libtpu_present() -> bool:
@@ -384,7 +386,7 @@ def nvidia_device_evidence() -> str | None:
         >>> fw.accel.nvidia_device_evidence()      # on a Colab T4 runtime
         'nvidia-smi lists GPU 0: Tesla T4 (UUID: GPU-...)'
     """
-    for path in _NVIDIA_PATHS:
+    for path in NVIDIA_PATHS:
         if os.path.exists(path):
             return f"{path} exists"
     smi = shutil.which("nvidia-smi")
@@ -447,7 +449,7 @@ class _HostProbe:
         for pid in pids:
             try:
                 fds = os.listdir(f"/proc/{pid}/fd")
-                if not any(_TPU_DEVICE_RE.match(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                if not any(TPU_DEVICE_RE.match(os.readlink(f"/proc/{pid}/fd/{fd}"))
                            for fd in fds):
                     continue
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -903,7 +905,22 @@ def auto_precision(kind: str, probe: Any = None) -> str:
     return "float32"
 
 
-def _reset_for_tests() -> None:
-    """Forgets the cached accelerator and request (devices already set stay set)."""
+@contextlib.contextmanager
+def state_for_tests(current: Accelerator | None = None,
+                    request: Request | None = None) -> Iterator[None]:
+    """Test hook: within the block this process has chosen `current` (None: nothing yet)
+    under `request` (None: nothing configured); on leaving, what was there before.
+
+    Devices TensorFlow or JAX already set up stay set up: only Fenwicks' record changes.
+
+    Example:
+        >>> with fw.accel.state_for_tests(fake_tpu):
+        ...     assert fw.io.default_root() == 'gs://bucket/fenwicks'
+    """
     global _current, _request
-    _current, _request = None, Request()
+    saved = _current, _request
+    _current, _request = current, request or Request()
+    try:
+        yield
+    finally:
+        _current, _request = saved

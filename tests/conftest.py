@@ -361,3 +361,19 @@ def pytest_configure(config):
     # (--loadscope-reorder, its default), undoing the order above.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+@pytest.fixture
+def accel_state():
+    """Sets what `fw.accel` has chosen (and was asked) for one test, through its test hook
+    `state_for_tests`, and restores it when the test ends: ``accel_state(acc)``,
+    ``accel_state(request=fw.accel.Request('cpu', 2))``, ``accel_state()`` (nothing yet)."""
+    import contextlib
+
+    from fenwicks import accel
+
+    with contextlib.ExitStack() as stack:
+        def use(current=None, request=None):
+            stack.enter_context(accel.state_for_tests(current, request))
+            return current
+        yield use

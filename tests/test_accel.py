@@ -200,14 +200,13 @@ def test_requested_gpu_skips_tpu_and_cpu():
     assert acc.kind == "gpu" and probe.tpu_addresses == []
 
 
-def test_reason_says_who_chose_and_what_was_found(monkeypatch):
+def test_reason_says_who_chose_and_what_was_found(accel_state):
     assert accel.detect(AUTO, FakeProbe(), env={}).reason == \
         "auto-detection: no TPU or GPU was found, so the CPU"
     assert accel.detect(AUTO, FakeProbe(gpus=[V100, V100]), env={}).reason == \
         "auto-detection: no TPU answered; TensorFlow sees 2 GPUs, so they train in sync, " \
         "one replica each"
-    monkeypatch.setattr(accel, "_request", accel.Request())
-    monkeypatch.setattr(accel, "_current", None)  # whatever this process already uses
+    accel_state()  # not whatever this process already uses
     request = accel.effective_request({"FENWICKS_DEVICE": "cpu:4"})
     assert accel.detect(request, FakeProbe(), env={}).reason.startswith(
         "FENWICKS_DEVICE=cpu:4: the CPU split into 4 logical devices, to simulate 4 replicas")
@@ -231,12 +230,12 @@ def test_parse_device_rejects_malformed_specs(spec):
         accel.parse_device(spec)
 
 
-def test_env_var_applies_unless_configure_overrides(monkeypatch):
-    monkeypatch.setattr(accel, "_request", accel.Request())
+def test_env_var_applies_unless_configure_overrides(accel_state):
+    accel_state()
     assert accel.effective_request({"FENWICKS_DEVICE": "cpu:4"}) == accel.Request("cpu", 4)
-    monkeypatch.setattr(accel, "_request", accel.Request("cpu", 2))
+    accel_state(request=accel.Request("cpu", 2))
     assert accel.effective_request({"FENWICKS_DEVICE": "cpu:4"}) == accel.Request("cpu", 2)
-    monkeypatch.setattr(accel, "_request", accel.Request())
+    accel_state()
     with pytest.raises(ValueError, match="'cpu:x'"):
         accel.effective_request({"FENWICKS_DEVICE": "cpu:x"})
 
@@ -246,16 +245,15 @@ def test_env_var_applies_unless_configure_overrides(monkeypatch):
     ({"device": "cpu:2", "replicas": 4}, "disagree"),
     ({"precision": "float64"}, "precision='float64'"),
 ])
-def test_configure_rejects_bad_arguments(monkeypatch, kwargs, message):
-    monkeypatch.setattr(accel, "_request", accel.Request())
+def test_configure_rejects_bad_arguments(accel_state, kwargs, message):
+    accel_state()
     with pytest.raises(ValueError, match=message):
         accel.configure(**kwargs)
 
 
-def test_configure_after_initialisation_is_refused(monkeypatch):
+def test_configure_after_initialisation_is_refused(accel_state):
     acc = accel.Accelerator("cpu", FakeStrategy(1), 1, "float32")
-    monkeypatch.setattr(accel, "_current", acc)
-    monkeypatch.setattr(accel, "_request", accel.Request())
+    accel_state(acc)
     with pytest.raises(accel.AcceleratorError, match="already initialised"):
         accel.configure(device="cpu", replicas=8)
     accel.configure()  # asking for what is already there is fine
@@ -470,8 +468,8 @@ def test_cpu_n_on_jax_appends_the_host_device_count_to_xla_flags(before, replica
     assert env["JAX_PLATFORMS"] == "cpu"
 
 
-def test_configure_accepts_only_the_engine_keras_runs_on(monkeypatch):
-    monkeypatch.setattr(accel, "_request", accel.Request())
+def test_configure_accepts_only_the_engine_keras_runs_on(accel_state):
+    accel_state()
     assert accel.engine() == "tf"  # this process: not a TPU host, no FENWICKS_ENGINE
     accel.configure(engine="tf")
     with pytest.raises(accel.AcceleratorError) as failure:

@@ -21,8 +21,8 @@ def _cpuinfo(vendor: str, family: int, flags: str, mhz: float,
 
 @pytest.fixture
 def no_sysfs(monkeypatch, tmp_path):
-    monkeypatch.setattr(peaks, "_CPUFREQ_MAX", str(tmp_path / "missing"))
-    monkeypatch.setattr(peaks, "_CGROUP_CPU_MAX", str(tmp_path / "missing"))
+    monkeypatch.setattr(peaks, "CPUFREQ_MAX", str(tmp_path / "missing"))
+    monkeypatch.setattr(peaks, "CGROUP_CPU_MAX", str(tmp_path / "missing"))
 
 
 def test_cpu_peak_intel_avx512_amx_with_hyperthreads(no_sysfs):
@@ -53,7 +53,7 @@ def test_cpu_peak_avx2_and_affinity_and_cgroup_quota(no_sysfs, monkeypatch, tmp_
     assert info.peak_tflops("bfloat16") == pytest.approx(3 * 3.0 * 32 / 1000)
     quota = tmp_path / "cpu.max"
     quota.write_text("150000 100000\n")  # 1.5 CPUs of quota -> 2 cores usable
-    monkeypatch.setattr(peaks, "_CGROUP_CPU_MAX", str(quota))
+    monkeypatch.setattr(peaks, "CGROUP_CPU_MAX", str(quota))
     assert peaks.cpu_info(text, allowed=set(range(8))).cores == 2
 
 

@@ -579,7 +579,7 @@ def test_small_arrays_gathered_in_the_graph_give_the_numpy_gathers_batches(monke
         return [(a.numpy(), b.numpy()) for a, b in ds.take(14)]  # into the second epoch
 
     in_graph = batches()
-    monkeypatch.setattr(fw.data.arrays, "_IN_GRAPH_BYTES", 0)  # the numpy_function path
+    monkeypatch.setattr(fw.data.arrays, "IN_GRAPH_BYTES", 0)  # the numpy_function path
     for (a, b), (c, d) in zip(in_graph, batches(), strict=True):
         np.testing.assert_array_equal(a, c)
         np.testing.assert_array_equal(b, d)

@@ -233,7 +233,7 @@ def test_evaluation_input_stays_local(records):
 def test_a_pipeline_that_calls_python_is_refused_before_it_is_sent(monkeypatch):
     x, y = load_digits(return_X_y=True)
     # numpy_ds gathers arrays over 64 MB with numpy (a Python callback); small ones in-graph
-    monkeypatch.setattr(fw.data.arrays, "_IN_GRAPH_BYTES", 0)
+    monkeypatch.setattr(fw.data.arrays, "IN_GRAPH_BYTES", 0)
     with socket.socket() as listener:  # something answers, so only the pipeline is wrong
         listener.bind(("localhost", 0))
         listener.listen()

@@ -128,9 +128,11 @@ def test_tensorflow_imported_first_is_said_once_at_the_first_gs_call(imports, en
 
 
 def test_an_epoch_log_write_on_hanging_storage_names_the_file(storage_hangs, monkeypatch):
+    import tensorflow as tf
+
     from fenwicks.train import history
 
-    monkeypatch.setattr(history, "_write_text", storage_hangs)
+    monkeypatch.setattr(tf.io.gfile, "GFile", storage_hangs)  # the write hangs
     monkeypatch.setattr(history, "read_epochs", lambda work_dir, step: [])
     with pytest.raises(_deadline.StorageTimeoutError,
                        match="epoch log write of gs://b/run/epochs.jsonl"):

@@ -103,7 +103,7 @@ def fake_google(monkeypatch):
     for name in ("google.colab", "kaggle_secrets"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setattr(google.auth, "default", default)
-    monkeypatch.setattr(fw.gcs, "_verified", None)
+    fw.gcs.reset_for_tests()  # as a fresh process
     return state
 
 
@@ -218,7 +218,7 @@ def test_a_missing_or_malformed_key_file_is_named_with_why(monkeypatch, tmp_path
     names that file and why, not "no Google Cloud credentials were found"."""
     for name in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "STORAGE_EMULATOR_HOST"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(fw.gcs, "_verified", None)
+    fw.gcs.reset_for_tests()  # as a fresh process
     malformed = tmp_path / "key.json"
     malformed.write_text('{"type": "service_account", "private_key": "-----BEGIN')  # cut
     cases = {str(tmp_path / "missing.json"): "no such file",

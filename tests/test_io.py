@@ -18,12 +18,12 @@ from tests.conftest import run_json
 
 
 @pytest.fixture
-def accelerator(monkeypatch):
+def accelerator(monkeypatch, accel_state):
     """Sets the cached accelerator: `accelerator(remote=True)` fakes a TPU node."""
     def set_accelerator(remote: bool = False) -> Accelerator:
         acc = Accelerator("tpu" if remote else "cpu", None, 8 if remote else 1,
                           "bfloat16" if remote else "float32", is_remote=remote)
-        monkeypatch.setattr(fw.accel, "_current", acc)
+        accel_state(acc)
         return acc
     set_accelerator()
     for name in ("FENWICKS_ROOT", "FENWICKS_BUCKET", "COLAB_RELEASE_TAG",
@@ -331,9 +331,9 @@ def deadline(monkeypatch):
     from fenwicks import _deadline
 
     monkeypatch.setenv(_deadline.DEADLINE_ENV, "0.5")
-    monkeypatch.setattr(_deadline, "_outage_since", None)
-    monkeypatch.setattr(_deadline, "_running", [])
-    return _deadline
+    _deadline.reset_for_tests(join_secs=0)  # no outage or abandoned call on record
+    yield _deadline
+    _deadline.reset_for_tests(join_secs=0)
 
 
 def test_a_gs_call_past_its_deadline_raises_naming_the_path(deadline):

@@ -7,6 +7,7 @@ import gc
 import logging
 
 import pytest
+import tensorflow as tf
 
 from fenwicks.train import lock
 
@@ -20,9 +21,11 @@ def test_a_lock_whose_release_failed_is_taken_over_with_a_warning(tmp_path, capl
     first = lock.WorkDirLock(str(tmp_path))
     first.acquire()
     # storage failed while releasing: the file stays, but nobody holds the lock any more
-    monkeypatch.setattr(first, "_remove", lambda: (_ for _ in ()).throw(OSError("gone")))
-    with pytest.raises(OSError):
-        first.release()
+    with monkeypatch.context() as storage:
+        storage.setattr(tf.io.gfile, "remove", lambda path: (_ for _ in ()).throw(
+            OSError("gone")))
+        with pytest.raises(OSError):
+            first.release()
     assert _lock_file_exists(tmp_path)
     with caplog.at_level(logging.WARNING, logger="fenwicks"):
         second = lock.WorkDirLock(str(tmp_path))

@@ -287,13 +287,13 @@ def test_an_insisted_device_fails_with_the_original_cause(device, probe, cause):
     assert cause in message and "Fix:" in message
 
 
-def test_info_and_the_cli_show_the_warning(monkeypatch, capsys):
+def test_info_and_the_cli_show_the_warning(accel_state, capsys):
     from fenwicks import __main__ as cli
     from fenwicks import report
 
     with pytest.warns(accel.AcceleratorWarning):
         acc = accel.detect(AUTO, FakeProbe(libtpu=True, tpu_fails=BUSY), env={})
-    monkeypatch.setattr(accel, "_current", acc)
+    accel_state(acc)
     assert ("WARNING", acc.warnings[0]) in report.info_rows()
     assert cli.main(["info"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines()
@@ -305,7 +305,7 @@ def test_info_and_the_cli_show_the_warning(monkeypatch, capsys):
 
 
 def test_nvidia_smi_listing_a_gpu_is_evidence(tmp_path, monkeypatch):
-    monkeypatch.setattr(accel, "_NVIDIA_PATHS", (str(tmp_path / "absent"),))
+    monkeypatch.setattr(accel, "NVIDIA_PATHS", (str(tmp_path / "absent"),))
     monkeypatch.setenv("PATH", str(tmp_path))
     assert accel.nvidia_device_evidence() is None  # no nvidia-smi on PATH
     smi = tmp_path / "nvidia-smi"
@@ -314,14 +314,14 @@ def test_nvidia_smi_listing_a_gpu_is_evidence(tmp_path, monkeypatch):
     assert accel.nvidia_device_evidence() is None  # nvidia-smi without a GPU (a driver only)
     smi.write_text("#!/bin/sh\necho 'GPU 0: Tesla T4 (UUID: GPU-1234)'\n")
     assert accel.nvidia_device_evidence() == "nvidia-smi lists GPU 0: Tesla T4 (UUID: GPU-1234)"
-    monkeypatch.setattr(accel, "_NVIDIA_PATHS", (str(tmp_path),))
+    monkeypatch.setattr(accel, "NVIDIA_PATHS", (str(tmp_path),))
     assert accel.nvidia_device_evidence() == f"{tmp_path} exists"
 
 
 def test_tpu_holders_are_found_in_proc(tmp_path, monkeypatch):
     device = tmp_path / "accel0"
     device.write_text("")
-    monkeypatch.setattr(accel, "_TPU_DEVICE_RE", re.compile("^" + re.escape(str(device)) + "$"))
+    monkeypatch.setattr(accel, "TPU_DEVICE_RE", re.compile("^" + re.escape(str(device)) + "$"))
     holder = subprocess.Popen([sys.executable, "-c",
                                f"f = open({str(device)!r}); import time; time.sleep(60)"])
     try:

@@ -175,7 +175,7 @@ def _first_batch_cost(make, start: int, counter) -> int:
 def test_numpy_ds_gathers_the_same_few_examples_wherever_it_starts(monkeypatch):
     # Small arrays are gathered in the graph; the numpy gather (of large arrays) is the
     # one a counting array can watch, and the index stream is the same for both.
-    monkeypatch.setattr(fw.data.arrays, "_IN_GRAPH_BYTES", 0)
+    monkeypatch.setattr(fw.data.arrays, "IN_GRAPH_BYTES", 0)
     xs, ys = _images()
     counting = xs.view(_CountingArray)
     steps_per_epoch = N // BATCH

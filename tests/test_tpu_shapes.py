@@ -39,11 +39,11 @@ def _model_func():
 
 
 @pytest.fixture
-def on_tpu(monkeypatch):
+def on_tpu(accel_state):
     """Makes `fw.accel.current()` return a faked TPU of the given shape."""
     def use(name: str) -> accel.Accelerator:
         acc = _tpu(SHAPES[name])
-        monkeypatch.setattr(accel, "_current", acc)
+        accel_state(acc)
         return acc
     return use
 
@@ -141,10 +141,10 @@ def test_storage_root_on_a_tpu_vm(name, environment, env, expected, on_tpu, monk
     assert io.default_root() == expected
 
 
-def test_storage_root_on_a_tpu_node_is_the_bucket(monkeypatch):
+def test_storage_root_on_a_tpu_node_is_the_bucket(monkeypatch, accel_state):
     acc = accel.detect(accel.Request(), FakeProbe(), env={"TPU_NAME": "grpc://10.0.0.2:8470"})
     assert acc.is_remote and acc.kind == "tpu"
-    monkeypatch.setattr(accel, "_current", acc)
+    accel_state(acc)
     monkeypatch.delenv("FENWICKS_ROOT", raising=False)
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-2026")  # even on Colab
     monkeypatch.setenv("FENWICKS_BUCKET", "my-bucket")

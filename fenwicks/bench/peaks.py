@@ -12,8 +12,9 @@ import math
 import os
 import re
 
-_CPUFREQ_MAX = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"  # kHz
-_CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # "quota period" or "max period"
+# What the host says of its CPUs (public so that tests can point them at a fake).
+CPUFREQ_MAX = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"  # kHz
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # "quota period" or "max period"
 
 # TPU bfloat16 peak TFLOPS per replica (Google Cloud TPU docs, per chip). v2 and v3 chips
 # hold two TensorCores and each core is a replica, so a replica gets half a chip; v4 and
@@ -141,7 +142,7 @@ def _usable_cores(blocks: list[dict[str, str]], allowed: set[int]) -> int:
              for b in blocks if int(b.get("processor", -1)) in allowed}
     count = len(cores) or len(allowed)
     try:  # a container's CPU quota (cgroup v2) caps the usable cores further
-        with open(_CGROUP_CPU_MAX, encoding="utf-8") as f:
+        with open(CGROUP_CPU_MAX, encoding="utf-8") as f:
             quota, period = f.read().split()
         if quota != "max":
             count = min(count, max(1, math.ceil(int(quota) / int(period))))
@@ -153,7 +154,7 @@ def _usable_cores(blocks: list[dict[str, str]], allowed: set[int]) -> int:
 def _clock_ghz(blocks: list[dict[str, str]]) -> tuple[float | None, str]:
     """The maximum clock from cpufreq if the kernel exposes it, else /proc/cpuinfo."""
     try:
-        with open(_CPUFREQ_MAX, encoding="utf-8") as f:
+        with open(CPUFREQ_MAX, encoding="utf-8") as f:
             return int(f.read()) / 1e6, "cpufreq max"
     except (OSError, ValueError):
         pass

@@ -161,14 +161,14 @@ def _buffer_shuffled(n: int, num_pipelines: int, pipeline_id: int, seed: int | N
 # a pipeline that calls back into Python makes tearing down a distributed iterator wait
 # on the GIL, which took minutes per iterator on 8 logical CPUs (TF 2.21). Larger arrays
 # keep the in-place numpy gather, which copies nothing but the batch.
-_IN_GRAPH_BYTES = 64 * 2**20
+IN_GRAPH_BYTES = 64 * 2**20
 
 
 def _gather_fn(xs: np.ndarray, ys: np.ndarray | None, static_batch: int | None):
     """A tf function: batch of indices -> batch of examples (in the graph for small
     arrays, by numpy in place for large ones)."""
     y_dtype = None if ys is None else label_dtype(ys)
-    if xs.nbytes + (0 if ys is None else ys.nbytes) <= _IN_GRAPH_BYTES:
+    if xs.nbytes + (0 if ys is None else ys.nbytes) <= IN_GRAPH_BYTES:
         return _graph_gather(xs, None if ys is None else ys.astype(y_dtype, copy=False))
 
     def gather(index: np.ndarray):
