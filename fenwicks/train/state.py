@@ -21,7 +21,7 @@ import tensorflow as tf
 from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
-from fenwicks.train import building, checkpoints, lock
+from fenwicks.train import building, checkpoints, cross_engine, lock
 from fenwicks.train import checkpointer as checkpointer_lib
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
@@ -59,6 +59,8 @@ class RunState:
         >>> state.latest_checkpoint
         '/content/work/ckpt-1000'
     """
+
+    engine = "tf"  # whose checkpoints it reads and writes (`cross_engine.ENGINES`)
 
     def __init__(self, model_func: building.ModelFunc, config: EstimatorConfig,
                  accelerator: accel.Accelerator) -> None:
@@ -141,9 +143,15 @@ class RunState:
                                                  self.step_counter, self.input_steps)
         checkpointer = self._create_checkpointer()
         restored = checkpointer.restore()
+        if restored is None:  # the JAX engine's checkpoint, for evaluate and predict
+            saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "tf")
+            if saved is not None:
+                self.step_counter.assign(saved.step)
+                restored = saved.checkpoint
         if restored is None and self.config.warm_start_from:
-            self.warm_start_report = checkpoints.warm_start(spec.model,
-                                                            self.config.warm_start_from)
+            source = self.config.warm_start_from
+            self.warm_start_report = (cross_engine.warm_start(spec.model, source, "tf")
+                                      or checkpoints.warm_start(spec.model, source))
         self._spec, self._checkpointer = spec, checkpointer
 
     def _create_checkpointer(self) -> checkpointer_lib.SyncCheckpointer:
@@ -244,7 +252,15 @@ class RunState:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Held while training: one writer of checkpoints per work_dir (see `lock.py`)."""
+        """Held while training: one writer of checkpoints per work_dir (see `lock.py`).
+
+        Raises:
+            CrossEngineTrainingError: work_dir holds only the other engine's checkpoints
+                (see `cross_engine`); nothing was written.
+        """
+        if self.last_good_checkpoint is None:  # before any write, by any worker
+            cross_engine.refuse_training(fw_io.check_bucket(self.config.work_dir),
+                                         self.engine)
         if not self.is_chief:
             yield  # a non-chief worker writes no checkpoint
             return
