@@ -6,7 +6,8 @@
 ``train`` trains the product's tutorial-1 network (`fw.models.mnist_net`, narrow) on
 scikit-learn's digits for one epoch, then evaluates and predicts; ``read``, run on the
 other engine, evaluates and predicts from that work_dir, tries to train there (refused),
-tries a different model there (refused), then warm-starts NEW_DIR from it, evaluates that
+tries a different model there (refused), follows it as its checkpoints go and come
+back (on the TensorFlow engine), then warm-starts NEW_DIR from it, evaluates that
 before training (the same weights), trains one epoch, evaluates and predicts again. Each
 prints one JSON line; predictions go to ``<dir>/probs-<engine>.npy``.
 """
@@ -94,6 +95,15 @@ def _error(call) -> str | None:
     return None
 
 
+def _follow(est, work_dir: str, eval_fn) -> list[int]:
+    """The global step `evaluate` reports as the JAX engine's checkpoints of `work_dir`
+    go away (a cleaned work_dir) and come back (another run's)."""
+    os.rename(f"{work_dir}/orbax", f"{work_dir}-orbax")
+    steps = [est.evaluate(eval_fn)["global_step"]]
+    os.rename(f"{work_dir}-orbax", f"{work_dir}/orbax")
+    return [*steps, est.evaluate(eval_fn)["global_step"]]
+
+
 def read(theirs: str, new_dir: str) -> dict:
     train_fn, eval_fn, pred_fn = _inputs()
     # A model built first: every name of the estimators' models gets a _<n> suffix that
@@ -105,6 +115,8 @@ def read(theirs: str, new_dir: str) -> dict:
            "paths": [v.path for v in est.model.variables[:2]]}
     out["train_refused"] = _error(lambda: est.train(train_fn, steps=1))
     out["step_after_refusal"] = est.global_step
+    if keras.backend.backend() == "tensorflow":
+        out["followed_steps"] = _follow(est, theirs, eval_fn)
     est.close()
     out["other_model"] = _error(lambda: _estimator(theirs, width=16).evaluate(eval_fn))
     out["files_kept"] = _checkpoint_files(theirs) == files_before

@@ -66,6 +66,7 @@ class RunState:
                  accelerator: accel.Accelerator) -> None:
         self.config = config
         self.warm_start_report: dict[str, list[str]] | None = None
+        self.other_engines_checkpoint: str | None = None  # read for evaluate and predict
         self.stale = False  # True after a NaN: the weights in memory are not trusted
         self._model_func = model_func
         self._acc = accelerator
@@ -147,7 +148,7 @@ class RunState:
             saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "tf")
             if saved is not None:
                 self.step_counter.assign(saved.step)
-                restored = saved.checkpoint
+                restored = self.other_engines_checkpoint = saved.checkpoint
         if restored is None and self.config.warm_start_from:
             source = self.config.warm_start_from
             self.warm_start_report = (cross_engine.warm_start(spec.model, source, "tf")
@@ -167,6 +168,7 @@ class RunState:
         afresh."""
         checkpointer, self._checkpointer = self._checkpointer, None
         self._spec = self.optimizer = self.warm_start_report = None
+        self.other_engines_checkpoint = None
         self.stale = False
         if checkpointer is not None:
             checkpointer.close()
@@ -189,7 +191,10 @@ class RunState:
         The work_dir is the model, as in TPUEstimator: checkpoints written meanwhile by
         another run (or put there by hand) are restored; if they were all removed (a
         k-fold loop that cleans the work_dir), the state is reset, so the next `build`
-        initialises a fresh model, as a new estimator would.
+        initialises a fresh model, as a new estimator would. A work_dir that holds only
+        the other engine's checkpoints (read for evaluate and predict: `cross_engine`) is
+        followed too: when its newest checkpoint changes, the state is reset and the next
+        `build` reads the work_dir again.
 
         A multi-worker run does not follow work_dir: its chief is what writes there, and
         the workers hold the same state in lockstep. A worker restoring on its own could
@@ -202,6 +207,9 @@ class RunState:
         if not self.built or self._acc.num_workers > 1:
             return None
         checkpointer = self._checkpointer
+        if checkpointer.last_good is None and self._other_engine_moved_on():
+            self.reset()
+            return "reset"
         change = checkpointer.change_on_disk()
         if change is None:
             return None
@@ -215,6 +223,18 @@ class RunState:
         logger.warning("fenwicks: %s changed since this estimator read it; continuing from "
                        "%s", self.config.work_dir, restored)
         return "restored"
+
+    def _other_engine_moved_on(self) -> bool:
+        """Whether the other engine's newest checkpoint in work_dir (read when work_dir
+        holds none of this engine's: `cross_engine`) is not the one this state read."""
+        theirs = cross_engine.other_engines_checkpoint(self.config.work_dir, self.engine)
+        if theirs == self.other_engines_checkpoint:
+            return False
+        logger.warning("fenwicks: %s now holds %s (this estimator read %s); reading the "
+                       "work_dir again", self.config.work_dir,
+                       theirs or "no checkpoint of the other engine",
+                       self.other_engines_checkpoint or "none")
+        return True
 
     # ---------------------------------------------------------------- waiting
 

@@ -139,6 +139,7 @@ class JaxRunState(RunState):
             saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "jax")
             if saved is not None:
                 self.step, restored = saved.step, saved.checkpoint
+                self.other_engines_checkpoint = restored
         if restored is None and self.config.warm_start_from:
             from fenwicks.train.jax import warm_start
             self.warm_start_report = warm_start.warm_start(spec.model,
