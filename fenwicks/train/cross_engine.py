@@ -51,6 +51,7 @@ import dataclasses
 import logging
 import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -142,14 +143,18 @@ def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
         >>> other_engines_checkpoint('/kaggle/working/run', 'tf')
         '/kaggle/working/run/orbax/1000'
     """
-    if _LATEST[engine](work_dir) is not None:
+    # The other engine's first: absent, as it nearly always is, one listing answers.
+    theirs = _LATEST[other(engine)](work_dir)
+    if theirs is None or _LATEST[engine](work_dir) is not None:
         return None
-    return _LATEST[other(engine)](work_dir)
+    return theirs
 
 
 def _source_of_other_engine(source: str, engine: str) -> str | None:
     """`source` (a work_dir or one checkpoint) if it is the other engine's, else None."""
     source = source.rstrip("/")
+    if os.path.basename(source) == ORBAX_SUBDIR:  # the orbax folder of a work_dir
+        source = source[: -len(ORBAX_SUBDIR) - 1]
     is_orbax_step = bool(re.search(rf"(^|/){ORBAX_SUBDIR}/\d+$", source))
     is_tf_prefix = tf.io.gfile.exists(source + ".index")
     if engine == "tf":
@@ -194,7 +199,14 @@ def _read_tf(prefix: str) -> SavedWeights:
     return SavedWeights(prefix, "tf", step, paths, arrays, in_model_order=False)
 
 
-def _read_orbax(path: str) -> SavedWeights:
+def _import_orbax(path: str) -> Any:
+    # On the TensorFlow engine JAX comes in here only to read files: it is kept to the
+    # CPU (JAX reads JAX_PLATFORMS once, on import), so that it does not take a GPU and,
+    # as it does by default, 75% of its memory from TensorFlow.
+    first = "jax" not in sys.modules
+    before = os.environ.get("JAX_PLATFORMS")
+    if first:
+        os.environ["JAX_PLATFORMS"] = "cpu"
     try:
         import orbax.checkpoint as ocp
     except ImportError as err:
@@ -202,6 +214,16 @@ def _read_orbax(path: str) -> SavedWeights:
             f"{path} is the JAX engine's checkpoint (orbax format); reading it needs "
             "orbax-checkpoint: pip install orbax-checkpoint (or pip install "
             "'fenwicks[jax]'), then start a new Python process") from err
+    finally:
+        if first and before is None:
+            os.environ.pop("JAX_PLATFORMS", None)
+        elif first:
+            os.environ["JAX_PLATFORMS"] = before
+    return ocp
+
+
+def _read_orbax(path: str) -> SavedWeights:
+    ocp = _import_orbax(path)
     directory, step = os.path.dirname(path), int(os.path.basename(path))
     directory = directory if "://" in directory else os.path.abspath(directory)
     with ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler(),
@@ -320,7 +342,7 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
     variables = list(model.variables)
     pairs = match(variables, saved)
     missing = [v for i, v in enumerate(variables) if i not in pairs]
-    unused = [p for j, p in enumerate(saved.paths) if j not in set(pairs.values())]
+    unused = [j for j in range(len(saved.paths)) if j not in set(pairs.values())]
     if missing or unused:
         raise _mismatch(work_dir, saved, engine, missing, unused)
     _assign(variables, saved, pairs)
@@ -334,10 +356,11 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
 
 
 def _mismatch(work_dir: str, saved: SavedWeights, engine: str, missing: list,
-              unused: list[str]) -> CrossEngineMismatchError:
+              unused: list[int]) -> CrossEngineMismatchError:
     lines = [f"  {v.path} {list(v.shape)}: in the model, not matched in the checkpoint"
              for v in missing[:10]]
-    lines += [f"  {p}: in the checkpoint, not matched in the model" for p in unused[:10]]
+    lines += [f"  {saved.paths[j]} {list(np.shape(saved.arrays[j]))}: in the checkpoint, "
+              "not matched in the model" for j in unused[:10]]
     return CrossEngineMismatchError(
         f"work_dir={work_dir!r} holds the {ENGINES[saved.engine]}'s checkpoint "
         f"{saved.checkpoint} (step {saved.step}), read here on the {ENGINES[engine]}; "
