@@ -105,6 +105,7 @@ class SavedWeights:
 
 
 def other(engine: str) -> str:
+    """The other engine's name: ``other('tf') == 'jax'``."""
     return "jax" if engine == "tf" else "tf"
 
 
@@ -174,6 +175,11 @@ def read(checkpoint: str) -> SavedWeights:
 
     Raises:
         ImportError: an orbax checkpoint and no orbax-checkpoint installed.
+
+    Example:
+        >>> saved = read('/kaggle/working/run/orbax/1000')
+        >>> saved.engine, saved.step, saved.paths[0]
+        ('jax', 1000, 'mnist_net/conv_bn/conv2d/kernel')
     """
     if re.search(rf"(^|/){ORBAX_SUBDIR}/\d+/?$", checkpoint):
         return _deadline.run(_read_orbax, checkpoint.rstrip("/"), what="checkpoint read",
