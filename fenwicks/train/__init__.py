@@ -35,6 +35,8 @@ How the estimator is put together (one object per job, as Orbit):
 - `engines.py`: the engine seam: the TensorFlow engine's roles (the modules above) or
   the JAX engine's (`jax/`: mesh, jitted steps, NumPy inputs, orbax checkpoints,
   trainer, evaluator), chosen by Keras's backend; everything else is shared.
+  `cross_engine.py`: one engine's checkpoints read on the other (evaluate, predict and
+  warm start; training there refused).
 """
 
 from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401
@@ -44,6 +46,10 @@ from fenwicks.train.checkpoints import (  # noqa: E402, F401  (public names)
     CheckpointMismatchError,
     CheckpointWriteError,
     ProbeWriteError,
+)
+from fenwicks.train.cross_engine import (  # noqa: E402, F401  (public names)
+    CrossEngineMismatchError,
+    CrossEngineTrainingError,
 )
 from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     Estimator,

@@ -21,7 +21,7 @@ import tensorflow as tf
 from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
-from fenwicks.train import building, checkpoints, lock
+from fenwicks.train import building, checkpoints, cross_engine, lock
 from fenwicks.train import checkpointer as checkpointer_lib
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
@@ -60,10 +60,13 @@ class RunState:
         '/content/work/ckpt-1000'
     """
 
+    engine = "tf"  # whose checkpoints it reads and writes (`cross_engine.ENGINES`)
+
     def __init__(self, model_func: building.ModelFunc, config: EstimatorConfig,
                  accelerator: accel.Accelerator) -> None:
         self.config = config
         self.warm_start_report: dict[str, list[str]] | None = None
+        self.other_engines_checkpoint: str | None = None  # read for evaluate and predict
         self.stale = False  # True after a NaN: the weights in memory are not trusted
         self._model_func = model_func
         self._acc = accelerator
@@ -141,9 +144,15 @@ class RunState:
                                                  self.step_counter, self.input_steps)
         checkpointer = self._create_checkpointer()
         restored = checkpointer.restore()
+        if restored is None:  # the JAX engine's checkpoint, for evaluate and predict
+            saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "tf")
+            if saved is not None:
+                self.step_counter.assign(saved.step)
+                restored = self.other_engines_checkpoint = saved.checkpoint
         if restored is None and self.config.warm_start_from:
-            self.warm_start_report = checkpoints.warm_start(spec.model,
-                                                            self.config.warm_start_from)
+            source = self.config.warm_start_from
+            self.warm_start_report = (cross_engine.warm_start(spec.model, source, "tf")
+                                      or checkpoints.warm_start(spec.model, source))
         self._spec, self._checkpointer = spec, checkpointer
 
     def _create_checkpointer(self) -> checkpointer_lib.SyncCheckpointer:
@@ -159,6 +168,7 @@ class RunState:
         afresh."""
         checkpointer, self._checkpointer = self._checkpointer, None
         self._spec = self.optimizer = self.warm_start_report = None
+        self.other_engines_checkpoint = None
         self.stale = False
         if checkpointer is not None:
             checkpointer.close()
@@ -181,7 +191,10 @@ class RunState:
         The work_dir is the model, as in TPUEstimator: checkpoints written meanwhile by
         another run (or put there by hand) are restored; if they were all removed (a
         k-fold loop that cleans the work_dir), the state is reset, so the next `build`
-        initialises a fresh model, as a new estimator would.
+        initialises a fresh model, as a new estimator would. A work_dir that holds only
+        the other engine's checkpoints (read for evaluate and predict: `cross_engine`) is
+        followed too: when its newest checkpoint changes, the state is reset and the next
+        `build` reads the work_dir again.
 
         A multi-worker run does not follow work_dir: its chief is what writes there, and
         the workers hold the same state in lockstep. A worker restoring on its own could
@@ -194,6 +207,9 @@ class RunState:
         if not self.built or self._acc.num_workers > 1:
             return None
         checkpointer = self._checkpointer
+        if checkpointer.last_good is None and self._other_engine_moved_on():
+            self.reset()
+            return "reset"
         change = checkpointer.change_on_disk()
         if change is None:
             return None
@@ -207,6 +223,18 @@ class RunState:
         logger.warning("fenwicks: %s changed since this estimator read it; continuing from "
                        "%s", self.config.work_dir, restored)
         return "restored"
+
+    def _other_engine_moved_on(self) -> bool:
+        """Whether the other engine's newest checkpoint in work_dir (read when work_dir
+        holds none of this engine's: `cross_engine`) is not the one this state read."""
+        theirs = cross_engine.other_engines_checkpoint(self.config.work_dir, self.engine)
+        if theirs == self.other_engines_checkpoint:
+            return False
+        logger.warning("fenwicks: %s now holds %s (this estimator read %s); reading the "
+                       "work_dir again", self.config.work_dir,
+                       theirs or "no checkpoint of the other engine",
+                       self.other_engines_checkpoint or "none")
+        return True
 
     # ---------------------------------------------------------------- waiting
 
@@ -244,7 +272,15 @@ class RunState:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Held while training: one writer of checkpoints per work_dir (see `lock.py`)."""
+        """Held while training: one writer of checkpoints per work_dir (see `lock.py`).
+
+        Raises:
+            CrossEngineTrainingError: work_dir holds only the other engine's checkpoints
+                (see `cross_engine`); nothing was written.
+        """
+        if self.last_good_checkpoint is None:  # before any write, by any worker
+            cross_engine.refuse_training(fw_io.check_bucket(self.config.work_dir),
+                                         self.engine)
         if not self.is_chief:
             yield  # a non-chief worker writes no checkpoint
             return

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 from fenwicks import io as fw_io
-from fenwicks.train import building
+from fenwicks.train import building, cross_engine
 from fenwicks.train.jax import checkpoints, mesh
 from fenwicks.train.state import RunState
 
@@ -33,11 +33,16 @@ logger = logging.getLogger("fenwicks")
 class JaxRunState(RunState):
     """`RunState` with the variables on a JAX mesh and orbax checkpoints.
 
+    A work_dir the TensorFlow engine trained is read for `evaluate` and `predict` (model
+    variables by name, `cross_engine`); `train` there is refused (`RunState.locked`).
+
     Example:
         >>> state = JaxRunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.save()
     """
+
+    engine = "jax"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -130,8 +135,11 @@ class JaxRunState(RunState):
             self.config.keep_checkpoints,
             self.config.async_checkpoints and jax.process_count() == 1, mesh.replicated())
         restored = checkpointer.restore()
-        if restored is None:
-            _refuse_other_engines_checkpoint(self.config.work_dir)
+        if restored is None:  # the TensorFlow engine's checkpoint, for evaluate and predict
+            saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "jax")
+            if saved is not None:
+                self.step, restored = saved.step, saved.checkpoint
+                self.other_engines_checkpoint = restored
         if restored is None and self.config.warm_start_from:
             from fenwicks.train.jax import warm_start
             self.warm_start_report = warm_start.warm_start(spec.model,
@@ -145,16 +153,3 @@ class JaxRunState(RunState):
         super().reset()
         self.step = self.input_steps_taken = 0
 
-
-def _refuse_other_engines_checkpoint(work_dir: str) -> None:
-    """A work_dir the TensorFlow engine trained is not silently taken for a fresh one."""
-    from fenwicks.train import checkpoints as tf_checkpoints
-
-    theirs = tf_checkpoints.latest(work_dir)
-    if theirs is not None:
-        raise ValueError(
-            f"work_dir={work_dir!r} holds the TensorFlow engine's checkpoint {theirs} and "
-            "none of the JAX engine's: continuing, evaluating or predicting from it on "
-            "the JAX engine is not supported yet. Run this estimator on the TensorFlow "
-            "engine (FENWICKS_ENGINE=tf, or KERAS_BACKEND=tensorflow in a new process), "
-            "or give a new work_dir")

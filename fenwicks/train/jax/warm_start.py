@@ -1,5 +1,6 @@
 """Warm start on the JAX engine: model variables from another run's orbax checkpoint,
-matched by path and shape (the paths are saved in each checkpoint's metadata)."""
+matched by path and shape (the paths are saved in each checkpoint's metadata), or from
+the TensorFlow engine's checkpoint (`fenwicks.train.cross_engine`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def warm_start(model: Any, source: str) -> dict[str, list[str]]:
     """
     import orbax.checkpoint as ocp
 
+    from fenwicks.train import cross_engine
+
+    report = cross_engine.warm_start(model, source, "jax")  # a TensorFlow engine's run
+    if report is not None:
+        return report
     directory, step = _locate(source)
     with ocp.CheckpointManager(os.path.abspath(directory), options=ocp.
                                CheckpointManagerOptions(read_only=True)) as manager:

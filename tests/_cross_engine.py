@@ -1,0 +1,152 @@
+"""Process helper of tests/test_cross_engine.py: one engine's work_dir read on the other.
+
+    python -m tests._cross_engine train WORK_DIR          # trains, on either engine
+    python -m tests._cross_engine read THEIRS NEW_DIR      # reads THEIRS, warm-starts NEW_DIR
+
+``train`` trains the product's tutorial-1 network (`fw.models.mnist_net`, narrow) on
+scikit-learn's digits for one epoch, then evaluates and predicts; ``read``, run on the
+other engine, evaluates and predicts from that work_dir, tries to train there (refused),
+tries a different model there (refused), follows it as its checkpoints go and come
+back (on the TensorFlow engine), then warm-starts NEW_DIR from it, evaluates that
+before training (the same weights), trains one epoch, evaluates and predicts again. Each
+prints one JSON line; predictions go to ``<dir>/probs-<engine>.npy``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+
+import fenwicks as fw
+from fenwicks import demo
+from fenwicks.train import cross_engine
+
+STEPS_PER_EPOCH = 21  # 1,347 training digits // 64
+BATCH = 64
+SEED = 5
+
+
+def model_func(width: int = 8):
+    lr_func = fw.train.exp_decay_lr(init_lr=3e-3, decay_steps=63, base_lr=2e-5)
+    opt_func = fw.train.adam_optimizer(lr_func, wd=1e-4, exclude_from_wd="bn_and_bias")
+    # Ghost BatchNorm (fixed groups of 16): the same statistics on 1 and 8 devices.
+    return fw.train.get_clf_model_func(
+        lambda: fw.models.mnist_net(c=width, input_shape=(8, 8, 1), bn=16), opt_func)
+
+
+def _estimator(work_dir: str, width: int = 8, **kwargs):
+    return fw.train.get_tpu_estimator(STEPS_PER_EPOCH, model_func(width), work_dir,
+                                      trn_bs=BATCH, val_bs=56, pred_bs=56, seed=SEED,
+                                      verbose=False, **kwargs)
+
+
+def _inputs():
+    x_train, y_train, x_test, y_test = demo.load_digits()
+
+    def train_fn(p):
+        return fw.data.numpy_ds(x_train, y_train, p["batch_size"], training=True, seed=SEED,
+                                input_context=p["input_context"])
+
+    def eval_fn(p):
+        return fw.data.numpy_ds(x_test, y_test, p["batch_size"], training=False)
+
+    def pred_fn(p):
+        return fw.data.numpy_ds(x_test, None, p["batch_size"], training=False)
+
+    return train_fn, eval_fn, pred_fn
+
+
+def _checkpoint_files(work_dir: str) -> list[str]:
+    """Every file of every checkpoint in `work_dir`, both engines' formats."""
+    found = []
+    for root, _, files in os.walk(work_dir):
+        if root == work_dir or "/orbax" in root:
+            found += [os.path.relpath(os.path.join(root, f), work_dir) for f in files
+                      if f.startswith(("ckpt-", "checkpoint")) or "/orbax" in root]
+    return sorted(found)
+
+
+def _evaluate_and_predict(est, eval_fn, pred_fn, work_dir: str) -> dict:
+    result = est.evaluate(eval_fn)
+    probs = est.predict(pred_fn)
+    np.save(f"{work_dir}/probs-{keras.backend.backend()}.npy", np.asarray(probs))
+    return {"eval": result, "rows": len(probs)}
+
+
+def train(work_dir: str) -> dict:
+    train_fn, eval_fn, pred_fn = _inputs()
+    est = _estimator(work_dir)
+    est.train(train_fn, steps=STEPS_PER_EPOCH)
+    out = _evaluate_and_predict(est, eval_fn, pred_fn, work_dir)
+    est.close()
+    return out
+
+
+def _error(call) -> str | None:
+    try:
+        call()
+    except (cross_engine.CrossEngineTrainingError,
+            cross_engine.CrossEngineMismatchError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _follow(est, work_dir: str, eval_fn) -> list[int]:
+    """The global step `evaluate` reports as the JAX engine's checkpoints of `work_dir`
+    go away (a cleaned work_dir) and come back (another run's)."""
+    os.rename(f"{work_dir}/orbax", f"{work_dir}-orbax")
+    steps = [est.evaluate(eval_fn)["global_step"]]
+    os.rename(f"{work_dir}-orbax", f"{work_dir}/orbax")
+    return [*steps, est.evaluate(eval_fn)["global_step"]]
+
+
+def read(theirs: str, new_dir: str) -> dict:
+    train_fn, eval_fn, pred_fn = _inputs()
+    # A model built first: every name of the estimators' models gets a _<n> suffix that
+    # the process which trained `theirs` did not give it.
+    fw.models.mnist_net(c=8, input_shape=(8, 8, 1), bn=16)
+    files_before = _checkpoint_files(theirs)
+    est = _estimator(theirs)
+    out = {"read": _evaluate_and_predict(est, eval_fn, pred_fn, theirs),
+           "paths": [v.path for v in est.model.variables[:2]]}
+    out["train_refused"] = _error(lambda: est.train(train_fn, steps=1))
+    out["step_after_refusal"] = est.global_step
+    if keras.backend.backend() == "tensorflow":
+        out["followed_steps"] = _follow(est, theirs, eval_fn)
+    est.close()
+    out["other_model"] = _error(lambda: _estimator(theirs, width=16).evaluate(eval_fn))
+    out["files_kept"] = _checkpoint_files(theirs) == files_before
+    warm = _estimator(new_dir, warm_start_from=theirs)
+    out["warm_before_training"] = warm.evaluate(eval_fn)
+    out["warm_report"] = warm.warm_start_report
+    warm.train(train_fn, steps=STEPS_PER_EPOCH)
+    out["warm"] = _evaluate_and_predict(warm, eval_fn, pred_fn, new_dir)
+    out["warm_files"] = _checkpoint_files(new_dir)
+    warm.close()
+    out["engine"] = keras.backend.backend()
+    return out
+
+
+def no_orbax(checkpoint: str) -> str:
+    """What reading an orbax checkpoint says where orbax-checkpoint is not installed."""
+    sys.modules["orbax"] = sys.modules["orbax.checkpoint"] = None  # import fails
+    try:
+        cross_engine.read(checkpoint)
+    except ImportError as err:
+        return str(err)
+    return "no ImportError"
+
+
+if __name__ == "__main__":
+    mode, *args = sys.argv[1:]
+    if mode == "train":
+        result = train(args[0])
+    else:
+        result = read(args[0], args[1])
+        if result["engine"] == "tensorflow":
+            result["no_orbax"] = no_orbax(cross_engine.orbax_latest(args[0]))
+    print(json.dumps(result))
