@@ -46,11 +46,12 @@ def warm_start(model: Any, source: str) -> dict[str, list[str]]:
     """
     import orbax.checkpoint as ocp
 
-    directory, step = _locate(source)
-    with ocp.CheckpointManager(os.path.abspath(directory), options=ocp.
-                               CheckpointManagerOptions(read_only=True)) as manager:
-        paths = manager.metadata(step).custom_metadata["model"]
-        arrays = manager.restore(step, args=ocp.args.StandardRestore())["model"]
+    with checkpoints.local_copy(source) as readable:  # a gs:// one, downloaded
+        directory, step = _locate(readable)
+        with ocp.CheckpointManager(os.path.abspath(directory), options=ocp.
+                                   CheckpointManagerOptions(read_only=True)) as manager:
+            paths = manager.metadata(step).custom_metadata["model"]
+            arrays = manager.restore(step, args=ocp.args.StandardRestore())["model"]
     theirs = dict(zip(paths, arrays, strict=True))
     report: dict[str, list[str]] = {"loaded": [], "not_loaded": []}
     for variable in model.variables:
