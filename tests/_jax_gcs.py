@@ -25,6 +25,7 @@ import keras
 import numpy as np
 
 import fenwicks as fw
+from fenwicks.train.jax import checkpoints
 from tests import _fault_proxy as proxy
 from tests import _flagship as flagship
 from tests._storage_faults import _gcsfs_waits_recorded
@@ -131,12 +132,16 @@ def second(work_dir: str, local_root: str) -> dict[str, Any]:
     np.savez(os.path.join(local_root, "resumed8.npz"), *_weights(est))
     est.close()
 
-    reader = _estimator(work_dir, True)  # a new estimator: reads the bucket's step 8
+    # A new estimator reads the bucket's step 8, then saves step 10 while storage
+    # refuses part of that upload.
+    reader = _estimator(work_dir, True)
     _mark(out, "evaluate")
     out["evaluate"] = {k: float(v) for k, v in reader.evaluate(evaluate).items()}
     np.save(os.path.join(local_root, "gs_pred8.npy"), reader.predict(
         lambda p: fw.data.numpy_ds(x[flagship.NUM_TRAIN:], None, p["batch_size"],
                                    training=False)))
+    _mark(out, "failed")
+    out["failed_upload"] = _failed_upload(reader, work_dir, train)
     reader.close()
 
     keras.backend.clear_session()  # as a new session would: layer names start afresh
@@ -148,8 +153,6 @@ def second(work_dir: str, local_root: str) -> dict[str, Any]:
     np.savez(os.path.join(local_root, "warm.npz"), *_weights(warm))
     warm.close()
 
-    _mark(out, 'failed')
-    out["failed_upload"] = _failed_upload(work_dir, train)
     _mark(out, 'again')
     again = _estimator(work_dir, True)  # starts again after the failure
     again.train(train, max_steps=10)
@@ -163,9 +166,8 @@ def second(work_dir: str, local_root: str) -> dict[str, Any]:
     return out
 
 
-def _failed_upload(work_dir: str, train) -> dict[str, Any]:
+def _failed_upload(est, work_dir: str, train) -> dict[str, Any]:
     """The upload of step 10 fails after its first object: step 8 stays the latest."""
-    est = _estimator(work_dir, True)
     # Only step 10 is saved in this call. gcsfs sends each of its files in one multipart
     # POST (the object's name is in the body); the first goes through, the rest fail.
     proxy.set_rules([{"fault": "503", "method": "POST", "path": "uploadType=multipart",
@@ -174,8 +176,14 @@ def _failed_upload(work_dir: str, train) -> dict[str, Any]:
         error = _error(lambda: est.train(train, max_steps=10))
     fired = [rule["fired"] for rule in proxy.report()["rules"]]
     proxy.set_rules([])
+    partial = f"{work_dir}/orbax/10"  # named as a warm-start source: refused, not read
+
+    def read_partial():
+        with checkpoints.local_copy(partial):
+            pass
+
     return {"error": error, "fired": fired, "step": est.global_step,
-            "listing": _bucket_listing(work_dir)}
+            "listing": _bucket_listing(work_dir), "warm_from_partial": _error(read_partial)}
 
 
 def _no_credentials(work_dir: str, train) -> dict[str, Any]:

@@ -58,6 +58,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,6 +67,7 @@ import numpy as np
 
 from fenwicks import _deadline
 from fenwicks import io as fw_io
+from fenwicks._text import first_line
 from fenwicks.train.checkpointer import Checkpointer
 from fenwicks.train.checkpoints import CheckpointReadError, CheckpointWriteError, step_of
 
@@ -225,14 +227,22 @@ class OrbaxCheckpointer(Checkpointer):
         except Exception as err:
             raise self._write_error(step, err) from err
         self._last_save_secs = time.monotonic() - started
-        self._good = _fingerprint(self._path(step))
+        # Staged: the bucket's copy holds the local files, byte for byte.
+        self._good = _fingerprint(self._path(step), self._local(step) if self._bucket
+                                  else None)
 
     def _write_error(self, step: int, err: BaseException) -> CheckpointWriteError:
+        if isinstance(err, fw_io.TransferError) and err.__cause__ is not None:
+            # Its own text names every path again; what storage answered is the news.
+            cause = err.__cause__
+            what = (f"the upload to the bucket failed after the storage client's retries "
+                    f"({type(cause).__name__}: {first_line(cause)[:200]})")
+        else:
+            what = first_line(err)[:200] or type(err).__name__
         return CheckpointWriteError(
-            f"could not write checkpoint {self._path(step)}: "
-            f"{str(err).splitlines()[0][:200] if str(err) else type(err).__name__}. The "
-            f"previous checkpoint ({self.last_good or 'none'}) is intact: free space or fix "
-            "the storage, then call train() again")
+            f"could not write checkpoint {self._path(step)}: {what}. The previous "
+            f"checkpoint ({self.last_good or 'none'}) is intact: free space or fix the "
+            "storage, then call train() again")
 
     def _latest_on_disk(self) -> int | None:
         if self._bucket:
@@ -291,13 +301,15 @@ class OrbaxCheckpointer(Checkpointer):
                 self._bucket.close()
 
 
-def _fingerprint(path: str) -> tuple:
+def _fingerprint(path: str, copy: str | None = None) -> tuple:
     """``(path, digest)``: which checkpoint, and which copy of it. Orbax's metadata file
     holds the copy's commit time, so another run's checkpoint written under the same
-    step has another digest; a copy downloaded from the bucket has the same."""
+    step has another digest; a copy downloaded from the bucket has the same. `copy`: a
+    local directory known to hold the same files as `path` (read instead of it)."""
+    source = copy or path
     try:
-        data = _deadline.run(_read_bytes, f"{path}/{METADATA_FILE}",
-                             what="checkpoint metadata", path=path)
+        data = _deadline.run(_read_bytes, f"{source}/{METADATA_FILE}",
+                             what="checkpoint metadata", path=source)
     except FileNotFoundError:
         return (path,)
     except Exception as err:
@@ -334,6 +346,8 @@ class _Bucket:
         fw_io.check_bucket(remote)
         self.remote, self.keep = remote, keep
         self.scratch = tempfile.mkdtemp(prefix="fenwicks-orbax-")
+        # Removed by `close`, or when this object goes (an estimator never closed).
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.scratch, True)
         # Steps whose local copy is known to equal the bucket's: {step: fingerprint}.
         self._copies: dict[int, tuple] = {}
 
@@ -351,7 +365,7 @@ class _Bucket:
         _deadline.run(_write_text, f"{target}/{COMMIT_FILE}",
                       f"Checkpoint commit was successful to {target}",
                       what="checkpoint commit", path=target)
-        self._copies[step] = _fingerprint(target)
+        self._copies[step] = _fingerprint(target, local)
         self._prune()
 
     def fetch(self, step: int, local: str, fingerprint: tuple) -> None:
@@ -389,7 +403,7 @@ class _Bucket:
             _deadline.run(_remove_step, path, what="removing an old checkpoint", path=path)
 
     def close(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        self._cleanup()
 
 
 def complete_steps(remote: str) -> list[int]:
