@@ -73,8 +73,6 @@ def first(work_dir: str, local_root: str) -> dict[str, Any]:
     reference.train(train, max_steps=8)
     np.savez(os.path.join(local_root, "w8.npz"), *_weights(reference))
     result = reference.evaluate(evaluate)
-    result["marks"] = []
-    _mark(result, "predict")
     np.save(os.path.join(local_root, "pred8.npy"), reference.predict(
         lambda p: fw.data.numpy_ds(x[flagship.NUM_TRAIN:], None, p["batch_size"],
                                    training=False)))
@@ -82,17 +80,20 @@ def first(work_dir: str, local_root: str) -> dict[str, Any]:
     np.savez(os.path.join(local_root, "w10.npz"), *_weights(reference))
     reference.close()
 
-    _mark(result, "gs")
     est = _estimator(work_dir, False)
     est.train(train, max_steps=4)
     est.close()
     missing = _estimator("gs://no-such-bucket-fw-jax/run", False)
-    _mark(result, "end")
-    marks = result.pop("marks")
-    return {"marks": marks, "engine": keras.backend.backend(), "devices": est.num_replicas,
+    process_count, checkpoints.jax.process_count = checkpoints.jax.process_count, lambda: 2
+    try:  # as on a multi-host slice (`jax.distributed`): staging is one host's
+        two_processes = _error(lambda: checkpoints._Bucket("gs://b/run/orbax", KEEP))
+    finally:
+        checkpoints.jax.process_count = process_count
+    return {"engine": keras.backend.backend(), "devices": est.num_replicas,
             "reference_eval": {k: float(v) for k, v in result.items()},
             "step": est.global_step, "listing": _bucket_listing(work_dir),
-            "missing_bucket": _error(lambda: missing.train(train, steps=2))}
+            "missing_bucket": _error(lambda: missing.train(train, steps=2)),
+            "two_processes": two_processes}
 
 
 class _LockSeen(keras.callbacks.Callback):
@@ -106,28 +107,20 @@ class _LockSeen(keras.callbacks.Callback):
         self.seen.append(fw.io.exists(self.path))
 
 
-_T0 = time.monotonic()
-
-
-def _mark(out: dict, name: str) -> None:
-    out.setdefault("marks", []).append([name, round(time.monotonic() - _T0, 1)])
-
-
 def second(work_dir: str, local_root: str) -> dict[str, Any]:
     x, y = flagship.digits("mnist_net")
     train, evaluate = flagship.train_input(x, y), flagship.eval_input(x, y)
     out: dict[str, Any] = {}
     # The user's next session: a new process, asynchronous saves.
-    _mark(out, "start")
     est = _estimator(work_dir, True)
     lock = _LockSeen(work_dir)
     est.train(train, max_steps=8, callbacks=[lock])
-    _mark(out, "trained")
     out["resumed"] = {"steps": est.history.steps, "step": est.global_step,
                       "lock_during": lock.seen,
                       "lock_after": fw.io.exists(f"{work_dir}/fenwicks.lock"),
                       "events": len(fw.io.glob(f"{work_dir}/train/events.out.tfevents.*")),
                       "blocked_secs": est.parts.state.checkpointer.last_blocked_secs,
+                      "save_secs": est.parts.state.checkpointer.last_save_secs,
                       "listing": _bucket_listing(work_dir)}
     np.savez(os.path.join(local_root, "resumed8.npz"), *_weights(est))
     est.close()
@@ -135,17 +128,14 @@ def second(work_dir: str, local_root: str) -> dict[str, Any]:
     # A new estimator reads the bucket's step 8, then saves step 10 while storage
     # refuses part of that upload.
     reader = _estimator(work_dir, True)
-    _mark(out, "evaluate")
     out["evaluate"] = {k: float(v) for k, v in reader.evaluate(evaluate).items()}
     np.save(os.path.join(local_root, "gs_pred8.npy"), reader.predict(
         lambda p: fw.data.numpy_ds(x[flagship.NUM_TRAIN:], None, p["batch_size"],
                                    training=False)))
-    _mark(out, "failed")
     out["failed_upload"] = _failed_upload(reader, work_dir, train)
     reader.close()
 
     keras.backend.clear_session()  # as a new session would: layer names start afresh
-    _mark(out, 'warm')
     warm = _estimator(os.path.join(local_root, "warm"), False, warm_start_from=work_dir)
     warm.evaluate(evaluate)  # builds the model: warm-started, as no checkpoint is there
     out["warm_start"] = {"report": warm.parts.state.warm_start_report,
@@ -153,16 +143,14 @@ def second(work_dir: str, local_root: str) -> dict[str, Any]:
     np.savez(os.path.join(local_root, "warm.npz"), *_weights(warm))
     warm.close()
 
-    _mark(out, 'again')
-    again = _estimator(work_dir, True)  # starts again after the failure
+    out["failed_download"] = _failed_download(work_dir, evaluate)
+    again = _estimator(work_dir, True)  # starts again after the failures
     again.train(train, max_steps=10)
     out["after_failure"] = {"steps": again.history.steps, "step": again.global_step,
                             "listing": _bucket_listing(work_dir)}
     np.savez(os.path.join(local_root, "resumed10.npz"), *_weights(again))
     again.close()
-    _mark(out, 'nocred')
     out["no_credentials"] = _no_credentials(work_dir + "-nocred", train)
-    _mark(out, "end")
     return out
 
 
@@ -186,6 +174,18 @@ def _failed_upload(est, work_dir: str, train) -> dict[str, Any]:
             "listing": _bucket_listing(work_dir), "warm_from_partial": _error(read_partial)}
 
 
+def _failed_download(work_dir: str, evaluate) -> dict[str, Any]:
+    """Every download of gcsfs refused: a new estimator cannot read step 8, says so, and
+    changes nothing."""
+    est = _estimator(work_dir, True)
+    proxy.set_rules([{"fault": "503", "method": "GET", "path": "^/download/"}])
+    with _gcsfs_waits_recorded():
+        error = _error(lambda: est.evaluate(evaluate))
+    fired = [rule["fired"] for rule in proxy.report()["rules"]]
+    proxy.set_rules([])
+    return {"error": error, "fired": fired, "listing": _bucket_listing(work_dir)}
+
+
 def _no_credentials(work_dir: str, train) -> dict[str, Any]:
     """No emulator, no token, no key file, an empty HOME: no credentials of any kind."""
     for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING",
@@ -197,26 +197,9 @@ def _no_credentials(work_dir: str, train) -> dict[str, Any]:
     return {"error": _error(lambda: est.train(train, steps=2))}
 
 
-def _instrument():
-    from fenwicks.train.jax import checkpoints as ck
-    spent = {}
-    for name in ("publish", "fetch", "_prune", "_remove"):
-        real = getattr(ck._Bucket, name)
-        def timed(*a, _real=real, _name=name, **k):
-            t = time.monotonic()
-            try:
-                return _real(*a, **k)
-            finally:
-                spent[_name] = round(spent.get(_name, 0) + time.monotonic() - t, 2)
-        setattr(ck._Bucket, name, timed)
-    return spent
-
-
 if __name__ == "__main__":
-    SPENT = _instrument()
     command, *arguments = sys.argv[1:]
     began = time.monotonic()
     result = {"first": first, "second": second}[command](*arguments)
     result["seconds"] = round(time.monotonic() - began, 1)
-    result["spent"] = SPENT
     print(json.dumps(result), flush=True)

@@ -78,6 +78,24 @@ COMMIT_FILE = "commit_success.txt"  # orbax's own completion marker on GCS
 METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax's; holds the commit time of that copy
 
 
+class CheckpointDownloadError(CheckpointReadError):
+    """A ``gs://`` checkpoint could not be downloaded after gcsfs's retries.
+
+    Nothing was restored or changed: the checkpoint may be perfectly sound.
+    """
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        self.path, self.cause = path, cause
+        if isinstance(cause, fw_io.TransferError) and cause.__cause__ is not None:
+            cause = cause.__cause__  # what storage answered, not the paths again
+        OSError.__init__(
+            self, f"could not read checkpoint {path}: the download failed after the "
+            f"storage client's retries ({type(cause).__name__}: {first_line(cause)}). "
+            "Nothing was restored or changed in the work_dir; the checkpoint is not known "
+            "to be damaged. Check the network or the bucket's status, then create the "
+            "estimator again")
+
+
 def directory(work_dir: str) -> str:
     """Where a work_dir's JAX checkpoints live."""
     return f"{work_dir}/{SUBDIR}"
@@ -266,8 +284,8 @@ class OrbaxCheckpointer(Checkpointer):
             The checkpoint restored, or None if there is none.
 
         Raises:
-            CheckpointReadError: a ``gs://`` checkpoint could not be downloaded; nothing
-                was restored or changed.
+            CheckpointDownloadError: a ``gs://`` checkpoint could not be downloaded
+                (a `CheckpointReadError`); nothing was restored or changed.
         """
         self.wait()
         step = self._latest_on_disk() if path is None else step_of(path)
@@ -372,7 +390,7 @@ class _Bucket:
         """Makes `local` a copy of the bucket's `step` (downloaded unless known equal).
 
         Raises:
-            CheckpointReadError: the download failed; nothing was restored.
+            CheckpointDownloadError: the download failed; nothing was restored.
         """
         if self._copies.get(step) == fingerprint and len(fingerprint) > 1 \
                 and os.path.isdir(local):
@@ -383,7 +401,7 @@ class _Bucket:
             fw_io.download(source, self.scratch, progress=False)
         except Exception as err:
             shutil.rmtree(local, ignore_errors=True)  # never restore a partial copy
-            raise CheckpointReadError(source, err) from err
+            raise CheckpointDownloadError(source, err) from err
         self._copies = {step: fingerprint}
 
     def _prune(self) -> None:
@@ -479,5 +497,5 @@ def local_copy(source: str) -> Iterator[str]:
         try:
             fw_io.download(f"{remote}/{step}", scratch, progress=False)
         except Exception as err:
-            raise CheckpointReadError(f"{remote}/{step}", err) from err
+            raise CheckpointDownloadError(f"{remote}/{step}", err) from err
         yield os.path.join(scratch, str(step))
