@@ -14,6 +14,7 @@ credentials at all. The model is the product's narrow mnist_net on 8x8 digits.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -199,6 +200,9 @@ def _no_credentials(work_dir: str, train) -> dict[str, Any]:
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
+    # A run that hangs leaves every thread's stack in LOCAL_ROOT for the failure report.
+    faulthandler.dump_traceback_later(
+        240, file=open(os.path.join(arguments[1], f"{command}-stacks.txt"), "w"))
     began = time.monotonic()
     result = {"first": first, "second": second}[command](*arguments)
     result["seconds"] = round(time.monotonic() - began, 1)
