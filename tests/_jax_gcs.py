@@ -7,9 +7,10 @@ inside the fault emulator's namespace with 8 host devices, printing one JSON doc
 ``first`` trains a local reference run (steps 8 and 10 recorded), then the gs:// run to
 step 4 with synchronous saves, and tries a bucket that does not exist. ``second`` is the
 user's next session: a new process resumes the gs:// run with asynchronous saves to step
-8, evaluates, predicts and warm-starts from it, then saves step 10 while the storage
-refuses part of that upload, resumes again on a new estimator, and finally runs with no
-credentials at all. The model is the product's narrow mnist_net on 8x8 digits.
+8, evaluates and predicts from it, saves step 10 while the storage refuses part of that
+upload, meets refused downloads, warm-starts from the bucket, resumes again on a new
+estimator, and finally runs with no credentials at all. The model is the product's
+narrow mnist_net on 8x8 digits.
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ and committed by ``<step>/commit_success.txt`` written last (see
 fenwicks/train/jax/checkpoints.py for why staging). Two processes, as a user runs it:
 `tests._jax_gcs` ``first`` (a local reference run, then gs:// to step 4 with sync saves)
 and ``second`` (a new process resumes with async saves to step 8, evaluates, predicts,
-warm-starts, survives a failed upload of step 10, and meets no credentials). Each has 8
-host devices; the model is the narrow mnist_net on 8x8 digits, 2 steps per loop and a
-save after each loop, keeping 2 checkpoints.
+survives a failed upload of step 10 and refused downloads, warm-starts, resumes again,
+and meets no credentials). Each has 8 host devices; the model is the narrow mnist_net on
+8x8 digits, 2 steps per loop and a save after each loop, keeping 2 checkpoints. Measured
+under a load average of 20-28 on the 2 cores (other agents' tests): the module took
+146-333 s; most of it is two JAX/TensorFlow imports and compiles under that load.
 """
 
 from __future__ import annotations
