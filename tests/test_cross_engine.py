@@ -23,6 +23,7 @@ its prediction, so accuracies may differ by one example in 450.
 
 from __future__ import annotations
 
+import textwrap
 import types
 
 import numpy as np
@@ -205,3 +206,24 @@ def test_each_engine_finds_the_others_checkpoint_only_without_its_own(tmp_path):
     empty = tmp_path / "empty"
     assert cross_engine.other_engines_checkpoint(str(empty), "tf") is None
     assert cross_engine.other_engines_checkpoint(str(empty), "jax") is None
+
+
+def test_on_gcs_the_jax_engines_step_counts_once_its_marker_is_written(gcs_emulator):
+    """On GCS nothing renames: the JAX engine uploads a step and writes the marker last,
+    so a newer step without it (an upload cut short) is not the other engine's latest."""
+    work_dir = gcs_emulator.unique_url("cross-engine-marker")
+    code = textwrap.dedent(f"""
+        import json, tensorflow as tf
+        from fenwicks.train import cross_engine
+        work = {work_dir!r}
+        for name in ("orbax/40/_CHECKPOINT_METADATA", "orbax/40/commit_success.txt",
+                     "orbax/60/_CHECKPOINT_METADATA"):
+            with tf.io.gfile.GFile(f"{{work}}/{{name}}", "w") as f:
+                f.write("{{}}")
+        found = [cross_engine.other_engines_checkpoint(work, "tf")]
+        with tf.io.gfile.GFile(f"{{work}}/orbax/60/commit_success.txt", "w") as f:
+            f.write("done")
+        found.append(cross_engine.other_engines_checkpoint(work, "tf"))
+        print(json.dumps(found))
+    """)
+    assert gcs_emulator.run_json(code) == [f"{work_dir}/orbax/40", f"{work_dir}/orbax/60"]

@@ -52,6 +52,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,6 +67,7 @@ logger = logging.getLogger("fenwicks")
 ENGINES = {"tf": "TensorFlow engine", "jax": "JAX engine"}
 _FORCE = {"tf": "FENWICKS_ENGINE=tf", "jax": "FENWICKS_ENGINE=jax"}
 ORBAX_SUBDIR = "orbax"  # `fenwicks.train.jax.checkpoints.SUBDIR` (that module needs JAX)
+ORBAX_COMMIT_FILE = "commit_success.txt"  # `...jax.checkpoints.COMMIT_FILE`, for gs://
 _TF_STEP = "global_step/.ATTRIBUTES/VARIABLE_VALUE"  # as `checkpoints.make_checkpoint` saves it
 _MODEL_KEYS = ("model/", "model_extra/")  # the model's keys in a TF-engine checkpoint
 _SUFFIX = re.compile(r"_(\d+)$")  # what Keras appends to make a layer's name unique
@@ -130,8 +132,16 @@ def orbax_latest(work_dir: str) -> str | None:
         return None
     names = _deadline.run(tf.io.gfile.listdir, directory, what="checkpoint listing",
                           path=directory)
-    steps = [int(n.rstrip("/")) for n in names if n.rstrip("/").isdigit()]
-    return f"{directory}/{max(steps)}" if steps else None
+    steps = sorted((int(n.rstrip("/")) for n in names if n.rstrip("/").isdigit()),
+                   reverse=True)
+    if "://" not in directory:
+        return f"{directory}/{steps[0]}" if steps else None
+    # On GCS a step is complete once its marker is there (uploaded last; nothing renames).
+    for step in steps:
+        marker = f"{directory}/{step}/{ORBAX_COMMIT_FILE}"
+        if _deadline.run(tf.io.gfile.exists, marker, what="exists", path=marker):
+            return f"{directory}/{step}"
+    return None
 
 
 _LATEST = {"tf": tf_latest, "jax": orbax_latest}
@@ -229,6 +239,13 @@ def _import_orbax(path: str) -> Any:
 
 
 def _read_orbax(path: str) -> SavedWeights:
+    if "://" in path:  # staged as the JAX engine stages it: the step, downloaded
+        from fenwicks import io as fw_io
+
+        with tempfile.TemporaryDirectory(prefix="fenwicks-cross-engine-") as scratch:
+            fw_io.download(path, scratch, progress=False)  # its own retries and bounds
+            local = _read_orbax(os.path.join(scratch, os.path.basename(path)))
+        return dataclasses.replace(local, checkpoint=path)
     ocp = _import_orbax(path)
     directory, step = os.path.dirname(path), int(os.path.basename(path))
     directory = directory if "://" in directory else os.path.abspath(directory)

@@ -1,4 +1,4 @@
-"""Checkpoints of the JAX engine in orbax-checkpoint's format.
+"""Checkpoints of the JAX engine in orbax-checkpoint's format, on local disk or ``gs://``.
 
 One checkpoint is one pytree: ``{'model': [arrays], 'optimizer': [arrays], 'counters':
 {'global_step', 'input_steps'}}``, the variables in the order of ``model.variables`` and
@@ -14,6 +14,35 @@ memory and returns; a background thread writes them.
 The checkpoints live in ``<work_dir>/orbax/<step>``; the TensorFlow engine's stay
 ``<work_dir>/ckpt-<step>.*``, so the two formats never mix.
 
+``gs://`` work_dirs: staged. Orbax writes each checkpoint to a local scratch directory
+exactly as for a local work_dir; the completed step directory is then uploaded with
+`fenwicks.io.upload` (gcsfs), and last of all ``<step>/commit_success.txt`` is written,
+the marker orbax itself uses on GCS. Only a step directory holding that marker counts as
+a checkpoint; restoring downloads it (`fenwicks.io.download`) into the scratch directory
+and orbax reads it there. Why staging rather than orbax's own ``gs://`` support
+(tensorstore's GCS driver, and etils' paths for its metadata):
+
+* Atomicity. GCS has no atomic rename; orbax's own answer there is the same marker
+  written last. Here the marker goes up only after every other object of the step is
+  complete (GCS objects appear whole or not at all), so a step whose upload was cut
+  short is never taken for the latest, and the previous checkpoint stays the one
+  restored. Old checkpoints are pruned marker first, for the same reason.
+* Async saves. Orbax's background write to local disk is followed by the upload in the
+  same background thread of this object; `save` still returns once the arrays are in
+  host memory, and `wait` (the next save, the end of ``train``) raises a failed upload.
+* One storage client and one source of credentials. gcsfs (`fenwicks.io`) takes its
+  credentials from ``google.auth`` (what ``fw.gcs.setup()`` sets up on Colab and Kaggle,
+  and what `fenwicks.gcs.check_credentials` verifies), talks to an emulator through
+  ``STORAGE_EMULATOR_HOST``, and has Fenwicks' bounded retries and its errors
+  (`fenwicks.io.TransferError`). Tensorstore has its own credential lookup, retry
+  settings and endpoint variable, and its OCDBT writes rely on conditional
+  (``ifGenerationMatch``) requests that the offline test emulator does not implement;
+  nothing about it could be tested here.
+* The cost: one local copy of the newest checkpoint (in the temporary directory, removed
+  by `close`), and an upload after each write rather than writing straight to the
+  bucket. Only a single-process run stages; several JAX processes on ``gs://`` are
+  refused with a clear error.
+
 `OrbaxCheckpointer` is a `fenwicks.train.checkpointer.Checkpointer`, as the TensorFlow
 engine's are, so the controller's `SavePolicy` saves through it unchanged; it also has
 what `RunState` reads of theirs (``last_good``, ``pending_step``, ``change_on_disk``).
@@ -21,21 +50,50 @@ what `RunState` reads of theirs (``last_good``, ``pending_step``, ``change_on_di
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
+import shutil
+import tempfile
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
+from fenwicks import _deadline
+from fenwicks import io as fw_io
+from fenwicks._text import first_line
 from fenwicks.train.checkpointer import Checkpointer
-from fenwicks.train.checkpoints import CheckpointWriteError, step_of
+from fenwicks.train.checkpoints import CheckpointReadError, CheckpointWriteError, step_of
 
 logger = logging.getLogger("fenwicks")
 
 SUBDIR = "orbax"
+COMMIT_FILE = "commit_success.txt"  # orbax's own completion marker on GCS
+METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax's; holds the commit time of that copy
+
+
+class CheckpointDownloadError(CheckpointReadError):
+    """A ``gs://`` checkpoint could not be downloaded after gcsfs's retries.
+
+    Nothing was restored or changed: the checkpoint may be perfectly sound.
+    """
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        self.path, self.cause = path, cause
+        if isinstance(cause, fw_io.TransferError) and cause.__cause__ is not None:
+            cause = cause.__cause__  # what storage answered, not the paths again
+        OSError.__init__(
+            self, f"could not read checkpoint {path}: the download failed after the "
+            f"storage client's retries ({type(cause).__name__}: {first_line(cause)}). "
+            "Nothing was restored or changed in the work_dir; the checkpoint is not known "
+            "to be damaged. Check the network or the bucket's status, then create the "
+            "estimator again")
 
 
 def directory(work_dir: str) -> str:
@@ -51,20 +109,26 @@ def _abstract(tree: Any, sharding: Any) -> Any:
 class OrbaxCheckpointer(Checkpointer):
     """`Checkpointer` of one pytree of a run under ``<work_dir>/orbax``, with orbax.
 
+    A ``gs://`` work_dir is staged through a local scratch directory (see the module doc).
+
     Args:
-        work_dir: the run's work_dir (local path).
+        work_dir: the run's work_dir (local path or ``gs://``).
         collect: ``() -> pytree`` of the arrays to save (called at each save).
         apply: ``(pytree) -> None``, puts restored arrays back.
         describe: ``() -> dict`` of JSON metadata saved with each checkpoint.
         keep: how many recent checkpoints to keep.
-        asynchronous: write in a background thread (`wait` joins it).
+        asynchronous: write (and upload) in a background thread (`wait` joins it).
         sharding: where restored arrays go (replicated over the mesh).
 
+    Raises:
+        ValueError: a ``gs://`` work_dir with several JAX processes.
+
     Example:
-        >>> checkpointer = OrbaxCheckpointer(work_dir, state.tree, state.set_tree,
-        ...                                  state.paths, 3, True, mesh.replicated())
+        >>> checkpointer = OrbaxCheckpointer('gs://my-bucket/work/run', state.tree,
+        ...                                  state.set_tree, state.paths, 3, True,
+        ...                                  mesh.replicated())
         >>> checkpointer.save(100)
-        >>> checkpointer.restore()   # '<work_dir>/orbax/100'
+        >>> checkpointer.restore()   # 'gs://my-bucket/work/run/orbax/100'
     """
 
     def __init__(self, work_dir: str, collect: Callable[[], Any],
@@ -74,16 +138,22 @@ class OrbaxCheckpointer(Checkpointer):
 
         self._ocp = ocp
         self.directory = directory(work_dir)
+        self._bucket = _Bucket(self.directory, keep) if fw_io.is_gcs(work_dir) else None
         self._collect, self._apply, self._sharding = collect, apply, sharding
         self._describe = describe
         self.asynchronous = asynchronous
+        local = self._bucket.scratch if self._bucket else os.path.abspath(self.directory)
         self._manager = ocp.CheckpointManager(
-            os.path.abspath(self.directory), options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, enable_async_checkpointing=asynchronous, create=True,
+            local, options=ocp.CheckpointManagerOptions(
+                # Staged: the bucket keeps `keep`; locally only the newest is needed.
+                max_to_keep=1 if self._bucket else keep,
+                enable_async_checkpointing=asynchronous, create=True,
                 cleanup_tmp_directories=True))
         self._last_save_secs: float | None = None
         self.last_blocked_secs: float | None = None  # how long the last save() blocked
         self._pending: tuple[int, float] | None = None  # (step, start) being written
+        self._uploading: threading.Thread | None = None  # async + gs://: write, upload
+        self._upload_error: BaseException | None = None
         self._good: tuple | None = None  # fingerprint of the last durable checkpoint
 
     @property
@@ -108,6 +178,9 @@ class OrbaxCheckpointer(Checkpointer):
     def _path(self, step: int) -> str:
         return f"{self.directory}/{step}"
 
+    def _local(self, step: int) -> str:
+        return os.path.join(str(self._manager.directory), str(step))
+
     def save(self, step: int, *, force: bool = False) -> None:
         """Checkpoints `step`, unless it is already saved (or being saved) and not `force`.
 
@@ -127,9 +200,28 @@ class OrbaxCheckpointer(Checkpointer):
         except Exception as err:
             raise self._write_error(step, err) from err
         self._pending = (step, started)
+        if self._bucket and self.asynchronous:
+            # The upload follows orbax's background write, off the training thread.
+            self._upload_error = None
+            self._uploading = threading.Thread(target=self._finish_in_background,
+                                               args=(step,), daemon=True,
+                                               name=f"fenwicks-upload-{step}")
+            self._uploading.start()
         self.last_blocked_secs = time.monotonic() - started
         if not self.asynchronous:
             self.wait()
+
+    def _finish(self, step: int) -> None:
+        """Orbax's write complete, then (``gs://``) the step uploaded and committed."""
+        self._manager.wait_until_finished()
+        if self._bucket:
+            self._bucket.publish(step, self._local(step))
+
+    def _finish_in_background(self, step: int) -> None:
+        try:
+            self._finish(step)
+        except BaseException as err:  # noqa: BLE001 - raised by `wait`, in the caller
+            self._upload_error = err
 
     def wait(self) -> None:
         """Waits for a checkpoint being written in the background, if any.
@@ -143,20 +235,36 @@ class OrbaxCheckpointer(Checkpointer):
         step, started = self._pending
         self._pending = None
         try:
-            self._manager.wait_until_finished()
+            if self._uploading is not None:
+                uploading, self._uploading = self._uploading, None
+                uploading.join()
+                if self._upload_error is not None:
+                    raise self._upload_error
+            else:
+                self._finish(step)
         except Exception as err:
             raise self._write_error(step, err) from err
         self._last_save_secs = time.monotonic() - started
-        self._good = _fingerprint(self._path(step))
+        # Staged: the bucket's copy holds the local files, byte for byte.
+        self._good = _fingerprint(self._path(step), self._local(step) if self._bucket
+                                  else None)
 
     def _write_error(self, step: int, err: BaseException) -> CheckpointWriteError:
+        if isinstance(err, fw_io.TransferError) and err.__cause__ is not None:
+            # Its own text names every path again; what storage answered is the news.
+            cause = err.__cause__
+            what = (f"the upload to the bucket failed after the storage client's retries "
+                    f"({type(cause).__name__}: {first_line(cause)[:200]})")
+        else:
+            what = first_line(err)[:200] or type(err).__name__
         return CheckpointWriteError(
-            f"could not write checkpoint {self._path(step)}: "
-            f"{str(err).splitlines()[0][:200]}. The previous checkpoint "
-            f"({self.last_good or 'none'}) is intact: free space or fix the storage, then "
-            "call train() again")
+            f"could not write checkpoint {self._path(step)}: {what}. The previous "
+            f"checkpoint ({self.last_good or 'none'}) is intact: free space or fix the "
+            "storage, then call train() again")
 
     def _latest_on_disk(self) -> int | None:
+        if self._bucket:
+            return self._bucket.latest_step()
         self._manager.reload()
         return self._manager.latest_step()
 
@@ -174,11 +282,19 @@ class OrbaxCheckpointer(Checkpointer):
 
         Returns:
             The checkpoint restored, or None if there is none.
+
+        Raises:
+            CheckpointDownloadError: a ``gs://`` checkpoint could not be downloaded
+                (a `CheckpointReadError`); nothing was restored or changed.
         """
         self.wait()
         step = self._latest_on_disk() if path is None else step_of(path)
         if step is None:
             return None
+        good = _fingerprint(self._path(step))
+        if self._bucket:
+            self._bucket.fetch(step, self._local(step), good)
+            self._manager.reload()
         target = _abstract(self._collect(), self._sharding)
         try:
             restored = self._manager.restore(
@@ -189,21 +305,197 @@ class OrbaxCheckpointer(Checkpointer):
                 f"{str(err).splitlines()[0][:300]}. Use the model_func that wrote it, or "
                 "another work_dir (warm_start_from= loads the variables that match)") from err
         self._apply(restored)
-        self._good = _fingerprint(self._path(step))
+        self._good = good
         return self._path(step)
 
     def close(self) -> None:
-        """Waits for a write in progress, then closes the manager's threads."""
+        """Waits for a write in progress, then closes the manager's threads (and removes
+        a ``gs://`` run's scratch directory)."""
         try:
             self.wait()
         finally:
             self._manager.close()
+            if self._bucket:
+                self._bucket.close()
 
 
-def _fingerprint(path: str) -> tuple:
-    """``(path, mtime)``: which checkpoint, and which copy of it (another run's written
-    under the same step has another modification time)."""
+def _fingerprint(path: str, copy: str | None = None) -> tuple:
+    """``(path, digest)``: which checkpoint, and which copy of it. Orbax's metadata file
+    holds the copy's commit time, so another run's checkpoint written under the same
+    step has another digest; a copy downloaded from the bucket has the same. `copy`: a
+    local directory known to hold the same files as `path` (read instead of it)."""
+    source = copy or path
     try:
-        return (path, os.stat(path).st_mtime_ns)
-    except OSError:
+        data = _deadline.run(_read_bytes, f"{source}/{METADATA_FILE}",
+                             what="checkpoint metadata", path=source)
+    except FileNotFoundError:
         return (path,)
+    except Exception as err:
+        if type(err).__name__ != "NotFoundError":  # TensorFlow's: not an OSError
+            raise
+        return (path,)
+    return (path, hashlib.sha256(data).hexdigest())
+
+
+def _read_bytes(path: str) -> bytes:
+    if not fw_io.is_gcs(path):
+        with open(path, "rb") as f:
+            return f.read()
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
+# --------------------------------------------------------------------------- gs://
+
+
+class _Bucket:
+    """The ``gs://`` side of a staged run: which steps are complete, upload, download,
+    prune. Holds the local scratch directory orbax writes and reads."""
+
+    def __init__(self, remote: str, keep: int) -> None:
+        if jax.process_count() > 1:
+            raise ValueError(
+                f"work_dir={remote.rsplit('/', 1)[0]!r}: the JAX engine stages gs:// "
+                "checkpoints through one process's local disk, and this run has "
+                f"{jax.process_count()} JAX processes; give a work_dir on a filesystem "
+                "all hosts share, or run on one host")
+        fw_io.check_bucket(remote)
+        self.remote, self.keep = remote, keep
+        self.scratch = tempfile.mkdtemp(prefix="fenwicks-orbax-")
+        # Removed by `close`, or when this object goes (an estimator never closed).
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.scratch, True)
+        # Steps whose local copy is known to equal the bucket's: {step: fingerprint}.
+        self._copies: dict[int, tuple] = {}
+
+    def latest_step(self) -> int | None:
+        steps = complete_steps(self.remote)
+        return steps[-1] if steps else None
+
+    def publish(self, step: int, local: str) -> None:
+        """Uploads the completed local step directory, commits it, prunes old steps."""
+        target = f"{self.remote}/{step}"
+        self._remove(target)  # a copy being replaced, or an upload cut short earlier
+        for name in sorted(os.listdir(local)):
+            if name != COMMIT_FILE:  # the marker goes last, once everything is there
+                fw_io.upload(os.path.join(local, name), target, progress=False)
+        _deadline.run(_write_text, f"{target}/{COMMIT_FILE}",
+                      f"Checkpoint commit was successful to {target}",
+                      what="checkpoint commit", path=target)
+        self._copies[step] = _fingerprint(target, local)
+        self._prune()
+
+    def fetch(self, step: int, local: str, fingerprint: tuple) -> None:
+        """Makes `local` a copy of the bucket's `step` (downloaded unless known equal).
+
+        Raises:
+            CheckpointDownloadError: the download failed; nothing was restored.
+        """
+        if self._copies.get(step) == fingerprint and len(fingerprint) > 1 \
+                and os.path.isdir(local):
+            return
+        shutil.rmtree(local, ignore_errors=True)
+        source = f"{self.remote}/{step}"
+        try:
+            fw_io.download(source, self.scratch, progress=False)
+        except Exception as err:
+            shutil.rmtree(local, ignore_errors=True)  # never restore a partial copy
+            raise CheckpointDownloadError(source, err) from err
+        self._copies = {step: fingerprint}
+
+    def _prune(self) -> None:
+        """Keeps the newest `keep` complete steps; removes older ones and the leftovers
+        of uploads cut short (no marker), marker first."""
+        complete = complete_steps(self.remote)
+        if not complete:
+            return
+        kept = set(complete[-self.keep:])
+        for name in fw_io.listdir(self.remote):
+            step = _step_name(name)
+            if step is not None and step not in kept and step <= complete[-1]:
+                self._remove(f"{self.remote}/{name}")
+
+    def _remove(self, path: str) -> None:
+        if fw_io.exists(path):
+            _deadline.run(_remove_step, path, what="removing an old checkpoint", path=path)
+
+    def close(self) -> None:
+        self._cleanup()
+
+
+def complete_steps(remote: str) -> list[int]:
+    """Steps of a ``gs://.../orbax`` directory whose upload was committed, oldest first.
+
+    Example:
+        >>> complete_steps('gs://my-bucket/work/run/orbax')
+        [300, 400]
+    """
+    found = fw_io.glob(f"{remote}/*/{COMMIT_FILE}")
+    steps = {_step_name(path.rsplit("/", 2)[-2]) for path in found}
+    return sorted(step for step in steps if step is not None)
+
+
+def _step_name(name: str) -> int | None:
+    name = name.rstrip("/")
+    return int(name) if name.isdigit() else None
+
+
+def _write_text(path: str, text: str) -> None:
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(text)
+
+
+def _remove_step(path: str) -> None:
+    """Marker first: a step half removed is never taken for a checkpoint."""
+    import tensorflow as tf
+
+    marker = f"{path}/{COMMIT_FILE}"
+    if tf.io.gfile.exists(marker):
+        tf.io.gfile.remove(marker)
+    tf.io.gfile.rmtree(path)
+
+
+@contextlib.contextmanager
+def local_copy(source: str) -> Iterator[str]:
+    """`source` readable on local disk, for a warm start: unchanged if local; for
+    ``gs://``, its latest complete checkpoint (or the ``<work_dir>/orbax/<step>`` it
+    names) downloaded to a temporary directory, removed afterwards.
+
+    Yields:
+        A local ``.../<step>`` directory, or `source` itself if it is local or holds no
+        complete JAX-engine checkpoint (the caller says so).
+
+    Raises:
+        ValueError: `source` names a step directory whose upload was not completed.
+
+    Example:
+        >>> with local_copy('gs://my-bucket/work/pretrain') as path:
+        ...     path   # '/tmp/fenwicks-warm-start-xxxx/400'
+    """
+    if not fw_io.is_gcs(source):
+        yield source
+        return
+    source = source.rstrip("/")
+    if _step_name(source.rsplit("/", 1)[-1]) is not None:
+        remote, step = source.rsplit("/", 1)[0], int(source.rsplit("/", 1)[-1])
+        if not fw_io.exists(f"{source}/{COMMIT_FILE}"):
+            raise ValueError(
+                f"warm_start_from={source!r} is not a complete checkpoint (it has no "
+                f"{COMMIT_FILE}: its upload was cut short); give the work_dir to use its "
+                "latest complete checkpoint")
+    else:
+        remote = directory(source)
+        steps = complete_steps(remote)
+        if not steps:
+            yield source
+            return
+        step = steps[-1]
+    with tempfile.TemporaryDirectory(prefix="fenwicks-warm-start-") as scratch:
+        try:
+            fw_io.download(f"{remote}/{step}", scratch, progress=False)
+        except Exception as err:
+            raise CheckpointDownloadError(f"{remote}/{step}", err) from err
+        yield os.path.join(scratch, str(step))

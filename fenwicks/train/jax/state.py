@@ -115,12 +115,6 @@ class JaxRunState(RunState):
         if self.built:
             return
         fw_io.check_bucket(self.config.work_dir)
-        if "://" in self.config.work_dir:
-            raise ValueError(
-                f"work_dir={self.config.work_dir!r}: the JAX engine writes checkpoints to "
-                "local disk only for now; give a local work_dir (on a TPU VM, Kaggle or "
-                "Colab, e.g. /kaggle/working/run) or run on the TensorFlow engine "
-                "(FENWICKS_ENGINE=tf)")
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
         with building.precision_policy(self.config.precision):

@@ -30,9 +30,10 @@ def _locate(source: str) -> tuple[str, int]:
             step = manager.latest_step()
     if step is None:
         raise ValueError(
-            f"warm_start_from={source!r} holds no JAX-engine checkpoint (<work_dir>/orbax/"
-            "<step>); on the JAX engine warm start reads those. A TensorFlow-engine "
-            "checkpoint warm-starts on the TensorFlow engine (FENWICKS_ENGINE=tf)")
+            f"warm_start_from={source!r} holds no checkpoint of either engine (the JAX "
+            "engine's <work_dir>/orbax/<step>, the TensorFlow engine's <work_dir>/ckpt-"
+            "<step>); give the work_dir of a run that saved one, or one of its step "
+            "directories")
     return directory, step
 
 
@@ -52,20 +53,22 @@ def warm_start(model: Any, source: str) -> dict[str, list[str]]:
     report = cross_engine.warm_start(model, source, "jax")  # a TensorFlow engine's run
     if report is not None:
         return report
-    directory, step = _locate(source)
-    with ocp.CheckpointManager(os.path.abspath(directory), options=ocp.
-                               CheckpointManagerOptions(read_only=True)) as manager:
-        paths = manager.metadata(step).custom_metadata["model"]
-        arrays = manager.restore(step, args=ocp.args.StandardRestore())["model"]
-    theirs = dict(zip(paths, arrays, strict=True))
-    report: dict[str, list[str]] = {"loaded": [], "not_loaded": []}
-    for variable in model.variables:
-        value = theirs.get(variable.path)
-        if value is not None and tuple(np.shape(value)) == tuple(variable.shape):
-            variable.assign(np.asarray(value))
-            report["loaded"].append(variable.path)
-        else:
-            report["not_loaded"].append(variable.path)
+    with checkpoints.local_copy(source) as readable:  # a gs:// one, downloaded
+        directory, step = _locate(readable)
+        with ocp.CheckpointManager(os.path.abspath(directory), options=ocp.
+                                   CheckpointManagerOptions(read_only=True)) as manager:
+            paths = manager.metadata(step).custom_metadata["model"]
+            arrays = manager.restore(step, args=ocp.args.StandardRestore())["model"]
+    # Matched as across engines: by path without Keras's per-process `_<n>` suffixes (a
+    # second model built in this process is `conv2d_1`), then by position, shapes checked.
+    saved = cross_engine.SavedWeights(f"{directory}/{step}", "jax", step, list(paths),
+                                      [np.asarray(a) for a in arrays], in_model_order=True)
+    variables = list(model.variables)
+    pairs = cross_engine.match(variables, saved)
+    for i, j in pairs.items():
+        variables[i].assign(saved.arrays[j].astype(variables[i].dtype))
+    report = {"loaded": [v.path for i, v in enumerate(variables) if i in pairs],
+              "not_loaded": [v.path for i, v in enumerate(variables) if i not in pairs]}
     logger.warning("fenwicks: warm start from %s/%d loaded %d variable(s); not loaded: %s",
                    directory, step, len(report["loaded"]), report["not_loaded"] or "none")
     return report
