@@ -7,7 +7,8 @@ means a plain single-host run), training the product's tutorial-1 network
         [--wrong-size-first]
 
 Prints one JSON line: the step it started from, its global step, losses, the
-evaluation, and (process 0) the final weights saved to ``WORK_DIR/weights-<step>.npz``.
+evaluation (and, on a single process, the predicted probabilities and labels), and
+(process 0) the final weights saved to ``WORK_DIR/weights-<step>.npz``.
 With ``--wrong-size-first`` it first calls `train` with an input_fn whose batches are
 one example too large on the last process, and records the error each process raised.
 """
@@ -24,14 +25,15 @@ EPOCHS_OF_ORDER = 3  # the fixed example order spans this many epochs (enough st
 
 def _initialize(port: str, num_processes: int, process_id: int) -> None:
     """Joins the run's processes, before anything touches a JAX device (fenwicks does
-    not at import). Short timeouts: a test that fails does so in seconds, not minutes."""
+    not at import). Timeouts shorter than the defaults (100 s, 300 s): a failing test ends sooner,
+    but long enough for a machine loaded by other tests."""
     if num_processes == 1:
         return
     import jax
 
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id,
-                               initialization_timeout=60, heartbeat_timeout_seconds=10,
-                               shutdown_timeout_seconds=10)
+                               initialization_timeout=60, heartbeat_timeout_seconds=60,
+                               shutdown_timeout_seconds=60)
 
 
 def model_func():
@@ -107,6 +109,10 @@ def run(port: str, num_processes: str, process_id: str, work_dir: str, max_steps
     est.train(sharded_input(x_train, y_train), max_steps=int(max_steps))
     result = est.evaluate(lambda p: fw.data.numpy_ds(x_test, y_test, p["batch_size"],
                                                      training=False))
+    if jax.process_count() == 1:  # predict runs on one host: the reference's logits
+        out["probabilities"] = est.predict(lambda p: fw.data.numpy_ds(
+            x_test, None, p["batch_size"], training=False)).tolist()
+        out["labels"] = y_test.tolist()
     if jax.process_index() == 0:
         weights = [np.asarray(v.value) for v in est.model.variables]
         np.savez(f"{work_dir}/weights-{est.global_step}.npz", *weights)
