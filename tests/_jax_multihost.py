@@ -4,18 +4,23 @@ means a plain single-host run), training the product's tutorial-1 network
 (`fw.models.mnist_net`, narrow) on scikit-learn's digits, then evaluating it exactly.
 
     python -m tests._jax_multihost PORT NUM_PROCESSES PROCESS_ID WORK_DIR MAX_STEPS
-        [--wrong-size-first]
+        [--wrong-size-first] [--sigterm-last-at=STEP]
 
 Prints one JSON line: the step it started from, its global step, losses, the
 evaluation (and, on a single process, the predicted probabilities and labels), and
 (process 0) the final weights saved to ``WORK_DIR/weights-<step>.npz``.
 With ``--wrong-size-first`` it first calls `train` with an input_fn whose batches are
 one example too large on the last process, and records the error each process raised.
+With ``--sigterm-last-at=STEP`` the last process sends itself SIGTERM once training
+reached STEP (from a callback, at a loop's end, as a preempted host gets it), and each
+process records the `fw.train.Preempted` it stopped with.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 
 SEED = 5
@@ -85,6 +90,24 @@ def wrong_size_on_last_process(x, y, num_processes):
     return input_fn
 
 
+def _sigterm_last_at(est, num_processes: int) -> list:
+    """The callback of ``--sigterm-last-at=STEP`` on the last process, else none."""
+    import jax
+    import keras
+
+    flag = [a for a in sys.argv if a.startswith("--sigterm-last-at=")]
+    if not flag or jax.process_index() != num_processes - 1:
+        return []
+    at = int(flag[0].split("=")[1])
+
+    class SigtermAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if est.global_step >= at:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return [SigtermAt()]
+
+
 def run(port: str, num_processes: str, process_id: str, work_dir: str, max_steps: str
         ) -> dict:
     _initialize(port, int(num_processes), int(process_id))
@@ -106,7 +129,14 @@ def run(port: str, num_processes: str, process_id: str, work_dir: str, max_steps
                       max_steps=int(max_steps))
         except ValueError as err:
             out["wrong_size_error"] = str(err)
-    est.train(sharded_input(x_train, y_train), max_steps=int(max_steps))
+    try:
+        est.train(sharded_input(x_train, y_train), max_steps=int(max_steps),
+                  callbacks=_sigterm_last_at(est, int(num_processes)))
+    except fw.train.Preempted as stop:
+        est.close()
+        return {**out, "preempted_at": stop.step, "global_step": est.global_step,
+                "start_step": est.history.steps[0] - 1,
+                "losses": [float(v) for v in est.history.losses]}
     result = est.evaluate(lambda p: fw.data.numpy_ds(x_test, y_test, p["batch_size"],
                                                      training=False))
     if jax.process_count() == 1:  # predict runs on one host: the reference's logits

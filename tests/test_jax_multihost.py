@@ -1,9 +1,10 @@
 """The JAX engine beyond one host: two processes on loopback (``jax.distributed``,
 gloo collectives on the CPU), four host devices each, train the product's tutorial-1
 network (`tests._jax_multihost`) to the same weights as one process with eight devices
-and the same global batch, resume exactly after both stopped, evaluate every example
-once across the processes, and fail together, clearly, when one process's input_fn
-yields batches of the wrong size. This is what the hosts of a TPU pod slice do.
+and the same global batch; SIGTERM to one of them stops both after the same step, saved;
+new processes resume exactly, and evaluate every example once across the processes;
+and both fail, clearly, when one process's input_fn yields batches of the wrong size.
+This is what the hosts of a TPU pod slice do.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.conftest import last_json, run_process
 
 pytestmark = pytest.mark.slow
 
-STEPS = 12  # 4 loops of 3 steps; the two-process run stops after 6 and resumes
+STEPS = 12  # loops of 3 steps; the two-process run is preempted at 6 and resumed
 NUM_TEST = 450  # the digits' test split
 
 
@@ -55,7 +56,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("jax_multihost")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         single = pool.submit(_one_process, root / "one", STEPS)
-        first = _two_processes(root / "two", STEPS // 2, "--wrong-size-first")
+        first = _two_processes(root / "two", STEPS, "--wrong-size-first",
+                               f"--sigterm-last-at={STEPS // 2}")
         resumed = _two_processes(root / "two", STEPS)  # new processes: a resume
         return {"one": single.result(), "first": first, "resumed": resumed, "root": root}
 
@@ -66,7 +68,8 @@ def test_two_processes_train_to_one_process_weights_and_resume_exactly(runs):
     for run in first + resumed:
         assert (run["processes"], run["devices"], run["local_devices"]) == (2, 8, 4)
     assert [r["process"] for r in resumed] == [0, 1]
-    assert [r["global_step"] for r in first] == [STEPS // 2] * 2
+    # SIGTERM reached process 1 alone: both stopped after the same step and saved it.
+    assert [(r["preempted_at"], r["global_step"]) for r in first] == [(STEPS // 2,) * 2] * 2
     assert [(r["start_step"], r["global_step"]) for r in resumed] == [(STEPS // 2, STEPS)] * 2
     # Same global batches, same per-device programs: only the cross-device gradient sum
     # differs (XLA's in-process all-reduce against gloo's across processes, another

@@ -85,6 +85,9 @@ class OrbaxCheckpointer(Checkpointer):
         self.last_blocked_secs: float | None = None  # how long the last save() blocked
         self._pending: tuple[int, float] | None = None  # (step, start) being written
         self._good: tuple | None = None  # fingerprint of the last durable checkpoint
+        # Several processes (a multi-host run): every one calls save and restore together;
+        # orbax writes each array once and its metadata from process 0.
+        self._single = jax.process_count() == 1
 
     @property
     def pending_step(self) -> int | None:
@@ -148,6 +151,13 @@ class OrbaxCheckpointer(Checkpointer):
             raise self._write_error(step, err) from err
         self._last_save_secs = time.monotonic() - started
         self._good = _fingerprint(self._path(step))
+
+    def agree(self, due: bool) -> bool:
+        """True on every process if a periodic save is due on any: each process reads
+        its own clock (``save_every_secs``), and a save is a collective of them all."""
+        from fenwicks.train.jax import processes
+
+        return due if self._single else bool(processes.processes_where(due))
 
     def _write_error(self, step: int, err: BaseException) -> CheckpointWriteError:
         return CheckpointWriteError(

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from fenwicks.train import inputs as tf_inputs
 from fenwicks.train.inputs import InputFn, InputManager, Probe, discard
-from fenwicks.train.jax import mesh
+from fenwicks.train.jax import mesh, processes
 
 logger = logging.getLogger("fenwicks")
 
@@ -161,7 +161,7 @@ def _agreed(make: Any, what: str) -> Any:
         result = make()
     except ValueError as err:
         error = err
-    failed = mesh.processes_where(error is not None)
+    failed = processes.processes_where(error is not None)
     if error is not None:
         raise error
     if failed:

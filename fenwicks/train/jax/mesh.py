@@ -81,7 +81,7 @@ def put_batch(tree: Any, leading: int = 0) -> Any:
 
 def put_replicated(tree: Any) -> Any:
     """Copies arrays to every device. With several processes each process's value must
-    be the same (`broadcast_from_first` makes it so); each copies to its own devices, so
+    be the same (`processes.broadcast_from_first` makes it so); each copies to its own devices, so
     nothing is compared across hosts here."""
     if num_processes() == 1:
         return jax.tree.map(lambda x: jax.device_put(x, replicated()), tree)
@@ -91,33 +91,3 @@ def put_replicated(tree: Any) -> Any:
         return jax.make_array_from_callback(value.shape, replicated(), lambda i: value[i])
 
     return jax.tree.map(assemble, tree)
-
-
-def broadcast_from_first(tree: Any) -> Any:
-    """Process 0's value of `tree` (NumPy arrays) on every process: a collective, so every
-    process calls it at the same point. With one process, `tree` itself."""
-    if num_processes() == 1:
-        return tree
-    from jax.experimental import multihost_utils
-
-    return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(tree))
-
-
-def any_process(flag: bool) -> bool:
-    """True on every process if `flag` is True on any: a collective (every process calls
-    it at the same point), so processes take the same branch after it."""
-    if num_processes() == 1:
-        return bool(flag)
-    from jax.experimental import multihost_utils
-
-    return bool(np.any(multihost_utils.process_allgather(np.asarray([flag]))))
-
-
-def processes_where(flag: bool) -> list[int]:
-    """The indices of the processes where `flag` is True (a collective, as `any_process`)."""
-    if num_processes() == 1:
-        return [0] if flag else []
-    from jax.experimental import multihost_utils
-
-    flags = np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).reshape(-1)
-    return [int(i) for i in np.flatnonzero(flags)]

@@ -24,7 +24,7 @@ import numpy as np
 
 from fenwicks import io as fw_io
 from fenwicks.train import building
-from fenwicks.train.jax import checkpoints, mesh
+from fenwicks.train.jax import checkpoints, mesh, processes
 from fenwicks.train.state import RunState
 
 logger = logging.getLogger("fenwicks")
@@ -145,7 +145,7 @@ class JaxRunState(RunState):
         variables = [variable for group in self._lists for variable in group]
         values = [variable.value for variable in variables]
         if initialised and mesh.num_processes() > 1:
-            values = mesh.broadcast_from_first(values)
+            values = processes.broadcast_from_first(values)
         for variable, value in zip(variables, mesh.put_replicated(values), strict=True):
             variable.assign(value)
 
