@@ -139,10 +139,17 @@ def run(port: str, num_processes: str, process_id: str, work_dir: str, max_steps
                 "losses": [float(v) for v in est.history.losses]}
     result = est.evaluate(lambda p: fw.data.numpy_ds(x_test, y_test, p["batch_size"],
                                                      training=False))
-    if jax.process_count() == 1:  # predict runs on one host: the reference's logits
-        out["probabilities"] = est.predict(lambda p: fw.data.numpy_ds(
-            x_test, None, p["batch_size"], training=False)).tolist()
+    def predict_fn(params):
+        return fw.data.numpy_ds(x_test, None, params["batch_size"], training=False)
+
+    if jax.process_count() == 1:  # the reference's predictions
+        out["probabilities"] = est.predict(predict_fn).tolist()
         out["labels"] = y_test.tolist()
+    else:
+        try:
+            est.predict(predict_fn)
+        except ValueError as err:
+            out["predict_error"] = str(err)
     if jax.process_index() == 0:
         weights = [np.asarray(v.value) for v in est.model.variables]
         np.savez(f"{work_dir}/weights-{est.global_step}.npz", *weights)

@@ -88,6 +88,11 @@ def test_two_processes_train_to_one_process_weights_and_resume_exactly(runs):
     # Loops of 3 steps, cut at the epoch's end (10): the last three checkpoints.
     assert sorted(os.listdir(runs["root"] / "two" / "orbax"), key=int) == ["9", "10", "12"]
     assert "fenwicks.lock" not in os.listdir(runs["root"] / "two")
+    # Summaries from process 0 alone: one event file per run of it (two runs, one
+    # evaluation); process 1 would add its own.
+    work = runs["root"] / "two"
+    assert [len(os.listdir(work / kind)) for kind in ("train", "eval")] == [2, 1], (
+        os.listdir(work / "train"), os.listdir(work / "eval"))
 
 
 def test_evaluation_counts_every_example_once_across_processes(runs):
@@ -105,6 +110,7 @@ def test_evaluation_counts_every_example_once_across_processes(runs):
         assert run["eval"]["num_examples"] == NUM_TEST
         assert run["eval"]["loss"] == pytest.approx(one["eval"]["loss"], abs=1e-5)
         assert run["eval"]["accuracy"] == pytest.approx(one["eval"]["accuracy"])
+        assert "predict runs on one host" in run["predict_error"]
 
 
 def test_a_wrong_batch_size_on_one_process_stops_both_with_clear_errors(runs):
