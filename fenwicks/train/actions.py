@@ -221,10 +221,13 @@ class CheckPreemption(Action):
         self.watcher, self.state, self.saves = watcher, state, saves
 
     def __call__(self, output: LoopOutput) -> None:
-        if self.watcher.requested:
+        # Processes that save together (the JAX engine's hosts) decide together: a signal
+        # reaches one of them, and a save is a collective of all (`SavePolicy.agree`).
+        agree = getattr(self.saves, "agree", bool)  # a stand-in policy may have none
+        if agree(self.watcher.requested):
             self.saves.save(Trigger.PREEMPTION, self.state.global_step)
             raise preemption.Preempted(self.state.global_step, self.state.latest_checkpoint)
-        if self.watcher.interrupted:
+        if agree(self.watcher.interrupted):
             raise KeyboardInterrupt
 
 

@@ -105,6 +105,12 @@ class Checkpointer(abc.ABC):
         """Waits for pending writes, then releases what this object holds; idempotent."""
         self.wait()
 
+    def agree(self, due: bool) -> bool:
+        """Whether a save that one process found `due` is made: with several processes
+        that save together (the JAX engine's), True on all if it is on any. Defaults to
+        `due` itself (one writer)."""
+        return due
+
     def __enter__(self) -> Checkpointer:
         return self
 

@@ -118,7 +118,7 @@ class SavePolicy:
         if trigger is Trigger.INTERRUPTED_TWICE:
             return "interrupted twice"
         seconds = self.checkpointer.last_save_secs or 0.0
-        if trigger is Trigger.INTERRUPT and seconds > self._quick_secs:
+        if trigger is Trigger.INTERRUPT and self.agree(seconds > self._quick_secs):
             saved = step_of(self.checkpointer.latest)
             return (f"the last checkpoint took {seconds:.0f} s to write; {step - saved} "
                     "step(s) are only in memory")
@@ -126,4 +126,16 @@ class SavePolicy:
 
     def due(self) -> bool:
         """Counts a loop; True when a periodic save is due (and restarts both counts)."""
-        return self.periodic()
+        due = self.periodic()
+        # Hosts that save together read their own clocks (every_secs): they agree first.
+        if self.agree(due) and not due:
+            self.periodic.reset()
+            return True
+        return due
+
+    def agree(self, flag: bool) -> bool:
+        """`flag` as the processes that save together decide it: True on all of them if
+        it is on any (`Checkpointer.agree`, a collective); `flag` itself with one writer.
+        """
+        agree = getattr(self.checkpointer, "agree", None)  # a stand-in may have none
+        return bool(flag) if agree is None else agree(bool(flag))

@@ -155,6 +155,9 @@ class OrbaxCheckpointer(Checkpointer):
         self._uploading: threading.Thread | None = None  # async + gs://: write, upload
         self._upload_error: BaseException | None = None
         self._good: tuple | None = None  # fingerprint of the last durable checkpoint
+        # Several processes (a multi-host run): every one calls save and restore together;
+        # orbax writes each array once and its metadata from process 0.
+        self._single = jax.process_count() == 1
 
     @property
     def pending_step(self) -> int | None:
@@ -248,6 +251,13 @@ class OrbaxCheckpointer(Checkpointer):
         # Staged: the bucket's copy holds the local files, byte for byte.
         self._good = _fingerprint(self._path(step), self._local(step) if self._bucket
                                   else None)
+
+    def agree(self, due: bool) -> bool:
+        """True on every process if a periodic save is due on any: each process reads
+        its own clock (``save_every_secs``), and a save is a collective of them all."""
+        from fenwicks.train.jax import processes
+
+        return due if self._single else bool(processes.processes_where(due))
 
     def _write_error(self, step: int, err: BaseException) -> CheckpointWriteError:
         if isinstance(err, fw_io.TransferError) and err.__cause__ is not None:

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 
 from fenwicks import accel
-from fenwicks.train.jax import mesh
+from fenwicks.train.jax import mesh, processes
 from fenwicks.train.jax.evaluation import JaxEvaluator
 from fenwicks.train.jax.inputs import JaxInputManager
 from fenwicks.train.jax.state import JaxRunState
@@ -38,7 +38,8 @@ class JaxEngine:
 
     @staticmethod
     def trainer(strategy: Any, config: Any, state: JaxRunState, stop: Any) -> JaxTrainer:
-        return JaxTrainer(state, config.train_batch_size, config.steps_per_loop, stop)
+        return JaxTrainer(state, config.train_batch_size, config.steps_per_loop,
+                          processes.agreed_stop(stop))
 
     @staticmethod
     def check_labels(spec: Any, acc: accel.Accelerator, dataset: Any) -> None:

@@ -10,6 +10,21 @@ train on the same examples in the same order.
 The training position is counted in steps (`JaxRunState.input_position`) and a restarted
 input skips ``steps * R`` per-replica batches (`resumed_train_dataset`), as on the
 TensorFlow engine, so a killed and resumed run reads what the uninterrupted one read.
+
+Several processes (a multi-host TPU slice; `mesh`): each calls the input_fn for its own
+share, with ``params['input_context']`` = ``InputContext(P, p, R)`` (P processes, this
+one p, R replicas in all), as the TensorFlow engine's multi-worker runs do, and
+``params['batch_size']`` still the per-replica batch. Each training step takes
+``L = R / P`` per-replica batches from each process's pipeline, one per local device;
+process p's batches fill replicas ``p * L .. (p + 1) * L - 1`` of the global batch. A
+pipeline that shards by the context reads only its share (``fw.data.numpy_ds`` takes
+every P-th example). For the same weights as one process, pipeline p must yield batches
+``s * R + p * L .. s * R + p * L + L - 1`` of the one-process stream at step s.
+Evaluation is exact across processes: every process reads the whole input (no
+input_context, as on the TensorFlow engine), pads it to whole global batches and keeps
+its replicas' rows, so each example is counted once and all run the same steps. A check
+that fails on one process (a batch of the wrong size) fails on all of them
+(`_agreed`), rather than leaving the others waiting in a collective.
 """
 
 from __future__ import annotations
@@ -23,7 +38,8 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks.train import inputs as tf_inputs
-from fenwicks.train.inputs import InputFn, InputManager, discard
+from fenwicks.train.inputs import InputFn, InputManager, Probe, discard
+from fenwicks.train.jax import mesh, processes
 
 logger = logging.getLogger("fenwicks")
 
@@ -67,8 +83,19 @@ class JaxInputManager(InputManager):
     def num_replicas(self) -> int:
         return self.config.num_replicas  # the mesh's devices, not TensorFlow's replicas
 
+    @property
+    def _local_replicas(self) -> int:
+        """Per-replica batches this process reads per step (all of them on one host)."""
+        return self.num_replicas // mesh.num_processes()
+
     def _context(self) -> tf.distribute.InputContext:
-        return tf.distribute.InputContext(1, 0, self.num_replicas)
+        return tf.distribute.InputContext(mesh.num_processes(), mesh.process_index(),
+                                          self.num_replicas)
+
+    def probe(self, input_fn: InputFn, mode: str, global_batch: int | None = None) -> Probe:
+        return _agreed(lambda: super(JaxInputManager, self).probe(input_fn, mode,
+                                                                  global_batch),
+                       tf_inputs.MODE_NOUNS[mode])
 
     def _drop_train_iterator(self) -> None:
         if self._train is not None:
@@ -76,16 +103,23 @@ class JaxInputManager(InputManager):
             batches.release()
 
     def train_iterator(self, input_fn: InputFn, start_step: int) -> TrainBatches:
-        """Global batches of `input_fn` from training step `start_step` on."""
+        """Global batches of `input_fn` from training step `start_step` on (this
+        process's share of them, with several processes)."""
         params = self.params("train", self.config.train_batch_size, self._context())
         self._last_probe = None
         self._drop_train_iterator()
-        dataset = tf_inputs.resumed_train_dataset(input_fn, params,
-                                                  start_step * self.num_replicas)
-        tf_inputs.check_train_spec(dataset.element_spec, self.config.train_batch_per_replica)
+
+        def dataset() -> tf.data.Dataset:
+            found = tf_inputs.resumed_train_dataset(input_fn, params,
+                                                    start_step * self._local_replicas)
+            tf_inputs.check_train_spec(found.element_spec,
+                                       self.config.train_batch_per_replica)
+            return found
+
+        dataset = _agreed(dataset, "training")
         if start_step:
             logger.info("fenwicks: resuming the training input after %d steps", start_step)
-        batches = TrainBatches(dataset, self.num_replicas)
+        batches = TrainBatches(dataset, self._local_replicas)
         self._train = (input_fn, batches)
         return batches
 
@@ -95,12 +129,20 @@ class JaxInputManager(InputManager):
         the last partial batch padded to the static shape, filler batches masked out."""
         what = tf_inputs.MODE_NOUNS[mode]
         batch_size = self.probe(input_fn, mode, global_batch).params["batch_size"]
-        params = self.params(mode, global_batch, self._context())
+        shared = mesh.num_processes() > 1
+        # Several processes: each reads the whole input, without an input_context, so
+        # that each example is counted once whether or not the input_fn shards by it.
+        params = self.params(mode, global_batch, None if shared else self._context())
         dataset = tf_inputs.call_input_fn(input_fn, params, what)
         if steps is not None:
             dataset = dataset.take(steps * self.num_replicas)
         dataset = tf_inputs.pad_and_mask(dataset, batch_size, self.num_replicas, what)
-        dataset = dataset.batch(self.num_replicas, drop_remainder=True).prefetch(2)
+        dataset = dataset.batch(self.num_replicas, drop_remainder=True)
+        if shared:  # this process's replicas' rows of each global batch
+            first, count = mesh.process_index() * self._local_replicas, self._local_replicas
+            dataset = dataset.map(lambda *pair: tf.nest.map_structure(
+                lambda x: x[first:first + count], pair))
+        dataset = dataset.prefetch(2)
         self._last_probe = None
         holder = [dataset.as_numpy_iterator()]  # the only reference: `discard` drops it
         try:
@@ -108,3 +150,24 @@ class JaxInputManager(InputManager):
                 yield _merge_replicas(element), mask.reshape(-1)
         finally:
             discard(holder)
+
+
+def _agreed(make: Any, what: str) -> Any:
+    """``make()``, or its error, on every process: a check that fails on one process
+    (its input_fn's batch size, say) raises there and, naming that process, on the
+    others, so that none goes on alone into a collective the failed one never joins."""
+    error = None
+    try:
+        result = make()
+    except ValueError as err:
+        error = err
+    failed = processes.processes_where(error is not None)
+    if error is not None:
+        raise error
+    if failed:
+        raise ValueError(
+            f"the {what} input_fn failed its checks on process(es) {failed} of "
+            f"{mesh.num_processes()}, so this process stops too: see the error printed by "
+            f"process {failed[0]} (each process calls the input_fn with its own "
+            "params['input_context'])")
+    return result

@@ -24,7 +24,7 @@ import numpy as np
 
 from fenwicks import io as fw_io
 from fenwicks.train import building, cross_engine
-from fenwicks.train.jax import checkpoints, mesh
+from fenwicks.train.jax import checkpoints, mesh, processes
 from fenwicks.train.state import RunState
 
 logger = logging.getLogger("fenwicks")
@@ -138,10 +138,25 @@ class JaxRunState(RunState):
             from fenwicks.train.jax import warm_start
             self.warm_start_report = warm_start.warm_start(spec.model,
                                                            self.config.warm_start_from)
-        for group in self._lists:  # replicated on every device of the mesh
-            for variable in group:
-                variable.assign(jax.device_put(variable.value, mesh.replicated()))
+        self._place_on_mesh(restored is None)
         self._spec, self._checkpointer = spec, checkpointer
+
+    def _place_on_mesh(self, initialised: bool) -> None:
+        """Replicates every variable on every device of the mesh. With several processes,
+        a fresh initialisation is process 0's: without a seed each process drew its own."""
+        variables = [variable for group in self._lists for variable in group]
+        values = [variable.value for variable in variables]
+        if initialised and mesh.num_processes() > 1:
+            values = processes.broadcast_from_first(values)
+        for variable, value in zip(variables, mesh.put_replicated(values), strict=True):
+            variable.assign(value)
+
+    @property
+    def is_chief(self) -> bool:
+        """Process 0 of a multi-process run (and the only process of others): it holds
+        the work_dir lock and writes summaries and the epoch log. Checkpoints are written
+        by every process together (orbax), metadata by process 0."""
+        return mesh.process_index() == 0
 
     def reset(self) -> None:
         super().reset()
