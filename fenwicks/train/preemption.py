@@ -210,7 +210,13 @@ class PreemptionWatcher:
     """While entered (from the main thread), SIGTERM and SIGINT set `flag`.
 
     `requested` tells SIGTERM (preemption), `interrupted` Ctrl-C. A second SIGINT
-    raises `KeyboardInterrupt` at once.
+    raises `KeyboardInterrupt` at once. Entering costs no thread: the process's one
+    wakeup pipe and its reader (`_Wakeups`) serve every watcher.
+
+    Attributes:
+        flag: the bool variable the compiled loop reads before each step.
+        forward: the wakeup fd that was set before this watcher's (an event loop's),
+            which gets every signal byte too; -1 for none.
 
     Example:
         >>> with PreemptionWatcher() as watcher:
