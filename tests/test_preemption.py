@@ -69,6 +69,44 @@ def test_the_flag_is_set_while_the_main_thread_is_inside_a_compiled_call(fallbac
     assert watcher.requested and waited < 10, waited
 
 
+def _wait_for(condition, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _wakeup_fd() -> int:
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd
+
+
+def test_one_pipe_and_thread_serve_every_train_call_and_nested_watchers(fallback_handler):
+    """The wakeup pipe and its thread are made once per process, not per `train` call;
+    a watcher entered inside another (a callback training a second estimator) leaves the
+    outer one watching, and a SIGTERM reaches both."""
+    def watcher_threads():
+        return [t for t in threading.enumerate() if t.name == "fenwicks-preemption"]
+
+    before = _wakeup_fd()
+    for _ in range(3):
+        with preemption.PreemptionWatcher():
+            pass
+    outer, inner = preemption.PreemptionWatcher(), preemption.PreemptionWatcher()
+    with outer:
+        ours = _wakeup_fd()
+        with inner:
+            assert _wakeup_fd() == ours
+            # Straight into the pipe, as the C signal handler writes: only the thread
+            # sees it (no Python handler runs), and it tells both watchers.
+            os.write(ours, bytes([signal.SIGTERM]))
+            _wait_for(lambda: outer.requested and inner.requested)
+        assert _wakeup_fd() == ours  # the outer one still watches
+        assert outer.requested and inner.requested and bool(outer.flag.numpy())
+    assert len(watcher_threads()) == 1 and ours != before
+    assert _wakeup_fd() == before and fallback_handler == []
+
+
 def test_off_the_main_thread_the_watcher_installs_nothing(fallback_handler):
     before = signal.getsignal(signal.SIGTERM)
     seen = {}

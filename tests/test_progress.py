@@ -43,6 +43,25 @@ def test_summaries_write_the_last_loss_the_rate_and_the_learning_rate(tmp_path):
     assert scalars["learning_rate"] == [(20, 0.5)]  # None: not written
 
 
+def test_summaries_are_written_in_batches_every_so_often_and_at_the_end(tmp_path):
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    summaries = progress.TrainSummaries(writer, every_secs=3600.0)
+    for start in range(0, 50, 10):  # five loops of 10 steps, one learning rate missing
+        summaries(_output(start, start + 10, [start / 100, start / 10],
+                          learning_rate=None if start == 20 else start / 1000))
+    writer.flush()
+    assert _scalars(tmp_path) == {}  # not yet: an hour has not passed
+    summaries.close()
+    scalars = _scalars(tmp_path)
+    assert scalars["loss"] == [(s + 10, pytest.approx(s / 10)) for s in range(0, 50, 10)]
+    assert scalars["learning_rate"] == [(s + 10, pytest.approx(s / 1000))
+                                        for s in (0, 10, 30, 40)]
+    every_loop = progress.TrainSummaries(writer, every_secs=0.0)
+    every_loop(_output(50, 60, [0.5]))
+    writer.flush()  # written at once, before close
+    assert _scalars(tmp_path)["loss"][-1] == (60, 0.5)
+
+
 def test_a_loop_without_losses_reports_nan(tmp_path):
     summaries = progress.TrainSummaries(tf.summary.create_file_writer(str(tmp_path)))
     summaries(_output(0, 0, []))

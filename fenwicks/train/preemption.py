@@ -29,7 +29,9 @@ wakeup pipe (`signal.set_wakeup_fd`) that a small thread watches and turns into 
 flag at once. Where a wakeup fd is already set (an asyncio event loop, e.g. a Jupyter
 kernel's), the thread passes every byte on to it, so its owner still sees its signals;
 should the pipe be unavailable, the Python handler still sets the flag when the current
-compiled call returns.
+compiled call returns. The pipe and its thread are made once per process (`_Wakeups`)
+and serve every `train` call: starting a thread per call cost more than a small
+model's compiled loop of ten steps does on a loaded machine.
 """
 
 from __future__ import annotations
@@ -145,11 +147,76 @@ def _own_sigint(handler: Any) -> bool:
     return handler in (signal.default_int_handler, signal.SIG_DFL)
 
 
+class _Wakeups:
+    """The process's one wakeup pipe and the thread that reads it, made on first use.
+
+    While a `PreemptionWatcher` is entered, the pipe is the signal wakeup fd and the
+    thread hands each signal byte to every entered watcher (and on to the wakeup fd
+    that was set before, an event loop's). Between `train` calls the pipe stays open and
+    the thread waits on it, idle: no signal byte reaches it then.
+    """
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._pipe: tuple[int, int] | None = None
+        self._watchers: list[PreemptionWatcher] = []  # entered, innermost last
+        self._lock = threading.Lock()
+
+    def write_end(self) -> int | None:
+        """The pipe's write end (made, with its thread, on first use in this process);
+        None if no pipe can be made."""
+        if self._pid != os.getpid():  # first use, or a forked child: the thread is not here
+            try:
+                read_end, write_end = os.pipe()
+            except OSError:
+                return None
+            os.set_blocking(write_end, False)
+            self._pipe, self._pid, self._watchers = (read_end, write_end), os.getpid(), []
+            threading.Thread(target=self._read, args=(read_end,), daemon=True,
+                             name="fenwicks-preemption").start()
+        return self._pipe[1] if self._pipe else None
+
+    def add(self, watcher: PreemptionWatcher) -> None:
+        with self._lock:
+            self._watchers.append(watcher)
+
+    def remove(self, watcher: PreemptionWatcher) -> None:
+        with self._lock:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+
+    def _read(self, read_end: int) -> None:
+        while True:
+            try:
+                data = os.read(read_end, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            with self._lock:
+                watchers = list(self._watchers)
+            forward = watchers[0].forward if watchers else -1
+            if forward != -1:  # an event loop's wakeup fd: it gets its bytes too
+                with contextlib.suppress(OSError):
+                    os.write(forward, data)
+            for watcher in watchers:
+                watcher.on_wakeup(data)
+
+
+_WAKEUPS = _Wakeups()
+
+
 class PreemptionWatcher:
     """While entered (from the main thread), SIGTERM and SIGINT set `flag`.
 
     `requested` tells SIGTERM (preemption), `interrupted` Ctrl-C. A second SIGINT
-    raises `KeyboardInterrupt` at once.
+    raises `KeyboardInterrupt` at once. Entering costs no thread: the process's one
+    wakeup pipe and its reader (`_Wakeups`) serve every watcher.
+
+    Attributes:
+        flag: the bool variable the compiled loop reads before each step.
+        forward: the wakeup fd that was set before this watcher's (an event loop's),
+            which gets every signal byte too; -1 for none.
 
     Example:
         >>> with PreemptionWatcher() as watcher:
@@ -162,11 +229,10 @@ class PreemptionWatcher:
             self.flag = tf.Variable(False, trainable=False, name="preempted")
         self.requested = False
         self.interrupted = False
+        self.forward = -1  # the wakeup fd that was set before ours (-1: none)
         self._sigints = 0
         self._previous: dict[int, Any] = {}
-        self._pipe: tuple[int, int] | None = None
-        self._forward = -1  # the wakeup fd that was set before ours (-1: none)
-        self._thread: threading.Thread | None = None
+        self._restore_fd: int | None = None  # the wakeup fd to put back on exit
 
     def __enter__(self) -> PreemptionWatcher:
         self.requested = self.interrupted = False
@@ -184,14 +250,10 @@ class PreemptionWatcher:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
-        if self._pipe is not None:
-            signal.set_wakeup_fd(self._forward)
-            read_end, write_end = self._pipe
-            os.close(write_end)  # the watcher thread reads EOF and ends
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            os.close(read_end)
-            self._pipe = self._thread = None
+        if self._restore_fd is not None:
+            signal.set_wakeup_fd(self._restore_fd)
+            _WAKEUPS.remove(self)
+            self._restore_fd = None
 
     def _request(self) -> None:
         if not self.requested:
@@ -221,32 +283,22 @@ class PreemptionWatcher:
         self._interrupt()
 
     def _watch_wakeup_fd(self) -> None:
-        read_end, write_end = os.pipe()
-        os.set_blocking(write_end, False)
-        try:
-            self._forward = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        except ValueError:
-            os.close(read_end)
-            os.close(write_end)
+        write_end = _WAKEUPS.write_end()
+        if write_end is None:
             return
-        self._pipe = (read_end, write_end)
-        self._thread = threading.Thread(target=self._read_wakeups, daemon=True,
-                                        name="fenwicks-preemption")
-        self._thread.start()
+        try:
+            previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        except ValueError:
+            return
+        # A watcher entered inside another (a callback that trains a second estimator):
+        # the pipe is already the wakeup fd, and the bytes already reach every watcher.
+        self.forward = -1 if previous == write_end else previous
+        self._restore_fd = previous
+        _WAKEUPS.add(self)
 
-    def _read_wakeups(self) -> None:
-        read_end = self._pipe[0] if self._pipe else -1
-        while True:
-            try:
-                data = os.read(read_end, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            if self._forward != -1:  # an event loop's wakeup fd: it gets its bytes too
-                with contextlib.suppress(OSError):
-                    os.write(self._forward, data)
-            if signal.SIGTERM in data:
-                self._request()
-            if signal.SIGINT in data and signal.SIGINT in self._previous:
-                self._interrupt()
+    def on_wakeup(self, data: bytes) -> None:
+        """Signal bytes read from the wakeup pipe (by `_Wakeups`' thread)."""
+        if signal.SIGTERM in data:
+            self._request()
+        if signal.SIGINT in data and signal.SIGINT in self._previous:
+            self._interrupt()

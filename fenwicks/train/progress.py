@@ -14,41 +14,69 @@ import tensorflow as tf
 
 from fenwicks import _deadline
 from fenwicks.train.actions import Action
+from fenwicks.train.conditions import EverySeconds
 from fenwicks.train.trainer import LoopOutput
+
+# How often a `train` call writes its loops' TensorBoard scalars (and at its end).
+SUMMARY_SECS = 10.0
 
 
 class TrainSummaries(Action):
     """An action: each loop's last loss, examples/s and learning rate as TensorBoard
     scalars (``<work_dir>/train``), at the loop's last global step.
 
+    The scalars are written in batches, in one compiled call: every `every_secs` seconds
+    and when the `train` call ends (`close`), however it ends. Written after each loop
+    they cost a compiled call per loop (a millisecond or more, what a small model's loop
+    of ten steps can take on a CPU). TensorBoard shows the same points: the file writer
+    keeps events in memory for up to two minutes anyway (``flush_millis``).
+
     Args:
         writer: a `tf.summary` writer, e.g. for ``<work_dir>/train``.
-        path: where `writer` writes; on ``gs://`` the final flush is a clean-up call
-            bounded in time (`fenwicks._deadline`). Defaults to None: unbounded.
+        path: where `writer` writes; on ``gs://`` each write is bounded in time and the
+            final one is a clean-up call (`fenwicks._deadline`). Defaults to None:
+            unbounded.
+        every_secs: how often the loops' scalars are written during a `train` call.
+            Defaults to `SUMMARY_SECS`.
 
     Example:
         >>> summaries = TrainSummaries(tf.summary.create_file_writer(work_dir + '/train'))
         >>> summaries(trainer.train(iterator, 100))
+        >>> summaries.close()     # written (and flushed) by now
     """
 
-    def __init__(self, writer: Any, path: str | None = None) -> None:
+    def __init__(self, writer: Any, path: str | None = None,
+                 every_secs: float = SUMMARY_SECS) -> None:
         self._writer, self._path = writer, path
         self._write = _scalar_writer(writer)
+        self._pending: list[tuple[int, float, float, float | None]] = []
+        self._due = EverySeconds(every_secs)
 
     def __call__(self, output: LoopOutput) -> None:
-        # Bounded on gs://: a scalar can flush the writer's queue, and while a checkpoint
-        # is written in the background this can be the training thread's first call to
-        # meet a storage outage (TensorFlow alone retries for minutes).
-        learning_rate = output.learning_rate
-        values = np.array([output.last_loss, output.examples_per_sec,
-                           0.0 if learning_rate is None else learning_rate], np.float32)
-        _deadline.run(self._write, tf.constant(output.step, tf.int64), values,
-                      learning_rate is not None, what="training summaries", path=self._path)
+        self._pending.append((output.step, output.last_loss, output.examples_per_sec,
+                              output.learning_rate))
+        if self._due():
+            # Bounded on gs://: a scalar can flush the writer's queue, and while a
+            # checkpoint is written in the background this can be the training thread's
+            # first call to meet a storage outage (TensorFlow alone retries for minutes).
+            self._write_pending(best_effort=False)
 
     def close(self) -> None:
         # Skipped while storage is down, so the error that stopped training comes first.
+        self._write_pending(best_effort=True)
         _deadline.run(self._writer.flush, what="training summary flush", path=self._path,
                       best_effort=True)
+
+    def _write_pending(self, best_effort: bool) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        rates = [(step, rate) for step, _, _, rate in pending if rate is not None]
+        _deadline.run(self._write, np.array([p[0] for p in pending], np.int64),
+                      np.array([p[1:3] for p in pending], np.float32).reshape(-1, 2),
+                      np.array([step for step, _ in rates], np.int64),
+                      np.array([rate for _, rate in rates], np.float32),
+                      what="training summaries", path=self._path, best_effort=best_effort)
 
 
 class ProgressBar(Action):
@@ -84,19 +112,25 @@ _SCALAR_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _scalar_writer(writer: Any) -> Callable[..., None]:
-    """``write(step, [loss, examples/s, learning rate], has_learning_rate)``: the three
-    scalars in one compiled call, about a tenth of the time of three eager
-    ``tf.summary.scalar`` calls, which ran after every loop."""
+    """``write(steps, [[loss, examples/s], ...], rate_steps, rates)``: the scalars of any
+    number of loops in one compiled call (one trace: the lengths are dynamic)."""
     if writer in _SCALAR_WRITERS:
         return _SCALAR_WRITERS[writer]
 
-    @tf.function
-    def write(step: tf.Tensor, values: tf.Tensor, has_learning_rate: bool) -> None:
-        with writer.as_default(step=step):
-            tf.summary.scalar("loss", values[0])
-            tf.summary.scalar("examples_per_sec", values[1])
-            if has_learning_rate:  # a Python bool: one trace with, one without
-                tf.summary.scalar("learning_rate", values[2])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
+                                  tf.TensorSpec([None, 2], tf.float32),
+                                  tf.TensorSpec([None], tf.int64),
+                                  tf.TensorSpec([None], tf.float32)])
+    def write(steps: tf.Tensor, values: tf.Tensor, rate_steps: tf.Tensor,
+              rates: tf.Tensor) -> None:
+        with writer.as_default():
+            for i in tf.range(tf.shape(steps)[0]):
+                with tf.name_scope("/"):  # the loop's own scope would prefix the tags
+                    tf.summary.scalar("loss", values[i, 0], step=steps[i])
+                    tf.summary.scalar("examples_per_sec", values[i, 1], step=steps[i])
+            for i in tf.range(tf.shape(rate_steps)[0]):
+                with tf.name_scope("/"):
+                    tf.summary.scalar("learning_rate", rates[i], step=rate_steps[i])
 
     _SCALAR_WRITERS[writer] = write
     return write
