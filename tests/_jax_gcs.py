@@ -88,7 +88,7 @@ def first(work_dir: str, local_root: str) -> dict[str, Any]:
     missing = _estimator("gs://no-such-bucket-fw-jax/run", False)
     process_count, checkpoints.jax.process_count = checkpoints.jax.process_count, lambda: 2
     try:  # as on a multi-host slice (`jax.distributed`): staging is one host's
-        two_processes = _error(lambda: checkpoints._Bucket("gs://b/run/orbax", KEEP))
+        two_processes = _error(lambda: checkpoints.StagedBucket("gs://b/run/orbax", KEEP))
     finally:
         checkpoints.jax.process_count = process_count
     return {"engine": keras.backend.backend(), "devices": est.num_replicas,

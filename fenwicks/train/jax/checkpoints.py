@@ -138,7 +138,7 @@ class OrbaxCheckpointer(Checkpointer):
 
         self._ocp = ocp
         self.directory = directory(work_dir)
-        self._bucket = _Bucket(self.directory, keep) if fw_io.is_gcs(work_dir) else None
+        self._bucket = StagedBucket(self.directory, keep) if fw_io.is_gcs(work_dir) else None
         self._collect, self._apply, self._sharding = collect, apply, sharding
         self._describe = describe
         self.asynchronous = asynchronous
@@ -360,7 +360,7 @@ def _read_bytes(path: str) -> bytes:
 # --------------------------------------------------------------------------- gs://
 
 
-class _Bucket:
+class StagedBucket:
     """The ``gs://`` side of a staged run: which steps are complete, upload, download,
     prune. Holds the local scratch directory orbax writes and reads."""
 
