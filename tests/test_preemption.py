@@ -128,3 +128,16 @@ def test_preempted_exits_like_an_unhandled_sigterm_and_says_how_to_resume():
     assert (err.step, err.checkpoint) == (120, "/runs/a/ckpt-120")
     assert str(err) == ("preempted (SIGTERM): step 120 saved to /runs/a/ckpt-120; "
                         "run the same code again to resume")
+
+
+def test_a_signal_one_call_took_never_reaches_the_next(fallback_handler):
+    """The reader thread serves every call: a SIGTERM byte still in its pipe when one
+    watcher leaves must reach that watcher, not the next (a spurious preemption)."""
+    for _ in range(20):
+        with preemption.PreemptionWatcher() as first:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert first.requested
+        with preemption.PreemptionWatcher() as second:
+            time.sleep(0.02)  # time for the reader to hand on anything left in the pipe
+            assert not second.requested
+    assert fallback_handler == []

@@ -160,6 +160,7 @@ class _Wakeups:
         self._pid = -1
         self._pipe: tuple[int, int] | None = None
         self._watchers: list[PreemptionWatcher] = []  # entered, innermost last
+        self._flushes: list[threading.Event] = []  # `flush` calls waiting for the reader
         self._lock = threading.Lock()
 
     def write_end(self) -> int | None:
@@ -181,9 +182,27 @@ class _Wakeups:
             self._watchers.append(watcher)
 
     def remove(self, watcher: PreemptionWatcher) -> None:
+        """Stops handing bytes to `watcher`, once the reader has handed it every byte
+        written before: a signal that came while it was entered reaches it, never the
+        watcher entered next (the next `train` call would stop for a stale SIGTERM)."""
+        self._flush()
         with self._lock:
             if watcher in self._watchers:
                 self._watchers.remove(watcher)
+
+    def _flush(self) -> None:
+        if self._pipe is None or self._pid != os.getpid():
+            return
+        done = threading.Event()
+        with self._lock:
+            self._flushes.append(done)
+        try:
+            os.write(self._pipe[1], bytes([_FLUSH]))
+        except OSError:  # the pipe is full: the reader is behind anyway; do not wait
+            with self._lock:
+                self._flushes.remove(done)
+            return
+        done.wait(1.0)
 
     def _read(self, read_end: int) -> None:
         while True:
@@ -193,16 +212,23 @@ class _Wakeups:
                 return
             if not data:
                 return
+            flushes = data.count(_FLUSH)
+            data = data.replace(bytes([_FLUSH]), b"")
             with self._lock:
                 watchers = list(self._watchers)
             forward = watchers[0].forward if watchers else -1
-            if forward != -1:  # an event loop's wakeup fd: it gets its bytes too
+            if data and forward != -1:  # an event loop's wakeup fd: it gets its bytes too
                 with contextlib.suppress(OSError):
                     os.write(forward, data)
             for watcher in watchers:
                 watcher.on_wakeup(data)
+            with self._lock:
+                done, self._flushes = self._flushes[:flushes], self._flushes[flushes:]
+            for event in done:
+                event.set()
 
 
+_FLUSH = 0xFF  # a byte no signal number takes: `_Wakeups.remove` waits for it to be read
 _WAKEUPS = _Wakeups()
 
 
