@@ -182,14 +182,24 @@ class _SweepState:
         return self.step
 
     def values(self) -> tuple[list, list, list]:
-        from fenwicks.train.jax.state import JaxRunState
+        """The arrays for a compiled block, each once: the block donates them, and two
+        variables may share one initial array."""
+        import jax.numpy as jnp
 
-        return JaxRunState.values(self)  # its arrays, each once (they are donated)
+        seen: set[int] = set()
+
+        def own(array: Any) -> Any:
+            if id(array) in seen:
+                return jnp.copy(array)
+            seen.add(id(array))
+            return array
+
+        return tuple([own(v.value) for v in group] for group in self._lists)
 
     def set_values(self, values: tuple[list, list, list]) -> None:
-        from fenwicks.train.jax.state import JaxRunState
-
-        JaxRunState.set_values(self, values)
+        for group, arrays in zip(self._lists, values, strict=True):
+            for variable, array in zip(group, arrays, strict=True):
+                variable.assign(array)
 
 
 def _trainer(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,
