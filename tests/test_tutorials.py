@@ -8,6 +8,11 @@ by tfds's own machinery: builders that inherit tfds's MNIST and CIFAR-10 (same n
 version and features) and only generate their examples instead of downloading them.
 ``TFDS_DATA_DIR`` points the kernel at them; no mock. One test installs Fenwicks as the
 README says into a fresh venv and runs tutorial 1's data loading there.
+
+Tutorials 1 and 3 also run on the JAX engine (``FENWICKS_ENGINE=jax``, 8 host devices),
+unchanged: the same notebooks, in the same pool of kernels. Tutorial 1's JAX kernel then
+runs one more cell, what surrounds training on that engine: `find_lr` on a linear
+regression whose curve is known by hand, `check_input` and ``profile_steps``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,16 @@ TFDS_EXAMPLES = {"train": 300, "test": 150}  # above every SMOKE limit (256 / 12
 CELL_TIMEOUT = 240  # seconds; a smoke cell takes a few
 WORKERS = 3  # notebooks executed at once
 TUTORIAL_FILES = sorted(os.listdir(TUTORIALS))
+# The notebooks that also run on the JAX engine ("same code everywhere"), as `RUNS` names
+# them. 8 host devices as a TPU has; no --xla_backend_optimization_level=0: it compiles
+# faster but runs these notebooks' steps slower (tutorial 3's processes took 30 s of CPU
+# with it, 21 s without; tutorial 1 the same 27-28 s either way, measured 2026-11-26).
+JAX = "@jax"
+ON_JAX = ("01_mnist.ipynb", "03_same_code_everywhere.ipynb")
+JAX_ENV = {"FENWICKS_ENGINE": "jax", "FENWICKS_DEVICE": "cpu:8", "KERAS_BACKEND": None,
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+# Longest first, so that the pool's kernels finish together: the JAX runs cost most.
+RUNS = [name + JAX for name in reversed(ON_JAX)] + NOTEBOOKS
 
 
 def _read(name: str) -> nbformat.NotebookNode:
@@ -166,10 +181,54 @@ class Run:
     seconds: float
 
 
+def _around_the_run_cell() -> nbformat.NotebookNode:
+    """A cell for tutorial 1's kernel, after its last: `find_lr` on the linear regression
+    of tests/test_lr_finder.py (its data inlined), `check_input`, and two more steps of
+    `est` with ``profile_steps``; prints one JSON line."""
+    from tests import test_lr_finder as lin
+
+    return nbformat.v4.new_code_cell(textwrap.dedent(f"""\
+        # Injected by tests/test_tutorials.py: around the run, on this kernel's engine.
+        import glob, json
+        import keras
+        import tensorflow as tf
+
+        X_lin = np.array({lin.X.tolist()!r}, np.float32)
+        Y_lin = np.array({lin.Y.tolist()!r}, np.float32)
+        W_lin = np.array({lin.W_INIT.tolist()!r}, np.float32)
+
+        def lin_model():
+            model = keras.Sequential([keras.Input(({lin.D},)),
+                                      keras.layers.Dense(1, use_bias=False)])
+            model.layers[0].kernel.assign(W_lin)
+            return model
+
+        lin_input = lambda params: tf.data.Dataset.from_tensor_slices((X_lin, Y_lin)).batch(
+            params['batch_size'], drop_remainder=True).repeat()
+        found = fw.train.find_lr(
+            fw.train.get_reg_model_func(lin_model, fw.train.sgd_optimizer(0.1, mom=0.0)),
+            lin_input, start_lr={lin.START}, end_lr={lin.END}, num_steps={lin.STEPS},
+            batch_size={lin.N}, smoothing=0.5, verbose=False)
+        verdict = est.check_input(train_input_func, num_batches=20, warmup_batches=2)
+        step = est.global_step
+        est.train(train_input_func, steps=2, profile_steps=(step + 1, step + 2))
+        profiles = glob.glob(f"{{work_dir}}/train/plugins/profile/*/*.xplane.pb")
+        print(json.dumps({{
+            "engine": fw.accel.current().engine, "replicas": est.num_replicas,
+            "find_lr": [found.lrs, found.losses, found.diverged, found.suggestion],
+            "check_input": [verdict.input_examples_per_sec, verdict.seconds,
+                            verdict.num_batches, BATCH_SIZE],
+            "steps": [step, est.global_step],
+            "profiles": [open(path, 'rb').read().count(b'jit(') for path in profiles]}}))
+        """))
+
+
 def _execute(name: str, work, env: dict[str, str]) -> Run:
-    nb = _read(name)
+    nb = _read(name.removesuffix(JAX))
     (index,) = _parameters_cells(nb)
     nb.cells.insert(index + 1, _smoke_cell(nb))
+    if name == "01_mnist.ipynb" + JAX:
+        nb.cells.append(_around_the_run_cell())
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
                             resources={"metadata": {"path": str(work)}})
     start = time.perf_counter()
@@ -183,24 +242,26 @@ def _execute(name: str, work, env: dict[str, str]) -> Run:
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory, tfds_data_dir) -> dict[str, Run]:
-    """Every notebook run once, WORKERS kernels at a time (kernel start-up and imports
-    wait on disk as much as on the CPU, so two cores run more than two kernels well)."""
+    """Every notebook run once (`ON_JAX` ones twice), WORKERS kernels at a time (kernel
+    start-up and imports wait on disk as much as on the CPU, so two cores run more than
+    two kernels well)."""
     root = tmp_path_factory.mktemp("tutorials")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JUPYTER_PATH", _kernel_dir(root))  # read here, by the kernel finder
         runs = {}
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-            for name in NOTEBOOKS:
-                work = root / name[:2]
+            for name in RUNS:
+                work = root / (name[:2] + ("-jax" if name.endswith(JAX) else ""))
                 work.mkdir()
+                engine = JAX_ENV if name.endswith(JAX) else {}
                 env = python_env({"FENWICKS_ROOT": str(work), "FENWICKS_DEVICE": None,
-                                  "TFDS_DATA_DIR": tfds_data_dir,
+                                  "TFDS_DATA_DIR": tfds_data_dir, **engine,
                                   "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
                 runs[name] = pool.submit(_execute, name, work, env)
         return {name: future.result() for name, future in runs.items()}
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", RUNS)
 def test_notebook_runs_top_to_bottom_offline(name, executed):
     run = executed[name]
     print(f"{name}: {run.seconds:.1f} s")
@@ -212,6 +273,57 @@ def test_notebook_runs_top_to_bottom_offline(name, executed):
     figures = [out for out in outputs if "image/png" in out.get("data", {})]
     assert figures, "every tutorial shows at least one plot"
     assert sorted(os.listdir(TUTORIALS)) == TUTORIAL_FILES, "a notebook wrote into the repo"
+
+
+def _printed(run: Run) -> str:
+    """Everything the notebook's cells printed."""
+    return "".join(out.get("text", "") for cell in run.nb.cells if cell.cell_type == "code"
+                   for out in cell.outputs if out.output_type == "stream")
+
+
+@pytest.mark.parametrize("name", ON_JAX)
+def test_the_jax_runs_ran_on_the_jax_engine_and_the_others_on_tensorflow(name, executed):
+    for run, engine in ((executed[name], "tf"), (executed[name + JAX], "jax")):
+        if run.error is not None:
+            raise run.error
+        printed = _printed(run)
+        if name.startswith("01"):  # fw.info()'s line, then the steps of the smoke run
+            assert re.search(rf"^engine +{engine} ", printed, re.M), printed[:2000]
+            # SMOKE: 256 examples, batch 64, one epoch: 4 steps, wherever it runs.
+            assert "after 4 steps" in printed
+        else:  # every process tutorial 3 started says what it trained on
+            lines = re.findall(r"^ *cpu:\d: (\w+) engine, cpu x(\d)", printed, re.M)
+            assert lines == [(engine, "1"), (engine, "2")], printed
+
+
+@pytest.mark.parametrize("name", ["03_same_code_everywhere.ipynb",
+                                  "03_same_code_everywhere.ipynb" + JAX])
+def test_tutorial_3_trains_the_same_losses_on_1_and_2_replicas(name, executed):
+    # Ghost BatchNorm and the loss over the global batch: the same function on 1 and 2
+    # replicas, on either engine, so the curves agree to float32 rounding (a loss near
+    # 2.3 is rounded at ~2.4e-7 per step).
+    if executed[name].error is not None:
+        raise executed[name].error
+    diffs = re.findall(r"cpu:2: max \|loss - cpu:1 loss\| = (\S+)", _printed(executed[name]))
+    assert len(diffs) == 1 and float(diffs[0]) < 1e-5, diffs
+
+
+def test_around_the_run_on_the_jax_engine(executed):
+    from tests import test_lr_finder as lin
+
+    run = executed["01_mnist.ipynb" + JAX]
+    if run.error is not None:
+        raise run.error
+    out = json.loads(_printed(run).strip().splitlines()[-1])
+    assert out["engine"] == "jax" and out["replicas"] == 8
+    # find_lr: the curve of full-batch gradient descent, replayed in numpy, on 8 devices.
+    lin.check_result(*out["find_lr"])
+    # check_input counted global batches: 20 steps of BATCH_SIZE examples over the time.
+    rate, seconds, batches, batch_size = out["check_input"]
+    assert batches == 20 and rate * seconds == pytest.approx(20 * batch_size, rel=1e-6)
+    # profile_steps: one profile, JAX's own (TensorFlow's profiler sees no jit(...)).
+    assert out["steps"][1] == out["steps"][0] + 2
+    assert len(out["profiles"]) == 1 and out["profiles"][0] > 0, out["profiles"]
 
 
 # ------------------------------------------------- a fresh install, as the README says

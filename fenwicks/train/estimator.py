@@ -354,7 +354,8 @@ class Estimator:
             callbacks: `keras.callbacks.Callback` objects, called as `model.fit` calls
                 them (see `fenwicks.train.callbacks`). Defaults to None.
             profile_steps: ``(a, b)``, global steps with ``0 <= a < b`` inside this call:
-                TensorFlow's profiler records the steps from global step a to b (loops
+                the engine's profiler (TensorFlow's, or `jax.profiler` on the JAX
+                engine) records the steps from global step a to b (loops
                 are cut there) into ``<work_dir>/train/plugins/profile``, for
                 TensorBoard's Profile tab and its input-pipeline analyzer (TensorBoard
                 needs ``pip install tensorboard-plugin-profile`` to show it). Start after

@@ -6,9 +6,11 @@ compares it with the training speed of the last `train` call.
     # input delivers 41,200 ex/s, training consumed 3,100 ex/s (13.29x): not input-bound
 
 The input is timed the way training consumes it: the same ``params`` (per-replica batch
-size, seed, input context), the same strategy's distributed dataset, on this host,
-pulled by a compiled loop as the training loop pulls it, after a few warm-up batches
-(tf.data's autotuning, the first file reads, the loop's compilation).
+size, seed, input context) and the same engine's reading, on this host, after a few
+warm-up batches (tf.data's autotuning, the first file reads, the loop's compilation). On
+the TensorFlow engine a compiled loop pulls the strategy's distributed dataset, as the
+training loop does; on the JAX engine the global batches are read as NumPy and copied to
+the mesh's devices, as its trainer does (`fenwicks.train.jax.inputs`).
 
 The verdict (thresholds in `INPUT_BOUND_BELOW`, `CLOSE_BELOW`): a prefetching pipeline
 runs beside the training step, so when the input is the slower of the two training runs
@@ -29,7 +31,7 @@ import tensorflow as tf
 
 from fenwicks import _tf_internals, accel
 from fenwicks._checks import positive_int
-from fenwicks.train import inputs
+from fenwicks.train import engines, inputs
 from fenwicks.train.options import EstimatorConfig
 
 logger = logging.getLogger("fenwicks")
@@ -237,6 +239,23 @@ def _drain_fn(strategy: tf.distribute.Strategy) -> Any:
     return drain
 
 
+def _drain_numpy(batches: Any, num_steps: int) -> int:
+    """The JAX engine's reading of `num_steps` global batches: NumPy from the pipeline,
+    then copied to the devices (waited for); returns the examples read."""
+    import jax
+
+    from fenwicks.train.jax import mesh
+
+    examples = 0
+    for _ in range(num_steps):
+        taken = batches.take(1)
+        if not taken:
+            raise tf.errors.OutOfRangeError(None, None, "the training input ran out")
+        jax.block_until_ready(mesh.put_batch(taken[0]))
+        examples += len(jax.tree.leaves(taken[0])[0])
+    return examples
+
+
 def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: accel.Accelerator,
                num_batches: int, warmup_batches: int
                ) -> tuple[float, float, tf.data.Dataset]:
@@ -245,20 +264,26 @@ def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: a
     The rate counts every replica's batch of each step, as training's examples/s do; on
     several workers, this host's batches scaled to the cluster (hosts alike).
     """
-    # The pipelines train reads: the same InputManager builds and checks them. One is
+    # The pipelines train reads: the engine's InputManager builds and checks them. One is
     # probed first (as train checks its first batch), and read for the advice, before any
     # iterator exists.
-    manager = inputs.InputManager(config, accelerator)
+    engine = engines.current()
+    manager = engine.InputManager(config, accelerator)
     probe = manager.probe(input_fn, "train").dataset
     _check_no_cache_being_written(probe)
     iterator = manager.train_iterator(input_fn, start_step=0)
-    strategy = accelerator.strategy
-    drain = _drain_fn(strategy)
+    if engine.name == "jax":
+        import jax
+
+        drain, hosts = _drain_numpy, jax.process_count()
+    else:
+        compiled, hosts = _drain_fn(accelerator.strategy), accelerator.num_workers
+        drain = lambda it, n: int(compiled(it, tf.constant(n, tf.int64)))
     try:
         # At least one step: the drain loop compiles on it, and compiling is not reading.
-        drain(iterator, tf.constant(max(warmup_batches, 1), tf.int64))
+        drain(iterator, max(warmup_batches, 1))
         start = time.perf_counter()
-        examples = int(drain(iterator, tf.constant(num_batches, tf.int64)))
+        examples = drain(iterator, num_batches)
         seconds = time.perf_counter() - start
     except tf.errors.OutOfRangeError as err:
         raise ValueError(
@@ -268,7 +293,7 @@ def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: a
         # Let go of the iterator now, not at interpreter exit (release discards it).
         del iterator
         manager.release()
-    examples *= accelerator.num_workers
+    examples *= hosts
     return examples / max(seconds, 1e-9), seconds, probe
 
 

@@ -5,11 +5,12 @@ runs one step per learning rate from `start_lr` to `end_lr`, smooths the loss, s
 it diverges and suggests the rate where the smoothed loss falls fastest (Smith, 2015;
 fast.ai's ``lr_find``).
 
-Steps run through the estimator's own `Trainer` (the same compiled loop): every replica
-gets its own batch from ``strategy.distribute_datasets_from_function`` and the recorded
-loss is the mean over the *global* batch, so the curve with 8 replicas is the
-single-device curve (a common bug is to record replica 0's loss only, a noisier curve on
-1/8 of the data).
+Steps run through the estimator's own trainer (the same compiled loop) on either engine:
+on TensorFlow every replica gets its own batch from
+``strategy.distribute_datasets_from_function``; on JAX one pipeline's global batches are
+split over the mesh (`fenwicks.train.jax`). The recorded loss is the mean over the
+*global* batch, so the curve with 8 replicas is the single-device curve (a common bug is
+to record replica 0's loss only, a noisier curve on 1/8 of the data).
 
     result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
     result.suggestion            # e.g. 0.21
@@ -30,11 +31,11 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks._checks import divisible_by_replicas, number, positive_int, steps
-from fenwicks.train import inputs
+from fenwicks.train import engines, inputs
 from fenwicks.train.building import build_model, precision_policy
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.schedules import Schedule
-from fenwicks.train.trainer import InputExhaustedError, Trainer
+from fenwicks.train.trainer import InputExhaustedError, LoopOutput, Trainer
 
 
 @keras.saving.register_keras_serializable(package="fenwicks")
@@ -142,6 +143,79 @@ def _build(acc: accel.Accelerator, model_func: Callable, batch_size: int,
                            acc.precision, features_spec)
 
 
+def _numpy_batches(acc: accel.Accelerator, input_fn: Callable, batch_size: int,
+                   seed: int | None, num_steps: int,
+                   steps_per_epoch: int | None) -> tuple[Any, Any]:
+    """The JAX engine's global batches of `input_fn`, and its per-replica element spec:
+    one pipeline feeding every replica, as the estimator reads it there."""
+    from fenwicks.train.jax.inputs import TrainBatches
+
+    context = tf.distribute.InputContext(1, 0, acc.num_replicas)
+    params = _params(acc, batch_size, seed, steps_per_epoch, context)
+    dataset = inputs.call_input_fn(input_fn, params, "training")
+    inputs.check_train_spec(dataset.element_spec, params["batch_size"])
+    # Only what the sweep can use: nothing past it is read or prefetched.
+    dataset = dataset.take(num_steps * acc.num_replicas)
+    return TrainBatches(dataset, acc.num_replicas), dataset.element_spec
+
+
+class _SweepState:
+    """The few parts of the JAX engine's `JaxRunState` its trainer uses: the model's and
+    optimizer's arrays on the mesh, and a step count; no checkpoints, no work_dir."""
+
+    def __init__(self, spec: ModelSpec, optimizer: Any) -> None:
+        import jax
+
+        from fenwicks.train.jax import mesh
+
+        self.spec, self.optimizer = spec, optimizer
+        self.step = self.input_steps_taken = 0
+        model = spec.model
+        self._lists = (list(model.trainable_variables), list(model.non_trainable_variables),
+                       list(optimizer.variables))
+        for group in self._lists:  # replicated on every device, as the estimator's
+            for variable in group:
+                variable.assign(jax.device_put(variable.value, mesh.replicated()))
+
+    @property
+    def global_step(self) -> int:
+        return self.step
+
+    def values(self) -> tuple[list, list, list]:
+        """The arrays for a compiled block, each once: the block donates them, and two
+        variables may share one initial array."""
+        import jax.numpy as jnp
+
+        seen: set[int] = set()
+
+        def own(array: Any) -> Any:
+            if id(array) in seen:
+                return jnp.copy(array)
+            seen.add(id(array))
+            return array
+
+        return tuple([own(v.value) for v in group] for group in self._lists)
+
+    def set_values(self, values: tuple[list, list, list]) -> None:
+        for group, arrays in zip(self._lists, values, strict=True):
+            for variable, array in zip(group, arrays, strict=True):
+                variable.assign(array)
+
+
+def _trainer(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,
+             batch_size: int) -> Any:
+    """The estimator's own inner loop on this engine, one step per call: the host
+    decides after each step whether the curve has diverged."""
+    if engines.is_jax():
+        from fenwicks.train.jax.trainer import JaxTrainer
+
+        return JaxTrainer(_SweepState(spec, optimizer), batch_size, steps_per_loop=1)
+    with acc.strategy.scope():
+        counter = tf.Variable(0, dtype=tf.int64, name="find_lr_step")
+    # The step count is a tensor in the TensorFlow loop: no retrace.
+    return Trainer(acc.strategy, spec, optimizer, counter, batch_size)
+
+
 def _suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, float | None]:
     """Steepest descent of the smoothed loss per log-lr, ignoring the noisy first tenth."""
     if len(lrs) < 5:
@@ -197,8 +271,8 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
     acc = accel.current()
     positive_int("batch_size", batch_size, example=512)
     batch_size = divisible_by_replicas("batch_size", batch_size, acc.num_replicas)
-    iterator, spec = _distributed_batches(acc, input_fn, batch_size, seed, num_steps,
-                                          steps_per_epoch)
+    batches = _numpy_batches if engines.is_jax() else _distributed_batches
+    iterator, spec = batches(acc, input_fn, batch_size, seed, num_steps, steps_per_epoch)
     holder = [iterator]  # the only reference, for inputs.discard
     del iterator
     model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0],
@@ -207,29 +281,28 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
     sweep = ExponentialSweep(start_lr, end_lr, num_steps)
     optimizer.learning_rate = sweep  # Keras allows replacing a schedule with a schedule
     try:
-        lrs, losses = _sweep(acc, model_spec, optimizer, holder[0], sweep, batch_size,
-                             smoothing, diverge_factor, verbose)
+        trainer = _trainer(acc, model_spec, optimizer, batch_size)
+        lrs, losses = _sweep(trainer.train, holder[0], sweep, batch_size, smoothing,
+                             diverge_factor, verbose)
     finally:
         model_spec.model.set_weights(saved)
-        inputs.discard(holder)  # its destructor can wait for seconds: off this thread
+        if hasattr(holder[0], "release"):  # the JAX engine's batches
+            holder.pop().release()
+        else:
+            inputs.discard(holder)  # its destructor can wait for seconds: off this thread
     return _result(lrs, losses, smoothing, num_steps)
 
 
-def _sweep(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any, iterator: Any,
+def _sweep(train: Callable[[Any, int], LoopOutput], iterator: Any,
            sweep: ExponentialSweep, batch_size: int, smoothing: float,
            diverge_factor: float, verbose: bool = False) -> tuple[list[float], list[float]]:
-    with acc.strategy.scope():
-        counter = tf.Variable(0, dtype=tf.int64, name="find_lr_step")
-    # The estimator's own inner loop, one step per call: the host decides after each
-    # step whether the curve has diverged (the step count is a tensor: no retrace).
-    trainer = Trainer(acc.strategy, spec, optimizer, counter, batch_size)
     lrs: list[float] = []
     losses: list[float] = []
     average, best = 0.0, math.inf
     with _progress_bar(sweep, batch_size, verbose) as bar:
         for index in range(sweep.num_steps):
             try:
-                loss = trainer.train(iterator, 1).last_loss  # mean over the global batch
+                loss = train(iterator, 1).last_loss  # mean over the global batch
             except InputExhaustedError:
                 raise ValueError(f"input_fn ran out of batches after {index} of the "
                                  f"{sweep.num_steps} steps; repeat the dataset "

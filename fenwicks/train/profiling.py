@@ -1,10 +1,13 @@
-"""``train(..., profile_steps=(a, b))``: a TensorFlow profile of global steps a to b.
+"""``train(..., profile_steps=(a, b))``: a profile of global steps a to b.
 
-TensorFlow's profiler (`tf.profiler.experimental`) writes the trace itself, as
-``<work_dir>/train/plugins/profile/<time>/<host>.xplane.pb``; TensorBoard shows it
-(``tensorboard --logdir <work_dir>``, Profile tab, input-pipeline analyzer and trace
-viewer) once the ``tensorboard-plugin-profile`` package is installed where TensorBoard
-runs. Fenwicks does not need that package to write the profile.
+The engine's own profiler writes the trace, as
+``<work_dir>/train/plugins/profile/<time>/<host>.xplane.pb``: TensorFlow's
+(`tf.profiler.experimental`) on the TensorFlow engine, JAX's (`jax.profiler`, the same
+XPlane format) on the JAX engine, where the steps run as JAX computations that
+TensorFlow's profiler does not see. TensorBoard shows it (``tensorboard --logdir
+<work_dir>``, Profile tab: trace viewer, and on TensorFlow the input-pipeline analyzer)
+once the ``tensorboard-plugin-profile`` package is installed where TensorBoard runs.
+Fenwicks does not need that package to write the profile.
 
 Steps run in compiled loops of ``steps_per_loop`` steps and the profiler starts and
 stops between loops, so the controller cuts its loops at a and b: the profile holds
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -54,8 +58,27 @@ def check_in_range(profile_steps: tuple[int, int] | None, start: int, target: in
             f"{start + length}) (start after the first loop to leave compilation out)")
 
 
+def _start(logdir: str) -> None:
+    """Starts the profiler of the engine that runs the steps (Keras's backend)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.profiler.start_trace(logdir)
+    else:
+        tf.profiler.experimental.start(logdir)
+
+
+def _stop() -> None:
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.profiler.stop_trace()
+    else:
+        tf.profiler.experimental.stop()
+
+
 class ProfileWindow:
-    """Starts TensorFlow's profiler at global step `a` and stops it at `b`.
+    """Starts the engine's profiler at global step `a` and stops it at `b`.
 
     Args:
         profile_steps: ``(a, b)``, validated by `check_profile_steps`, or None (nothing).
@@ -89,7 +112,7 @@ class ProfileWindow:
         a, b = self.profile_steps
         if not self.running and a <= step < b:
             try:
-                tf.profiler.experimental.start(self.logdir)
+                _start(self.logdir)
             except (tf.errors.OpError, RuntimeError) as err:
                 # A profile is a diagnostic: training goes on without it.
                 logger.warning("fenwicks: could not start the profiler (%s); training "
@@ -110,7 +133,7 @@ class ProfileWindow:
         if self.running:
             self.running = False
             try:
-                tf.profiler.experimental.stop()
+                _stop()
             except (tf.errors.OpError, RuntimeError) as err:
                 # Also runs while another error unwinds training: never hide that one.
                 logger.warning("fenwicks: could not write the profile to %s (%s)",

@@ -4,7 +4,8 @@
 # This is the shortest path through Fenwicks: handwritten digits in numpy arrays, a small
 # convolutional net, Adam with an exponentially decaying learning rate, then training and
 # an exact evaluation. The same notebook runs on a TPU, a GPU or the CPU: Fenwicks picks
-# the accelerator, the distribution strategy, the precision and where files go.
+# the accelerator, the engine (TensorFlow, or JAX where that reaches the TPU; tutorial 3),
+# the distribution, the precision and where files go.
 #
 # Run it top to bottom. `SMOKE = True` in the next cell turns it into a run of seconds,
 # which is how the test suite checks that every cell still works.
@@ -194,8 +195,10 @@ fw.plt.plot_history(history)
 # faster than this net trains.
 #
 # For a closer look, `est.train(..., profile_steps=(a, b))` records global steps a to b
-# with TensorFlow's profiler into `work_dir/train`: TensorBoard's Profile tab (with
-# `pip install tensorboard-plugin-profile`) then shows the input-pipeline analyzer.
+# with the engine's profiler (TensorFlow's, or JAX's on the JAX engine) into
+# `work_dir/train`: TensorBoard's Profile tab (with `pip install
+# tensorboard-plugin-profile`) then shows the trace, and on TensorFlow the input-pipeline
+# analyzer.
 
 # %%
 print(est.check_input(train_input_func))
