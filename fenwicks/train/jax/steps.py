@@ -17,7 +17,8 @@ On the CPU the scan is unrolled: XLA:CPU runs a loop body, and the branches of a
 ``lax.cond``, about three times slower than the same step on its own (measured with
 `benchmarks/jax_engine.py`'s network under load: 10 steps in a rolled scan 4.1 s, with a
 ``cond`` in it 4.4 s, unrolled 2.2 s, as 10 separate calls 1.5 s). Unrolling multiplies
-the compile time by the block length, so the trainer caps it there (`trainer.CPU_BLOCK_STEPS`).
+the compile time by the block length, so the trainer's CPU blocks are one step long
+(`trainer.CPU_BLOCK_STEPS`).
 On TPUs and GPUs the loop stays rolled, as XLA compiles it well there.
 
 Loss reduction: the step sees the whole global batch (the mesh splits it), so the loss is
@@ -124,8 +125,7 @@ def make_train_block(spec: ModelSpec, optimizer: Any, global_batch_size: int
             done = jnp.logical_or(done, ~jnp.isfinite(loss))
             return (state, done), (loss, ran)
 
-        length = jax.tree.leaves(batches)[0].shape[0]
-        unroll = length if jax.default_backend() == "cpu" else 1
+        unroll = jax.default_backend() == "cpu" or 1  # True: no loop left at all
         (state, done), (losses, ran) = jax.lax.scan(body, (state, done), batches,
                                                     unroll=unroll)
         return state, done, losses, ran
