@@ -125,6 +125,10 @@ def make_train_block(spec: ModelSpec, optimizer: Any, global_batch_size: int
             done = jnp.logical_or(done, ~jnp.isfinite(loss))
             return (state, done), (loss, ran)
 
+        if jax.tree.leaves(batches)[0].shape[0] == 1:  # one step: no scan around it
+            (state, done), (loss, ran) = body((state, done),
+                                              jax.tree.map(lambda x: x[0], batches))
+            return state, done, loss[None], ran[None]
         unroll = jax.default_backend() == "cpu" or 1  # True: no loop left at all
         (state, done), (losses, ran) = jax.lax.scan(body, (state, done), batches,
                                                     unroll=unroll)
