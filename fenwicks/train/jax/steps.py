@@ -18,7 +18,9 @@ On the CPU the scan is unrolled: XLA:CPU runs a loop body, and the branches of a
 `benchmarks/jax_engine.py`'s network under load: 10 steps in a rolled scan 4.1 s, with a
 ``cond`` in it 4.4 s, unrolled 2.2 s, as 10 separate calls 1.5 s). Unrolling multiplies
 the compile time by the block length, so the trainer's CPU blocks are one step long
-(`trainer.CPU_BLOCK_STEPS`).
+(`trainer.CPU_BLOCK_STEPS`), and a block of one step is the step alone, with no scan
+around it: a scan of length one ran as slowly as the rolled loop (0.82 s a step against
+0.08 s at c=8).
 On TPUs and GPUs the loop stays rolled, as XLA compiles it well there.
 
 Loss reduction: the step sees the whole global batch (the mesh splits it), so the loss is
