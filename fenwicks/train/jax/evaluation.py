@@ -4,10 +4,17 @@ Batches come padded and masked (`JaxInputManager.padded_batches`), every one of 
 same static shape, so one compiled step serves a whole evaluation; the per-batch sums
 leave the devices in float32 and are added up on the host in float64, as on the
 TensorFlow engine. What the sums mean, the checks and the result are `Evaluator`'s.
+
+Steps are dispatched without waiting for the one before (JAX runs them asynchronously),
+so the next batch is read and copied to the devices while the current one computes; the
+host waits for a step's result only once `IN_FLIGHT` later steps are dispatched, which
+bounds the batches held on the devices.
 """
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,10 +43,11 @@ class JaxEvaluator(Evaluator):
                      num_steps: int | None) -> EvalTotals:
         step = self._step("eval")
         trainable, non_trainable, _ = self._state.values()
-        per_batch = [np.asarray(step(trainable, non_trainable, mesh.put_batch(batch),
-                                     mesh.put_batch(mask)))
-                     for batch, mask in self._inputs.padded_batches(
-                         input_fn, global_batch, "eval", num_steps)]
+        per_batch = _pipelined(
+            (step(trainable, non_trainable, mesh.put_batch(batch), mesh.put_batch(mask))
+             for batch, mask in self._inputs.padded_batches(
+                 input_fn, global_batch, "eval", num_steps)),
+            np.asarray)
         return EvalTotals.of(per_batch, list(self._state.spec.metric_fns))
 
     def _predictions(self, input_fn: InputFn, global_batch: int) -> list[Any]:
@@ -47,10 +55,27 @@ class JaxEvaluator(Evaluator):
 
         step = self._step("predict")
         trainable, non_trainable, _ = self._state.values()
-        results = [(step(trainable, non_trainable, mesh.put_batch(unpack(batch)[0])), mask)
-                   for batch, mask in self._inputs.padded_batches(
-                       input_fn, global_batch, "predict", None)]
-        return [(_to_numpy(predictions), mask) for predictions, mask in results]
+        return _pipelined(
+            ((step(trainable, non_trainable, mesh.put_batch(unpack(batch)[0])), mask)
+             for batch, mask in self._inputs.padded_batches(
+                 input_fn, global_batch, "predict", None)),
+            lambda result: (_to_numpy(result[0]), result[1]))
+
+
+IN_FLIGHT = 2  # steps dispatched ahead of the one the host waits for
+
+
+def _pipelined(results: Iterator[Any], to_host: Callable[[Any], Any]) -> list[Any]:
+    """`to_host` of every item of `results` (each a dispatched step), in order, waiting
+    for an item only when `IN_FLIGHT` later ones have been dispatched."""
+    pending: collections.deque = collections.deque()
+    done = []
+    for result in results:
+        pending.append(result)
+        if len(pending) > IN_FLIGHT:
+            done.append(to_host(pending.popleft()))
+    done.extend(to_host(result) for result in pending)
+    return done
 
 
 def _to_numpy(tree: Any) -> Any:

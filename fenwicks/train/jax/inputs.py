@@ -136,17 +136,20 @@ class JaxInputManager(InputManager):
         dataset = tf_inputs.call_input_fn(input_fn, params, what)
         if steps is not None:
             dataset = dataset.take(steps * self.num_replicas)
-        dataset = tf_inputs.pad_and_mask(dataset, batch_size, self.num_replicas, what)
-        dataset = dataset.batch(self.num_replicas, drop_remainder=True)
-        if shared:  # this process's replicas' rows of each global batch
-            first, count = mesh.process_index() * self._local_replicas, self._local_replicas
-            dataset = dataset.map(lambda *pair: tf.nest.map_structure(
-                lambda x: x[first:first + count], pair))
-        dataset = dataset.prefetch(2)
+        # Each batch padded to `batch_size` in tf.data; the last group of fewer than R
+        # batches filled up with zero batches here, on the host (`_fill_group`), rather
+        # than by `pad_and_mask`'s filler, which starts a second pass of the input.
+        dataset = tf_inputs.pad_and_mask(dataset, batch_size, 1, what)
+        dataset = dataset.batch(self.num_replicas).prefetch(2)
+        first, count = mesh.process_index() * self._local_replicas, self._local_replicas
         self._last_probe = None
         holder = [dataset.as_numpy_iterator()]  # the only reference: `discard` drops it
         try:
             for element, mask in holder[0]:
+                element, mask = _fill_group(element, mask, self.num_replicas)
+                if shared:  # this process's replicas' rows of each global batch
+                    element, mask = jax.tree.map(lambda x: x[first:first + count],
+                                                 (element, mask))
                 yield _merge_replicas(element), mask.reshape(-1)
         finally:
             discard(holder)
@@ -171,3 +174,16 @@ def _agreed(make: Any, what: str) -> Any:
             f"process {failed[0]} (each process calls the input_fn with its own "
             "params['input_context'])")
     return result
+
+
+def _fill_group(element: Any, mask: np.ndarray, replicas: int) -> tuple[Any, np.ndarray]:
+    """``[r, b, ...]`` with r < `replicas` (the input's last group) -> ``[replicas, b,
+    ...]``, the added batches zero and masked out; a full group as it is."""
+    missing = replicas - mask.shape[0]
+    if not missing:
+        return element, mask
+
+    def fill(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([x, np.zeros((missing,) + x.shape[1:], x.dtype)])
+
+    return jax.tree.map(fill, element), fill(mask)

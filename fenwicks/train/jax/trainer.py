@@ -3,17 +3,26 @@ runs `n` steps in compiled blocks and returns the same `LoopOutput` as the Tenso
 engine's `Trainer`.
 
 A loop of `n` steps runs as blocks of ``K`` steps (`steps.make_train_block`), each one
-``jax.lax.scan`` call over ``K`` stacked global batches; the last block is padded with
-steps that do nothing, so every block reuses one compilation. ``K`` is the loop length,
-capped so that one block of input stays under `BLOCK_BYTES`. Blocks are dispatched
-without waiting for the previous one (JAX runs them asynchronously): the next block's
-batches are read and copied to the devices while the current one computes, and the host
-waits once, at the end of the loop. SIGTERM and Ctrl-C are looked at between blocks.
+``jax.lax.scan`` call over ``K`` stacked global batches; a remainder of fewer than ``K``
+steps runs as blocks of one step, so two compilations serve every loop. ``K`` is the
+loop length, capped so that one block of input stays under `BLOCK_BYTES`, and on the CPU
+at `CPU_BLOCK_STEPS` (the block is unrolled there: its compile time grows with ``K``).
+Blocks are dispatched without waiting for the previous one (JAX runs them
+asynchronously): the next block's batches are read and copied to the devices while the
+current one computes, and the host waits once, at the end of the loop. Before that
+wait it reads the next loop's first block from the input (kept with that input,
+`_ReadAhead`), so reading the input is never between two loops' computations either.
+SIGTERM and Ctrl-C are looked at between blocks.
+
+`JaxTrainer.last_timing` says where the last loop's wall time went on the host: reading
+the input, copying it to the devices, dispatching, and waiting for the devices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -26,12 +35,16 @@ from fenwicks.train.jax.state import JaxRunState
 from fenwicks.train.trainer import InputExhaustedError, LoopOutput
 
 BLOCK_BYTES = 64 << 20  # input of one compiled block: bounded, whatever steps_per_loop is
+# Steps of one block on the CPU, where blocks are unrolled (`steps.make_train_block`):
+# one step a call is as fast there as an unrolled block of ten (1.5 s vs 2.2 s for ten
+# steps of the benchmark's network, under load) and compiles ten times faster; the calls
+# are dispatched asynchronously, so the host reads the next batch while one computes.
+CPU_BLOCK_STEPS = 1
 
 
-def _stack(batches: list[Any], length: int) -> Any:
-    """``[length, batch, ...]`` arrays of `batches`, padded with zero batches."""
-    padding = [jax.tree.map(np.zeros_like, batches[0])] * (length - len(batches))
-    return jax.tree.map(lambda *xs: np.stack(xs), *batches, *padding)
+def _stack(batches: list[Any]) -> Any:
+    """``[len(batches), batch, ...]`` arrays of `batches`."""
+    return jax.tree.map(lambda *xs: np.stack(xs), *batches)
 
 
 class JaxTrainer:
@@ -58,21 +71,27 @@ class JaxTrainer:
         self._stop = stop
         self._block_steps = block_steps
         self._block = steps.make_train_block(state.spec, state.optimizer, global_batch_size)
+        self._ahead = _ReadAhead()
+        self.last_timing: dict[str, float] = {}  # seconds of the last loop (module doc)
 
     @property
     def global_step(self) -> int:
         return self.state.global_step
 
     def _take(self, batches: TrainBatches, wanted: int) -> list[Any]:
-        """Up to one block of batches; the first sets the block length."""
+        """Up to one block of batches, the read-ahead first; the first sets the block
+        length."""
+        ahead = self._ahead.take(batches, wanted)
         if self._block_steps is None:
-            taken = batches.take(1)
+            taken = ahead or batches.take(1)
             if not taken:
                 return taken
             size = sum(x.nbytes for x in jax.tree.leaves(taken[0]))
-            self._block_steps = max(1, min(self._steps_per_loop, BLOCK_BYTES // size))
-            return taken + batches.take(min(wanted, self._block_steps) - 1)
-        return batches.take(min(wanted, self._block_steps))
+            cap = CPU_BLOCK_STEPS if jax.default_backend() == "cpu" else self._steps_per_loop
+            self._block_steps = max(1, min(self._steps_per_loop, cap, BLOCK_BYTES // size))
+        else:
+            taken = ahead
+        return taken + batches.take(min(wanted, self._block_steps) - len(taken))
 
     def _stopped(self) -> bool:
         return self._stop is not None and bool(self._stop.numpy())
@@ -85,24 +104,38 @@ class JaxTrainer:
         """
         state = self.state
         start, began = state.global_step, time.perf_counter()
+        timing = dict.fromkeys(("input", "transfer", "dispatch", "wait"), 0.0)
+        clock = _Clock(timing)
         values, outputs, asked, exhausted = state.values(), [], 0, False
+        done = jnp.bool_(False)
         try:
             while asked < num_steps and not self._stopped():
                 wanted = num_steps - asked
-                taken = self._take(batches, wanted)
-                if taken:
-                    block = mesh.put_batch(_stack(taken, self._block_steps), leading=1)
-                    values, losses, ran = self._block(values, block, jnp.int32(len(taken)))
+                with clock("input"):
+                    taken = self._take(batches, wanted)
+                # A full block in one call; fewer steps (a loop's end) one step a call.
+                for part in ([taken] if len(taken) == self._block_steps
+                             else [[batch] for batch in taken]):
+                    with clock("input"):
+                        block = _stack(part)
+                    with clock("transfer"):
+                        block = mesh.put_batch(block, leading=1)
+                    with clock("dispatch"):
+                        values, done, losses, ran = self._block(values, done, block)
                     outputs.append((losses, ran))
-                    asked += len(taken)
+                asked += len(taken)
                 if not taken or len(taken) < min(wanted, self._block_steps):
                     exhausted = True
                     break
+            if not exhausted and not self._stopped():
+                with clock("input"):  # while the devices compute
+                    self._ahead.read(batches, self._block_steps or 1)
         finally:
             state.set_values(values)  # the arrays passed in were donated to the block
-        # Host-side from here: this waits for the blocks. A block after a non-finite loss
-        # starts on NaN weights; the steps counted stop at the first non-finite loss.
-        losses = [np.asarray(loss)[np.asarray(ran)] for loss, ran in outputs]
+        # Host-side from here: this waits for the blocks. No step after a non-finite loss
+        # changed the state (`done`); the steps counted stop at the first non-finite loss.
+        with clock("wait"):
+            losses = [np.asarray(loss)[np.asarray(ran)] for loss, ran in outputs]
         losses = np.concatenate(losses) if losses else np.zeros([0], np.float32)
         losses = losses[:_through_first_non_finite(losses)]
         state.step += len(losses)
@@ -110,9 +143,47 @@ class JaxTrainer:
         if exhausted:
             raise InputExhaustedError(state.global_step)
         seconds = time.perf_counter() - began
+        self.last_timing = {**timing, "total": seconds}
         return LoopOutput(start, state.global_step, losses.astype(np.float32),
                           _learning_rate(state.optimizer), seconds,
                           len(losses) * self._global_batch_size / max(seconds, 1e-9))
+
+
+class _ReadAhead:
+    """Batches read from one `TrainBatches` before a loop asked for them; a later loop
+    on the same input takes them first, a loop on another input drops them (that input
+    was replaced, and its position is counted in steps trained, not batches read)."""
+
+    def __init__(self) -> None:
+        self._source: TrainBatches | None = None
+        self._batches: list[Any] = []
+
+    def read(self, batches: TrainBatches, count: int) -> None:
+        if batches is not self._source:
+            self._source, self._batches = batches, []
+        self._batches += batches.take(count - len(self._batches))
+
+    def take(self, batches: TrainBatches, count: int) -> list[Any]:
+        if batches is not self._source:
+            self._source, self._batches = None, []
+            return []
+        taken, self._batches = self._batches[:count], self._batches[count:]
+        return taken
+
+
+class _Clock:
+    """``with clock(name):`` adds the block's wall seconds to ``timing[name]``."""
+
+    def __init__(self, timing: dict[str, float]) -> None:
+        self._timing = timing
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timing[name] += time.perf_counter() - began
 
 
 def _through_first_non_finite(losses: np.ndarray) -> int:
