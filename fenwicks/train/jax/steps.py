@@ -131,12 +131,17 @@ def make_train_block(spec: ModelSpec, optimizer: Any, global_batch_size: int
             (state, done), (loss, ran) = body((state, done),
                                               jax.tree.map(lambda x: x[0], batches))
             return state, done, loss[None], ran[None]
-        unroll = jax.default_backend() == "cpu" or 1  # True: no loop left at all
+        unroll = UNROLL_ON_CPU and jax.default_backend() == "cpu" or 1  # True: no loop
         (state, done), (losses, ran) = jax.lax.scan(body, (state, done), batches,
                                                     unroll=unroll)
         return state, done, losses, ran
 
     return jax.jit(block, donate_argnums=0, out_shardings=mesh.replicated())
+
+
+# Blocks are unrolled on the CPU (the module doc says why). Public so that a test can
+# run, on the CPU, the rolled loop that TPUs and GPUs run.
+UNROLL_ON_CPU = True
 
 
 def _non_finite_rows(features: Any) -> Any:
