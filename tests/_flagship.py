@@ -3,8 +3,10 @@
 `tests/test_flagship.py` runs these in fresh processes (replica counts are fixed when
 TensorFlow starts, and resume must cross a real process boundary):
 
-    python -m tests._flagship losses WORK_ROOT            # per-step losses, each BN mode
+    python -m tests._flagship losses WORK_ROOT [MODES [MODELS]]  # per-step losses,
+                                                          # each BN mode (and model)
     python -m tests._flagship resume WORK_ROOT STEPS      # STEPS more steps on each model
+                                                          # (per-replica BN: losses' too)
     python -m tests._flagship exact WORK_ROOT 8,56,1000   # evaluate/predict per val_bs
                                                           # (of losses' replica-BN model)
 
@@ -73,10 +75,11 @@ def eval_input(x: np.ndarray, y: np.ndarray) -> Any:
                                            params["batch_size"], training=False)
 
 
-def losses(work_root: str, modes: str = "replica,sync,4") -> dict[str, list[float]]:
-    """10 steps' losses for each model and BatchNorm mode (comma-separated)."""
+def losses(work_root: str, modes: str = "replica,sync,4",
+           models: str = ",".join(MODELS)) -> dict[str, list[float]]:
+    """10 steps' losses for each model and BatchNorm mode (both comma-separated)."""
     out = {}
-    for name in MODELS:
+    for name in models.split(","):
         x, y = digits(name)
         for bn in (int(m) if m.isdigit() else m for m in modes.split(",")):
             est = estimator(name, os.path.join(work_root, f"{name}-{bn}"), bn=bn)
@@ -86,10 +89,12 @@ def losses(work_root: str, modes: str = "replica,sync,4") -> dict[str, list[floa
 
 
 def resume(work_root: str, steps: str) -> dict[str, Any]:
+    """`steps` more steps on each model's per-replica-BN work_dir under `work_root`: the
+    one `losses` trained there (10 steps) is resumed, or a new one started."""
     out = {}
     for name in MODELS:
         x, y = digits(name)
-        est = estimator(name, os.path.join(work_root, name))
+        est = estimator(name, os.path.join(work_root, f"{name}-replica"))
         est.train(train_input(x, y), steps=int(steps))
         out[name] = {"step": est.global_step, "eval": est.evaluate(eval_input(x, y)),
                      "variables": [np.asarray(v).tolist() for v in est.model.variables]}

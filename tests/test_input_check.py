@@ -88,6 +88,7 @@ def test_a_slow_python_input_is_judged_input_bound(tmp_path, digits):
     assert est.global_step == 30  # timing the input changed nothing of the run
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_fw_data_on_the_digits_is_not_input_bound(tmp_path, digits):
     est = _estimator(tmp_path, FAST_BATCH, steps_per_loop=20, width=8)
     input_fn = _fast_input(*digits)
@@ -175,6 +176,7 @@ def test_check_input_rejects_inputs_that_train_would_reject(tmp_path, digits):
         est.check_input(finite)
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_a_file_cache_still_being_written_by_training_is_a_clear_error(tmp_path, digits):
     x, y = digits
     cache = str(tmp_path / "cache")
@@ -213,6 +215,7 @@ def test_profile_steps_outside_the_call_are_errors_naming_the_steps(tmp_path, di
     assert est.global_step == 0 and tf.train.latest_checkpoint(str(tmp_path)) is None
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_profile_steps_write_a_profile_of_exactly_those_steps(tmp_path, digits):
     est = _estimator(tmp_path, FAST_BATCH, steps_per_loop=3)
     est.train(_fast_input(*digits), steps=9, profile_steps=(2, 4))
@@ -245,6 +248,7 @@ def test_two_replicas_count_both_replicas_batches(tmp_path):
     assert result["verdict"] != "no verdict"
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_a_profiler_already_running_is_a_warning_and_training_goes_on(tmp_path, digits,
                                                                      caplog):
     est = _estimator(tmp_path / "run", FAST_BATCH, steps_per_loop=3)

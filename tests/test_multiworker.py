@@ -49,11 +49,12 @@ def _results(procs, timeout=600):
 def test_two_workers_evaluate_every_example_once_and_only_the_chief_writes(tmp_path):
     work = tmp_path / "run"
     # The chief names each checkpoint late: the other worker's evaluate must not restore
-    # the previous one on its own (its collectives would mix two models' numbers).
-    chief, other = _results(_start_pair(work, 20, MULTIWORKER_SLOW_CHIEF_STATE="3"))
+    # the previous one on its own (its collectives would mix two models' numbers). 10
+    # steps: ckpt-5, then ckpt-10 named 3 s late, while the other worker evaluates.
+    chief, other = _results(_start_pair(work, 10, MULTIWORKER_SLOW_CHIEF_STATE="3"))
     y = flagship.digits("mnist_net")[1][flagship.NUM_TRAIN:]
     for result in (chief, other):
-        assert result["workers"] == 2 and result["replicas"] == 2 and result["step"] == 20
+        assert result["workers"] == 2 and result["replicas"] == 2 and result["step"] == 10
         # 773 digits in batches of 32 per worker: 13 batches for one worker, 12 for the
         # other, the last one partial; each digit counted exactly once over both.
         assert result["eval"]["num_examples"] == len(y)
@@ -65,7 +66,7 @@ def test_two_workers_evaluate_every_example_once_and_only_the_chief_writes(tmp_p
         assert result["eval"]["accuracy"] == pytest.approx(np.mean(probs.argmax(1) == y))
         assert "predict runs on one host" in result["predict_error"]
     np.testing.assert_allclose(chief["logits"], other["logits"], atol=1e-6)  # in sync
-    assert _faults.latest_step(str(work)) == 20
+    assert _faults.latest_step(str(work)) == 10
     left = sorted(os.listdir(work))
     assert not [name for name in left if name.startswith(".worker")], left
     assert "fenwicks.lock" not in left

@@ -119,6 +119,7 @@ def _mnist_estimator(model_dir, data):
     return estimator, train_input_fn, eval_input_fn, predict_input_fn
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_mnist_tpu_port_trains_evaluates_exactly_predicts_dicts_and_resumes(tmp_path, digits):
     model_dir = str(tmp_path / "mnist")
     estimator, train_fn, eval_fn, predict_fn = _mnist_estimator(model_dir, digits)
@@ -366,6 +367,7 @@ def _write_name_based_checkpoint(prefix, tensors):
     return prefix
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_bert_run_classifier_port_warm_starts_a_partial_map_and_evaluates_real_examples(
         tmp_path):
     rng = np.random.default_rng(7)
@@ -515,6 +517,7 @@ def _squeezenet_model_fn(features, labels, mode, params):
                      "probabilities": v1.nn.softmax(logits, name="softmax_tensor")})
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_squeezenet_port_params_schedules_and_recall_at_k(tmp_path):
     rng = np.random.default_rng(3)
     images = rng.normal(size=(160, 8, 8, 3)).astype(np.float32)
@@ -580,6 +583,7 @@ def _keras_metric_model_fn(features, labels, mode, params):
                                      optimizer=fw.train.sgd_optimizer(0.1))
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_labels_key_keras_metrics_tensor_predictions_and_warm_start_settings(tmp_path):
     rng = np.random.default_rng(5)
     x = rng.normal(size=(20, 4)).astype(np.float32)
@@ -676,6 +680,7 @@ def test_run_config_and_tpu_config_check_their_arguments():
         fw.train.TPUEstimatorSpec
 
 
+@pytest.mark.slow  # among the fast subset's longest (several compiled runs)
 def test_get_tpu_estimator_evaluates_and_predicts_without_steps_per_epoch(tmp_path, digits):
     images, labels = digits[0][:256] / 255.0, digits[1][:256]
     model_func = fw.train.get_clf_model_func(
