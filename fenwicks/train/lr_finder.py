@@ -182,24 +182,14 @@ class _SweepState:
         return self.step
 
     def values(self) -> tuple[list, list, list]:
-        """The arrays for a compiled block, each once: the block donates them, and two
-        variables may share one initial array."""
-        import jax.numpy as jnp
+        from fenwicks.train.jax.state import owned_values
 
-        seen: set[int] = set()
-
-        def own(array: Any) -> Any:
-            if id(array) in seen:
-                return jnp.copy(array)
-            seen.add(id(array))
-            return array
-
-        return tuple([own(v.value) for v in group] for group in self._lists)
+        return owned_values(self._lists)
 
     def set_values(self, values: tuple[list, list, list]) -> None:
-        for group, arrays in zip(self._lists, values, strict=True):
-            for variable, array in zip(group, arrays, strict=True):
-                variable.assign(array)
+        from fenwicks.train.jax.state import assign_values
+
+        assign_values(self._lists, values)
 
 
 def _trainer(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,

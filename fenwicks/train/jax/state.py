@@ -30,6 +30,30 @@ from fenwicks.train.state import RunState
 logger = logging.getLogger("fenwicks")
 
 
+def owned_values(groups: tuple[list, list, list]) -> tuple[list, list, list]:
+    """The arrays of `groups`' variables (trainable, non-trainable, optimizer), each once.
+
+    A compiled block takes ownership of (donates) them, and two variables may hold the
+    same array (an initial value that Keras or JAX shared): the second gets a copy.
+    """
+    seen: set[int] = set()
+
+    def own(array: Any) -> Any:
+        if id(array) in seen:
+            return jnp.copy(array)
+        seen.add(id(array))
+        return array
+
+    return tuple([own(v.value) for v in group] for group in groups)
+
+
+def assign_values(groups: tuple[list, list, list], values: tuple[list, list, list]) -> None:
+    """Puts a compiled block's arrays back into `groups`' variables."""
+    for group, arrays in zip(groups, values, strict=True):
+        for variable, array in zip(group, arrays, strict=True):
+            variable.assign(array)
+
+
 class JaxRunState(RunState):
     """`RunState` with the variables on a JAX mesh and orbax checkpoints.
 
@@ -65,25 +89,11 @@ class JaxRunState(RunState):
                 list(self.optimizer.variables))
 
     def values(self) -> tuple[list, list, list]:
-        """The state's arrays (trainable, non-trainable, optimizer), for a compiled step.
-
-        Each array appears once: a compiled block takes ownership of (donates) them, and
-        two variables may hold the same array (an initial value that Keras or JAX shared).
-        """
-        seen: set[int] = set()
-
-        def own(array: Any) -> Any:
-            if id(array) in seen:
-                return jnp.copy(array)
-            seen.add(id(array))
-            return array
-
-        return tuple([own(v.value) for v in group] for group in self._lists)
+        """The state's arrays (trainable, non-trainable, optimizer), for a compiled step."""
+        return owned_values(self._lists)
 
     def set_values(self, values: tuple[list, list, list]) -> None:
-        for group, arrays in zip(self._lists, values, strict=True):
-            for variable, array in zip(group, arrays, strict=True):
-                variable.assign(array)
+        assign_values(self._lists, values)
 
     def tree(self) -> dict[str, Any]:
         """What a checkpoint holds: every variable, in the model's and the optimizer's
