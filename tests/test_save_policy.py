@@ -26,6 +26,9 @@ class _Checkpointer:
             raise KeyboardInterrupt
         self.saves.append((step, force))
 
+    def agree(self, due):  # one process: its own flag
+        return due
+
 
 def test_periodic_saves_every_n_loops_and_every_t_seconds(monkeypatch):
     clock = [0.0]

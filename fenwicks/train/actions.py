@@ -223,11 +223,10 @@ class CheckPreemption(Action):
     def __call__(self, output: LoopOutput) -> None:
         # Processes that save together (the JAX engine's hosts) decide together: a signal
         # reaches one of them, and a save is a collective of all (`SavePolicy.agree`).
-        agree = getattr(self.saves, "agree", bool)  # a stand-in policy may have none
-        if agree(self.watcher.requested):
+        if self.saves.agree(self.watcher.requested):
             self.saves.save(Trigger.PREEMPTION, self.state.global_step)
             raise preemption.Preempted(self.state.global_step, self.state.latest_checkpoint)
-        if agree(self.watcher.interrupted):
+        if self.saves.agree(self.watcher.interrupted):
             raise KeyboardInterrupt
 
 

@@ -338,6 +338,19 @@ def _assign(variables: Sequence[Any], saved: SavedWeights, pairs: dict[int, int]
         variables[i].assign(saved.arrays[j].astype(variables[i].dtype))
 
 
+def load_matching(model: Any, saved: SavedWeights) -> dict[str, list[str]]:
+    """Loads each of `model`'s variables that `match` pairs in `saved` (a warm start).
+
+    Returns:
+        ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths.
+    """
+    variables = list(model.variables)
+    pairs = match(variables, saved)
+    _assign(variables, saved, pairs)
+    return {"loaded": [v.path for i, v in enumerate(variables) if i in pairs],
+            "not_loaded": [v.path for i, v in enumerate(variables) if i not in pairs]}
+
+
 # --------------------------------------------------------------------------- the uses
 
 
@@ -437,11 +450,7 @@ def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | N
     if checkpoint is None:
         return None
     saved = read(checkpoint)
-    variables = list(model.variables)
-    pairs = match(variables, saved)
-    _assign(variables, saved, pairs)
-    report = {"loaded": [v.path for i, v in enumerate(variables) if i in pairs],
-              "not_loaded": [v.path for i, v in enumerate(variables) if i not in pairs]}
+    report = load_matching(model, saved)
     logger.warning("fenwicks: warm start from the %s's checkpoint %s loaded %d "
                    "variable(s) by name; not loaded: %s", ENGINES[saved.engine],
                    checkpoint, len(report["loaded"]), report["not_loaded"] or "none")

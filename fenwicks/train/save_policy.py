@@ -137,5 +137,4 @@ class SavePolicy:
         """`flag` as the processes that save together decide it: True on all of them if
         it is on any (`Checkpointer.agree`, a collective); `flag` itself with one writer.
         """
-        agree = getattr(self.checkpointer, "agree", None)  # a stand-in may have none
-        return bool(flag) if agree is None else agree(bool(flag))
+        return self.checkpointer.agree(bool(flag))

@@ -63,12 +63,7 @@ def warm_start(model: Any, source: str) -> dict[str, list[str]]:
     # second model built in this process is `conv2d_1`), then by position, shapes checked.
     saved = cross_engine.SavedWeights(f"{directory}/{step}", "jax", step, list(paths),
                                       [np.asarray(a) for a in arrays], in_model_order=True)
-    variables = list(model.variables)
-    pairs = cross_engine.match(variables, saved)
-    for i, j in pairs.items():
-        variables[i].assign(saved.arrays[j].astype(variables[i].dtype))
-    report = {"loaded": [v.path for i, v in enumerate(variables) if i in pairs],
-              "not_loaded": [v.path for i, v in enumerate(variables) if i not in pairs]}
+    report = cross_engine.load_matching(model, saved)
     logger.warning("fenwicks: warm start from %s/%d loaded %d variable(s); not loaded: %s",
                    directory, step, len(report["loaded"]), report["not_loaded"] or "none")
     return report
