@@ -29,12 +29,10 @@ NUM_EVAL = 1797 - 1024  # digits after the 1,024 training ones (tests/_flagship.
 
 
 def _run(emulator, command, work_dir, local_root):
-    # The second process compiles what the first did (the same model and steps): JAX's
-    # persistent compilation cache saves it the time.
-    cache = {"JAX_COMPILATION_CACHE_DIR": str(local_root / "jax-cache"),
-             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    # The second process compiles what the first did (the same model and steps): the
+    # session's JAX compilation cache (tests/conftest.py) saves it the time.
     return emulator.run_module_json("tests._jax_gcs", command, work_dir, str(local_root),
-                                    env={**JAX_ENV, **FAST_TF_RETRIES, **cache},
+                                    env={**JAX_ENV, **FAST_TF_RETRIES},
                                     timeout=600)
 
 
