@@ -93,20 +93,13 @@ def checkpoint_step(work_dir: str) -> int | None:
     The estimator names its checkpoints ``ckpt-<global step>`` (TensorFlow engine) or
     ``orbax/<global step>`` (JAX engine).
     """
-    import tensorflow as tf
-
     from fenwicks.train.checkpoints import step_of
+    from fenwicks.train.cross_engine import orbax_latest, tf_latest
 
-    latest = tf.train.latest_checkpoint(work_dir)
-    if latest and step_of(latest) >= 0:
-        return step_of(latest)
-    # The JAX engine's checkpoints: <work_dir>/orbax/<step> (complete ones only: orbax
-    # writes into a temporary name and renames when done).
-    orbax = f"{work_dir}/orbax"
-    steps = [int(name) for name in (tf.io.gfile.listdir(orbax)
-                                    if tf.io.gfile.isdir(orbax) else [])
-             if name.rstrip("/").isdigit()]
-    return max(steps) if steps else None
+    # Either engine's newest complete checkpoint (on gs:// an orbax step counts once its
+    # marker is there), found as the estimator finds it.
+    latest = tf_latest(work_dir) or orbax_latest(work_dir)
+    return step_of(latest) if latest and step_of(latest) >= 0 else None
 
 
 def load_digits(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
