@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from tests._storage_faults import GCSFS_WAIT_SCALE
+from tests.conftest import last_json, start_process
 
 pytestmark = pytest.mark.slow
 
@@ -172,19 +173,27 @@ def _run_deadline(emulator, *args, env=None):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(gcs_fault_emulator):
-    """10 steps in one go: what every interrupted run must end with."""
-    work_dir = gcs_fault_emulator.unique_url("reference") + "/work"
-    return _run_deadline(gcs_fault_emulator, "train_to", work_dir, "10")
+def storage_gone(gcs_fault_emulator, tmp_path_factory):
+    """Every connection reset from step 4 on; then storage is back and a new process
+    resumes the run. Meanwhile (the outage mostly waits on deadlines) the uninterrupted
+    reference trains in another process, on local disk: the same steps, so the same
+    numbers, and outside the namespace, so the outage's faults cannot reach it."""
+    reference = start_process(["-m", "tests._storage_faults", "train_to",
+                               str(tmp_path_factory.mktemp("reference") / "work"), "10"])
+    try:
+        work_dir = gcs_fault_emulator.unique_url("gone") + "/work"
+        out = _run_deadline(gcs_fault_emulator, "outage", work_dir, "down", "0")
+        resumed = _run_deadline(gcs_fault_emulator, "train_to", work_dir, "10")
+    finally:
+        stdout, stderr = reference.communicate(timeout=300)
+    assert reference.returncode == 0, stderr[-3000:]
+    return work_dir, out, resumed, last_json(stdout)
 
 
 @pytest.fixture(scope="module")
-def storage_gone(gcs_fault_emulator):
-    """Every connection reset from step 4 on; then storage is back and a new process
-    resumes the run."""
-    work_dir = gcs_fault_emulator.unique_url("gone") + "/work"
-    out = _run_deadline(gcs_fault_emulator, "outage", work_dir, "down", "0")
-    return work_dir, out, _run_deadline(gcs_fault_emulator, "train_to", work_dir, "10")
+def uninterrupted(storage_gone):
+    """10 steps in one go: what every interrupted run must end with."""
+    return storage_gone[3]
 
 
 def _assert_same_variables(got, want):
@@ -205,7 +214,7 @@ def test_a_missing_bucket_is_an_error_naming_it_within_seconds(gcs_fault_emulato
 
 
 def test_storage_gone_mid_training_ends_the_run_naming_the_last_checkpoint(storage_gone):
-    work_dir, out, _ = storage_gone
+    work_dir, out, _, _ = storage_gone
     error = out["error"]
     assert error is not None and error["type"] == "StorageUnavailableError", out
     assert "OSError" in error["mro"]
@@ -224,7 +233,7 @@ def test_storage_gone_mid_training_ends_the_run_naming_the_last_checkpoint(stora
 
 def test_resume_after_storage_returns_equals_an_uninterrupted_run(storage_gone,
                                                                   uninterrupted):
-    work_dir, _, resumed = storage_gone
+    work_dir, _, resumed, _ = storage_gone
     assert resumed["resumed_from"] == f"{work_dir}/ckpt-2"
     assert resumed["step"] == uninterrupted["step"] == 10
     assert uninterrupted["resumed_from"] is None
