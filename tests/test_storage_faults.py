@@ -256,7 +256,7 @@ def test_train_without_credentials_raises_gcs_credentials_error(gcs_fault_emulat
     work_dir = gcs_fault_emulator.unique_url("nocreds") + "/work"
     # No emulator host, no test token, an empty HOME: no credentials of any kind.
     out = _run_deadline(gcs_fault_emulator, "no_credentials", work_dir,
-                        env={"HOME": str(tmp_path)})["train"]
+                        str(tmp_path))["train"]
     assert out["error"]["type"] == "GCSCredentialsError"
     assert f"{work_dir!r} is on Google Cloud Storage" in out["error"]["message"]
     assert "gcloud auth application-default login" in out["error"]["message"]
