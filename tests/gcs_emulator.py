@@ -172,11 +172,18 @@ class GcsEmulator:
     def start_module(self, module: str, *args: str,
                      env: dict[str, str] | None = None) -> subprocess.Popen:
         """Starts ``python -m module *args`` inside the namespace, for a test that signals
-        or waits on it itself (text pipes for stdout and stderr; `ip netns exec` execs
+        or waits on it itself (text pipes for stdout and stderr): forked from the
+        namespace's server when `run_module` would be (a `tests._zygote.ForkedProcess`,
+        used as a `subprocess.Popen`), else a new interpreter (`ip netns exec` execs
         Python, so the process's pid is Python's)."""
+        argv = ["-m", module, *args]
+        full_env = {**os.environ, **self.env, **(env or {})}
+        zygote = self._zygote_for(None)
+        if zygote.may_run(argv, full_env):
+            return zygote.start(argv, full_env, str(self.workdir))
         return subprocess.Popen(
-            ["ip", "netns", "exec", self.namespace, sys.executable, "-m", module, *args],
-            env={**os.environ, **self.env, **(env or {})}, cwd=str(self.workdir),
+            ["ip", "netns", "exec", self.namespace, sys.executable, *argv],
+            env=full_env, cwd=str(self.workdir),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def log_tail(self, chars: int = 3000) -> str:
