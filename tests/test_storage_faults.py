@@ -13,12 +13,12 @@ scenario records each wait and sleeps 1/20 of it, and checks the waits a user wo
 (31-36 s in an outage).
 
 The deadline tests (a missing bucket, storage gone or paused mid-training, no
-credentials) keep Fenwicks' own TensorFlow retry settings and scale only the two
+credentials) keep Fenwicks' own TensorFlow retry settings and scale only the
 deadlines (DEADLINE_ENV): 2 s per request attempt instead of 20, 12 s per storage
 operation instead of 90 (still far below the 47 s of TensorFlow's own retries, which
-must not be what ends a call). Processes with the same settings are forked from one
-server that imported Fenwicks with them (`import_env`). They train the narrow mnist_net
-on 8x8 digits for 10 steps.
+must not be what ends a call), 4 s per clean-up call after a failure instead of 10.
+Processes with the same settings are forked from one server that imported Fenwicks
+with them (`import_env`). They train the narrow mnist_net on 8x8 digits for 10 steps.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ FAST_TF_RETRIES = {
 OUTAGE_BOUND_SECS = 30
 
 
-DEADLINE_ENV = {"FENWICKS_GCS_REQUEST_TIMEOUT": "2", "FENWICKS_GCS_DEADLINE": "12"}
-OPERATION_DEADLINE, CLEANUP_DEADLINE = 12, 10  # seconds; fenwicks._deadline.CLEANUP_SECS
+DEADLINE_ENV = {"FENWICKS_GCS_REQUEST_TIMEOUT": "2", "FENWICKS_GCS_DEADLINE": "12",
+                "FENWICKS_GCS_CLEANUP_DEADLINE": "4"}
+OPERATION_DEADLINE, CLEANUP_DEADLINE = 12, 4  # seconds (the defaults: 90 and 10)
 PAUSE_SECS = 4  # longer than one request attempt (2 s), shorter than an operation (12 s)
 
 
