@@ -19,8 +19,9 @@ Two layers, both set here and nowhere else:
 
 After a storage failure, clean-up calls (``best_effort=True``: removing partial files,
 flushing summaries) are skipped until a call succeeds again, and releasing the work_dir
-lock gets `CLEANUP_SECS`, so the error reaches the user within about
-`deadline_secs() + CLEANUP_SECS` of the failure (100 s by default).
+lock gets `cleanup_secs()` (`CLEANUP_SECS`, or ``FENWICKS_GCS_CLEANUP_DEADLINE``), so the
+error reaches the user within about `deadline_secs() + cleanup_secs()` of the failure
+(100 s by default).
 
 At interpreter exit, calls still abandoned get `EXIT_WAIT_SECS` to finish; then the
 process says what it gave up on and exits with status `EXIT_STATUS` (75, EX_TEMPFAIL:
@@ -54,6 +55,7 @@ CLEANUP_SECS = 10  # a clean-up call after a failure (best effort)
 EXIT_WAIT_SECS = 10  # at interpreter exit, for calls abandoned at their deadline
 EXIT_STATUS = 75  # EX_TEMPFAIL: exited with storage calls unfinished; try again later
 DEADLINE_ENV = "FENWICKS_GCS_DEADLINE"
+CLEANUP_ENV = "FENWICKS_GCS_CLEANUP_DEADLINE"  # tests shorten the clean-up bound with it
 REQUEST_TIMEOUT_ENV = "FENWICKS_GCS_REQUEST_TIMEOUT"
 OUTAGE_ERRORS = frozenset({"UnavailableError", "AbortedError", "DeadlineExceededError",
                            "StorageTimeoutError"})
@@ -76,6 +78,17 @@ def deadline_secs() -> float:
         90.0
     """
     return _positive_env(DEADLINE_ENV, DEADLINE_SECS)
+
+
+def cleanup_secs() -> float:
+    """Seconds a clean-up call after a failure may take (``FENWICKS_GCS_CLEANUP_DEADLINE``,
+    default `CLEANUP_SECS`): a test hook, so an outage test need not wait 10 s for it.
+
+    Example:
+        >>> cleanup_secs()
+        10.0
+    """
+    return _positive_env(CLEANUP_ENV, CLEANUP_SECS)
 
 
 def _positive_env(name: str, default: float) -> float:
@@ -177,10 +190,10 @@ def run(fn: Callable[..., T], *args: Any, what: str, path: str | None,
         fn: the storage call (a ``tf.io.gfile`` function, a checkpoint save...).
         what: what it does, for the error ("checkpoint save").
         path: the path it touches; local paths (and None) run directly, unbounded.
-        best_effort: a clean-up call: skipped during an outage, given `CLEANUP_SECS`
+        best_effort: a clean-up call: skipped during an outage, given `cleanup_secs()`
             otherwise, and its failure logged rather than raised (returns None).
         attempt_in_outage: try a `best_effort` call even during an outage (releasing
-            the work_dir lock: worth `CLEANUP_SECS`).
+            the work_dir lock: worth `cleanup_secs()`).
 
     Raises:
         StorageTimeoutError: not finished within `deadline_secs()`.
@@ -195,7 +208,7 @@ def run(fn: Callable[..., T], *args: Any, what: str, path: str | None,
     if not (path or "").startswith("gs://"):
         return _direct(fn, args, kwargs, what, path, best_effort)
     warn_if_tensorflow_came_first()
-    seconds = CLEANUP_SECS if best_effort else deadline_secs()
+    seconds = cleanup_secs() if best_effort else deadline_secs()
     bound = "the bound for a clean-up call" if best_effort else DEADLINE_ENV
     if not best_effort:
         _wait_for_abandoned(what, path, seconds)

@@ -2,7 +2,7 @@
 (tests/test_security.py); prints one JSON document of what it did and the exception
 messages it provoked. The test then looks for the credential everywhere.
 
-    python -m tests._secrets_run local WORK_DIR EXPORT_DIR
+    python -m tests._secrets_run local WORK_DIR EXPORT_DIR DEMO_DIR
     python -m tests._secrets_run gcs GS_WORK_DIR GS_EXPORT_DIR LOCAL_DIR   (in the namespace)
 """
 
@@ -52,13 +52,19 @@ def _flows(work_dir: str, export_dir: str) -> dict[str, Any]:
     return {"global_step": again.global_step, "accuracy": result["accuracy"]}
 
 
-def local(work_dir: str, export_dir: str) -> dict[str, Any]:
+def local(work_dir: str, export_dir: str, demo_dir: str) -> dict[str, Any]:
     import fenwicks as fw
+    from fenwicks import __main__ as cli
 
     _verbose_logging()
     out: dict[str, Any] = {"setup": fw.gcs.setup()}  # reads the planted ADC file
     fw.info()
     out["flows"] = _flows(work_dir, export_dir)
+    # The command line's own `main` (what ``python -m fenwicks`` exits with), here rather
+    # than in processes of its own: what it prints lands on the streams the test searches,
+    # and this process's start-up output is searched already. Its exit statuses:
+    out["cli"] = {"info": cli.main(["info"]),
+                  "demo": cli.main(["demo", "--epochs", "1", "--work-dir", demo_dir])}
     out["errors"] = {
         "bad_batch": _message(lambda: fw.train.get_tpu_estimator(
             3, None, work_dir, trn_bs=-1)),

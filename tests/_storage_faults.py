@@ -11,7 +11,7 @@ message) and what storage holds afterwards.
     python -m tests._storage_faults missing_bucket gs://no-such-bucket/run
     python -m tests._storage_faults outage gs://bucket/run/work down|hold SECONDS
     python -m tests._storage_faults train_to gs://bucket/run/work MAX_STEPS
-    python -m tests._storage_faults no_credentials gs://bucket/run/work
+    python -m tests._storage_faults no_credentials gs://bucket/run/work EMPTY_HOME
 """
 
 from __future__ import annotations
@@ -308,8 +308,9 @@ def train_to(work_dir: str, max_steps: str) -> dict[str, Any]:
     return {"resumed_from": latest, "step": est.global_step, "variables": _variables(est)}
 
 
-def no_credentials(work_dir: str) -> dict[str, Any]:
-    """`est.train` on gs:// with no credentials at all (no emulator, no token)."""
+def no_credentials(work_dir: str, home: str) -> dict[str, Any]:
+    """`est.train` on gs:// with no credentials at all (no emulator, no token, `home` an
+    empty HOME: set by `main`)."""
     est, train = _digits_estimator(work_dir)
     return {"train": _phase(lambda: est.train(train, steps=2) and None, [])}
 
@@ -321,10 +322,11 @@ SCENARIOS = {"save_and_restore": save_and_restore, "restore_outage": restore_out
 
 def main() -> None:
     scenario, *args = sys.argv[1:]
-    if scenario == "no_credentials":  # before TensorFlow or google.auth read them
+    if scenario == "no_credentials":  # before google.auth or TensorFlow's auth read them
         for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_AUTH_TOKEN_FOR_TESTING",
                      "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
             os.environ.pop(name, None)
+        os.environ["HOME"] = args[1]  # here, not in the request: the process is forked
     print(json.dumps(SCENARIOS[scenario](*args)), flush=True)
     if scenario == "outage":
         # A call abandoned at its deadline may still be inside TensorFlow's client; if it

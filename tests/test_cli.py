@@ -12,13 +12,19 @@ from fenwicks import __main__ as cli
 from tests.conftest import run_process
 
 
-def _fenwicks(*args: str, tmp_path, device: str | None = None) -> subprocess.CompletedProcess:
+def _fenwicks(*args: str, tmp_path, device: str | None = None,
+              fresh: bool = False) -> subprocess.CompletedProcess:
+    """``python -m fenwicks *args``, forked from the test zygote (`run_process`): its
+    stderr is what Fenwicks prints once imported. `fresh`: a new interpreter, whose
+    stderr also holds what ``import fenwicks`` prints."""
     # TensorFlow's own start-up lines are the user's to silence; this user did: on a CPU
-    # with AVX-512 TensorFlow announces oneDNN through absl before TF_CPP_MIN_LOG_LEVEL
-    # applies, and only turning oneDNN's custom operations off silences that line.
+    # with AVX-512 TensorFlow announces oneDNN through absl at import, before
+    # TF_CPP_MIN_LOG_LEVEL applies, and only turning oneDNN's custom operations off
+    # silences that line. (A forked process imported nothing: no such line.)
+    quiet = {"TF_ENABLE_ONEDNN_OPTS": "0"} if fresh else {}
     return run_process(["-m", "fenwicks", *args], cwd=tmp_path, timeout=300, check=False,
                        env={"FENWICKS_ROOT": str(tmp_path), "FENWICKS_DEVICE": device,
-                            "TF_ENABLE_ONEDNN_OPTS": "0"})
+                            **quiet}, fresh=fresh)
 
 
 def _has_gpu() -> bool:
@@ -114,7 +120,8 @@ def test_debug_shows_the_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_info_says_why_this_accelerator(tmp_path):
-    proc = _fenwicks("info", tmp_path=tmp_path, device="cpu:2")
+    # A new interpreter, as a user starts it: nothing else on stderr, import included.
+    proc = _fenwicks("info", tmp_path=tmp_path, device="cpu:2", fresh=True)
     assert proc.returncode == 0, proc.stderr
     rows = dict(line.split(None, 1) if not line.startswith("chosen by") else
                 ("chosen by", line[len("chosen by"):].strip())

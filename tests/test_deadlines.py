@@ -18,7 +18,7 @@ BOUND = 0.3  # seconds, for both kinds of call in these tests
 @pytest.fixture
 def storage_hangs(monkeypatch):
     """A storage call that blocks until the test ends (then it is let go)."""
-    monkeypatch.setattr(_deadline, "CLEANUP_SECS", BOUND)
+    monkeypatch.setenv(_deadline.CLEANUP_ENV, str(BOUND))  # the test hook
     monkeypatch.setenv(_deadline.DEADLINE_ENV, str(BOUND))
     release = threading.Event()
     yield lambda *args, **kwargs: release.wait(30)

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -194,16 +195,25 @@ def _estimator(work_dir, **kwargs):
                                steps_per_loop=5, **kwargs)
 
 
-@pytest.fixture
-def two_checkpoints(tmp_path):
-    """A work_dir holding ckpt-5 and ckpt-10, and the variables at step 5."""
+@pytest.fixture(scope="module")
+def trained_twice(tmp_path_factory):
+    """ckpt-5 and ckpt-10, trained once for the module's tests (each spoils a copy)."""
+    work = tmp_path_factory.mktemp("two_checkpoints") / "run"
     x, y = _flagship.digits("mnist_net")
-    est = _estimator(tmp_path / "run")
+    est = _estimator(work)
     est.train(_flagship.train_input(x, y), steps=5)
     at_five = [np.asarray(v) for v in est.model.variables]
     est.train(_flagship.train_input(x, y), steps=5)
-    assert _faults.latest_step(str(tmp_path / "run")) == 10
-    return tmp_path / "run", at_five, (x, y)
+    assert _faults.latest_step(str(work)) == 10
+    return work, at_five, (x, y)
+
+
+@pytest.fixture
+def two_checkpoints(trained_twice, tmp_path):
+    """A work_dir of its own holding ckpt-5 and ckpt-10, and the variables at step 5."""
+    source, at_five, data = trained_twice
+    shutil.copytree(source, tmp_path / "run")
+    return tmp_path / "run", at_five, data
 
 
 def _reopen(work_dir, data):

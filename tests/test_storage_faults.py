@@ -13,9 +13,12 @@ scenario records each wait and sleeps 1/20 of it, and checks the waits a user wo
 (31-36 s in an outage).
 
 The deadline tests (a missing bucket, storage gone or paused mid-training, no
-credentials) keep Fenwicks' own TensorFlow retry settings and scale only the two
-deadlines (DEADLINE_ENV): 2 s per request attempt instead of 20, 20 s per storage
-operation instead of 90. They train the narrow mnist_net on 8x8 digits for 10 steps.
+credentials) keep Fenwicks' own TensorFlow retry settings and scale only the
+deadlines (DEADLINE_ENV): 2 s per request attempt instead of 20, 12 s per storage
+operation instead of 90 (still far below the 47 s of TensorFlow's own retries, which
+must not be what ends a call), 4 s per clean-up call after a failure instead of 10.
+Processes with the same settings are forked from one server that imported Fenwicks
+with them (`import_env`). They train the narrow mnist_net on 8x8 digits for 10 steps.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 import pytest
 
 from tests._storage_faults import GCSFS_WAIT_SCALE
+from tests.conftest import last_json, start_process
 
 pytestmark = pytest.mark.slow
 
@@ -42,14 +46,15 @@ FAST_TF_RETRIES = {
 OUTAGE_BOUND_SECS = 30
 
 
-DEADLINE_ENV = {"FENWICKS_GCS_REQUEST_TIMEOUT": "2", "FENWICKS_GCS_DEADLINE": "20"}
-OPERATION_DEADLINE, CLEANUP_DEADLINE = 20, 10  # seconds; fenwicks._deadline.CLEANUP_SECS
-PAUSE_SECS = 6  # longer than one request attempt (2 s), shorter than an operation (20 s)
+DEADLINE_ENV = {"FENWICKS_GCS_REQUEST_TIMEOUT": "2", "FENWICKS_GCS_DEADLINE": "12",
+                "FENWICKS_GCS_CLEANUP_DEADLINE": "4"}
+OPERATION_DEADLINE, CLEANUP_DEADLINE = 12, 4  # seconds (the defaults: 90 and 10)
+PAUSE_SECS = 4  # longer than one request attempt (2 s), shorter than an operation (12 s)
 
 
 def _run(emulator, *args):
-    return emulator.run_module_json("tests._storage_faults", *args, env=FAST_TF_RETRIES,
-                                    timeout=400)
+    return emulator.run_module_json("tests._storage_faults", *args,
+                                    import_env=FAST_TF_RETRIES, timeout=400)
 
 
 @pytest.fixture(scope="module")
@@ -164,24 +169,32 @@ def test_upload_retries_transient_faults_then_names_the_path(gcs_fault_emulator,
 
 
 def _run_deadline(emulator, *args, env=None):
-    return emulator.run_module_json("tests._storage_faults", *args,
-                                    env={**DEADLINE_ENV, **(env or {})}, timeout=300)
+    return emulator.run_module_json("tests._storage_faults", *args, env=env,
+                                    import_env=DEADLINE_ENV, timeout=300)
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(gcs_fault_emulator):
-    """10 steps in one go: what every interrupted run must end with."""
-    work_dir = gcs_fault_emulator.unique_url("reference") + "/work"
-    return _run_deadline(gcs_fault_emulator, "train_to", work_dir, "10")
-
-
-@pytest.fixture(scope="module")
-def storage_gone(gcs_fault_emulator):
+def storage_gone(gcs_fault_emulator, tmp_path_factory):
     """Every connection reset from step 4 on; then storage is back and a new process
-    resumes the run."""
-    work_dir = gcs_fault_emulator.unique_url("gone") + "/work"
-    out = _run_deadline(gcs_fault_emulator, "outage", work_dir, "down", "0")
-    return work_dir, out, _run_deadline(gcs_fault_emulator, "train_to", work_dir, "10")
+    resumes the run. Meanwhile (the outage mostly waits on deadlines) the uninterrupted
+    reference trains in another process, on local disk: the same steps, so the same
+    numbers, and outside the namespace, so the outage's faults cannot reach it."""
+    reference = start_process(["-m", "tests._storage_faults", "train_to",
+                               str(tmp_path_factory.mktemp("reference") / "work"), "10"])
+    try:
+        work_dir = gcs_fault_emulator.unique_url("gone") + "/work"
+        out = _run_deadline(gcs_fault_emulator, "outage", work_dir, "down", "0")
+        resumed = _run_deadline(gcs_fault_emulator, "train_to", work_dir, "10")
+    finally:
+        stdout, stderr = reference.communicate(timeout=300)
+    assert reference.returncode == 0, stderr[-3000:]
+    return work_dir, out, resumed, last_json(stdout)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(storage_gone):
+    """10 steps in one go: what every interrupted run must end with."""
+    return storage_gone[3]
 
 
 def _assert_same_variables(got, want):
@@ -202,7 +215,7 @@ def test_a_missing_bucket_is_an_error_naming_it_within_seconds(gcs_fault_emulato
 
 
 def test_storage_gone_mid_training_ends_the_run_naming_the_last_checkpoint(storage_gone):
-    work_dir, out, _ = storage_gone
+    work_dir, out, _, _ = storage_gone
     error = out["error"]
     assert error is not None and error["type"] == "StorageUnavailableError", out
     assert "OSError" in error["mro"]
@@ -221,7 +234,7 @@ def test_storage_gone_mid_training_ends_the_run_naming_the_last_checkpoint(stora
 
 def test_resume_after_storage_returns_equals_an_uninterrupted_run(storage_gone,
                                                                   uninterrupted):
-    work_dir, _, resumed = storage_gone
+    work_dir, _, resumed, _ = storage_gone
     assert resumed["resumed_from"] == f"{work_dir}/ckpt-2"
     assert resumed["step"] == uninterrupted["step"] == 10
     assert uninterrupted["resumed_from"] is None
@@ -244,7 +257,7 @@ def test_train_without_credentials_raises_gcs_credentials_error(gcs_fault_emulat
     work_dir = gcs_fault_emulator.unique_url("nocreds") + "/work"
     # No emulator host, no test token, an empty HOME: no credentials of any kind.
     out = _run_deadline(gcs_fault_emulator, "no_credentials", work_dir,
-                        env={"HOME": str(tmp_path)})["train"]
+                        str(tmp_path))["train"]
     assert out["error"]["type"] == "GCSCredentialsError"
     assert f"{work_dir!r} is on Google Cloud Storage" in out["error"]["message"]
     assert "gcloud auth application-default login" in out["error"]["message"]
