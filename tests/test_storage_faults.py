@@ -222,7 +222,7 @@ def test_storage_gone_mid_training_ends_the_run_naming_the_last_checkpoint(stora
     # Storage went away after step 4's loop, before its checkpoint: ckpt-2 is the last.
     # ckpt-4 is written in the background while steps 5-6 train; its failure is raised
     # when the save of step 6 waits for it.
-    assert out["step"] == 6
+    assert out["step"] == 6, out["error"]  # (a flake under load 12 once: step 4)
     assert out["last_checkpoint"] == f"{work_dir}/ckpt-2"
     assert f"The last good checkpoint is {work_dir}/ckpt-2" in error["message"]
     assert f"checkpoint save of {work_dir}/ckpt-4 got no answer" in error["message"]
