@@ -32,8 +32,8 @@ NUM_TEST = 450  # the digits' test split: 25% of 1,797, stratified
 
 
 def _env(devices: int | None) -> dict[str, str | None]:
-    if devices is None:  # the TensorFlow engine
-        return {"KERAS_BACKEND": "tensorflow", "FENWICKS_DEVICE": None}
+    if devices is None:  # the TensorFlow engine, the default: forked from tests._zygote
+        return {"KERAS_BACKEND": None, "FENWICKS_ENGINE": None, "FENWICKS_DEVICE": None}
     return {"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None,
             # LLVM's optimisation on, unlike other JAX test processes: the 8-device
             # programs it compiles round differently (1 vs 8 devices: 3e-7 apart over
@@ -43,8 +43,7 @@ def _env(devices: int | None) -> dict[str, str | None]:
 
 def _run(work_dir, steps, val_sizes=(), devices=8, *flags, check=True):
     args = ["-m", "tests._jax_engine", str(work_dir), str(steps), *map(str, val_sizes)]
-    return run_process(args + list(flags), _env(devices), timeout=900, check=check,
-                       fresh=True)
+    return run_process(args + list(flags), _env(devices), timeout=900, check=check)
 
 
 def _kill_then_resume(work_dir, reference) -> tuple[object, dict]:
@@ -182,10 +181,10 @@ def test_demo_on_the_jax_engine_with_eight_devices(tmp_path):
     env = {**_env(8), "FENWICKS_DEVICE": "cpu:8"}
     work_dir = str(tmp_path / "demo")
     out = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
-                      timeout=900, fresh=True).stdout
+                      timeout=900).stdout
     line = next(line for line in out.splitlines() if line.startswith("test accuracy"))
     correct, total = (int(n) for n in line.split("(")[1].split(" test")[0].split(" of "))
     assert total == NUM_TEST and correct / total >= 0.99, line
     again = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
-                        timeout=900, fresh=True).stdout
+                        timeout=900).stdout
     assert f"resuming {work_dir} at step 252" in again, again
