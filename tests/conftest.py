@@ -123,9 +123,11 @@ class _JaxServer(_fork_server.Client):
     (the host device count, the optimisation level): XLA reads it when the child first
     uses JAX, as a new interpreter would (tests/test_jax_zygote.py checks both), and the
     compilation cache hashes the child's. ``jax.distributed.initialize`` works there too.
-    Saves the ~6 s of CPU of ``import fenwicks`` per JAX process."""
+    Not ``FENWICKS_DEVICE``: on JAX, `import fenwicks` applies it (``cpu:N`` becomes
+    XLA_FLAGS), so a child that sets it starts fresh. Saves the ~6 s of CPU of
+    ``import fenwicks`` per JAX process."""
 
-    RUNTIME_ENV = _fork_server.Client.RUNTIME_ENV | {"XLA_FLAGS"}
+    RUNTIME_ENV = (_fork_server.Client.RUNTIME_ENV - {"FENWICKS_DEVICE"}) | {"XLA_FLAGS"}
 
 
 _zygote = _fork_server.Client(python_env, ROOT)

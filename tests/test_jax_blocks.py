@@ -5,14 +5,10 @@ a non-finite loss. Without this, no CPU test would run the rolled loop."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, python_env
+from tests.conftest import run_module_json
 
 # LLVM optimisation off: XLA compiles the blocks ~2x faster (this module's process: 38 ->
 # 28 s of CPU, measured 2026-11-26 under load); their speed does not matter here.
@@ -22,13 +18,12 @@ BAD_STEP = 8  # its batch makes the loss NaN: mid-block when rolled (the block 6
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    env = python_env({"KERAS_BACKEND": "jax", "FENWICKS_ENGINE": "jax",
-                      "FENWICKS_DEVICE": "cpu:8", "XLA_FLAGS": XLA_FLAGS})
-    done = subprocess.run([sys.executable, "-m", "tests._jax_blocks",
-                           str(tmp_path_factory.mktemp("blocks")), str(BAD_STEP)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # KERAS_BACKEND=jax picks the JAX engine, on the CPU's 8 host devices (XLA_FLAGS,
+    # not FENWICKS_DEVICE=cpu:8): the process forks from conftest's JAX server.
+    env = {"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None,
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count=8 {XLA_FLAGS}"}
+    return run_module_json("tests._jax_blocks", str(tmp_path_factory.mktemp("blocks")),
+                           str(BAD_STEP), env=env, timeout=600)
 
 
 def test_rolled_blocks_train_as_one_step_blocks_do(runs):

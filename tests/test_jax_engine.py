@@ -178,10 +178,11 @@ def test_demo_on_the_jax_engine_with_eight_devices(tmp_path):
     """The issue's Done-when: ``python -m fenwicks demo`` on the JAX engine over 8 host
     devices reaches the TensorFlow engine's demo accuracy (>= 0.99 of the 450 digits);
     a second run resumes the first from its orbax checkpoint and says so."""
-    env = {**_env(8), "FENWICKS_DEVICE": "cpu:8"}
+    env = _env(8)  # 8 host devices by XLA_FLAGS: forked from conftest's JAX server
     work_dir = str(tmp_path / "demo")
     out = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
                       timeout=900).stdout
+    assert "accelerator      cpu x8," in out, out
     line = next(line for line in out.splitlines() if line.startswith("test accuracy"))
     correct, total = (int(n) for n in line.split("(")[1].split(" test")[0].split(" of "))
     assert total == NUM_TEST and correct / total >= 0.99, line
