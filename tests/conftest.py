@@ -392,8 +392,8 @@ def pytest_collection_modifyitems(config, items):
 # session 7 (left out, they started last and ran on alone). storage_faults, which mostly
 # waits on deadlines, runs beside test_flagship's two busy processes.
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
-    "test_jax_engine", "test_jax_multihost", "test_flagship", "test_storage_faults",
-    "test_jax_gcs", "test_faults",
+    "test_jax_engine", "test_flagship", "test_storage_faults",
+    "test_jax_gcs", "test_jax_multihost", "test_faults",
     "test_tutorials", "test_callbacks", "test_estimator", "test_tpu_estimator",
     "test_blocks_jax", "test_resume_position", "test_state", "test_work_dir",
     "test_data_service", "test_cross_engine", "test_jax_blocks",
