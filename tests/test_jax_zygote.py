@@ -13,6 +13,7 @@ from tests.conftest import start_process
 _PROBE = """
 import json, sys
 import jax
+jax.config.update("jax_enable_compilation_cache", False)  # XLA compiles: it dumps
 jax.jit(lambda x: x + 1)(1.0)
 print(json.dumps([jax.device_count(), jax.default_backend(), "fenwicks" in sys.modules]))
 """
