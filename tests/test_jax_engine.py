@@ -7,8 +7,9 @@ One set of runs, started together, feeds every test of the module:
 
 - ``jax8``: 126 steps on 8 devices, then exact evaluation at ``val_bs`` 8, 56 and 1000,
   and an export;
-- ``jax1``: 42 steps on 1 device, evaluated at ``val_bs`` 7; 3 steps in each 16-bit
-  precision;
+- ``jax1``: 42 steps on 1 device, evaluated at ``val_bs`` 7;
+- ``precisions``: 3 steps in each 16-bit precision on 1 device, LLVM optimisation off
+  (XLA compiles faster; no number there is compared across processes);
 - ``tf``: the same code on the TensorFlow engine (1 replica), 126 steps;
 - ``killed`` then ``resumed``: ``jax8``'s run SIGKILLed while its second (asynchronous)
   checkpoint is being written, then resumed by a new process to step 126.
@@ -61,14 +62,21 @@ def _kill_then_resume(work_dir, reference) -> tuple[object, dict]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("jax_engine")
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
         jobs = {"jax8": pool.submit(_run, root / "jax8", STEPS, (8, 56, 1000), 8,
                                     "--export"),
-                "jax1": pool.submit(_run, root / "jax1", 42, (7,), 1, "--precisions"),
+                "jax1": pool.submit(_run, root / "jax1", 42, (7,), 1),
+                "precisions": pool.submit(
+                    run_process, ["-m", "tests._jax_engine", str(root / "precision"),
+                                  "--precisions"],
+                    {**_env(1), "XLA_FLAGS": "--xla_force_host_platform_device_count=1 "
+                                             "--xla_backend_optimization_level=0"},
+                    timeout=900),
                 "tf": pool.submit(_run, root / "tf", STEPS, (56,), None)}
         jobs["kill"] = pool.submit(_kill_then_resume, root / "killed", jobs["jax8"])
         results = {name: job.result() for name, job in jobs.items()}
-    out = {name: last_json(results[name].stdout) for name in ("jax8", "jax1", "tf")}
+    out = {name: last_json(results[name].stdout)
+           for name in ("jax8", "jax1", "tf", "precisions")}
     out["killed"], out["listing"], out["resumed"] = results["kill"]
     out["root"] = root
     print("\njax engine runs:", {  # shown with pytest -s: the figures of the closing note
@@ -167,7 +175,7 @@ def test_sixteen_bit_precisions(runs):
     """bfloat16 (a TPU's 'auto') and float16 (a GPU's, with a LossScaleOptimizer) compute
     in 16 bits with float32 variables, and train to finite, falling losses."""
     for precision, optimizer in (("bfloat16", "AdamW"), ("float16", "LossScaleOptimizer")):
-        got = runs["jax1"]["precisions"][precision]
+        got = runs["precisions"]["precisions"][precision]
         assert (got["compute_dtype"], got["variable_dtype"]) == (precision, "float32")
         assert got["optimizer"] == optimizer
         assert len(got["losses"]) == 3 and np.all(np.isfinite(got["losses"]))
