@@ -2,7 +2,12 @@
 or GPU runs them (several steps in one rolled ``lax.scan``), forced on the CPU, against
 the CPU's one-step blocks, on the product's own network. Prints one JSON line.
 
-    python -m tests._jax_blocks WORK_DIR
+    python -m tests._jax_blocks WORK_DIR BAD_STEP
+
+The model_func is tests/test_jax_engine.py's (`tests._jax_engine`). The runs that stop
+at a non-finite loss train on the same programs as the others (read from the session's
+compilation cache, not compiled again): what makes their loss non-finite is in the
+data (labels outside the classes in step BAD_STEP's batch), not in the compiled code.
 """
 
 from __future__ import annotations
@@ -16,38 +21,59 @@ import numpy as np
 import fenwicks as fw
 from fenwicks import demo
 from fenwicks.train.jax import steps, trainer
+from tests import _jax_engine
 
 STEPS = 13  # a loop of 10 (blocks of 5 when rolled) and a loop of 3 (one block of 3)
+NUM_CLASSES = 10
 
 
-def _run(work_dir: str, rolled: bool, lr: float, x: np.ndarray, y: np.ndarray) -> dict:
+def _input_fn(x: np.ndarray, y: np.ndarray, bad_step: int | None):
+    """The training input; with `bad_step`, the examples that one replica's share of
+    that step's global batch holds are labelled outside the classes (their loss is NaN)
+    everywhere in `y`. An epoch (21 steps) holds each example once, so no other of the
+    first 13 steps sees them."""
+    def input_fn(params):
+        labels = y
+        if bad_step is not None:
+            # The same pipeline over the example indices: which examples that step reads.
+            order = fw.data.numpy_ds(x, np.arange(len(x)), params["batch_size"],
+                                     training=True, seed=_jax_engine.SEED,
+                                     input_context=params["input_context"])
+            skip = (bad_step - 1) * params["num_replicas"]
+            _, rows = next(iter(order.skip(skip).take(1)))
+            labels = y.copy()
+            labels[rows.numpy()] = NUM_CLASSES
+        return fw.data.numpy_ds(x, labels, params["batch_size"], training=True,
+                                seed=_jax_engine.SEED, input_context=params["input_context"])
+    return input_fn
+
+
+def _run(work_dir: str, rolled: bool, bad_step: int | None, x: np.ndarray,
+         y: np.ndarray) -> dict:
     steps.UNROLL_ON_CPU = not rolled
     trainer.CPU_BLOCK_STEPS = 5 if rolled else 1
-    opt_func = fw.train.sgd_optimizer(lambda step: lr, mom=0.9)
-    model_func = fw.train.get_clf_model_func(
-        lambda: fw.models.mnist_net(c=8, input_shape=(8, 8, 1), bn=16), opt_func)
-    est = fw.train.get_tpu_estimator(10, model_func, work_dir, trn_bs=64, seed=3,
-                                     steps_per_loop=10, verbose=False)
+    est = fw.train.get_tpu_estimator(
+        _jax_engine.STEPS_PER_EPOCH, _jax_engine.model_func(), work_dir,
+        trn_bs=_jax_engine.BATCH, seed=_jax_engine.SEED, steps_per_loop=10, verbose=False)
     error = None
     try:
-        est.train(lambda p: fw.data.numpy_ds(x, y, p["batch_size"], training=True, seed=3,
-                                             input_context=p["input_context"]),
-                  max_steps=STEPS)
+        est.train(_input_fn(x, y, bad_step), max_steps=STEPS)
     except Exception as err:  # a non-finite loss: each path must stop alike
         error = type(err).__name__
-    out = {"step": est.global_step, "error": error,
+    out = {"step": est.global_step, "error": error, "losses": est.history.losses,
            "weights": [np.asarray(v.value).tolist() for v in est.model.variables]}
     est.close()
     return out
 
 
-def main(work_dir: str) -> dict:
+def main(work_dir: str, bad_step: int) -> dict:
     x, y, _, _ = demo.load_digits()
-    return {name: _run(os.path.join(work_dir, name), rolled, lr, x, y)
-            for name, rolled, lr in (("one_step", False, 0.05), ("rolled", True, 0.05),
-                                     ("one_step_diverging", False, 1e38),
-                                     ("rolled_diverging", True, 1e38))}
+    return {name: _run(os.path.join(work_dir, name), rolled, bad_step, x, y)
+            for name, rolled, bad_step in (
+                ("one_step", False, None), ("rolled", True, None),
+                ("one_step_diverging", False, bad_step),
+                ("rolled_diverging", True, bad_step))}
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]))))

@@ -4,7 +4,8 @@ engine the environment selects (``KERAS_BACKEND=jax`` or not), printing what it 
 as one JSON line.
 
     python -m tests._jax_engine WORK_DIR MAX_STEPS [VAL_BS ...] [--kill-during-save]
-        [--export] [--precisions]
+        [--export]
+    python -m tests._jax_engine WORK_DIR --precisions   # only the 16-bit runs
 
 The same code trains on both engines: the cross-engine test runs it twice.
 """
@@ -106,8 +107,6 @@ def main(work_dir: str, max_steps: int, val_sizes: list[int], kill: bool) -> dic
         est_eval.close()
     if "--export" in sys.argv:
         out["export_max_diff"] = _export_difference(est, x_test, probs)
-    if "--precisions" in sys.argv:
-        out["precisions"] = _precisions(f"{work_dir}-precision", x_train, y_train)
     weights = [np.asarray(v.value if hasattr(v, "value") else v) for v in est.model.variables]
     np.savez(f"{work_dir}/weights-{est.global_step}.npz", *weights)
     est.close()
@@ -119,6 +118,10 @@ def main(work_dir: str, max_steps: int, val_sizes: list[int], kill: bool) -> dic
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    result = main(args[0], int(args[1]), [int(a) for a in args[2:]],
-                  "--kill-during-save" in sys.argv)
+    if "--precisions" in sys.argv:
+        x_train, y_train, _, _ = demo.load_digits()
+        result = {"precisions": _precisions(args[0], x_train, y_train)}
+    else:
+        result = main(args[0], int(args[1]), [int(a) for a in args[2:]],
+                      "--kill-during-save" in sys.argv)
     print(json.dumps(result))

@@ -92,16 +92,19 @@ def run_process(args: list[str], env: dict[str, str | None] | None = None,
 
     ``-c``/``-m`` processes whose environment differs from this one's only in variables
     read after import are forked from `tests._zygote`, which imported Fenwicks once
-    (~6 s saved per process); `fresh` (or ``FENWICKS_TEST_FRESH=1``) forces a new
-    interpreter, as a property about start-up or import order needs.
+    (~6 s saved per process); those with ``KERAS_BACKEND=jax`` and otherwise this
+    environment, from a second server that imported Fenwicks on JAX (`_JaxServer`).
+    `fresh` (or ``FENWICKS_TEST_FRESH=1``) forces a new interpreter, as a property about
+    start-up or import order needs.
 
     Example:
         >>> run_process(["-m", "fenwicks", "info"], {"FENWICKS_DEVICE": "cpu:8"}).stdout
     """
     full_env = python_env(env, inherit)
     start = time.perf_counter()
-    if not fresh and inherit and _zygote.may_run(args, full_env):
-        proc = _zygote.run(args, full_env, str(cwd or os.getcwd()), timeout)
+    server = None if fresh or not inherit else _server_for(args, full_env)
+    if server is not None:
+        proc = server.run(args, full_env, str(cwd or os.getcwd()), timeout)
     else:
         proc = subprocess.run([sys.executable, *args], env=full_env, cwd=cwd,
                               capture_output=True, text=True, timeout=timeout)
@@ -113,8 +116,31 @@ def run_process(args: list[str], env: dict[str, str | None] | None = None,
     return proc
 
 
+class _JaxServer(_fork_server.Client):
+    """The fork server of JAX-engine processes: Fenwicks imported with
+    ``KERAS_BACKEND=jax`` (Keras fixes its backend at import), JAX's backend not yet
+    initialised (Fenwicks touches no device at import). A child may set ``XLA_FLAGS``
+    (the host device count, the optimisation level): XLA reads it when the child first
+    uses JAX, as a new interpreter would (tests/test_jax_zygote.py checks both), and the
+    compilation cache hashes the child's. ``jax.distributed.initialize`` works there too.
+    Not ``FENWICKS_DEVICE``: on JAX, `import fenwicks` applies it (``cpu:N`` becomes
+    XLA_FLAGS), so a child that sets it starts fresh. Saves the ~6 s of CPU of
+    ``import fenwicks`` per JAX process."""
+
+    RUNTIME_ENV = (_fork_server.Client.RUNTIME_ENV - {"FENWICKS_DEVICE"}) | {"XLA_FLAGS"}
+
+
 _zygote = _fork_server.Client(python_env, ROOT)
+_jax_zygote = _JaxServer(lambda: python_env({"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None,
+                                             "XLA_FLAGS": None}), ROOT)
 atexit.register(_zygote.stop)
+atexit.register(_jax_zygote.stop)
+
+
+def _server_for(args: list[str], env: dict[str, str]) -> _fork_server.Client | None:
+    """The fork server that may run ``python *args`` with `env`, if one may."""
+    return next((server for server in (_zygote, _jax_zygote) if server.may_run(args, env)),
+                None)
 
 
 def start_process(args: list[str], env: dict[str, str | None] | None = None,
@@ -125,8 +151,9 @@ def start_process(args: list[str], env: dict[str, str | None] | None = None,
     as `run_process` (a `ForkedProcess`, used as the `subprocess.Popen` it otherwise is).
     """
     full_env = python_env(env)
-    if not fresh and _zygote.may_run(args, full_env):
-        return _zygote.start(args, full_env, str(cwd or os.getcwd()))
+    server = None if fresh else _server_for(args, full_env)
+    if server is not None:
+        return server.start(args, full_env, str(cwd or os.getcwd()))
     return subprocess.Popen([sys.executable, *args], env=full_env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -365,8 +392,8 @@ def pytest_collection_modifyitems(config, items):
 # session 7 (left out, they started last and ran on alone). storage_faults, which mostly
 # waits on deadlines, runs beside test_flagship's two busy processes.
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
-    "test_jax_engine", "test_jax_multihost", "test_flagship", "test_storage_faults",
-    "test_jax_gcs", "test_faults",
+    "test_jax_engine", "test_flagship", "test_storage_faults",
+    "test_jax_gcs", "test_jax_multihost", "test_faults",
     "test_tutorials", "test_callbacks", "test_estimator", "test_tpu_estimator",
     "test_blocks_jax", "test_resume_position", "test_state", "test_work_dir",
     "test_data_service", "test_cross_engine", "test_jax_blocks",

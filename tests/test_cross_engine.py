@@ -34,7 +34,9 @@ from tests.conftest import last_json, run_process
 
 NUM_TEST = 450  # the digits' test split: 25% of 1,797, stratified
 STEPS = 21  # one epoch, as tests._cross_engine trains
-_TF = {"KERAS_BACKEND": "tensorflow", "FENWICKS_DEVICE": None}
+# The default engine, TensorFlow (no KERAS_BACKEND): these processes then fork from
+# tests._zygote, which imported Fenwicks so; the JAX one from conftest's JAX server.
+_TF = {"KERAS_BACKEND": None, "FENWICKS_ENGINE": None, "FENWICKS_DEVICE": None}
 _JAX = {"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None,
         "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
                      "--xla_backend_optimization_level=0"}

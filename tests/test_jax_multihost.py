@@ -38,8 +38,7 @@ def _env(devices: int) -> dict[str, str | None]:
 
 def _one_process(work_dir, steps):
     return last_json(run_process(["-m", "tests._jax_multihost", "0", "1", "0",
-                                  str(work_dir), str(steps)], _env(8), timeout=600,
-                                 fresh=True).stdout)
+                                  str(work_dir), str(steps)], _env(8), timeout=600).stdout)
 
 
 def _two_processes(work_dir, steps, *flags):
@@ -47,7 +46,7 @@ def _two_processes(work_dir, steps, *flags):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         jobs = [pool.submit(run_process, ["-m", "tests._jax_multihost", port, "2",
                                           str(index), str(work_dir), str(steps), *flags],
-                            _env(4), timeout=600, fresh=True) for index in range(2)]
+                            _env(4), timeout=600) for index in range(2)]
         return [last_json(job.result().stdout) for job in jobs]
 
 

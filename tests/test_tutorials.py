@@ -50,13 +50,16 @@ CELL_TIMEOUT = 240  # seconds; a smoke cell takes a few
 WORKERS = 3  # notebooks executed at once
 TUTORIAL_FILES = sorted(os.listdir(TUTORIALS))
 # The notebooks that also run on the JAX engine ("same code everywhere"), as `RUNS` names
-# them. 8 host devices as a TPU has; no --xla_backend_optimization_level=0: it compiles
-# faster but runs these notebooks' steps slower (tutorial 3's processes took 30 s of CPU
-# with it, 21 s without; tutorial 1 the same 27-28 s either way, measured 2026-11-26).
+# them. 8 host devices as a TPU has. LLVM optimisation off (tutorial 3's training
+# processes keep it: FENWICKS_DEVICE=cpu:N replaces only the device count): XLA compiles
+# their small programs several times faster, and the smoke runs' few steps cost little
+# more. Measured 2026-11-26 under load, each notebook's kernel and its processes: tutorial
+# 3 on JAX 53 -> 34 s of CPU (its cpu:2 process 20 -> 15 s), tutorial 1 32 -> 22 s.
 JAX = "@jax"
 ON_JAX = ("01_mnist.ipynb", "03_same_code_everywhere.ipynb")
 JAX_ENV = {"FENWICKS_ENGINE": "jax", "FENWICKS_DEVICE": "cpu:8", "KERAS_BACKEND": None,
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                        "--xla_backend_optimization_level=0"}
 # Longest first, so that the pool's kernels finish together: the JAX runs cost most.
 RUNS = [name + JAX for name in reversed(ON_JAX)] + NOTEBOOKS
 
