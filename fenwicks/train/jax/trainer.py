@@ -107,7 +107,9 @@ class JaxTrainer:
         timing = dict.fromkeys(("input", "transfer", "dispatch", "wait"), 0.0)
         clock = _Clock(timing)
         values, outputs, asked, exhausted = state.values(), [], 0, False
-        done = jnp.bool_(False)
+        # Placed as the block returns it (replicated), or the block's second call would
+        # see another input sharding and compile the whole block again.
+        done = jax.device_put(jnp.bool_(False), mesh.replicated())
         try:
             while asked < num_steps and not self._stopped():
                 wanted = num_steps - asked
