@@ -396,7 +396,7 @@ _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed
     "test_jax_gcs", "test_jax_multihost", "test_faults",
     "test_tutorials", "test_callbacks", "test_estimator", "test_tpu_estimator",
     "test_blocks_jax", "test_resume_position", "test_state", "test_work_dir",
-    "test_data_service", "test_cross_engine", "test_jax_blocks",
+    "test_data_service", "test_cross_engine", "test_jax_blocks", "test_jax_snapshot",
     "test_readme", "test_interrupts", "test_multiworker", "test_security",
     "test_porting", "test_async_checkpoints", "test_input_check", "test_data"]), start=1)}
 

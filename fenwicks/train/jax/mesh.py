@@ -49,11 +49,13 @@ def local_replicas() -> int:
     return jax.local_device_count()
 
 
+@functools.cache
 def replicated() -> NamedSharding:
     """Variables: the same full copy on every device."""
     return NamedSharding(mesh(), PartitionSpec())
 
 
+@functools.cache
 def batch_sharded(leading: int = 0) -> NamedSharding:
     """A batch split on axis `leading` (1 for a block of steps ``[steps, batch, ...]``)."""
     return NamedSharding(mesh(), PartitionSpec(*([None] * leading), AXIS))

@@ -1,0 +1,159 @@
+"""Process helper of tests/test_jax_snapshot.py: the JAX engine's checkpointer
+(`fenwicks.train.jax.checkpoints.OrbaxCheckpointer`) on a plain JAX state over the 8
+host devices, while a donating jitted step keeps changing it. Prints one JSON line.
+
+    python -m tests._jax_snapshot WORK_DIR
+
+The state: ``w`` (replicated, 256 x 256), ``b`` (replicated, a vector) and ``s``
+(split over the devices on its first axis: the case of an array that is not
+replicated), and the counters. Each step adds 1 to every element. After step k every
+element of ``w`` is ``k``, of ``b`` ``10 + k``, row r of ``s`` ``100 * r + k``: the
+test computes what each checkpoint must hold from that, by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from fenwicks.train.jax import checkpoints, mesh
+
+
+class State:
+    def __init__(self) -> None:
+        self.step = 0
+        self.arrays = {
+            "w": jax.device_put(np.zeros((256, 256), np.float32), mesh.replicated()),
+            "b": jax.device_put(np.full((7,), 10, np.int32), mesh.replicated()),
+            "s": jax.device_put(100 * np.arange(16, dtype=np.float32)[:, None]
+                                * np.ones((1, 5), np.float32), mesh.batch_sharded())}
+
+    def tree(self) -> dict:
+        return {"model": [self.arrays["w"], self.arrays["b"], self.arrays["s"]],
+                "optimizer": [],
+                "counters": {"global_step": np.int64(self.step),
+                             "input_steps": np.int64(self.step)}}
+
+    def set_tree(self, tree: dict) -> None:
+        self.arrays = dict(zip("wbs", tree["model"], strict=True))
+        self.step = int(tree["counters"]["global_step"])
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _step(arrays: dict) -> dict:
+    # Enough work on `w` that the step is still running when the next save begins.
+    w = arrays["w"]
+    for _ in range(8):
+        w = w + 0.0 * jnp.tanh(w @ w)
+    return {"w": w + 1, "b": arrays["b"] + 1, "s": arrays["s"] + 1}
+
+
+def _checkpointer(work_dir: str, state: State, asynchronous: bool):
+    return checkpoints.OrbaxCheckpointer(work_dir, state.tree, state.set_tree,
+                                         lambda: {"model": ["w", "b", "s"]}, 3,
+                                         asynchronous, mesh.replicated())
+
+
+def _read(work_dir: str, step: int) -> dict:
+    """The checkpoint of `step` as written, read with orbax alone into host arrays."""
+    with ocp.CheckpointManager(os.path.abspath(checkpoints.directory(work_dir)),
+                               options=ocp.CheckpointManagerOptions(read_only=True)) as m:
+        tree = m.restore(step, args=ocp.args.StandardRestore())
+    return {"w": np.unique(tree["model"][0]).tolist(),
+            "b": np.unique(tree["model"][1]).tolist(),
+            "s": np.asarray(tree["model"][2])[:, 0].tolist(),
+            "global_step": int(tree["counters"]["global_step"])}
+
+
+def _train_and_save(work_dir: str, asynchronous: bool) -> dict:
+    """Saves after steps 2, 6, 10, 14 and 18, each followed at once by two donating
+    steps (the next save waits for the write before it)."""
+    state = State()
+    saver = _checkpointer(work_dir, state, asynchronous)
+    blocked, donated = [], []
+    for _ in range(5):
+        for _ in range(2):
+            state.arrays = _step(state.arrays)
+            state.step += 1
+        saved = state.arrays
+        saver.save(state.step)
+        blocked.append(saver.last_blocked_secs)
+        state.arrays = _step(state.arrays)  # donates the arrays just saved
+        state.step += 1
+        donated.append(saved["w"].is_deleted())  # (the donation is real)
+        state.arrays = _step(state.arrays)
+        state.step += 1
+    saver.close()
+    steps = sorted(int(n) for n in os.listdir(checkpoints.directory(work_dir)) if n.isdigit())
+    return {"steps": steps, "saved": {step: _read(work_dir, step) for step in steps},
+            "blocked": blocked, "donated": donated}
+
+
+def _restore(work_dir: str, step: int) -> dict:
+    state = State()
+    restored = _checkpointer(work_dir, state, True).restore(
+        f"{checkpoints.directory(work_dir)}/{step}")
+    return {"restored": restored, "step": state.step,
+            "w": np.unique(np.asarray(state.arrays["w"])).tolist(),
+            "s": np.asarray(state.arrays["s"])[:, 0].tolist(),
+            "replicated": all(a.sharding.is_equivalent_to(mesh.replicated(), a.ndim)
+                              for a in state.arrays.values())}
+
+
+def _old_format(work_dir: str) -> dict:
+    """A checkpoint as the engine wrote it before snapshots (orbax's own save of the
+    device arrays), restored by today's checkpointer."""
+    state = State()
+    state.arrays = _step(_step(_step(state.arrays)))
+    state.step = 3
+    directory = os.path.abspath(checkpoints.directory(work_dir))
+    with ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+            create=True)) as manager:
+        manager.save(3, args=ocp.args.StandardSave(state.tree()),
+                     custom_metadata={"model": ["w", "b", "s"]})
+    return _restore(work_dir, 3)
+
+
+def _write_error(work_dir: str) -> dict:
+    """A background write that fails (a stand-in for a full disk) is raised by `wait`;
+    the checkpoint before it stays the latest."""
+    state = State()
+    saver = _checkpointer(work_dir, state, True)
+    saver.save(1)
+    saver.wait()
+
+    def full_disk(*args, **kwargs):
+        time.sleep(0.2)  # in the background thread: `save` has returned by then
+        raise OSError(28, "No space left on device")
+
+    saver._manager.save = full_disk  # noqa: SLF001 - the fault injected
+    began = time.perf_counter()
+    saver.save(2)
+    returned = time.perf_counter() - began
+    try:
+        saver.wait()
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        return {"error": type(err).__name__, "message": str(err),
+                "returned_secs": returned, "last_good": saver.last_good}
+    return {"error": None}
+
+
+def main(root: str) -> dict:
+    return {"async": _train_and_save(f"{root}/async", True),
+            "sync": _train_and_save(f"{root}/sync", False),
+            "restored": _restore(f"{root}/async", 14),
+            "old_format": _old_format(f"{root}/old"),
+            "write_error": _write_error(f"{root}/broken"),
+            "devices": jax.device_count()}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
