@@ -78,8 +78,9 @@ def test_a_new_process_resumes_exactly_with_async_saves_pruned_on_the_bucket(run
     assert resumed["steps"] == [5, 6, 7, 8] and resumed["step"] == 8  # from step 4
     # Equal to the uninterrupted local run of 8 steps in the first process.
     _assert_same(_load(local_root / "resumed8.npz"), _load(local_root / "w8.npz"))
-    # Asynchronous: save() returned once the arrays were in host memory; orbax's write
-    # and the upload (about 20 objects) went on in the background.
+    # Asynchronous: save() returned once a copy of the state was dispatched (to pinned
+    # host memory); orbax's write and the upload (about 20 objects) went on in the
+    # background.
     assert resumed["blocked_secs"] is not None
     assert resumed["blocked_secs"] < resumed["save_secs"], resumed
     # keep_checkpoints=2 on the bucket: 2 and 4 (the first process's) pruned.
