@@ -2,11 +2,12 @@
 
 A save copies every variable of the checkpoint to host memory in the training thread
 (milliseconds: one on-device copy per variable), then a background thread writes a
-checkpoint of the copies through an ordinary `tf.train.CheckpointManager`, with the same
-keys and object graph as a synchronous save: a checkpoint written either way restores
-either way. TensorFlow names the new checkpoint in the ``checkpoint`` state file only
-after its data and index files are complete, so a process killed mid-write leaves the
-previous checkpoint as latest.
+checkpoint of the copies through a `checkpoint_manager.CheckpointManager` (a compiled
+write), with the same keys and object graph as a synchronous save: a checkpoint written
+either way restores either way. The new checkpoint is named in the ``checkpoint`` state
+file only after its data and index files are complete, so a process killed mid-write
+leaves the previous checkpoint as latest. A variable added under the root after the
+copies were made (the object graph changed) gets a copy at the next save.
 
 Why not TensorFlow's own ``tf.train.CheckpointOptions(enable_async=True)``: measured on
 TensorFlow 2.21 with Keras 3, its second save fails ("tf.function only supports singleton
@@ -35,7 +36,7 @@ import keras
 import tensorflow as tf
 
 from fenwicks import _tf_internals
-from fenwicks.train import checkpoints
+from fenwicks.train import checkpoint_manager, checkpoints
 
 logger = logging.getLogger("fenwicks")
 
@@ -107,8 +108,8 @@ class BackgroundWriter:
         keep: how many checkpoints to keep.
 
     Attributes:
-        manager: the `tf.train.CheckpointManager` that writes (its ``latest_checkpoint``
-            names the newest complete checkpoint).
+        manager: the `checkpoint_manager.CheckpointManager` that writes (its
+            ``latest_checkpoint`` names the newest complete checkpoint).
         pending_step: the step being written, or None.
 
     Example:
@@ -118,10 +119,9 @@ class BackgroundWriter:
     """
 
     def __init__(self, root: tf.train.Checkpoint, directory: str, keep: int) -> None:
-        self._shadow, self._pairs = host_copies(root)
-        self._keep = keep
-        self.manager = tf.train.CheckpointManager(self._shadow, directory, keep,
-                                                  checkpoint_name="ckpt")
+        self._root, self._graph = root, checkpoint_manager.ObjectGraph(root)
+        shadow, self._pairs = host_copies(root)
+        self.manager = checkpoint_manager.CheckpointManager(shadow, directory, keep)
         self.pending_step: int | None = None
         self._thread: threading.Thread | None = None
         self._outcome: dict[str, Any] = {}
@@ -134,8 +134,7 @@ class BackgroundWriter:
     def reopen(self) -> None:
         """Reads the directory's list of checkpoints again (after a restore from disk:
         another run's checkpoints, or damaged ones set aside). No write may be running."""
-        self.manager = tf.train.CheckpointManager(self._shadow, self.manager.directory,
-                                                  self._keep, checkpoint_name="ckpt")
+        self.manager.reload()
 
     def start(self, step: int) -> None:
         """Copies the variables now and writes checkpoint ``ckpt-<step>`` in the background.
@@ -144,6 +143,10 @@ class BackgroundWriter:
         """
         if self._thread is not None:
             raise RuntimeError("BackgroundWriter.start while a write runs; call wait() first")
+        graph = checkpoint_manager.ObjectGraph(self._root)
+        if graph != self._graph:  # a variable was added: copies of the new graph
+            shadow, self._pairs = host_copies(self._root)
+            self._graph, self.manager.write = graph, checkpoint_manager.CompiledWrite(shadow)
         with tf.init_scope():
             for variable, copy in self._pairs:
                 copy.assign(variable.value if isinstance(variable, keras.Variable)

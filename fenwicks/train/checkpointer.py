@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from fenwicks.train import async_checkpoints, checkpoints
+from fenwicks.train import async_checkpoints, checkpoint_manager, checkpoints
 
 logger = logging.getLogger("fenwicks")
 
@@ -122,9 +122,9 @@ class SyncCheckpointer(Checkpointer):
     """Writes each checkpoint in the calling thread: `save` returns when it is durable.
 
     Checkpoints are ``<directory>/ckpt-<step>``, written by `checkpoints.save` through a
-    `tf.train.CheckpointManager` (the newest `keep` are kept). The state file names a
-    new checkpoint only once its files are complete, so a process killed mid-save leaves
-    the previous one as the latest.
+    `checkpoint_manager.CheckpointManager` (a compiled write; the newest `keep` are
+    kept). The state file names a new checkpoint only once its files are complete, so a
+    process killed mid-save leaves the previous one as the latest.
 
     Args:
         root: what is saved and restored (`checkpoints.make_checkpoint`).
@@ -146,7 +146,7 @@ class SyncCheckpointer(Checkpointer):
                  probe_dir: str | None = None) -> None:
         self.directory = directory.rstrip("/")
         self._root, self._keep, self._probe_dir = root, keep, probe_dir
-        self._open_manager: tf.train.CheckpointManager | None = None
+        self._open_manager: checkpoint_manager.CheckpointManager | None = None
         self._last_good: str | None = None  # restored or saved, known complete
         self._fingerprint: tuple | None = None  # of the checkpoint last written or read
         self._last_save_secs: float | None = None
@@ -251,16 +251,15 @@ class SyncCheckpointer(Checkpointer):
         self._last_good, self._fingerprint, self._last_save_secs = path, fingerprint, seconds
 
     @property
-    def _manager(self) -> tf.train.CheckpointManager:
-        # Opened on first use: opening reads the directory's state file (a request on
-        # gs://), which a restore would make stale at once.
+    def _manager(self) -> checkpoint_manager.CheckpointManager:
         if self._open_manager is None:
-            self._open_manager = tf.train.CheckpointManager(
-                self._root, self.directory, self._keep, checkpoint_name="ckpt")
+            self._open_manager = checkpoint_manager.CheckpointManager(
+                self._root, self.directory, self._keep)
         return self._open_manager
 
     def _reopen(self) -> None:
-        self._open_manager = None
+        if self._open_manager is not None:
+            self._open_manager.reload()  # its compiled write stays valid
 
     def _release(self) -> None:
         self._open_manager = None
@@ -316,7 +315,7 @@ class AsyncCheckpointer(SyncCheckpointer):
         return self._writer.pending_step if self._writer is not None else None
 
     @property
-    def _manager(self) -> tf.train.CheckpointManager:
+    def _manager(self) -> checkpoint_manager.CheckpointManager:
         return self._writer.manager
 
     def _reopen(self) -> None:
