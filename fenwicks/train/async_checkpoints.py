@@ -99,6 +99,40 @@ def host_copies(root: tf.train.Checkpoint) -> tuple[tf.train.Checkpoint, list[tu
     return shadow, pairs
 
 
+class CompiledCopy:
+    """Assigns each variable to its host copy: one eager assign per variable the first
+    time, then one call of a compiled function that assigns them all (for `mnist_net`'s
+    18 variables, 0.3 ms instead of 2-3 ms on a loaded machine).
+
+    Args:
+        pairs: ``(variable, copy)`` pairs, as `host_copies` returns them.
+
+    Example:
+        >>> shadow, pairs = host_copies(root)
+        >>> copy = CompiledCopy(pairs)
+        >>> copy(); copy()   # eager, then traced
+    """
+
+    def __init__(self, pairs: list[tuple]) -> None:
+        self.pairs = pairs
+        self._copied = False
+        self._function: Any = None
+
+    def __call__(self) -> None:
+        if self._function is None and self._copied:  # copied again: worth compiling
+            self._function = tf.function(self._assign_all, autograph=False
+                                         ).get_concrete_function()
+        if self._function is not None:
+            self._function()
+        else:
+            self._assign_all()
+            self._copied = True
+
+    def _assign_all(self) -> None:
+        for variable, copy in self.pairs:
+            copy.assign(variable.value if isinstance(variable, keras.Variable) else variable)
+
+
 class BackgroundWriter:
     """Saves checkpoints of `root` in a background thread, one at a time.
 
@@ -120,7 +154,8 @@ class BackgroundWriter:
 
     def __init__(self, root: tf.train.Checkpoint, directory: str, keep: int) -> None:
         self._root, self._graph = root, checkpoint_manager.ObjectGraph(root)
-        shadow, self._pairs = host_copies(root)
+        shadow, pairs = host_copies(root)
+        self._copy = CompiledCopy(pairs)
         self.manager = checkpoint_manager.CheckpointManager(shadow, directory, keep)
         self.pending_step: int | None = None
         self._thread: threading.Thread | None = None
@@ -145,12 +180,11 @@ class BackgroundWriter:
             raise RuntimeError("BackgroundWriter.start while a write runs; call wait() first")
         graph = checkpoint_manager.ObjectGraph(self._root)
         if graph != self._graph:  # a variable was added: copies of the new graph
-            shadow, self._pairs = host_copies(self._root)
-            self._graph, self.manager.write = graph, checkpoint_manager.CompiledWrite(shadow)
+            shadow, pairs = host_copies(self._root)
+            self._graph, self._copy = graph, CompiledCopy(pairs)
+            self.manager.write = checkpoint_manager.CompiledWrite(shadow)
         with tf.init_scope():
-            for variable, copy in self._pairs:
-                copy.assign(variable.value if isinstance(variable, keras.Variable)
-                            else variable)
+            self._copy()
         self.pending_step, self._outcome = step, {}
         self._launched = threading.Event()
         self._thread = threading.Thread(target=self._write, args=(step,), daemon=True,
