@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import fenwicks as fw
 from fenwicks._text import first_line
+from fenwicks._tf_internals import checkpoint_management_module
 from fenwicks.train import checkpoints
 from fenwicks.train.checkpoint_manager import CheckpointManager, CompiledWrite
 from fenwicks.train.checkpointer import AsyncCheckpointer
@@ -158,3 +159,27 @@ def test_a_failed_compiled_write_names_tensorflows_cause_and_keeps_the_latest(tm
                                         f"{directory}/ckpt-3_temp; Not a directory. The "
                                         f"previous checkpoint ({directory}/ckpt-2) is intact")
     assert manager.latest_checkpoint == f"{directory}/ckpt-2"
+
+
+def test_an_async_save_waited_for_is_written_in_the_calling_thread(tmp_path, monkeypatch):
+    directory = str(tmp_path / "run")
+    threads = []
+    module = checkpoint_management_module()  # the documented hook: who names a checkpoint
+    original = module.update_checkpoint_state_internal
+    monkeypatch.setattr(module, "update_checkpoint_state_internal", lambda *a, **k: (
+        threads.append(threading.current_thread().name), original(*a, **k))[1])
+    variable = tf.Variable([0.0, 0.0])
+    checkpointer = AsyncCheckpointer(tf.train.Checkpoint(v=variable), directory, keep=2)
+    for step in (1, 2, 3):
+        variable.assign([step, 2 * step])
+        checkpointer.save_and_wait(step)
+        assert checkpointer.pending_step is None
+        assert checkpointer.latest == tf.train.latest_checkpoint(directory) == (
+            f"{directory}/ckpt-{step}")
+        np.testing.assert_array_equal(
+            _values(f"{directory}/ckpt-{step}")["v/.ATTRIBUTES/VARIABLE_VALUE"],
+            np.float32([step, 2 * step]))
+    checkpointer.save(4)  # the ordinary save still writes in the background
+    checkpointer.wait()
+    # One naming per save, and a second once the oldest is removed (keep=2: saves 3, 4).
+    assert threads == ["MainThread"] * 4 + ["fenwicks checkpoint writer (ckpt-4)"] * 2

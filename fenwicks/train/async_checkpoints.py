@@ -157,6 +157,7 @@ class BackgroundWriter:
         shadow, pairs = host_copies(root)
         self._copy = CompiledCopy(pairs)
         self.manager = checkpoint_manager.CheckpointManager(shadow, directory, keep)
+        self.manager.write = self._compiled_write(shadow)
         self.pending_step: int | None = None
         self._thread: threading.Thread | None = None
         self._outcome: dict[str, Any] = {}
@@ -176,20 +177,43 @@ class BackgroundWriter:
 
         The previous write must be finished (`wait`): the copies are reused.
         """
-        if self._thread is not None:
-            raise RuntimeError("BackgroundWriter.start while a write runs; call wait() first")
-        graph = checkpoint_manager.ObjectGraph(self._root)
-        if graph != self._graph:  # a variable was added: copies of the new graph
-            shadow, pairs = host_copies(self._root)
-            self._graph, self._copy = graph, CompiledCopy(pairs)
-            self.manager.write = checkpoint_manager.CompiledWrite(shadow)
-        with tf.init_scope():
-            self._copy()
+        self._copy_variables("start")
         self.pending_step, self._outcome = step, {}
         self._launched = threading.Event()
         self._thread = threading.Thread(target=self._write, args=(step,), daemon=True,
                                         name=f"fenwicks checkpoint writer (ckpt-{step})")
         self._thread.start()
+
+    def write_now(self, step: int) -> tuple[str, Any, float]:
+        """Copies the variables and writes checkpoint ``ckpt-<step>`` in this thread.
+
+        Returns:
+            ``(path, fingerprint, seconds)`` of the checkpoint written.
+
+        Raises:
+            CheckpointWriteError: the write failed; the previous checkpoint is intact.
+        """
+        self._copy_variables("write_now")
+        started = time.monotonic()
+        path = checkpoints.save(self.manager, step)
+        return path, checkpoints.fingerprint(path), time.monotonic() - started
+
+    def _copy_variables(self, caller: str) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"BackgroundWriter.{caller} while a write runs; call wait() "
+                               "first")
+        graph = checkpoint_manager.ObjectGraph(self._root)
+        if graph != self._graph:  # a variable was added: copies of the new graph
+            shadow, pairs = host_copies(self._root)
+            self._graph, self._copy = graph, CompiledCopy(pairs)
+            self.manager.write = self._compiled_write(shadow)
+        with tf.init_scope():
+            self._copy()
+
+    @staticmethod
+    def _compiled_write(shadow: tf.train.Checkpoint) -> checkpoint_manager.CompiledWrite:
+        # The shadow's graph is fixed: a change under the root makes a new shadow (above).
+        return checkpoint_manager.CompiledWrite(shadow, follow_graph=False)
 
     def _write(self, step: int) -> None:
         self._launched.set()
