@@ -71,8 +71,9 @@ class CompiledWrite:
     ``tf.train.Checkpoint.write`` into a function of the prefix, and every later write
     of that graph only runs it. A variable added under `root` (an optimizer's slots
     built after the first save) changes the graph, so it is written eagerly once and
-    traced again: nothing is ever left out of a checkpoint. Tracing costs about as
-    much as ten eager writes, so a run that saves once never pays for it.
+    traced again: nothing is ever left out of a checkpoint. Tracing and the first run
+    take 0.3-0.6 s for `mnist_net` on a loaded CPU (some 20 eager writes), which a run
+    that saves once never pays.
 
     Args:
         root: what is written (a `tf.train.Checkpoint`).
