@@ -55,13 +55,14 @@ class ObjectGraph:
                     index[id(child)] = len(self.nodes)
                     self.nodes.append(child)
                 edges.append((index[id(parent)], name, index[id(child)]))
-        self._key = (tuple(map(id, self.nodes)), tuple(edges))
+        # Each object by identity, each edge as (parent index, name, child index).
+        self.key = (tuple(map(id, self.nodes)), tuple(edges))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ObjectGraph) and self._key == other._key
+        return isinstance(other, ObjectGraph) and self.key == other.key
 
     def __hash__(self) -> int:
-        return hash(self._key)
+        return hash(self.key)
 
 
 class CompiledWrite:
