@@ -299,11 +299,11 @@ class AsyncCheckpointer(SyncCheckpointer):
 
     `save` copies every variable to host memory (one on-device copy each) and returns;
     a background thread writes the copies (`save_and_wait` writes them in the calling
-    thread), with the same keys and object graph as a
-    synchronous save, so a checkpoint written either way restores either way. One write
-    at a time: a save first waits for the previous write and raises its error. Whatever
-    must see a complete checkpoint waits (`wait`, `latest`, `restore`, `close`), and so
-    does interpreter exit for a write still running.
+    thread), with the same keys and object graph as a synchronous save, so a checkpoint
+    written either way restores either way. One write at a time: a save first waits for
+    the previous write and raises its error. Whatever must see a complete checkpoint
+    waits (`wait`, `latest`, `restore`, `close`), and so does interpreter exit for a
+    write still running.
 
     Args:
         root, directory, keep, probe_dir: as for `SyncCheckpointer`.
