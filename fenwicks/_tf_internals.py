@@ -148,8 +148,14 @@ def write_copies_in_place(checkpoint: Any, object_map: Any) -> None:
     checkpoint._saver._object_map = object_map  # noqa: SLF001 - see the docstring
 
 
-def update_checkpoint_state(work_dir: str, latest: str, all_paths: list[str]) -> None:
+def update_checkpoint_state(work_dir: str, latest: str, all_paths: list[str], *,
+                            timestamps: list[float] | None = None,
+                            last_preserved: float | None = None) -> None:
     """Rewrites the ``checkpoint`` state file of `work_dir` with relative paths.
+
+    `timestamps` (when each of `all_paths` was written) and `last_preserved` are what
+    `tf.train.CheckpointManager` records: one opened on the directory later counts the
+    checkpoints with times towards its ``max_to_keep``, and never removes those without.
 
     Why private: the public ``tf.compat.v1.train.update_checkpoint_state`` writes
     absolute paths (a work_dir copied elsewhere would point back at the old place);
@@ -159,7 +165,9 @@ def update_checkpoint_state(work_dir: str, latest: str, all_paths: list[str]) ->
     there (`checkpoint_management_module`) reaches both.
     """
     checkpoint_management_module().update_checkpoint_state_internal(
-        work_dir, latest, all_model_checkpoint_paths=all_paths, save_relative_paths=True)
+        work_dir, model_checkpoint_path=latest, all_model_checkpoint_paths=all_paths,
+        save_relative_paths=True,
+        all_model_checkpoint_timestamps=timestamps, last_preserved_timestamp=last_preserved)
 
 
 def checkpoint_management_module() -> Any:

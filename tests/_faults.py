@@ -13,7 +13,8 @@ it reached and every model variable. Environment knobs for the tests:
 * ``FAULTS_SLOW_MERGE=<secs>``: from the second checkpoint on, sleep after the shards
   are written to ``ckpt-<n>_temp/`` and before TensorFlow merges them into
   ``ckpt-<n>.*``, printing ``MERGE ckpt-<n>`` first: killing the process then leaves the
-  ``_temp`` folder a save cut short leaves.
+  ``_temp`` folder a save cut short leaves. The second checkpoint is the first compiled
+  write, so the window is inside the compiled graph.
   Both also print ``IN_THREAD <name>``: the thread writing (with asynchronous
   checkpoints, a background writer; training goes on meanwhile).
 * ``FAULTS_SYNC=1``: ``async_checkpoints=False`` (each save blocks until written).
@@ -60,22 +61,46 @@ def slow_state_updates(seconds: float) -> None:
 
 
 def _slow_merges(seconds: float) -> None:
-    """Widens the kill window between a save's shards and their merge."""
+    """Widens the kill window between a save's shards and their merge.
+
+    A compiled write (`checkpoint_manager.CompiledWrite`, from a root's second save on)
+    calls the merge op once, while it is traced: there the pause becomes a
+    `tf.py_function` that runs, with the graph, after the shards and before the merge.
+    TensorFlow runs it on a thread of its own, so the thread that called the write is
+    recorded on the way in and printed.
+    """
     from fenwicks._tf_internals import saver_io_ops
+    from fenwicks.train.checkpoint_manager import CompiledWrite
 
     io_ops = saver_io_ops()
     original = io_ops.merge_v2_checkpoints
     merges: list[str] = []
+    writer = [threading.current_thread().name]  # the thread of the write in progress
+    write = CompiledWrite.__call__
+
+    def recorded(self: Any, prefix: str) -> str:
+        writer[0] = threading.current_thread().name
+        return write(self, prefix)
+
+    def pause(destination: str) -> None:
+        named = os.path.basename(destination)
+        merges.append(named)
+        print(f"MERGE {named}\nIN_THREAD {writer[0]}", flush=True)
+        if len(merges) > 1:
+            time.sleep(seconds)
 
     def slow(checkpoint_prefixes: Any, destination_prefix: Any, *args: Any,
              **kwargs: Any) -> Any:
-        named = os.path.basename(destination_prefix.numpy().decode())
-        merges.append(named)
-        print(f"MERGE {named}\nIN_THREAD {threading.current_thread().name}", flush=True)
-        if len(merges) > 1:
-            time.sleep(seconds)
+        if tf.inside_function():  # traced: the shards' writes are control inputs here
+            done = tf.py_function(lambda d: pause(d.numpy().decode()) or 0,
+                                  [destination_prefix], tf.int32)
+            with tf.control_dependencies([done]):
+                destination_prefix = tf.identity(destination_prefix)
+        else:
+            pause(destination_prefix.numpy().decode())
         return original(checkpoint_prefixes, destination_prefix, *args, **kwargs)
 
+    CompiledWrite.__call__ = recorded
     io_ops.merge_v2_checkpoints = slow
 
 

@@ -26,6 +26,9 @@ class _Checkpointer:
             raise KeyboardInterrupt
         self.saves.append((step, force))
 
+    def save_and_wait(self, step, *, force=False):  # the end of train: a save waited for
+        self.save(step, force=force)
+
     def agree(self, due):  # one process: its own flag
         return due
 

@@ -16,10 +16,11 @@ How the estimator is put together (one object per job, as Orbit):
   work_dir; the work_dir lock.
 - `checkpointer.py`: `Checkpointer`, the one owner of a run's checkpoints (save, restore,
   wait, close), synchronous, asynchronous (`async_checkpoints.py`: host copies written
-  by a background thread) or a non-chief worker's; `checkpoints.py`: what a checkpoint
-  holds, its safe restore, damage and warm start.
+  by a background thread) or a non-chief worker's; `checkpoint_manager.py`: the compiled
+  write and the keep-N books of a work_dir's checkpoints; `checkpoints.py`: what a
+  checkpoint holds, its safe restore, damage and warm start.
 - `save_policy.py`: `SavePolicy`, when to save (periodic, evaluation, SIGTERM, Ctrl-C,
-  input exhausted, end): the one caller of `Checkpointer.save`.
+  input exhausted, end): the one caller of `Checkpointer.save` (and `save_and_wait`).
 - `trainer.py`: `Trainer`, the compiled inner loop (`loops.py`), used by the estimator
   and by `find_lr` (`lr_finder.py`).
 - `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions;

@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from fenwicks.train import async_checkpoints, checkpoints
+from fenwicks.train import async_checkpoints, checkpoint_manager, checkpoints
 
 logger = logging.getLogger("fenwicks")
 
@@ -68,6 +68,22 @@ class Checkpointer(abc.ABC):
             CheckpointWriteError: this write, or the previous background one, failed;
                 the message names the last good checkpoint, which stays the latest.
         """
+
+    def save_and_wait(self, step: int, *, force: bool = False) -> None:
+        """`save`, then `wait`: returns once the checkpoint of `step` is durable.
+
+        For a save the caller waits for at once (the end of `train`): an asynchronous
+        checkpointer may write it in the calling thread, as nothing would run beside a
+        background write.
+
+        Args:
+            step, force: as for `save`.
+
+        Raises:
+            CheckpointWriteError: as for `save` and `wait`.
+        """
+        self.save(step, force=force)
+        self.wait()
 
     @abc.abstractmethod
     def restore(self, path: str | None = None) -> str | None:
@@ -122,9 +138,9 @@ class SyncCheckpointer(Checkpointer):
     """Writes each checkpoint in the calling thread: `save` returns when it is durable.
 
     Checkpoints are ``<directory>/ckpt-<step>``, written by `checkpoints.save` through a
-    `tf.train.CheckpointManager` (the newest `keep` are kept). The state file names a
-    new checkpoint only once its files are complete, so a process killed mid-save leaves
-    the previous one as the latest.
+    `checkpoint_manager.CheckpointManager` (a compiled write; the newest `keep` are
+    kept). The state file names a new checkpoint only once its files are complete, so a
+    process killed mid-save leaves the previous one as the latest.
 
     Args:
         root: what is saved and restored (`checkpoints.make_checkpoint`).
@@ -146,7 +162,7 @@ class SyncCheckpointer(Checkpointer):
                  probe_dir: str | None = None) -> None:
         self.directory = directory.rstrip("/")
         self._root, self._keep, self._probe_dir = root, keep, probe_dir
-        self._open_manager: tf.train.CheckpointManager | None = None
+        self._open_manager: checkpoint_manager.CheckpointManager | None = None
         self._last_good: str | None = None  # restored or saved, known complete
         self._fingerprint: tuple | None = None  # of the checkpoint last written or read
         self._last_save_secs: float | None = None
@@ -156,15 +172,11 @@ class SyncCheckpointer(Checkpointer):
     # ---------------------------------------------------------------- the interface
 
     def save(self, step: int, *, force: bool = False) -> None:
-        self._check_open("save")
-        self._last_blocked_secs = None
-        if not force and step in (
-                self.pending_step,
-                checkpoints.step_of(self._last_good) if self._last_good else None):
-            return  # nothing new since the last save
-        started = time.monotonic()
-        self._write(step)
-        self._last_blocked_secs = time.monotonic() - started
+        self._save(step, force, background=True)
+
+    def save_and_wait(self, step: int, *, force: bool = False) -> None:
+        self._save(step, force, background=False)
+        self.wait()
 
     def restore(self, path: str | None = None) -> str | None:
         self._check_open("restore")
@@ -241,8 +253,20 @@ class SyncCheckpointer(Checkpointer):
 
     # ---------------------------------------------------------------- for subclasses
 
-    def _write(self, step: int) -> None:
-        """Writes ``ckpt-<step>`` and records it as the last good checkpoint."""
+    def _save(self, step: int, force: bool, background: bool) -> None:
+        self._check_open("save")
+        self._last_blocked_secs = None
+        if not force and step in (
+                self.pending_step,
+                checkpoints.step_of(self._last_good) if self._last_good else None):
+            return  # nothing new since the last save
+        started = time.monotonic()
+        self._write(step, background)
+        self._last_blocked_secs = time.monotonic() - started
+
+    def _write(self, step: int, background: bool = True) -> None:
+        """Writes ``ckpt-<step>`` and records it as the last good checkpoint (in this
+        thread: `background` is for subclasses that can write in another)."""
         started = time.monotonic()
         path = checkpoints.save(self._manager, step)
         self._written(path, checkpoints.fingerprint(path), time.monotonic() - started)
@@ -251,16 +275,15 @@ class SyncCheckpointer(Checkpointer):
         self._last_good, self._fingerprint, self._last_save_secs = path, fingerprint, seconds
 
     @property
-    def _manager(self) -> tf.train.CheckpointManager:
-        # Opened on first use: opening reads the directory's state file (a request on
-        # gs://), which a restore would make stale at once.
+    def _manager(self) -> checkpoint_manager.CheckpointManager:
         if self._open_manager is None:
-            self._open_manager = tf.train.CheckpointManager(
-                self._root, self.directory, self._keep, checkpoint_name="ckpt")
+            self._open_manager = checkpoint_manager.CheckpointManager(
+                self._root, self.directory, self._keep)
         return self._open_manager
 
     def _reopen(self) -> None:
-        self._open_manager = None
+        if self._open_manager is not None:
+            self._open_manager.reload()  # its compiled write stays valid
 
     def _release(self) -> None:
         self._open_manager = None
@@ -275,11 +298,12 @@ class AsyncCheckpointer(SyncCheckpointer):
     """Writes checkpoints in a background thread while training goes on.
 
     `save` copies every variable to host memory (one on-device copy each) and returns;
-    a background thread writes the copies, with the same keys and object graph as a
-    synchronous save, so a checkpoint written either way restores either way. One write
-    at a time: a save first waits for the previous write and raises its error. Whatever
-    must see a complete checkpoint waits (`wait`, `latest`, `restore`, `close`), and so
-    does interpreter exit for a write still running.
+    a background thread writes the copies (`save_and_wait` writes them in the calling
+    thread), with the same keys and object graph as a synchronous save, so a checkpoint
+    written either way restores either way. One write at a time: a save first waits for
+    the previous write and raises its error. Whatever must see a complete checkpoint
+    waits (`wait`, `latest`, `restore`, `close`), and so does interpreter exit for a
+    write still running.
 
     Args:
         root, directory, keep, probe_dir: as for `SyncCheckpointer`.
@@ -300,9 +324,12 @@ class AsyncCheckpointer(SyncCheckpointer):
         self._writer: async_checkpoints.BackgroundWriter | None = (
             async_checkpoints.BackgroundWriter(root, self.directory, keep))
 
-    def _write(self, step: int) -> None:
+    def _write(self, step: int, background: bool = True) -> None:
         self.wait()  # the copies are reused: the previous write must be done
-        self._writer.start(step)
+        if background:
+            self._writer.start(step)
+        else:
+            self._written(*self._writer.write_now(step))
 
     def wait(self) -> None:
         if self._writer is None:
@@ -316,7 +343,7 @@ class AsyncCheckpointer(SyncCheckpointer):
         return self._writer.pending_step if self._writer is not None else None
 
     @property
-    def _manager(self) -> tf.train.CheckpointManager:
+    def _manager(self) -> checkpoint_manager.CheckpointManager:
         return self._writer.manager
 
     def _reopen(self) -> None:
@@ -348,7 +375,7 @@ class WorkerCheckpointer(SyncCheckpointer):
         super().__init__(root, directory, keep, probe_dir)
         self.scratch_dir = f"{self.directory}/.worker-{task_id}"
 
-    def _write(self, step: int) -> None:
+    def _write(self, step: int, background: bool = True) -> None:
         started = time.monotonic()
         tf.train.CheckpointManager(self._root, self.scratch_dir, 1).save(step)
         tf.io.gfile.rmtree(self.scratch_dir)

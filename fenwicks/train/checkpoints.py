@@ -480,15 +480,16 @@ def _read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def save(manager: tf.train.CheckpointManager, step: int) -> str:
+def save(manager: Any, step: int) -> str:
     """Writes checkpoint ``ckpt-<step>``; on failure leaves the previous one as latest.
 
-    TensorFlow writes the data and index files first and names the new checkpoint in the
-    state file last, so a process killed mid-save leaves the previous checkpoint as
-    ``latest``. A failed write (disk full, a storage error after its retries) raises
-    `CheckpointWriteError` naming the path, after removing the partial files.
+    `manager` (a `checkpoint_manager.CheckpointManager`) writes the data and index files
+    first and names the new checkpoint in the state file last, so a process killed
+    mid-save leaves the previous checkpoint as ``latest``. A failed write (disk full, a
+    storage error after its retries) raises `CheckpointWriteError` naming the path, after
+    removing the partial files.
     """
-    before = manager.latest_checkpoint  # TF updates it before writing the state file
+    before = manager.latest_checkpoint  # the new one once the state file names it
     path = f"{manager.directory}/ckpt-{step}"
     try:
         return _deadline.run(manager.save, checkpoint_number=step, what="checkpoint save",

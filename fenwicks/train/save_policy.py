@@ -1,5 +1,5 @@
 """When a run saves: every reason to save goes through `SavePolicy.save`, the one caller
-of `Checkpointer.save` during training.
+of `Checkpointer.save` (and `save_and_wait`) during training.
 
 The reasons (`Trigger`) and what each does:
 
@@ -105,7 +105,10 @@ class SavePolicy:
         if self._before_save is not None:
             self._before_save()  # e.g. the work_dir still there (RunState.check_work_dir)
         try:
-            self.checkpointer.save(step, force=force)  # the one call site
+            if trigger is Trigger.END:  # `train` waits for it: nothing runs beside it
+                self.checkpointer.save_and_wait(step, force=force)
+            else:
+                self.checkpointer.save(step, force=force)
         except KeyboardInterrupt:
             if trigger is not Trigger.INTERRUPT:
                 raise
