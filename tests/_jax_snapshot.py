@@ -134,7 +134,9 @@ def _write_error(work_dir: str) -> dict:
         time.sleep(0.2)  # in the background thread: `save` has returned by then
         raise OSError(28, "No space left on device")
 
-    saver._manager.save = full_disk  # noqa: SLF001 - the fault injected
+    # The fault injected where orbax writes (its public class: every manager of this
+    # process; the save above is complete).
+    ocp.CheckpointManager.save = full_disk
     began = time.perf_counter()
     saver.save(2)
     returned = time.perf_counter() - began
