@@ -361,7 +361,7 @@ def _uses(item: pytest.Function, pattern: re.Pattern) -> bool:
         for name, defs in item._fixtureinfo.name2fixturedefs.items())
 
 
-# Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's addopts) a module's tests
+# Under pytest-xdist (``-n 3 --dist loadgroup``, .ci/run) a module's tests
 # stay on one worker, so its module-scoped fixtures (a trained estimator, a dispatcher
 # and its workers, the flagship runs) are built once; the tests reading `shared_snippet`
 # processes form one group, so each device's shared process starts once.
@@ -382,12 +382,12 @@ def pytest_collection_modifyitems(config, items):
                 item.nodeid.split("[")[0] in _SLOW_ELSEWHERE
                 or _uses(item, _STARTS_A_PROCESS)):
             item.add_marker(pytest.mark.slow)
-    # The longest modules first, so that two workers finish together (a stable sort:
+    # The longest modules first, so that the workers finish together (a stable sort:
     # each module keeps its own order, which its fixtures' parameters depend on).
     items.sort(key=lambda item: _LONGEST_FIRST.get(item.nodeid.split("::")[0], 0))
 
 
-# The modules over ~20 s of one worker, longest first (measured with -n 2), so that two
+# The modules over ~20 s of one worker, longest first (measured with -n 2), so that the
 # workers finish together. The JAX engine's and the TPUEstimator front door's joined in
 # session 7 (left out, they started last and ran on alone). storage_faults, which mostly
 # waits on deadlines, runs beside test_flagship's two busy processes.
