@@ -213,6 +213,10 @@ class Controller:
                 entries.on_train_begin()
                 yield Run(self, trainer, iterator, target, entries, end_epoch, at_epoch_end,
                           profile)
+                if not entries.user:
+                    # Nothing after the last loop changes the weights: the end-of-train
+                    # checkpoint is written while the summaries flush (Trigger.LAST_LOOP).
+                    saves.save(Trigger.LAST_LOOP, state.global_step)
             except actions.StoppedOnNonFiniteLoss:
                 return  # a callback (TerminateOnNaN) asked to stop: nothing saved
             except KeyboardInterrupt:
@@ -221,7 +225,8 @@ class Controller:
                 entries.close()  # flushes the summaries, closes the bar
         entries.on_train_end(end_epoch.logs)
         # After on_train_end: a callback may have changed the weights (EarlyStopping's
-        # restore_best_weights); the checkpoint then holds what the callbacks left.
+        # restore_best_weights); the checkpoint then holds what the callbacks left. With
+        # no callbacks, the write started above and this waits for it.
         saves.save(Trigger.END, state.global_step, force=bool(entries.user))
 
     def run_loop(self, trainer: Trainer, iterator: Any, num_steps: int) -> LoopOutput:

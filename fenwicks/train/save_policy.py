@@ -15,7 +15,12 @@ The reasons (`Trigger`) and what each does:
 ``INTERRUPTED_TWICE``  a second Ctrl-C: nothing is saved
 ``INPUT_EXHAUSTED``    the input ran out: the steps that did run are complete and
                        valid (the loop counted them and the input position together)
-``END``                the end of `train`
+``LAST_LOOP``          after the last loop of a `train` call without callbacks
+                       (nothing after it changes the weights): written in the
+                       background while the call closes (the summaries flush);
+                       ``END`` then waits for it
+``END``                the end of `train`: written in the calling thread, which
+                       waits for it (or for the ``LAST_LOOP`` write)
 =====================  ==========================================================
 
 A step already saved is not saved again (`Checkpointer.save`), so triggers that meet at
@@ -46,6 +51,7 @@ class Trigger(enum.Enum):
     INTERRUPT = "interrupt"
     INTERRUPTED_TWICE = "interrupted twice"
     INPUT_EXHAUSTED = "input exhausted"
+    LAST_LOOP = "last loop"
     END = "end"
 
 
@@ -105,7 +111,7 @@ class SavePolicy:
         if self._before_save is not None:
             self._before_save()  # e.g. the work_dir still there (RunState.check_work_dir)
         try:
-            if trigger is Trigger.END:  # `train` waits for it: nothing runs beside it
+            if trigger is Trigger.END:  # `train` waits for it: nothing more to overlap
                 self.checkpointer.save_and_wait(step, force=force)
             else:
                 self.checkpointer.save(step, force=force)
