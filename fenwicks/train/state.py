@@ -243,7 +243,10 @@ class RunState:
         a save must not silently recreate the folder (the checkpoints, the epoch log and
         the TensorBoard logs that were there are gone)."""
         if self._lock is not None:
-            self._lock.check()
+            # Bounded on gs:// as every storage call of the training thread is: a stat
+            # that meets an outage would otherwise wait out TensorFlow's retries.
+            _deadline.run(self._lock.check, what="work_dir check",
+                          path=self.config.work_dir)
 
     def wait(self) -> None:
         """Waits for a checkpoint being written in the background, if any.
