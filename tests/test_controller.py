@@ -11,7 +11,6 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-
 from fenwicks.train import actions, callbacks, conditions, controller, progress
 from fenwicks.train.history import History
 
