@@ -20,7 +20,7 @@ How the estimator is put together (one object per job, as Orbit):
   write and the keep-N books of a work_dir's checkpoints; `checkpoints.py`: what a
   checkpoint holds, its safe restore, damage and warm start.
 - `save_policy.py`: `SavePolicy`, when to save (periodic, evaluation, SIGTERM, Ctrl-C,
-  input exhausted, end): the one caller of `Checkpointer.save` (and `save_and_wait`).
+  input exhausted, last loop, end): the one caller of `Checkpointer.save` (and `save_and_wait`).
 - `trainer.py`: `Trainer`, the compiled inner loop (`loops.py`), used by the estimator
   and by `find_lr` (`lr_finder.py`).
 - `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions;
