@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import struct
@@ -48,6 +49,7 @@ def serve(path: str) -> None:
     import fenwicks  # noqa: F401 - what every test process imports first
 
     _preimport()
+    _warm_autograph(os.path.dirname(path))
     # What the import made lives as long as the process: out of the collector's sight
     # (Python's advice for a server that forks, `gc.freeze`). A full collection over
     # TensorFlow's ~460k objects costs ~0.25 s of CPU, and a child runs dozens: Python's
@@ -90,6 +92,19 @@ def _preimport() -> None:
     for name in PREIMPORTED:
         with contextlib.suppress(ImportError):
             __import__(name)
+
+
+def _warm_autograph(directory: str) -> None:
+    """Fenwicks' step functions converted by AutoGraph here, once, rather than in each
+    child (`tests._autograph_warmup`); the TensorFlow engine's servers only."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return
+    from tests import _autograph_warmup
+
+    with contextlib.suppress(Exception):
+        _autograph_warmup.warm(directory)
 
 
 def _die_with_parent() -> None:
@@ -263,6 +278,8 @@ class Client:
         if self._server is not None and self._server.poll() is None:
             self._server.kill()
             self._server.wait()
+            # its socket and the modules AutoGraph generated there (_autograph_warmup)
+            shutil.rmtree(os.path.dirname(self._path), ignore_errors=True)
 
     def _start(self) -> None:
         with self._lock:
