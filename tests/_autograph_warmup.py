@@ -15,7 +15,9 @@ options. A conversion depends on the code and the options, not on the values a c
 holds (AutoGraph's own cache assumes as much), so the function converted here has empty
 cells: 38 of 38 generated sources were identical to a child's own (checked 2026-11-26).
 
-Anything that goes wrong only costs the speed-up: children convert for themselves.
+The first server of a test session runs the scout; the others read its report from the
+file `LISTING_ENV` names. Anything that goes wrong only costs the speed-up: children
+convert for themselves.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def warm(directory: str) -> int:
     The generated modules are written under `directory` (the server's private one) and
     kept there: AutoGraph would otherwise delete them at the first child's exit.
     """
-    entries = _scout()
+    entries = _listed()
     from tensorflow.python.autograph.core import converter
     from tensorflow.python.autograph.impl import api
 
@@ -59,6 +61,28 @@ def warm(directory: str) -> int:
     finally:
         atexit.register, tempfile.tempdir = register, tempdir
     return done
+
+
+# A file (set by tests/conftest.py, one per test session) holding the scout's report:
+# the first server of a session runs the scout (~4.5 s of CPU), the others read it.
+LISTING_ENV = "FENWICKS_TEST_AUTOGRAPH_LISTING"
+
+
+def _listed() -> list[list[Any]]:
+    """The scout's report: from the session's file if a server already wrote it."""
+    path = os.environ.get(LISTING_ENV)
+    if path:
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as f:
+                return json.load(f)
+    entries = _scout()
+    if path and entries:
+        with contextlib.suppress(OSError):
+            with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path),
+                                             delete=False) as f:
+                json.dump(entries, f)
+            os.replace(f.name, path)  # whole or absent, for servers starting meanwhile
+    return entries
 
 
 def _scout() -> list[list[Any]]:

@@ -57,6 +57,13 @@ for _name, _value in (("JAX_COMPILATION_CACHE_DIR", JAX_CACHE_DIR),
 if not os.environ.get("PYTEST_XDIST_WORKER"):
     atexit.register(lambda: __import__("shutil").rmtree(JAX_CACHE_DIR, ignore_errors=True))
 
+# The fork servers' list of Fenwicks functions to convert with AutoGraph before forking
+# (tests/_autograph_warmup.py), found by the session's first server, read by the rest.
+AUTOGRAPH_LISTING = os.path.join(tempfile.gettempdir(), f"fw-autograph-{_SESSION_PID}.json")
+os.environ.setdefault("FENWICKS_TEST_AUTOGRAPH_LISTING", AUTOGRAPH_LISTING)
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    atexit.register(lambda: os.path.exists(AUTOGRAPH_LISTING) and os.remove(AUTOGRAPH_LISTING))
+
 
 def python_env(env: dict[str, str | None] | None = None,
                inherit: bool = True) -> dict[str, str]:
