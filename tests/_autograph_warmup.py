@@ -27,8 +27,11 @@ import contextlib
 import importlib
 import json
 import os
+import select
+import signal
 import sys
 import tempfile
+import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -66,6 +69,7 @@ def warm(directory: str) -> int:
 # A file (set by tests/conftest.py, one per test session) holding the scout's report:
 # the first server of a session runs the scout (~4.5 s of CPU), the others read it.
 LISTING_ENV = "FENWICKS_TEST_AUTOGRAPH_LISTING"
+SCOUT_TIMEOUT = 180  # seconds; the scout takes ~5 on a quiet machine
 
 
 def _listed() -> list[list[Any]]:
@@ -101,11 +105,19 @@ def _scout() -> list[list[Any]]:
         finally:
             os._exit(0)
     os.close(write)
-    data = b""
-    while chunk := os.read(read, 1 << 16):
-        data += chunk
-    os.close(read)
-    os.waitpid(pid, 0)
+    data, deadline = b"", time.monotonic() + SCOUT_TIMEOUT
+    try:
+        while select.select([read], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(read, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+        else:  # out of time (a busy machine): the server starts without the warm-up
+            os.kill(pid, signal.SIGKILL)
+            data = b""
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
     return json.loads(data) if data else []
 
 
