@@ -4,6 +4,7 @@ be configured before TensorFlow initialises, which the parent test process alrea
 from __future__ import annotations
 
 import atexit
+import gc
 import inspect
 import json
 import os
@@ -55,6 +56,13 @@ for _name, _value in (("JAX_COMPILATION_CACHE_DIR", JAX_CACHE_DIR),
     os.environ.setdefault(_name, _value)
 if not os.environ.get("PYTEST_XDIST_WORKER"):
     atexit.register(lambda: __import__("shutil").rmtree(JAX_CACHE_DIR, ignore_errors=True))
+
+# The fork servers' list of Fenwicks functions to convert with AutoGraph before forking
+# (tests/_autograph_warmup.py), found by the session's first server, read by the rest.
+AUTOGRAPH_LISTING = os.path.join(tempfile.gettempdir(), f"fw-autograph-{_SESSION_PID}.json")
+os.environ.setdefault("FENWICKS_TEST_AUTOGRAPH_LISTING", AUTOGRAPH_LISTING)
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    atexit.register(lambda: os.path.exists(AUTOGRAPH_LISTING) and os.remove(AUTOGRAPH_LISTING))
 
 
 def python_env(env: dict[str, str | None] | None = None,
@@ -399,6 +407,16 @@ _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed
     "test_data_service", "test_cross_engine", "test_jax_blocks", "test_jax_snapshot",
     "test_readme", "test_interrupts", "test_multiworker", "test_security",
     "test_porting", "test_async_checkpoints", "test_input_check", "test_data"]), start=1)}
+
+
+def pytest_collection_finish(session):
+    # Every test module is imported by now, and with it TensorFlow: what exists lives as
+    # long as the process, so Python's full collections need not walk it again (as in
+    # the fork server, tests/_zygote.py). Each costs ~0.25 s of CPU over TensorFlow's
+    # ~460k objects, and in-process tests trigger hundreds (Python's own, and one per
+    # `evaluate`/`predict`/input change: `fenwicks.train.inputs.discard`).
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_configure(config):
