@@ -87,18 +87,21 @@ class _Clocks:
 
 
 _TIMED: dict[str, tuple] = {}  # work_dir -> (block_steps, clocks, timings)
+_ENGINE_TRAINER: dict[str, object] = {}  # the engine's own trainer factory, wrapped
 
 
 def _estimator(block_steps: int | None, clocks: _Clocks, timings: list[dict]):
     """An estimator whose JAX trainer is timed per loop (and runs blocks of
     `block_steps` steps when given)."""
     import fenwicks as fw
-    from fenwicks.train.jax import engine, trainer
+    from fenwicks.train.jax import engine
 
-    def make(strategy, config, state, stop):  # trainers are made at the first `train`
+    made_by_engine = _ENGINE_TRAINER.setdefault("jax", engine.JaxEngine.trainer)
+
+    def make(strategy, config, state, watcher):  # trainers are made at the first `train`
         steps, clock, times = _TIMED[config.work_dir]
-        made = trainer.JaxTrainer(state, config.train_batch_size, config.steps_per_loop,
-                                  stop, steps)
+        made = made_by_engine(strategy, config, state, watcher)
+        made._block_steps = steps  # noqa: SLF001 (None: the engine's choice)
         train = made.train
 
         def timed(batches, num_steps):
