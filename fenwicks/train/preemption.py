@@ -231,9 +231,10 @@ class _Wakeups:
 class HostFlag:
     """A `PreemptionWatcher`'s stop request as a Python bool, read like its variable
     (``numpy()``). A loop that looks between compiled calls, on the host, reads this:
-    reading the variable is an eager TensorFlow op, 0.2 to 0.4 ms a read while tf.data
-    feeds the same process (measured in `benchmarks/jax_engine.py`, under load), where
-    this is an attribute.
+    reading the variable is an eager TensorFlow op, about 0.2 ms a read while tf.data
+    feeds the same process (0.40 to 0.46 ms of the main thread's CPU a step of the JAX
+    engine's one-step blocks in `benchmarks/jax_engine.py`, under load), where this is
+    an attribute.
 
     Example:
         >>> if watcher.host_flag.numpy(): ...   # stop after the block in progress
