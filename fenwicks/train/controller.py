@@ -183,7 +183,7 @@ class Controller:
             else:
                 engine = self._engine
             self._trainer = engine.trainer(strategy, self.config, self.state,
-                                           self._watcher.flag)
+                                           self._watcher)
         return self._trainer
 
     @contextlib.contextmanager

@@ -54,9 +54,11 @@ class TensorFlowEngine:
         return acc.precision
 
     @staticmethod
-    def trainer(strategy: Any, config: Any, state: RunState, stop: Any) -> Trainer:
+    def trainer(strategy: Any, config: Any, state: RunState, watcher: Any) -> Trainer:
+        """The loop reads the watcher's variable inside the compiled function."""
         return Trainer(strategy, state.spec, state.optimizer, state.step_counter,
-                       config.train_batch_size, config.jit_compile, stop, state.input_steps)
+                       config.train_batch_size, config.jit_compile, watcher.flag,
+                       state.input_steps)
 
     @staticmethod
     def check_labels(spec: Any, acc: accel.Accelerator, dataset: Any) -> None:

@@ -37,9 +37,11 @@ class JaxEngine:
         return _PRECISION.get(jax.default_backend(), "float32")
 
     @staticmethod
-    def trainer(strategy: Any, config: Any, state: JaxRunState, stop: Any) -> JaxTrainer:
+    def trainer(strategy: Any, config: Any, state: JaxRunState, watcher: Any) -> JaxTrainer:
+        """The loop looks for a stop between blocks, on the host: the watcher's
+        `HostFlag`, a Python bool, not its TensorFlow variable (an eager op a read)."""
         return JaxTrainer(state, config.train_batch_size, config.steps_per_loop,
-                          processes.agreed_stop(stop))
+                          processes.agreed_stop(watcher.host_flag))
 
     @staticmethod
     def check_labels(spec: Any, acc: accel.Accelerator, dataset: Any) -> None:

