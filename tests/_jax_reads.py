@@ -45,9 +45,9 @@ def main() -> dict:
     spec = _dataset(1).element_spec
     dynamic = tf.data.Dataset.range(5).map(lambda n: tf.zeros([3, n])).element_spec
     out["steps_per_read"] = {
-        "static": inputs._steps_per_read(spec, REPLICAS, 10),  # noqa: SLF001
-        "one_fits": inputs._steps_per_read(spec, REPLICAS, 10 ** 9),  # noqa: SLF001
-        "dynamic": inputs._steps_per_read(dynamic, REPLICAS, 10),  # noqa: SLF001
+        "static": inputs.steps_per_read(spec, REPLICAS, 10),
+        "one_fits": inputs.steps_per_read(spec, REPLICAS, 10 ** 9),
+        "dynamic": inputs.steps_per_read(dynamic, REPLICAS, 10),
     }
     out["read_bytes"] = inputs.READ_BYTES
     return out

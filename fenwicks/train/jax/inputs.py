@@ -80,10 +80,10 @@ class TrainBatches:
     def __init__(self, dataset: tf.data.Dataset, replicas: int,
                  max_steps_per_read: int = 1) -> None:
         self._replicas = replicas
-        self._steps_per_read = _steps_per_read(dataset.element_spec, replicas,
-                                               max_steps_per_read)
-        dataset = dataset.batch(replicas * self._steps_per_read,
-                                drop_remainder=self._steps_per_read == 1).prefetch(2)
+        self.steps_per_read = steps_per_read(dataset.element_spec, replicas,
+                                             max_steps_per_read)
+        dataset = dataset.batch(replicas * self.steps_per_read,
+                                drop_remainder=self.steps_per_read == 1).prefetch(2)
         self._iterator = dataset.as_numpy_iterator()
         self._read: list[Any] = []  # global batches read and not yet taken
 
@@ -100,7 +100,7 @@ class TrainBatches:
 
     def _steps(self, element: Any) -> list[Any]:
         """``[R * n, b, ...]`` -> n global batches ``[R * b, ...]`` (views)."""
-        if self._steps_per_read == 1:
+        if self.steps_per_read == 1:
             return [_merge_replicas(element)]
         count = len(jax.tree.leaves(element)[0]) // self._replicas
         r = self._replicas
@@ -112,10 +112,16 @@ class TrainBatches:
         discard(holder)
 
 
-def _steps_per_read(spec: Any, replicas: int, most: int) -> int:
+def steps_per_read(spec: Any, replicas: int, most: int) -> int:
     """Steps one read of `TrainBatches` holds: as many as fit in `READ_BYTES`, up to
     `most`; one unless every component has a static shape and a numeric dtype (only
-    batches of one shape can be read together)."""
+    batches of one shape can be read together).
+
+    Example:
+        >>> spec = (tf.TensorSpec([16, 28, 28, 1]), tf.TensorSpec([16], tf.int32))
+        >>> steps_per_read(spec, replicas=8, most=10)
+        10
+    """
     step_bytes = 0
     for component in tf.nest.flatten(spec):
         if (not isinstance(component, tf.TensorSpec) or not component.shape.is_fully_defined()
