@@ -240,11 +240,11 @@ class HostFlag:
         >>> if watcher.host_flag.numpy(): ...   # stop after the block in progress
     """
 
-    def __init__(self) -> None:
-        self.value = False
+    def __init__(self, watcher: PreemptionWatcher) -> None:
+        self._watcher = watcher
 
     def numpy(self) -> bool:
-        return self.value
+        return self._watcher.requested or self._watcher.interrupted
 
 
 _FLUSH = 0xFF  # a byte no signal number takes: `_Wakeups.remove` waits for it to be read
@@ -274,7 +274,7 @@ class PreemptionWatcher:
     def __init__(self) -> None:
         with tf.device("CPU:0"):
             self.flag = tf.Variable(False, trainable=False, name="preempted")
-        self.host_flag = HostFlag()
+        self.host_flag = HostFlag(self)  # derived from requested/interrupted
         self.requested = False
         self.interrupted = False
         self.forward = -1  # the wakeup fd that was set before ours (-1: none)
@@ -286,7 +286,6 @@ class PreemptionWatcher:
         self.requested = self.interrupted = False
         self._sigints = 0
         self.flag.assign(False)
-        self.host_flag.value = False
         if threading.current_thread() is not threading.main_thread():
             return self  # signal handlers can only be installed from the main thread
         self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
@@ -308,7 +307,6 @@ class PreemptionWatcher:
         if not self.requested:
             logger.warning("fenwicks: SIGTERM received; saving at the next step boundary")
         self.requested = True
-        self.host_flag.value = True
         self.flag.assign(True)
 
     def _interrupt(self) -> None:
@@ -316,7 +314,6 @@ class PreemptionWatcher:
             logger.warning("fenwicks: interrupted; stopping after the step in progress "
                            "(interrupt again to stop at once, without saving)")
         self.interrupted = True
-        self.host_flag.value = True
         self.flag.assign(True)
 
     @property
