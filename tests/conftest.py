@@ -413,8 +413,9 @@ def pytest_collection_finish(session):
     # Every test module is imported by now, and with it TensorFlow: what exists lives as
     # long as the process, so Python's full collections need not walk it again (as in
     # the fork server, tests/_zygote.py). Each costs ~0.25 s of CPU over TensorFlow's
-    # ~460k objects, and in-process tests trigger hundreds (Python's own, and one per
-    # `evaluate`/`predict`/input change: `fenwicks.train.inputs.discard`).
+    # ~460k objects, and in-process tests trigger hundreds (Python's own; until
+    # 2026-11-26 also one per `evaluate`/`predict`/input change, in
+    # `fenwicks.train.inputs.discard`).
     gc.collect()
     gc.freeze()
 
