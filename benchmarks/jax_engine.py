@@ -87,29 +87,23 @@ class _Clocks:
         self.cpu.append(time.process_time() - self._began[1])
 
 
-_TIMED: dict[str, tuple] = {}  # work_dir -> (block_steps, clocks, timings)
-_ENGINE_TRAINER: dict[str, object] = {}  # the engine's own trainer factory, wrapped
-
-
-def _estimator(block_steps: int | None, clocks: _Clocks, timings: list[dict]):
-    """An estimator whose JAX trainer is timed per loop (and runs blocks of
-    `block_steps` steps when given)."""
+def _estimator(clocks: _Clocks, timings: list[dict]):
+    """An estimator whose JAX trainer (the engine's own, made at the first `train`) is
+    timed per loop. One per process: it replaces the engine's trainer factory."""
     import fenwicks as fw
     from fenwicks.train.jax import engine
 
-    made_by_engine = _ENGINE_TRAINER.setdefault("jax", engine.JaxEngine.trainer)
+    made_by_engine = engine.JaxEngine.trainer
 
-    def make(strategy, config, state, watcher):  # trainers are made at the first `train`
-        steps, clock, times = _TIMED[config.work_dir]
+    def make(strategy, config, state, watcher):
         made = made_by_engine(strategy, config, state, watcher)
-        made._block_steps = steps  # noqa: SLF001 (None: the engine's choice)
         train = made.train
 
         def timed(batches, num_steps):
-            clock.begin()
+            clocks.begin()
             output = train(batches, num_steps)
-            clock.end()
-            times.append(made.last_timing)
+            clocks.end()
+            timings.append(made.last_timing)
             return output
 
         made.train = timed
@@ -117,7 +111,6 @@ def _estimator(block_steps: int | None, clocks: _Clocks, timings: list[dict]):
 
     engine.JaxEngine.trainer = staticmethod(make)
     work_dir = tempfile.mkdtemp()
-    _TIMED[work_dir] = (block_steps, clocks, timings)
     # Synchronous saves: the save at the end of each `train` must not run on while the
     # next variant is timed.
     return fw.train.get_tpu_estimator(
@@ -160,7 +153,7 @@ def _train_rates(loops: int) -> dict:
     x, y = _data(NUM_TRAIN)
     clocks = {name: _Clocks() for name in ("engine", "fit")}
     engine_timings: list[dict] = []
-    ests = {"engine": _estimator(None, clocks["engine"], engine_timings)}
+    ests = {"engine": _estimator(clocks["engine"], engine_timings)}
     model, distribution, callbacks = _fit_model(clocks["fit"])
     # The same pipeline on both sides: the engine calls the input_fn for per-replica
     # batches and joins R of them into each global batch; fit reads global batches of it,

@@ -103,13 +103,19 @@ def test_discard_empties_the_holder_and_destroys_on_its_thread():
     assert died.all_on_discard_threads(), died.threads
 
 
-def test_discard_frees_an_iterator_without_a_full_collection(monkeypatch):
+@pytest.fixture
+def full_collections(monkeypatch) -> list[tuple]:
+    """The arguments of every `gc.collect` call from here on (it still collects)."""
+    calls: list[tuple] = []
+    collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append(args) or collect(*args))
+    return calls
+
+
+def test_discard_frees_an_iterator_without_a_full_collection(full_collections):
     # A full collection walks every object of the process (0.25 s of CPU beside
     # TensorFlow); when nothing but discard holds the handles none is needed, and they
     # still die on discard threads.
-    full = []
-    collect = gc.collect
-    monkeypatch.setattr(gc, "collect", lambda *args: full.append(args) or collect(*args))
     strategy = tf.distribute.OneDeviceStrategy("CPU:0")
     distributed = strategy.distribute_datasets_from_function(
         lambda ctx: tf.data.Dataset.range(8).batch(2).repeat())
@@ -119,12 +125,12 @@ def test_discard_frees_an_iterator_without_a_full_collection(monkeypatch):
         inputs.discard(holder)
         join_discards(60)
         assert died.all_on_discard_threads(), died.threads
-    assert full == []
+    assert full_collections == []
 
 
-def test_discard_leaves_what_is_still_used_intact(monkeypatch):
-    # The walk reaches the dataset behind the iterator; the caller still holds it, so it
-    # is not emptied (it would then fail to iterate), and its iterator still dies.
+def test_discard_leaves_what_is_still_used_intact(full_collections):
+    # The dataset behind the iterator, which the caller still holds, still iterates, and
+    # the iterator's handle still dies on a discard thread.
     dataset = tf.data.Dataset.range(5).map(lambda x: x * 2).prefetch(1)
     holder = [iter(dataset)]
     next(holder[0])
@@ -137,12 +143,10 @@ def test_discard_leaves_what_is_still_used_intact(monkeypatch):
     # collector, and the handle lives on.
     holder = [iter(dataset)]
     kept = _tf_internals.iterator_resources(holder)
-    full = []
-    collect = gc.collect
-    monkeypatch.setattr(gc, "collect", lambda *args: full.append(args) or collect(*args))
+    full_collections.clear()
     inputs.discard(holder)
     join_discards(60)
-    assert full == [()] and kept[0].dtype == tf.resource
+    assert full_collections == [()] and kept[0].dtype == tf.resource
 
 
 def test_discard_at_exit_leaves_the_handles_to_the_process_end():

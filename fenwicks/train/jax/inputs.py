@@ -102,10 +102,9 @@ class TrainBatches:
         """``[R * n, b, ...]`` -> n global batches ``[R * b, ...]`` (views)."""
         if self.steps_per_read == 1:
             return [_merge_replicas(element)]
-        count = len(jax.tree.leaves(element)[0]) // self._replicas
         r = self._replicas
         return [_merge_replicas(jax.tree.map(lambda x, i=i: x[i * r:(i + 1) * r], element))
-                for i in range(count)]
+                for i in range(len(jax.tree.leaves(element)[0]) // r)]
 
     def release(self) -> None:
         holder, self._iterator, self._read = [self._iterator], None, []
