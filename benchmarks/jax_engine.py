@@ -13,6 +13,12 @@ for TensorFlow).
                   also given per CPU second of the process (steadier under load). The
                   engine's loop time is split into the compiled block alone and what is
                   outside it (input, copies, dispatch).
+    fit, replica BN  the same over a second `fit` whose BatchNorm normalises each
+                  device's slice of the batch (`fw.layers.batch_replicas`), as the
+                  engine's does (Fenwicks' per-replica BN, as on the TensorFlow engine);
+                  the first `fit` normalises over the global batch, with reductions
+                  across the devices. Same computation on both sides: what is left is
+                  the trainers (information)
   exact/drop      exact evaluation (last partial batch padded and masked) over an
                   evaluation that drops it, examples/s (target >= 0.95)
   async/sync      seconds a save blocks training, asynchronous over synchronous orbax
@@ -118,10 +124,16 @@ def _estimator(clocks: _Clocks, timings: list[dict]):
         save_every_secs=None, async_checkpoints=False)
 
 
-def _fit_model(clocks: _Clocks):
+def _fit_model(clocks: _Clocks, replica_bn: bool = False):
     """Keras `fit` on the JAX backend under DataParallel over every device: the same
     network, optimizer (Fenwicks' AdamW: Keras's Adam with decoupled decay), loss,
-    batch and steps per compiled execution as the engine's; timed per execution."""
+    batch and steps per compiled execution as the engine's; timed per execution.
+    Returns ``(model, scope, callbacks)``: call `fit` inside ``scope()``. With
+    `replica_bn`, the scope also has BatchNorm compute its statistics per device, as the
+    engine's step does (read when `fit` traces its step)."""
+    import contextlib
+
+    import jax
     import keras
 
     import fenwicks as fw
@@ -140,21 +152,31 @@ def _fit_model(clocks: _Clocks):
         model.compile(fw.train.adam_optimizer(1e-3, wd=1e-4)(),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       steps_per_execution=STEPS_PER_LOOP)
-    return model, distribution, [Timed()]
+
+    def scope():
+        stack = contextlib.ExitStack()
+        stack.enter_context(distribution.scope())
+        if replica_bn:
+            stack.enter_context(fw.layers.batch_replicas(len(jax.devices())))
+        return stack
+
+    return model, scope, [Timed()]
 
 
 def _train_rates(loops: int) -> dict:
-    """Training examples/s of the engine and of Keras fit, in one process, taking turns
-    (rounds of a few loops of each), so a change in the machine's load falls on both.
+    """Training examples/s of the engine and of the two Keras fits, in one process,
+    taking turns (rounds of a few loops of each), so a change in the machine's load falls
+    on all three.
     Round 0 compiles and is not counted, nor is the first loop of any call (it starts or
     resumes the input)."""
     import fenwicks as fw
 
     x, y = _data(NUM_TRAIN)
-    clocks = {name: _Clocks() for name in ("engine", "fit")}
+    clocks = {name: _Clocks() for name in ("engine", "fit", "fit_replica_bn")}
     engine_timings: list[dict] = []
     ests = {"engine": _estimator(clocks["engine"], engine_timings)}
-    model, distribution, callbacks = _fit_model(clocks["fit"])
+    fits = {name: _fit_model(clocks[name], replica_bn=name == "fit_replica_bn")
+            for name in ("fit", "fit_replica_bn")}
     # The same pipeline on both sides: the engine calls the input_fn for per-replica
     # batches and joins R of them into each global batch; fit reads global batches of it,
     # so both train on the same examples in the same order (each epoch shuffled). Fit
@@ -172,8 +194,9 @@ def _train_rates(loops: int) -> dict:
     for round_ in range(rounds + 1):
         for name, clock in clocks.items():
             first = len(clock.wall)
-            if name == "fit":
-                with distribution.scope():
+            if name in fits:
+                model, scope, callbacks = fits[name]
+                with scope():
                     model.fit(dataset, steps_per_epoch=per_call * STEPS_PER_LOOP, epochs=1,
                               verbose=0, callbacks=callbacks)
             else:
@@ -329,7 +352,7 @@ def main() -> None:
         return
     saves, evals = _run("save", "jax", args.loops), _run("eval", "jax", args.loops)
     train, tf_rate = _run("train", "jax", args.loops), _run("tf", "tf", args.loops)
-    engine, fit = train["engine"], train["fit"]
+    engine, fit, same_bn = train["engine"], train["fit"], train["fit_replica_bn"]
     print(f"mnist_net c={WIDTH}, batch {BATCH}, 8 host devices, {STEPS_PER_LOOP} steps per "
           f"loop; {engine['loops']} loops of each counted; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -340,6 +363,8 @@ def main() -> None:
          engine["wall"] / fit["wall"], ">= 1.0"),
         ("  per CPU s", f"{engine['cpu']:,.0f} vs {fit['cpu']:,.0f} ex/s",
          engine["cpu"] / fit["cpu"], "(same, per CPU second)"),
+        ("  replica BN", f"{engine['wall']:,.0f} vs {same_bn['wall']:,.0f} ex/s",
+         engine["wall"] / same_bn["wall"], "info (fit with the engine's BatchNorm)"),
         ("exact/drop", f"{evals['exact_wall']:,.0f} vs {evals['drop_wall']:,.0f} ex/s",
          evals["exact_wall"] / evals["drop_wall"],
          f">= 0.95 (padding bounds it at {exact_bound:.3f})"),
