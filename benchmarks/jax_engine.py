@@ -159,7 +159,7 @@ def _train_rates(loops: int) -> dict:
     x, y = _data(NUM_TRAIN)
     clocks = {name: _Clocks() for name in ("engine", "fit", "fit_again")}
     engine_timings: list[dict] = []
-    ests = {"engine": _estimator(clocks["engine"], engine_timings)}
+    est = _estimator(clocks["engine"], engine_timings)
     fits = {name: _fit_model(clocks[name]) for name in ("fit", "fit_again")}
     # The same pipeline on both sides: the engine calls the input_fn for per-replica
     # batches and joins R of them into each global batch; fit reads global batches of it,
@@ -184,7 +184,7 @@ def _train_rates(loops: int) -> dict:
                     model.fit(dataset, steps_per_epoch=per_call * STEPS_PER_LOOP, epochs=1,
                               verbose=0, callbacks=callbacks)
             else:
-                ests[name].train(input_fn, steps=per_call * STEPS_PER_LOOP)
+                est.train(input_fn, steps=per_call * STEPS_PER_LOOP)
             if round_:
                 kept[name] += range(first + 1, len(clock.wall))
     out = {}
@@ -197,9 +197,8 @@ def _train_rates(loops: int) -> dict:
     counted = [engine_timings[i] for i in kept["engine"]]
     out["engine_timing"] = {key: statistics.median(t[key] for t in counted)
                             for key in counted[0]}
-    out["engine_compiled"] = _compiled_block_secs(ests["engine"], x, y)
-    for est in ests.values():
-        est.close()
+    out["engine_compiled"] = _compiled_block_secs(est, x, y)
+    est.close()
     return out
 
 
