@@ -161,6 +161,9 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     tempfile.tempdir = None  # found again from this environment's TMPDIR
+    matplotlib = sys.modules.get("matplotlib")  # imported with Keras, in the server
+    if matplotlib is not None and os.environ.get("MPLBACKEND"):
+        matplotlib.rcParams["backend"] = os.environ["MPLBACKEND"]  # as its import reads it
     os._exit(_exit_status(_run, request["args"]))
 
 
@@ -226,6 +229,8 @@ class Client:
 
     # Read when used, not at import: a child may set these differently from the server.
     # TMPDIR: `tempfile` caches its directory, so the child clears that cache.
+    # MPLBACKEND: matplotlib reads it at import (which Keras's import does), so the child
+    # sets the backend from it as that import would have.
     RUNTIME_ENV = frozenset({"FENWICKS_DEVICE", "FENWICKS_ROOT", "FENWICKS_BUCKET",
                              "TF_CONFIG", "TFDS_DATA_DIR", "MPLBACKEND", "TMPDIR"})
     # The test helpers' own switches (tests/_faults.py, tests/_multiworker.py), read when
@@ -241,14 +246,21 @@ class Client:
         self._env: dict[str, str] = {}
         self._path = ""
 
-    def may_run(self, args: list[str], env: dict[str, str]) -> bool:
-        """Whether ``python *args`` with `env` may be forked from this server."""
+    def may_run(self, args: list[str], env: dict[str, str],
+                read_later: tuple[str, ...] = ()) -> bool:
+        """Whether ``python *args`` with `env` may be forked from this server.
+
+        Args:
+            args, env: the process's arguments (after ``python``) and environment.
+            read_later: prefixes of more variables that only the child's own code reads
+                (e.g. Jupyter's, read by the kernel it starts).
+        """
         if os.environ.get(FRESH_ENV) == "1" or len(args) < 2 or args[0] not in ("-c", "-m"):
             return False
         reference = self._env or self._base_env()
         changed = {k for k in env.keys() | reference.keys()
                    if env.get(k) != reference.get(k)} - self.IGNORED_ENV
-        return all(k in self.RUNTIME_ENV or k.startswith(self.RUNTIME_PREFIXES)
+        return all(k in self.RUNTIME_ENV or k.startswith(self.RUNTIME_PREFIXES + read_later)
                    for k in changed)
 
     def start(self, args: list[str], env: dict[str, str], cwd: str) -> ForkedProcess:
@@ -281,6 +293,11 @@ class Client:
                 proc.communicate(10)
             raise subprocess.TimeoutExpired(proc.args, timeout, *proc.output) from err
         return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+    def server_pid(self) -> int:
+        """The server's pid, the parent of every child it forks (started if need be)."""
+        self._start()
+        return self._server.pid
 
     def stop(self) -> None:
         if self._server is not None and self._server.poll() is None:

@@ -110,7 +110,7 @@ def run_process(args: list[str], env: dict[str, str | None] | None = None,
     """
     full_env = python_env(env, inherit)
     start = time.perf_counter()
-    server = None if fresh or not inherit else _server_for(args, full_env)
+    server = None if fresh or not inherit else fork_server_for(args, full_env)
     if server is not None:
         proc = server.run(args, full_env, str(cwd or os.getcwd()), timeout)
     else:
@@ -145,10 +145,13 @@ atexit.register(_zygote.stop)
 atexit.register(_jax_zygote.stop)
 
 
-def _server_for(args: list[str], env: dict[str, str]) -> _fork_server.Client | None:
-    """The fork server that may run ``python *args`` with `env`, if one may."""
-    return next((server for server in (_zygote, _jax_zygote) if server.may_run(args, env)),
-                None)
+def fork_server_for(args: list[str], env: dict[str, str],
+                    read_later: tuple[str, ...] = ()) -> _fork_server.Client | None:
+    """The fork server that may run ``python *args`` with `env`, if one may (its
+    ``start`` returns a `tests._zygote.ForkedProcess`); None: start a new interpreter.
+    `read_later`: as for `tests._zygote.Client.may_run`."""
+    return next((server for server in (_zygote, _jax_zygote)
+                 if server.may_run(args, env, read_later)), None)
 
 
 def start_process(args: list[str], env: dict[str, str | None] | None = None,
@@ -159,7 +162,7 @@ def start_process(args: list[str], env: dict[str, str | None] | None = None,
     as `run_process` (a `ForkedProcess`, used as the `subprocess.Popen` it otherwise is).
     """
     full_env = python_env(env)
-    server = None if fresh else _server_for(args, full_env)
+    server = None if fresh else fork_server_for(args, full_env)
     if server is not None:
         return server.start(args, full_env, str(cwd or os.getcwd()))
     return subprocess.Popen([sys.executable, *args], env=full_env, cwd=cwd,

@@ -2,7 +2,9 @@
 and that each runs top to bottom offline with ``SMOKE = True`` injected.
 
 A notebook runs in a real Jupyter kernel (nbclient), in a temporary working directory with
-``FENWICKS_ROOT`` pointing there, so nothing is written into the repository. The
+``FENWICKS_ROOT`` pointing there, so nothing is written into the repository. Tutorial 1's
+kernel and the JAX runs' are new interpreters; the others are forked from the test fork
+server, which imported Fenwicks already (`ForkedKernelManager`). The
 tensorflow-datasets they read (MNIST, CIFAR-10) are real tfds datasets, small, built here
 by tfds's own machinery: builders that inherit tfds's MNIST and CIFAR-10 (same name,
 version and features) and only generate their examples instead of downloading them.
@@ -27,15 +29,18 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import nbformat
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
-from tests.conftest import python_env
+import fenwicks  # noqa: F401 - its import sets GCS_* in this environment (fenwicks._deadline),
+from tests.conftest import fork_server_for, python_env  # as the fork server's has them
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -131,6 +136,61 @@ def _kernel_dir(tmp_path) -> str:
     return str(tmp_path / "jupyter")
 
 
+# Kernels forked from the test fork server (tests/_zygote.py, which imported Fenwicks once)
+# instead of new interpreters. A forked kernel is still ipykernel in a process of its own,
+# started, driven over ZMQ, interrupted and shut down by jupyter_client as Jupyter does;
+# what it skips is the import of TensorFlow and Fenwicks, done in the server under the same
+# environment (`fork_server_for` forks only when no variable read at import differs).
+# Tutorial 1's kernel stays a new interpreter, so one notebook imports Fenwicks as a
+# user's does; the JAX runs set variables read at import, so theirs are new ones too
+# (and tests/test_interrupts.py's stop button has a real kernel of its own).
+FRESH_KERNELS = ("01_mnist.ipynb",)
+# What Jupyter adds to a kernel's environment, read by the kernel when it starts (after
+# the fork): the name of its session, and the process to outlive (JPY_PARENT_PID).
+JUPYTER_ENV = ("JPY_", "JUPYTER_")
+
+
+class _ForkedKernel:
+    """A forked kernel as `LocalProvisioner` handles its process (``poll``, ``wait``,
+    ``send_signal``, ``kill``, ``terminate``). Its output is read to the end in a thread,
+    as nothing else reads it; so no stream is left for the provisioner to close."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, process) -> None:
+        self.process, self.pid = process, process.pid
+        threading.Thread(target=process.communicate, daemon=True).start()
+
+    def __getattr__(self, name: str):
+        return getattr(self.process, name)
+
+
+class ForkedKernelManager(AsyncKernelManager):
+    """jupyter_client's kernel manager, its kernel forked from the test fork server when
+    the kernel's command and environment allow (else started as Jupyter starts it).
+
+    `_async_launch_kernel` is the method jupyter_client documents for launching kernels
+    differently; the provisioner keeps the process and sends it the signals (to the
+    kernel alone: it leads no process group of its own)."""
+
+    forked_in: set[str] = set()  # the working directories of the kernels forked
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        env = kw["env"]
+        args = kernel_cmd[1:] if kernel_cmd[0] == sys.executable else []
+        server = fork_server_for(args, env, read_later=JUPYTER_ENV) if args else None
+        if server is None:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+            return
+        env = {**env, "JPY_PARENT_PID": str(server.server_pid())}  # ends with the server
+        process = server.start(args, env, str(kw.get("cwd") or os.getcwd()))
+        provisioner = self.provisioner
+        provisioner.process, provisioner.pid = _ForkedKernel(process), process.pid
+        provisioner.pgid, provisioner.cwd = None, kw.get("cwd")
+        self._reconcile_connection_info(provisioner.connection_info)
+        self.forked_in.add(str(kw.get("cwd")))
+
+
 def _smoke_cell(nb) -> nbformat.NotebookNode:
     return nbformat.v4.new_code_cell(
         "# Injected by tests/test_tutorials.py: tiny sizes.\nSMOKE = True")
@@ -182,6 +242,7 @@ class Run:
     nb: nbformat.NotebookNode
     error: BaseException | None
     seconds: float
+    forked: bool  # its kernel came from the fork server
 
 
 def _around_the_run_cell() -> nbformat.NotebookNode:
@@ -232,15 +293,17 @@ def _execute(name: str, work, env: dict[str, str]) -> Run:
     nb.cells.insert(index + 1, _smoke_cell(nb))
     if name == "01_mnist.ipynb" + JAX:
         nb.cells.append(_around_the_run_cell())
+    forked = {} if name in FRESH_KERNELS else {"kernel_manager_class": ForkedKernelManager}
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT,
-                            resources={"metadata": {"path": str(work)}})
+                            resources={"metadata": {"path": str(work)}}, **forked)
     start = time.perf_counter()
     try:
         client.execute(env=env)  # raises CellExecutionError, naming the cell
         error = None
     except Exception as err:  # noqa: BLE001 - reported by that notebook's own test
         error = err
-    return Run(nb, error, time.perf_counter() - start)
+    return Run(nb, error, time.perf_counter() - start,
+               str(work) in ForkedKernelManager.forked_in)
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +339,13 @@ def test_notebook_runs_top_to_bottom_offline(name, executed):
     figures = [out for out in outputs if "image/png" in out.get("data", {})]
     assert figures, "every tutorial shows at least one plot"
     assert sorted(os.listdir(TUTORIALS)) == TUTORIAL_FILES, "a notebook wrote into the repo"
+
+
+def test_the_tensorflow_kernels_but_tutorial_1_were_forked(executed):
+    # A forked kernel skips the ~5 s import of TensorFlow and Fenwicks; a change to
+    # the notebooks' environment that silently made them new interpreters would cost it.
+    forked = sorted(name for name, run in executed.items() if run.forked)
+    assert forked == [name for name in NOTEBOOKS if name not in FRESH_KERNELS], forked
 
 
 def _printed(run: Run, stream: str | None = None) -> str:

@@ -48,6 +48,15 @@ def test_exit_status_and_output_match_a_new_interpreter(code, status):
     assert forked.stderr.strip().splitlines()[-1:] == fresh.stderr.strip().splitlines()[-1:]
 
 
+def test_a_forked_process_uses_its_own_matplotlib_backend():
+    # matplotlib reads MPLBACKEND when it is imported, which Keras's import does in the
+    # server; a Jupyter kernel sets the inline backend this way.
+    code = "import fenwicks, matplotlib; print(matplotlib.get_backend())"
+    forked, fresh = _both(["-c", code], env={"MPLBACKEND": "svg"})
+    assert forked.returncode == fresh.returncode == 0, forked.stderr
+    assert forked.stdout.strip() == fresh.stdout.strip() == "svg"
+
+
 def test_a_module_runs_as_main():
     forked, fresh = _both(["-m", "fenwicks", "info"], env={"FENWICKS_DEVICE": "cpu:2"})
     assert forked.returncode == fresh.returncode == 0
@@ -69,6 +78,10 @@ def test_only_variables_read_after_import_may_differ():
     for name in ("TF_ENABLE_ONEDNN_OPTS", "PYTHONPATH", "FENWICKS_GCS_REQUEST_TIMEOUT"):
         assert not local_server.may_run(["-c", "1"], {**base, name: "0"}), name
     assert not local_server.may_run(["-X", "importtime", "-c", "1"], base)
+    # what only the child's own code reads, named by the caller (a kernel's JPY_*)
+    assert not local_server.may_run(["-m", "k"], {**base, "JPY_SESSION_NAME": "a"})
+    assert local_server.may_run(["-m", "k"], {**base, "JPY_SESSION_NAME": "a"},
+                                read_later=("JPY_",))
     # the test helpers' own switches, read when their module runs
     assert local_server.may_run(["-m", "tests._faults"], {**base, "FAULTS_SYNC": "1"})
     os.environ[_zygote.FRESH_ENV] = "1"
