@@ -10,7 +10,8 @@ random in-memory data, global batch and steps per compiled call, it times exampl
 
 on 1 replica and on cpu:2 (two logical CPU replicas, each run in its own process since
 devices are fixed at TensorFlow start-up), then prints est/fit (target >= 1.0) and
-est/hand (target >= 0.98; of the best trials, and of the median ones), with the
+est/hand (target >= 0.98; of the best trials, of the median ones, and the median of
+the trials' own est/hand: est and hand run back to back in each trial), with the
 estimator's milliseconds outside its compiled calls: per loop in all, between loops (the
 actions and callbacks) and per call (before the first loop and after the last). It
 also times exact evaluation (padding + masking the final partial batch) against a loop
@@ -64,20 +65,28 @@ def _dataset(x: np.ndarray, y: np.ndarray, batch_size: int) -> tf.data.Dataset:
 
 def _rates(runs: dict, steps: int, batch: int, trials: int) -> dict[str, float]:
     """Examples/s of each run(steps): the best of `trials` timings, and (``median``) the
-    median ones.
+    median ones; ``paired``: the median over trials of est's rate over hand's in the
+    same trial.
 
-    Trials are interleaved (est, fit, hand, est, ...) so that load from other processes
-    on a shared machine hits every method alike; the best trial is the least disturbed.
+    Trials are interleaved so that load from other processes on a shared machine hits
+    every method alike; the best trial is the least disturbed. Their order alternates,
+    (est, hand, fit) then (fit, hand, est): est and hand always run back to back, each
+    first in half the trials, and neither always follows fit. On this 2-core VM one
+    method's time moves by 10-25% from one second to the next with nothing else
+    running (the host's load), so the pair run within the same second or two is the
+    fairest comparison.
     """
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(trials):
-        for name, run in runs.items():
+    for trial in range(trials):
+        for name, run in (reversed if trial % 2 else iter)(list(runs.items())):
             start = time.perf_counter()
             run(steps)
             times[name].append(time.perf_counter() - start)
     rates: dict = {name: steps * batch / min(t) for name, t in times.items()}
     rates["median"] = {name: steps * batch / statistics.median(t)
                        for name, t in times.items()}
+    rates["paired"] = statistics.median(h / e for e, h in zip(times["est"], times["hand"],
+                                                               strict=True))
     return rates
 
 
@@ -213,8 +222,8 @@ def child(args: argparse.Namespace) -> dict:
         x, y = _data(shape, args.examples)
         setup = (build, x, y, args.batch, args.steps_per_loop)
         clock = LoopClock()
-        runs = {"est": clock.timed(estimator_run(*setup)), "fit": fit_run(*setup),
-                "hand": hand_written_run(*setup)}
+        runs = {"est": clock.timed(estimator_run(*setup)),
+                "hand": hand_written_run(*setup), "fit": fit_run(*setup)}
         results[name] = _rates(runs, args.steps, args.batch, args.trials)
         results[name].update(clock.overhead_ms())
         fw.train.trainer.Trainer.train = clock.original
@@ -228,6 +237,7 @@ def child(args: argparse.Namespace) -> dict:
 def _print_table(all_results: dict[str, dict]) -> None:
     print(f"{'replicas':>8} {'model':>14} {'est ex/s':>10} {'fit ex/s':>10} "
           f"{'hand ex/s':>10} {'est/fit':>8} {'est/hand':>9} {'(median)':>9} "
+          f"{'(paired)':>9} "
           f"{'out ms/loop':>11} {'after ms':>9} {'call ms':>8}")
     for replicas, results in all_results.items():
         for name, r in results.items():
@@ -235,10 +245,12 @@ def _print_table(all_results: dict[str, dict]) -> None:
             print(f"{replicas:>8} {name:>14} {r['est']:>10.1f} {r['fit']:>10.1f} "
                   f"{r['hand']:>10.1f} {r['est'] / r['fit']:>8.3f} "
                   f"{r['est'] / r['hand']:>9.3f} {median['est'] / median['hand']:>9.3f} "
+                  f"{r['paired']:>9.3f} "
                   f"{r['outside_ms_per_loop']:>11.2f} {r['after_loop_ms']:>9.2f} "
                   f"{r['per_call_ms']:>8.2f}")
     print("targets: est/fit >= 1.0, est/hand >= 0.98 (best trial; the median trial's in "
-          "brackets). out ms/loop: the estimator's time outside its compiled calls per "
+          "brackets, then the median of each trial's est/hand). out ms/loop: the "
+          "estimator's time outside its compiled calls per "
           "loop, all of it; after ms: between one compiled call and the next (the actions "
           "and callbacks); call ms: per train call, before its first loop and after its "
           "last (the lock, setting up, the end-of-call checkpoint)")

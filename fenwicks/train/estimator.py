@@ -401,13 +401,13 @@ class Estimator:
         with self._state.locked():
             self._follow_work_dir()  # another run trained here, or the dir was cleaned
             iterator = self._train_iterator(input_fn)  # builds, restoring the step
-            target = self.global_step + steps if steps is not None else max_steps
-            if self.global_step >= target:
-                logger.info("fenwicks: already at step %d >= %d; not training",
-                            self.global_step, target)
+            step = self.global_step  # one read: each is an eager op
+            target = step + steps if steps is not None else max_steps
+            if step >= target:
+                logger.info("fenwicks: already at step %d >= %d; not training", step, target)
                 yield None
                 return
-            profiling.check_in_range(profile_steps, self.global_step, target)
+            profiling.check_in_range(profile_steps, step, target)
             if self._controller is None:
                 self._controller = Controller(self.config, self._state, self.history,
                                               self._engine)
