@@ -39,8 +39,10 @@ import tensorflow_datasets as tfds
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
-import fenwicks  # noqa: F401 - its import sets GCS_* in this environment (fenwicks._deadline),
-from tests.conftest import fork_server_for, python_env  # as the fork server's has them
+# Imported first for what its import sets in this process's environment (GCS_* defaults,
+# fenwicks._deadline), which the fork server's has: the kernels' environments then match it.
+import fenwicks  # noqa: F401
+from tests.conftest import fork_server_for, python_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
