@@ -4,6 +4,7 @@ be configured before TensorFlow initialises, which the parent test process alrea
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import inspect
 import json
@@ -329,21 +330,28 @@ def _starts_a_process(obj: object, seen: set[int],
     if id(obj) in seen:
         return False
     seen.add(id(obj))
+    source, helpers = _source_and_helpers(obj)
+    return bool(pattern.search(source)) or any(
+        _starts_a_process(helper, seen, pattern) for helper in helpers)
+
+
+@functools.cache
+def _source_and_helpers(obj: object) -> tuple[str, tuple[object, ...]]:
+    """`obj`'s source ("" if it has none) and the functions and classes of tests/ that
+    it names in its module. Read once per session: each test reaches the same helpers,
+    and `inspect.getsource` for every test that does took 6-8 s of each collection."""
     try:
         source = inspect.getsource(obj)
     except (OSError, TypeError):
-        return False
-    if pattern.search(source):
-        return True
+        return "", ()
     module = sys.modules.get(getattr(obj, "__module__", ""), None)
     if module is None:
-        return False
-    for name in set(re.findall(r"\b[A-Za-z_]\w*\b", source)):
-        helper = getattr(module, name, None)
-        if (inspect.isfunction(helper) or inspect.isclass(helper)) and \
-                _in_tests(helper) and _starts_a_process(helper, seen, pattern):
-            return True
-    return False
+        return source, ()
+    named = (getattr(module, name, None)
+             for name in sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", source))))
+    return source, tuple(helper for helper in named
+                         if (inspect.isfunction(helper) or inspect.isclass(helper))
+                         and _in_tests(helper))
 
 
 def _in_tests(obj: object) -> bool:
