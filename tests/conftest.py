@@ -56,27 +56,23 @@ if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller; workers inherit
 
 
 # JAX's persistent compilation cache, shared by every process of one test session (the
-# xdist controller and its workers, keyed by the controller's pid) and removed when the
-# controller exits. Many JAX processes compile the same programs (the narrow mnist_net at
+# xdist controller and its workers), in the session's temporary directory and removed
+# with it. Many JAX processes compile the same programs (the narrow mnist_net at
 # the same shapes on 8 devices); with the cache a repeat costs a file read. Measured
 # 2026-11-26 under a 2-worker suite's load: `tests._jax_engine` for 42 steps took 82 s
 # (40 s training) cold and 15 s (4 s) warm. A fresh session starts cold, so CI measures
 # the first compile of each program as a user meets it.
-_SESSION_PID = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
-JAX_CACHE_DIR = os.path.join(tempfile.gettempdir(), f"fw-jax-cache-{_SESSION_PID}")
+JAX_CACHE_DIR = os.path.join(tempfile.gettempdir(), "fw-jax-cache")
 for _name, _value in (("JAX_COMPILATION_CACHE_DIR", JAX_CACHE_DIR),
                       ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),
                       ("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")):
     os.environ.setdefault(_name, _value)
-if not os.environ.get("PYTEST_XDIST_WORKER"):
-    atexit.register(shutil.rmtree, JAX_CACHE_DIR, True)
 
 # The fork servers' list of Fenwicks functions to convert with AutoGraph before forking
-# (tests/_autograph_warmup.py), found by the session's first server, read by the rest.
-AUTOGRAPH_LISTING = os.path.join(tempfile.gettempdir(), f"fw-autograph-{_SESSION_PID}.json")
+# (tests/_autograph_warmup.py), found by the session's first server, read by the rest;
+# in the session's temporary directory, like the cache above.
+AUTOGRAPH_LISTING = os.path.join(tempfile.gettempdir(), "fw-autograph.json")
 os.environ.setdefault("FENWICKS_TEST_AUTOGRAPH_LISTING", AUTOGRAPH_LISTING)
-if not os.environ.get("PYTEST_XDIST_WORKER"):
-    atexit.register(lambda: os.path.exists(AUTOGRAPH_LISTING) and os.remove(AUTOGRAPH_LISTING))
 
 
 def python_env(env: dict[str, str | None] | None = None,
