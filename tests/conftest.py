@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,17 @@ except ImportError:
     import gcs_emulator as _gcs_emulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# Python's own Ctrl-C handler in every test process. A process started in the background
+# by a non-interactive shell (``pytest ... &``) inherits SIGINT ignored, and Python then
+# installs no handler: Fenwicks rightly leaves an ignored SIGINT alone, and the Ctrl-C
+# tests (test_interrupts) would wait in a compiled loop for an interrupt that never comes.
+# They test what a terminal or a notebook gives; so does this. Subprocesses get Python's
+# handler too (a handled signal is reset to the default at exec).
+if (threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # Thread pools of every test's TensorFlow (the pytest workers' and their processes'). Two
@@ -461,3 +473,21 @@ def accel_state():
             stack.enter_context(accel.state_for_tests(current, request))
             return current
         yield use
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_left_as_found():
+    """Fails the test that leaves SIGINT's or SIGTERM's handler changed in this process
+    (and puts it back). Handlers are per process: one left behind (a library's
+    ``SIG_IGN``, a watcher not exited) breaks the Ctrl-C tests that a worker runs later,
+    which then hang in a compiled loop no signal stops."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    changed = {signum: signal.getsignal(signum) for signum in before
+               if signal.getsignal(signum) != before[signum]}
+    for signum in changed:
+        signal.signal(signum, before[signum])
+    if changed:
+        pytest.fail("the test left signal handlers changed: " + ", ".join(
+            f"{signal.Signals(signum).name} {handler!r} (was {before[signum]!r})"
+            for signum, handler in changed.items()), pytrace=False)

@@ -173,6 +173,25 @@ def test_sigint_is_taken_over_only_while_training_and_given_back():
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_the_second_ctrl_c_puts_the_handlers_back_before_it_raises():
+    """The KeyboardInterrupt of a second Ctrl-C can land inside the watcher's `__exit__`,
+    between putting back SIGTERM's handler and SIGINT's: the handlers are back already
+    where it is raised, so none of the watcher's outlives it."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    watcher = preemption.PreemptionWatcher()
+    with watcher:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            during = {signum: signal.getsignal(signum) for signum in before}
+        else:
+            pytest.fail("the second SIGINT raised no KeyboardInterrupt")
+    assert during == before and watcher.forced
+
+
 def test_a_sigint_handler_of_the_users_is_left_in_charge():
     calls = []
     previous = signal.signal(signal.SIGINT, lambda *args: calls.append(args[0]))

@@ -295,9 +295,7 @@ class PreemptionWatcher:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
+        self._restore_handlers()
         if self._restore_fd is not None:
             signal.set_wakeup_fd(self._restore_fd)
             _WAKEUPS.remove(self)
@@ -327,8 +325,19 @@ class PreemptionWatcher:
             return
         self._sigints += 1
         if self._sigints > 1:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+            # A second Ctrl-C: stop at once. The KeyboardInterrupt lands wherever the main
+            # thread is, perhaps inside `__exit__` between two handlers: they are put back
+            # first, so none of ours outlives the watcher (a later `train` would find a
+            # handler not Python's and leave Ctrl-C to it).
+            self._restore_handlers()
+            raise KeyboardInterrupt
         self._interrupt()
+
+    def _restore_handlers(self) -> None:
+        """Puts back the SIGTERM and SIGINT handlers found on entry (once)."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
     def _watch_wakeup_fd(self) -> None:
         write_end = _WAKEUPS.write_end()
