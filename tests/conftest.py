@@ -483,8 +483,9 @@ def _signal_handlers_left_as_found():
     which then hang in a compiled loop no signal stops."""
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     yield
-    changed = {signum: signal.getsignal(signum) for signum in before
-               if signal.getsignal(signum) != before[signum]}
+    after = {signum: signal.getsignal(signum) for signum in before}
+    changed = {signum: handler for signum, handler in after.items()
+               if handler != before[signum]}
     for signum in changed:
         signal.signal(signum, before[signum])
     if changed:
