@@ -18,8 +18,14 @@ also times exact evaluation (padding + masking the final partial batch) against 
 that drops the remainder: examples/s of exact over drop should be >= 0.95 (padding costs
 at most 5%).
 
+With ``--control``, each trial also runs a second hand-written loop (``hand2``: its own
+model and optimizer, the same data and code as ``hand``) right after ``hand``, and each
+row prints hand2/hand: two identical loops, so anything but 1.000 is what this machine's
+noise does to a ratio in this run, the resolution of the est/hand beside it.
+
     python benchmarks/train_throughput.py                 # both replica counts
     python benchmarks/train_throughput.py --steps 20      # quicker, noisier
+    python benchmarks/train_throughput.py --trials 5 --control
 
 Beside it, `estimator_throughput.py` measures one model through the estimator alone:
 ``train_throughput(model_func, input_fn, batch_size)``, the median examples/s.
@@ -63,15 +69,16 @@ def _dataset(x: np.ndarray, y: np.ndarray, batch_size: int) -> tf.data.Dataset:
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def _rates(runs: dict, steps: int, batch: int, trials: int) -> dict[str, float]:
+def time_trials(runs: dict, steps: int, batch: int, trials: int) -> dict[str, float]:
     """Examples/s of each run(steps): the best of `trials` timings, and (``median``) the
     median ones; ``paired``: the median over trials of est's rate over hand's in the
-    same trial.
+    same trial (``control_paired``: of hand2's over hand's, when `runs` has ``hand2``).
 
     Trials are interleaved so that load from other processes on a shared machine hits
     every method alike; the best trial is the least disturbed. Their order alternates,
-    (est, hand, fit) then (fit, hand, est): est and hand always run back to back, each
-    first in half the trials, and neither always follows fit. On this 2-core VM one
+    `runs`' order then its reverse: with (est, hand, fit), est and hand always run back
+    to back, each first in half the trials, and neither always follows fit; a control
+    loop (est, hand, hand2, fit) sits next to hand both ways. On this 2-core VM one
     method's time moves by 10-25% from one second to the next with nothing else
     running (the host's load), so the pair run within the same second or two is the
     fairest comparison.
@@ -85,9 +92,15 @@ def _rates(runs: dict, steps: int, batch: int, trials: int) -> dict[str, float]:
     rates: dict = {name: steps * batch / min(t) for name, t in times.items()}
     rates["median"] = {name: steps * batch / statistics.median(t)
                        for name, t in times.items()}
-    rates["paired"] = statistics.median(h / e for e, h in zip(times["est"], times["hand"],
-                                                               strict=True))
+    rates["paired"] = _paired(times["est"], times["hand"])
+    if "hand2" in times:
+        rates["control_paired"] = _paired(times["hand2"], times["hand"])
     return rates
+
+
+def _paired(seconds: list[float], reference: list[float]) -> float:
+    """The median over trials of one run's rate over the reference's in the same trial."""
+    return statistics.median(r / s for s, r in zip(seconds, reference, strict=True))
 
 
 class LoopClock:
@@ -223,8 +236,11 @@ def child(args: argparse.Namespace) -> dict:
         setup = (build, x, y, args.batch, args.steps_per_loop)
         clock = LoopClock()
         runs = {"est": clock.timed(estimator_run(*setup)),
-                "hand": hand_written_run(*setup), "fit": fit_run(*setup)}
-        results[name] = _rates(runs, args.steps, args.batch, args.trials)
+                "hand": hand_written_run(*setup)}
+        if args.control:  # beside hand in both orders (`time_trials`)
+            runs["hand2"] = hand_written_run(*setup)
+        runs["fit"] = fit_run(*setup)
+        results[name] = time_trials(runs, args.steps, args.batch, args.trials)
         results[name].update(clock.overhead_ms())
         fw.train.trainer.Trainer.train = clock.original
         if fw.accel.current().num_replicas == 1:
@@ -254,6 +270,13 @@ def _print_table(all_results: dict[str, dict]) -> None:
           "loop, all of it; after ms: between one compiled call and the next (the actions "
           "and callbacks); call ms: per train call, before its first loop and after its "
           "last (the lock, setting up, the end-of-call checkpoint)")
+    for replicas, results in all_results.items():
+        for name, r in results.items():
+            if "hand2" in r:
+                print(f"control, {replicas} replica(s), {name}: hand2/hand "
+                      f"{r['median']['hand2'] / r['median']['hand']:.3f} of the median "
+                      f"trials ({r['control_paired']:.3f} paired), two identical loops: "
+                      "how far this run's noise moves a ratio")
     for results in all_results.values():
         for name, r in results.items():
             if "eval" in r:
@@ -263,7 +286,7 @@ def _print_table(all_results: dict[str, dict]) -> None:
                       "(target >= 0.95)")
 
 
-def main() -> None:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=64, help="global batch size")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per trial")
@@ -273,7 +296,23 @@ def main() -> None:
     parser.add_argument("--eval-examples", type=int, default=10000)
     parser.add_argument("--eval-batch", type=int, default=512)
     parser.add_argument("--replicas", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--control", action="store_true",
+                        help="also time a second, identical hand loop: hand2/hand shows "
+                             "how far this machine's noise moves a ratio")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    """The options a child process (one replica count) runs with: all but --replicas;
+    a flag only when set."""
+    return [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}")
+            for k, v in vars(args).items()
+            if k not in ("replicas", "child") and v is not False]
+
+
+def main() -> None:
+    parser = make_parser()
     args = parser.parse_args()
     if args.steps % args.steps_per_loop:
         parser.error("--steps must be a multiple of --steps-per-loop")
@@ -283,9 +322,8 @@ def main() -> None:
     all_results = {}
     for replicas in args.replicas:
         env = {**os.environ, fw.accel.DEVICE_ENV: f"cpu:{replicas}"}
-        argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                if k not in ("replicas", "child")]
-        out = subprocess.run([sys.executable, __file__, "--child", *argv], env=env,
+        out = subprocess.run([sys.executable, __file__, "--child", *child_argv(args)],
+                             env=env,
                              capture_output=True, text=True, check=False)
         if out.returncode:
             sys.exit(f"cpu:{replicas} run failed:\n{out.stderr[-3000:]}")

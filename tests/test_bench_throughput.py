@@ -1,12 +1,15 @@
-"""Tests for benchmarks/estimator_throughput.py: examples/s through the estimator."""
+"""Tests for benchmarks/estimator_throughput.py (examples/s through the estimator) and for
+the trial protocol of benchmarks/train_throughput.py (estimator vs fit vs a hand loop)."""
 
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 import pytest
 
+from benchmarks import train_throughput as compare
 from benchmarks.estimator_throughput import train_throughput
 from tests.conftest import shared_snippet
 
@@ -64,3 +67,57 @@ def test_train_throughput_counts_examples():
     assert out["global_step"] == 5 * 4
     assert math.isfinite(result["cold_examples_per_second"])
     assert "holds a checkpoint" in out["used_dir_error"]
+
+
+# ------------------------------------------------- train_throughput.py's trial protocol
+
+
+def _fake_runs(seconds: dict[str, list[float]], monkeypatch) -> tuple[dict, list[str]]:
+    """Runs that take the given seconds on a fake clock, in the order they are called."""
+    now, order = [0.0], []
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def run(name):
+        def call(steps):
+            order.append(name)
+            now[0] += seconds[name][sum(1 for n in order if n == name) - 1]
+        return call
+
+    return {name: run(name) for name in seconds}, order
+
+
+def test_trials_alternate_with_est_and_the_control_next_to_hand(monkeypatch):
+    seconds = {"est": [1.25, 1.0, 2.0], "hand": [1.0, 1.0, 1.0], "hand2": [0.8, 1.0, 1.0],
+               "fit": [3.0, 3.0, 3.0]}
+    runs, order = _fake_runs(seconds, monkeypatch)
+    rates = compare.time_trials(runs, steps=10, batch=4, trials=3)
+    assert order == ["est", "hand", "hand2", "fit", "fit", "hand2", "hand", "est",
+                     "est", "hand", "hand2", "fit"]
+    # examples/s: 10 steps x 4 examples over the best and the median trial's seconds
+    assert rates["est"] == pytest.approx(40 / 1.0)
+    assert rates["median"]["est"] == pytest.approx(40 / 1.25)
+    assert rates["hand2"] == pytest.approx(40 / 0.8)
+    assert rates["median"]["hand2"] == pytest.approx(40 / 1.0)
+    # each trial's est/hand: 0.8, 1.0, 0.5; hand2/hand: 1.25, 1.0, 1.0
+    assert rates["paired"] == pytest.approx(0.8)
+    assert rates["control_paired"] == pytest.approx(1.0)
+
+
+def test_without_the_control_nothing_extra_runs(monkeypatch):
+    runs, order = _fake_runs({"est": [1.0, 2.0], "hand": [1.0, 1.0], "fit": [1.0, 1.0]},
+                             monkeypatch)
+    rates = compare.time_trials(runs, steps=10, batch=4, trials=2)
+    assert order == ["est", "hand", "fit", "fit", "hand", "est"]
+    assert "control_paired" not in rates
+    assert rates["paired"] == pytest.approx(0.75)  # the median of 1.0 and 0.5
+
+
+def test_each_replica_count_child_gets_the_options_and_the_flag_only_when_set():
+    with_control = compare.child_argv(compare.make_parser().parse_args(
+        ["--trials", "5", "--control", "--replicas", "1"]))
+    assert "--control" in with_control and "--trials=5" in with_control
+    assert not any(arg.startswith("--replicas") for arg in with_control)
+    assert compare.make_parser().parse_args(["--child", *with_control]).control is True
+    without = compare.child_argv(compare.make_parser().parse_args(["--trials", "5"]))
+    assert not any(arg.startswith("--control") for arg in without)
+    assert compare.make_parser().parse_args(["--child", *without]).control is False
