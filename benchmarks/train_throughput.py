@@ -323,8 +323,7 @@ def main() -> None:
     for replicas in args.replicas:
         env = {**os.environ, fw.accel.DEVICE_ENV: f"cpu:{replicas}"}
         out = subprocess.run([sys.executable, __file__, "--child", *child_argv(args)],
-                             env=env,
-                             capture_output=True, text=True, check=False)
+                             env=env, capture_output=True, text=True, check=False)
         if out.returncode:
             sys.exit(f"cpu:{replicas} run failed:\n{out.stderr[-3000:]}")
         all_results[replicas] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -78,9 +78,11 @@ def _fake_runs(seconds: dict[str, list[float]], monkeypatch) -> tuple[dict, list
     monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 
     def run(name):
+        durations = iter(seconds[name])
+
         def call(steps):
             order.append(name)
-            now[0] += seconds[name][sum(1 for n in order if n == name) - 1]
+            now[0] += next(durations)
         return call
 
     return {name: run(name) for name in seconds}, order
