@@ -231,8 +231,8 @@ def report(epochs: int | None = None, batch_size: int | None = None,
     print(f"accelerator      {acc.kind} x{acc.num_replicas}, {acc.precision}", flush=True)
     work_dir = default_work_dir() if work_dir is None else work_dir
     step = None if fresh else checkpoint_step(work_dir)
-    if fresh:
-        io.create_clean_dir(work_dir)
+    if fresh:  # --work-dir outside the storage roots: emptied only if it holds a run
+        io.create_clean_dir(work_dir, force=checkpoint_step(work_dir) is not None)
         print(f"starting fresh in {work_dir} (--fresh: the previous run there was deleted)")
     elif step is None:
         print(f"starting fresh in {work_dir}")

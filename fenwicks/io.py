@@ -43,6 +43,8 @@ import hashlib
 import os
 import posixpath
 import shutil
+import sys
+import tempfile
 from typing import Any
 
 from fenwicks import _deadline, gcs
@@ -67,6 +69,7 @@ _HASH_BLOCK = 1 << 20  # bytes read at a time when hashing local files
 
 
 
+_project_roots: set[str] = set()  # roots given to get_project_dirs in this process
 _buckets_seen: set[str] = set()  # buckets known to exist (a bucket is not deleted lightly)
 
 
@@ -106,6 +109,11 @@ def default_root() -> str:
         return _reachable(root, remote, ROOT_ENV)
     if remote:
         return _bucket_root()
+    return _local_default_root()
+
+
+def _local_default_root() -> str:
+    """The default root on a machine whose accelerator reads local disk."""
     if gcs.environment() == "colab":
         return "/content/fenwicks"
     if gcs.environment() == "kaggle":
@@ -145,6 +153,7 @@ def get_project_dirs(root_dir: str | None, project: str) -> tuple[str, str]:
         root = _reachable(_check_path(root_dir, "root_dir"), _accelerator_is_remote(False),
                           "root_dir")
     root = _normalise(root)
+    _project_roots.add(root)  # create_clean_dir may empty folders inside it
     data_dir, work_dir = join(root, "data", project), join(root, "work", project)
     makedirs(data_dir)
     makedirs(work_dir)
@@ -405,16 +414,23 @@ def _dirname(path: str) -> str:
 # --------------------------------------------------------------------------- clean dirs
 
 
-def create_clean_dir(path: str) -> str:
+def create_clean_dir(path: str, *, force: bool = False) -> str:
     """Makes `path` an empty directory, deleting what is inside it and nothing else.
 
     Only `path` itself is touched: a ``gs://`` sibling sharing its prefix
     (``run`` vs ``run2``) survives, and a symlink is refused rather than followed.
-    Refused outright: a bucket root, ``/``, and any directory holding the home or the
-    current directory.
+
+    Because it deletes, it cleans only folders inside Fenwicks' storage roots: the
+    roots given to `get_project_dirs` in this process (so its ``data_dir`` and
+    ``work_dir``), ``FENWICKS_ROOT``, ``gs://$FENWICKS_BUCKET`` and the machine's
+    default root (`default_root`'s local choice, e.g. ``~/fenwicks``). Another folder
+    needs ``force=True``. Never cleaned, even with `force`: ``/``, a bucket root, system
+    folders (``/tmp``, ``/usr``, ``/etc``, ``/var/tmp``, Python's installation, ...),
+    a mount point, and the home or current directory or any folder holding them.
 
     Args:
         path: a local or ``gs://`` directory.
+        force: clean a folder outside the storage roots. Defaults to False.
 
     Returns:
         `path`.
@@ -423,14 +439,19 @@ def create_clean_dir(path: str) -> str:
         ValueError: for a refused path or a path that is a file; nothing is deleted.
 
     Example:
-        >>> fw.io.create_clean_dir('gs://my-bucket/work/scratch')
-        'gs://my-bucket/work/scratch'
+        >>> data_dir, work_dir = fw.io.get_project_dirs('gs://my-bucket', 'cifar10')
+        >>> fw.io.create_clean_dir(work_dir)
+        'gs://my-bucket/work/cifar10'
+        >>> fw.io.create_clean_dir('/tmp/scratch', force=True)
+        '/tmp/scratch'
     """
     path = _check_path(path, "path")
     if is_gcs(path):
         _check_cleanable_gcs(path)
     else:
         _check_cleanable_local(path)
+    if not force:
+        _check_inside_roots(path)
     _gfile(path)
     return _call(path, "create_clean_dir", _clean, path)
 
@@ -466,10 +487,83 @@ def _check_cleanable_local(path: str) -> None:
         raise ValueError(f"path={path!r} is a symlink; create_clean_dir will not empty the "
                          "directory it points to. Pass the real directory")
     real = os.path.realpath(path)
-    for protected in (os.path.expanduser("~"), os.getcwd()):
-        if os.path.commonpath([real, os.path.realpath(protected)]) == real:
-            raise ValueError(f"path={path!r} is {protected!r} or contains it; refusing to "
-                             "delete it. Pass a dedicated sub-directory")
+    why = _protected_reason(real)
+    if why:
+        raise ValueError(f"path={path!r} is {why}; refusing to delete it (even with "
+                         "force=True). Pass a dedicated sub-directory such as a work_dir "
+                         "of fw.io.get_project_dirs")
+
+
+def _protected_reason(real: str) -> str | None:
+    """Why local directory `real` (resolved) must never be emptied, or None."""
+    if real == os.path.sep:
+        return "the root of the file system"
+    for name, protected in (("the home directory", os.path.expanduser("~")),
+                            ("the current directory", os.getcwd())):
+        protected = os.path.realpath(protected)
+        if os.path.commonpath([real, protected]) == real:
+            return f"{name} ({protected!r}) or holds it"
+    if real in _system_dirs() or os.path.dirname(real) == os.path.sep:
+        return "a system folder"
+    for tree in _system_trees():
+        if os.path.commonpath([real, tree]) == tree:
+            return f"inside the system folder {tree!r}"
+    if os.path.ismount(real):
+        return "a mount point (a whole disk)"
+    return None
+
+
+def _system_dirs() -> set[str]:
+    """Folders never emptied whole; sub-folders of the shared ones (``/tmp/run``) are
+    fine. Every top-level folder counts as well (``/tmp``, ``/data``, ``/content``)."""
+    shared = ("/var/tmp", "/usr/tmp", "/private/tmp", "/private/var", "/var",
+              "/kaggle/working", "/kaggle/input", "/content/drive",
+              "/content/drive/MyDrive", tempfile.gettempdir())
+    return {os.path.realpath(d) for d in shared}
+
+
+def _system_trees() -> set[str]:
+    """Folders nothing inside of which is emptied: the OS's and Python's own."""
+    trees = {os.path.realpath(d) for d in ("/bin", "/boot", "/dev", "/etc", "/lib",
+                                          "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                                          "/sbin", "/sys", "/usr", "/System", "/Library")}
+    trees |= {os.path.realpath(d) for d in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    var = os.path.realpath("/var")
+    if os.path.isdir(var):  # /var's trees (lib, log, cache...), not its temp folder
+        trees |= {os.path.join(var, d) for d in os.listdir(var) if d != "tmp"}
+    return trees
+
+
+def _storage_roots() -> list[str]:
+    """The folders `create_clean_dir` cleans inside without ``force``."""
+    roots = sorted(_project_roots)
+    if os.environ.get(ROOT_ENV, "").strip():
+        roots.append(_normalise(_check_path(os.environ[ROOT_ENV], ROOT_ENV)))
+    bucket = os.environ.get(BUCKET_ENV, "").strip().removeprefix(GCS_PREFIX).rstrip("/")
+    if bucket:
+        roots.append(GCS_PREFIX + bucket)
+    roots.append(_normalise(_local_default_root()))
+    return roots
+
+
+def _check_inside_roots(path: str) -> None:
+    roots = _storage_roots()
+    target = _normalise(path) if is_gcs(path) else os.path.realpath(path)
+    for root in roots:
+        if is_gcs(root) != is_gcs(target):
+            continue
+        if is_gcs(root):
+            inside = target.startswith(root.rstrip("/") + "/")
+        else:
+            root = os.path.realpath(root)
+            inside = target != root and os.path.commonpath([target, root]) == root
+        if inside:
+            return
+    raise ValueError(
+        f"path={path!r} is outside Fenwicks' storage roots ({', '.join(roots)}), and "
+        "create_clean_dir deletes everything in it. Pass a folder from "
+        "fw.io.get_project_dirs, set FENWICKS_ROOT, or call "
+        f"fw.io.create_clean_dir({path!r}, force=True) if that folder is yours to empty")
 
 
 # --------------------------------------------------------------------------- transfers

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 
 import pytest
 
@@ -104,8 +105,9 @@ def test_get_project_dirs_rejects_bad_root(accelerator, root_dir):
 # --------------------------------------------------------------------------- create_clean_dir
 
 
-def test_create_clean_dir_empties_only_that_dir(tmp_path):
+def test_create_clean_dir_empties_only_that_dir(tmp_path, monkeypatch):
     make_tree(tmp_path, {"run/a": b"1", "run/sub/b": b"2", "run2/c": b"3", "run.txt": b"4"})
+    monkeypatch.setenv("FENWICKS_ROOT", str(tmp_path))
     assert fw.io.create_clean_dir(str(tmp_path / "run")) == str(tmp_path / "run")
     assert os.listdir(tmp_path / "run") == []
     assert tree(tmp_path) == {"run2/c": b"3", "run.txt": b"4"}
@@ -116,12 +118,66 @@ def test_create_clean_dir_empties_only_that_dir(tmp_path):
 def test_create_clean_dir_never_follows_symlinks(tmp_path):
     make_tree(tmp_path, {"precious/data": b"keep", "run/x": b"1"})
     os.symlink(tmp_path / "precious", tmp_path / "run" / "link")
-    fw.io.create_clean_dir(str(tmp_path / "run"))
+    fw.io.create_clean_dir(str(tmp_path / "run"), force=True)
     assert tree(tmp_path) == {"precious/data": b"keep"}
     os.symlink(tmp_path / "precious", tmp_path / "alias")
     with pytest.raises(ValueError, match=r"path=.*alias.*symlink"):
-        fw.io.create_clean_dir(str(tmp_path / "alias"))
+        fw.io.create_clean_dir(str(tmp_path / "alias"), force=True)
     assert tree(tmp_path) == {"precious/data": b"keep"}
+
+
+def test_create_clean_dir_cleans_inside_the_storage_roots_only(tmp_path, monkeypatch):
+    make_tree(tmp_path, {"mine/notes.txt": b"user", "root/work/p/ckpt": b"c"})
+    monkeypatch.delenv("FENWICKS_ROOT", raising=False)
+    monkeypatch.delenv("FENWICKS_BUCKET", raising=False)
+    with pytest.raises(ValueError, match=r"path=.*mine.*outside Fenwicks' storage roots"
+                                         r".*force=True"):
+        fw.io.create_clean_dir(str(tmp_path / "mine"))
+    with pytest.raises(ValueError, match="outside Fenwicks' storage roots"):
+        fw.io.create_clean_dir(str(tmp_path / "root/work/p"))  # no project dirs yet
+    assert tree(tmp_path) == {"mine/notes.txt": b"user", "root/work/p/ckpt": b"c"}
+    _, work_dir = fw.io.get_project_dirs(str(tmp_path / "root"), "p")
+    assert fw.io.create_clean_dir(work_dir) == work_dir
+    with pytest.raises(ValueError, match="outside Fenwicks' storage roots"):
+        fw.io.create_clean_dir(str(tmp_path / "root"))  # the root itself holds every project
+    fw.io.create_clean_dir(str(tmp_path / "mine"), force=True)
+    assert tree(tmp_path) == {} and os.listdir(tmp_path / "mine") == []
+    monkeypatch.setenv("FENWICKS_ROOT", "gs://some-bucket/fw")
+    for path in ("gs://other-bucket/run", "gs://some-bucket/fwx/run", "gs://some-bucket/fw"):
+        with pytest.raises(ValueError, match="outside Fenwicks' storage roots"):
+            fw.io.create_clean_dir(path)
+
+
+@pytest.mark.parametrize("path", ["/tmp", "/usr", "/etc", "/var/tmp", "/var", "/usr/local/x",
+                                  "/var/log/x", "/etc/fenwicks", "/dev/shm", "/", "/content",
+                                  "/kaggle/working"])
+def test_create_clean_dir_refuses_system_folders_even_with_force(path, monkeypatch):
+    monkeypatch.setenv("FENWICKS_ROOT", "/")  # every folder inside the storage root
+    before = sorted(os.listdir(path)) if os.path.isdir(path) else None
+    with pytest.raises(ValueError, match=r"path=.*(system folder|root of the file system)"
+                                         r".*even with force=True"):
+        fw.io.create_clean_dir(path, force=True)
+    assert (sorted(os.listdir(path)) if os.path.isdir(path) else None) == before
+
+
+def test_create_clean_dir_refuses_pythons_installation_and_a_mount_point(tmp_path):
+    import sys
+
+    with pytest.raises(ValueError, match="system folder"):
+        fw.io.create_clean_dir(os.path.join(sys.prefix, "lib"), force=True)
+    if os.geteuid() != 0 and os.environ.get("CI") != "true":
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "fenwicks-test", str(mount)],
+                   check=True)
+    try:
+        (mount / "file").write_bytes(b"on the disk")
+        with pytest.raises(ValueError, match=r"path=.*disk.*a mount point"):
+            fw.io.create_clean_dir(str(mount), force=True)
+        assert (mount / "file").read_bytes() == b"on the disk"
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_create_clean_dir_refuses_dangerous_paths(tmp_path, monkeypatch):
@@ -130,9 +186,9 @@ def test_create_clean_dir_refuses_dangerous_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "work/a/b")
     for path in (tmp_path / "home", tmp_path / "home/me", tmp_path / "work/a", "/", "."):
         with pytest.raises(ValueError, match="refusing to delete"):
-            fw.io.create_clean_dir(str(path))
+            fw.io.create_clean_dir(str(path), force=True)
     with pytest.raises(ValueError, match=r"path=.*file.*is a file"):
-        fw.io.create_clean_dir(str(tmp_path / "file"))
+        fw.io.create_clean_dir(str(tmp_path / "file"), force=True)
     for path in ("gs://bucket", "gs://bucket/", "gs://bucket/a/../b", "gs://bucket/r*"):
         with pytest.raises(ValueError, match="path="):
             fw.io.create_clean_dir(path)
@@ -290,7 +346,7 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
         r["listdir"] = fw.io.listdir(base + "/data/sub")
         for name in ("run/x", "run2/y", "run.txt"):
             fw.io.copy(up + "/a.txt", base + "/" + name)
-        fw.io.create_clean_dir(base + "/run")
+        fw.io.create_clean_dir(base + "/run")   # inside gs://$FENWICKS_BUCKET: a root
         r["after_clean"] = fw.io.glob(base + "/run*") + fw.io.glob(base + "/run*/*")
         r["dirs"] = fw.io.get_project_dirs(base, "proj")
         r["dirs_exist"] = [fw.io.exists(d) for d in r["dirs"]]

@@ -48,7 +48,7 @@ def test_a_k_fold_loop_that_cleans_the_work_dir_trains_each_fold_from_scratch(
     work = str(tmp_path / "kfold")
     est, steps = _estimator(work), []
     for fold in range(2):  # the original Fenwicks' loop: clean, train, evaluate
-        fw.io.create_clean_dir(work)
+        fw.io.create_clean_dir(work, force=True)
         with caplog.at_level(logging.WARNING, logger="fenwicks"):
             est.train(_fold_input(x, y, fold), steps=10)
         steps.append(est.global_step)
@@ -69,7 +69,7 @@ def test_checkpoints_replaced_by_another_runs_are_restored(tmp_path, digits):
     other = _estimator(str(other_dir))
     other.train(_fold_input(x, y, 1), steps=10)  # another run's ckpt-10: the same name
     own = os.stat(work / "ckpt-10.index")
-    fw.io.create_clean_dir(str(work))
+    fw.io.create_clean_dir(str(work), force=True)
     for path in other_dir.glob("ckpt-10.*"):
         shutil.copy(path, work)
     shutil.copy(other_dir / "checkpoint", work)
@@ -154,7 +154,7 @@ def test_work_dir_export_dir_and_warm_start_accept_paths_and_expand_home(
     warm = _estimator(str(tmp_path / "warm"), warm_start_from=pathlib.Path("~/runs/digits"))
     warm.train(flagship.train_input(x, y), steps=1)
     assert warm.warm_start_report["loaded"] and not warm.warm_start_report["not_loaded"]
-    assert fw.io.create_clean_dir("~/scratch") == str(tmp_path / "home" / "scratch")
+    assert fw.io.create_clean_dir("~/scratch", force=True) == str(tmp_path / "home" / "scratch")
     assert fw.io.exists(pathlib.Path("~/scratch")) and not (tmp_path / "~").exists()
     with pytest.raises(ValueError, match=r"work_dir=3 must be a local path"):
         _estimator(3)
