@@ -46,9 +46,10 @@ def scenario(export_dir: str) -> dict:
         try:
             best.on_epoch_end(epoch, {"val_loss": val_loss})
             seen[str(epoch)] = {"export": _read(export_dir)}
-        except tf.errors.UnavailableError as err:
-            seen[str(epoch)] = {"error": err.message, "export": _read(export_dir)}
-    seen["leftovers"] = [tf.io.gfile.exists(export_dir + suffix) for suffix in (".new", ".old")]
+        except fw.train.export.ExportError as err:  # one line, naming the export
+            seen[str(epoch)] = {"error": str(err), "export": _read(export_dir)}
+    parent = export_dir.rsplit("/", 1)[0]
+    seen["leftovers"] = sorted(name.rstrip("/") for name in tf.io.gfile.listdir(parent))
     seen["exports"] = best.exports
     return seen
 
@@ -57,9 +58,10 @@ def _check(seen: dict) -> None:
     first = ["model at step 10", "weights at step 10", 10]
     assert list(seen["0"]["export"]) == first
     # the export of the second best failed halfway: the first is still whole
-    assert "mid-export" in seen["1"]["error"] and list(seen["1"]["export"]) == first
+    assert "mid-export; the previous export in" in seen["1"]["error"]
+    assert list(seen["1"]["export"]) == first
     assert list(seen["2"]["export"]) == ["model at step 30", "weights at step 30", 30]
-    assert seen["leftovers"] == [False, False] and seen["exports"] == 2
+    assert seen["leftovers"] == ["best"] and seen["exports"] == 2  # no staging folder
 
 
 def test_a_failed_export_leaves_the_previous_best_whole_on_local_disk(tmp_path):

@@ -145,11 +145,17 @@ def test_an_export_on_hanging_storage_names_the_export(storage_hangs, monkeypatc
     import keras
     import tensorflow as tf
 
-    from fenwicks.train import export
+    from fenwicks.train import export, export_dirs
 
     monkeypatch.setattr(tf.saved_model, "save", storage_hangs)
+    monkeypatch.setattr(tf.io.gfile, "exists", lambda path: False)  # a new folder
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     spec = types.SimpleNamespace(model=model, predict_fn=lambda outputs: outputs)
     with pytest.raises(_deadline.StorageTimeoutError,
                        match="SavedModel export of gs://b/best"):
-        export.export_saved_model(spec, tf.TensorSpec([4, 3]), "gs://b/best")
+        export_dirs.write("gs://b/best", lambda folder: export.export_saved_model(
+            spec, tf.TensorSpec([4, 3]), folder))
+    monkeypatch.setattr(tf.io.gfile, "exists", storage_hangs)  # checking the folder hangs
+    with pytest.raises(_deadline.StorageTimeoutError,
+                       match="SavedModel export of gs://b/best"):
+        export_dirs.check("gs://b/best")

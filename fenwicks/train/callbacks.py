@@ -30,9 +30,8 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from fenwicks.train import history
+from fenwicks.train import export_dirs, history
 
 logger = logging.getLogger("fenwicks")
 
@@ -159,7 +158,8 @@ class BestExporter(_Replaying):
     """Exports a SavedModel whenever an evaluation metric reaches a new best.
 
     The export goes to `export_dir` (local or gs://), replaced each time, with
-    ``best.json`` beside it naming the step and the value. Past epochs in work_dir's
+    ``best.json`` in it naming the step and the value; a folder holding files Fenwicks
+    did not write is refused when training begins. Past epochs in work_dir's
     epoch log count, so a resumed run exports only what beats the whole run's best.
 
     Args:
@@ -189,6 +189,7 @@ class BestExporter(_Replaying):
         return value < self.best if self.mode == "min" else value > self.best
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        export_dirs.check(self.export_dir)  # a folder of the user's: refused before training
         self.best = math.inf if self.mode == "min" else -math.inf
         self._replay()
 
@@ -202,54 +203,12 @@ class BestExporter(_Replaying):
         if value is None or not np.isfinite(value) or not self._better(value):
             return
         self.best = float(value)
-        # The new export is written beside the old one and swapped in only when whole:
-        # a failure (storage, disk, a kill) leaves the previous best loadable.
-        staging = f"{self.export_dir}.new"
-        if tf.io.gfile.exists(staging):
-            tf.io.gfile.rmtree(staging)  # a half-written export of an earlier failure
-        self.estimator.export_saved_model(staging)
-        with tf.io.gfile.GFile(f"{staging}/best.json", "w") as f:
-            f.write(json.dumps({"step": self.estimator.global_step, "epoch": epoch,
-                                "monitor": self.monitor, "value": self.best}))
-        _swap_in(staging, self.export_dir)
+        # Written beside the old export and swapped in only when whole (best.json
+        # with it): a failure (storage, disk, a kill) leaves the previous best loadable.
+        best = json.dumps({"step": self.estimator.global_step, "epoch": epoch,
+                           "monitor": self.monitor, "value": self.best})
+        export_dirs.write(self.export_dir, self.estimator.export_saved_model,
+                          extra_files={"best.json": best})
         self.exports += 1
         logger.info("fenwicks: %s=%.6g is the best so far; exported to %s", self.monitor,
                     self.best, self.export_dir)
-
-
-def _swap_in(staging: str, target: str) -> None:
-    """Replaces directory `target` by the complete directory `staging`.
-
-    Locally by two renames (the old export is removed only after the new one is in
-    place). On ``gs://``, which has no directory rename, object by object: every new
-    object is copied over (``best.json`` last, so it never names an export not yet
-    there), then objects of the old export that the new one lacks are deleted, then the
-    staging copy; until then `staging` holds the whole new export.
-    """
-    if "://" not in target:
-        old = f"{target}.old"
-        if tf.io.gfile.exists(old):
-            tf.io.gfile.rmtree(old)
-        if tf.io.gfile.exists(target):
-            tf.io.gfile.rename(target, old)
-        tf.io.gfile.rename(staging, target)
-        if tf.io.gfile.exists(old):
-            tf.io.gfile.rmtree(old)
-        return
-    new = _relative_files(staging)
-    for name in sorted(new, key=lambda n: n == "best.json"):
-        tf.io.gfile.makedirs(f"{target}/{name}".rsplit("/", 1)[0])
-        tf.io.gfile.copy(f"{staging}/{name}", f"{target}/{name}", overwrite=True)
-    for name in _relative_files(target) - new:
-        tf.io.gfile.remove(f"{target}/{name}")
-    tf.io.gfile.rmtree(staging)
-
-
-def _relative_files(directory: str) -> set[str]:
-    if not tf.io.gfile.exists(directory):
-        return set()
-    found = set()
-    for root, _, files in tf.io.gfile.walk(directory):
-        prefix = root[len(directory):].strip("/")
-        found.update(f"{prefix}/{f}" if prefix else f for f in files)
-    return found

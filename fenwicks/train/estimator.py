@@ -33,7 +33,7 @@ import numpy as np
 
 from fenwicks import accel
 from fenwicks._checks import boolean, one_of, path_arg, positive_int
-from fenwicks.train import building, engines, input_check, preemption, profiling
+from fenwicks.train import building, engines, export_dirs, input_check, preemption, profiling
 from fenwicks.train import callbacks as callbacks_lib
 from fenwicks.train.controller import Controller, Run, epochs_to
 from fenwicks.train.evaluation import Evaluator
@@ -537,6 +537,11 @@ class Estimator:
     def export_saved_model(self, export_dir: str) -> str:
         """Writes a SavedModel whose ``serving_default`` signature gives predictions.
 
+        The export replaces only an earlier export of Fenwicks' (marked by
+        ``fenwicks_export.json``) or an empty folder, and only once it is complete: a
+        folder holding other files is refused before any work, and a failed export
+        leaves the previous one as it was.
+
         Args:
             export_dir: local directory (str or `pathlib.Path`) or gs:// URL.
 
@@ -544,14 +549,20 @@ class Estimator:
             `export_dir`; reload with ``tf.saved_model.load(export_dir)`` and call
             ``.serve(features)`` or ``.signatures['serving_default'](x=features)``.
 
+        Raises:
+            ValueError: `export_dir` holds files Fenwicks did not write.
+            fw.train.export.ExportError: the disk or storage failed.
+
         Example:
             >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/m'))
             >>> loaded.serve(X[:5])['predictions']
         """
         export_dir = path_arg("export_dir", export_dir)
+        export_dirs.check(export_dir)
         spec = self._state.spec
         self._reload_if_stale()
-        return self._engine.export_saved_model(spec, self._state.features_spec, export_dir)
+        return export_dirs.write(export_dir, lambda folder: self._engine.export_saved_model(
+            spec, self._state.features_spec, folder))
 
     def train_and_evaluate(self, train_input_fn: InputFn, eval_input_fn: InputFn,
                            epochs: int | None = None, max_steps: int | None = None,

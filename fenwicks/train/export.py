@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 from typing import Any
 
 import tensorflow as tf
 
-from fenwicks import _deadline
-from fenwicks._text import first_line
+from fenwicks.train.export_dirs import ExportError  # noqa: F401  (its errors' home)
 from fenwicks.train.model_func import ModelSpec
 
 
@@ -30,7 +26,8 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         spec: the estimator's model spec (model + predict_fn).
         features_spec: `tf.TensorSpec` (or nest of them) of one batch of features; the
             batch dimension is made dynamic.
-        export_dir: local or gs:// directory.
+        export_dir: local or gs:// directory, new or empty (`export_dirs.write` checks
+            it and swaps the finished export into place).
 
     Returns:
         `export_dir`.
@@ -55,58 +52,5 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         return serving_outputs(spec.predict_fn(outputs))
 
     module.serve = serve
-    existed = _existed(export_dir)
-    # A local export that exists is replaced only when the new one is whole: written
-    # beside it, then swapped in. (gs:// has no directory rename: written in place.)
-    staged = existed and "://" not in export_dir
-    written = f"{export_dir}.new" if staged else export_dir
-    try:
-        if staged and tf.io.gfile.exists(written):
-            tf.io.gfile.rmtree(written)  # a half-written export of an earlier failure
-        # bounded on gs://: storage that stops answering is an error naming the export
-        _deadline.run(tf.saved_model.save, module, written,
-                      signatures={"serving_default": serve}, what="SavedModel export",
-                      path=export_dir)
-    except _deadline.StorageTimeoutError:
-        raise  # storage stopped answering: cleaning up would hang as well
-    except (tf.errors.OpError, OSError) as err:
-        if written != export_dir or not existed:  # a partial SavedModel: never left
-            with contextlib.suppress(tf.errors.OpError, OSError):
-                tf.io.gfile.rmtree(written)
-        kept = (f"; the previous export in {export_dir} is untouched" if staged else
-                "" if existed else "; the partial folder was removed")
-        raise ExportError(
-            f"could not export the SavedModel to {export_dir}: {first_line(err)}{kept}. "
-            "Free space there (or pick another export_dir) and call export_saved_model "
-            "again; the checkpoints in work_dir are untouched") from err
-    if staged:
-        _replace(written, export_dir)
+    tf.saved_model.save(module, export_dir, signatures={"serving_default": serve})
     return export_dir
-
-
-def _existed(export_dir: str) -> bool:
-    """Whether `export_dir` exists; True when storage cannot say (then a failed export
-    removes nothing: the folder may hold someone's earlier export)."""
-    if "://" not in export_dir:
-        return os.path.exists(export_dir)
-    try:  # bounded: storage that stops answering is an error naming the export
-        return bool(_deadline.run(tf.io.gfile.exists, export_dir, what="SavedModel export",
-                                  path=export_dir))
-    except _deadline.StorageTimeoutError:
-        raise
-    except (tf.errors.OpError, OSError):
-        return True
-
-
-def _replace(new: str, target: str) -> None:
-    """Puts local directory `new` in place of `target`; the old one goes only after."""
-    old = f"{target}.old"
-    if os.path.exists(old):
-        shutil.rmtree(old)
-    os.rename(target, old)
-    os.rename(new, target)
-    shutil.rmtree(old)
-
-
-class ExportError(OSError):
-    """A SavedModel export failed (a full disk, storage errors); nothing partial is left."""

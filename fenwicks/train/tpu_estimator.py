@@ -759,12 +759,14 @@ class TPUEstimator:
         Example:
             >>> tf.saved_model.load(est.export_saved_model('/tmp/m')).serve(images)
         """
-        from fenwicks.train import export
+        from fenwicks.train import export, export_dirs
         est = self._estimator(self._built_for or "predict")
         spec = est.parts.state.spec  # raises the "built on first use" error before any call
+        export_dirs.check(export_dir_base)
         features_spec = est.parts.state.features_spec["features"]
         serving = dataclasses.replace(spec, model=_Serving(spec.model))
-        return export.export_saved_model(serving, features_spec, export_dir_base)
+        return export_dirs.write(export_dir_base, lambda folder: export.export_saved_model(
+            serving, features_spec, folder))
 
     @property
     def estimator(self) -> Estimator:
