@@ -33,7 +33,15 @@ import numpy as np
 
 from fenwicks import accel
 from fenwicks._checks import boolean, one_of, path_arg, positive_int
-from fenwicks.train import building, engines, export_dirs, input_check, preemption, profiling
+from fenwicks.train import (
+    building,
+    engines,
+    export_dirs,
+    input_check,
+    input_record,
+    preemption,
+    profiling,
+)
 from fenwicks.train import callbacks as callbacks_lib
 from fenwicks.train.controller import Controller, Run, epochs_to
 from fenwicks.train.evaluation import Evaluator
@@ -316,7 +324,10 @@ class Estimator:
         probe = self._inputs.probe(input_fn, "train")
         self._state.build(probe.features_spec, probe.params)
         self._engine.check_labels(self._state.spec, self._acc, probe.dataset)
-        return self._inputs.train_iterator(input_fn, self._state.input_position)
+        position = self._state.input_position
+        input_record.check(self.config.work_dir, self.config.train_batch_size, position,
+                           write=self._state.is_chief)
+        return self._inputs.train_iterator(input_fn, position)
 
     def _build_for(self, input_fn: InputFn, mode: str) -> None:
         """Builds the model (on first use) from an evaluation or prediction input, and
