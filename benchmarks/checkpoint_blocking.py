@@ -58,7 +58,7 @@ def _estimator(work_dir: str, mode: str, steps_per_loop: int, batch_size: int):
 def _blocked_seconds() -> tuple[list[float], object]:
     """Records the checkpointer's own measure of each save that wrote (or started) one
     (`AsyncCheckpointer` inherits `SyncCheckpointer.save`: only its write differs)."""
-    from fenwicks.train.checkpointer import SyncCheckpointer
+    from fenwicks.train.tf.checkpointer import SyncCheckpointer
 
     blocked: list[float] = []
     original = SyncCheckpointer.save

@@ -112,7 +112,7 @@ class LoopClock:
     def __init__(self) -> None:
         self.loops: list[tuple[int, float, float]] = []  # (train call, began, seconds)
         self.calls: list[float] = []  # wall seconds of each timed train call
-        original = self.original = fw.train.trainer.Trainer.train
+        original = self.original = fw.train.tf.trainer.Trainer.train
 
         def train(trainer, iterator, num_steps):
             began = time.perf_counter()
@@ -120,7 +120,7 @@ class LoopClock:
             self.loops.append((len(self.calls), began, output.seconds))
             return output
 
-        fw.train.trainer.Trainer.train = train  # this benchmark process only
+        fw.train.tf.trainer.Trainer.train = train  # this benchmark process only
 
     def timed(self, call):
         def run(n):
@@ -242,7 +242,7 @@ def child(args: argparse.Namespace) -> dict:
         runs["fit"] = fit_run(*setup)
         results[name] = time_trials(runs, args.steps, args.batch, args.trials)
         results[name].update(clock.overhead_ms())
-        fw.train.trainer.Trainer.train = clock.original
+        fw.train.tf.trainer.Trainer.train = clock.original
         if fw.accel.current().num_replicas == 1:
             eval_x, eval_y = _data(shape, args.eval_examples)
             results[name]["eval"] = time_evaluation(build, eval_x, eval_y, args.eval_batch,

@@ -63,7 +63,7 @@ def maps_batches_one_to_one(dataset: Any) -> bool:
 
 # tf.data's and tf.distribute's input objects: where an iterator's resource handles are
 # found. No public API hands out an iterator's handles or destroys it without blocking
-# (`fenwicks.train.inputs.discard` says why it must not block).
+# (`fenwicks.train.tf.inputs.discard` says why it must not block).
 INPUT_MODULES = ("tensorflow.python.data.", "tensorflow.python.distribute.input_lib",
                  "tensorflow.python.distribute.v1.input_lib")
 
@@ -143,7 +143,7 @@ def write_copies_in_place(checkpoint: Any, object_map: Any) -> None:
 
     Why private: the saver's ``_object_map`` is the hook TensorFlow's own async
     checkpoints and SavedModel export use; ``tf.train.CheckpointOptions(enable_async=True)``
-    fails on Keras 3 (see `fenwicks.train.async_checkpoints`).
+    fails on Keras 3 (see `fenwicks.train.tf.async_checkpoints`).
     """
     checkpoint._saver._object_map = object_map  # noqa: SLF001 - see the docstring
 

@@ -93,8 +93,8 @@ def checkpoint_step(work_dir: str) -> int | None:
     The estimator names its checkpoints ``ckpt-<global step>`` (TensorFlow engine) or
     ``orbax/<global step>`` (JAX engine).
     """
-    from fenwicks.train.checkpoints import step_of
     from fenwicks.train.cross_engine import orbax_latest, tf_latest
+    from fenwicks.train.tf.checkpoints import step_of
 
     # Either engine's newest complete checkpoint (on gs:// an orbax step counts once its
     # marker is there), found as the estimator finds it.

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import checkpoints
+from fenwicks.train.tf import checkpoints
 from tests import _flagship as flagship
 
 MODEL = "mnist_net"

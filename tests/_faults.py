@@ -70,7 +70,7 @@ def _slow_merges(seconds: float) -> None:
     recorded on the way in and printed.
     """
     from fenwicks._tf_internals import saver_io_ops
-    from fenwicks.train.checkpoint_manager import CompiledWrite
+    from fenwicks.train.tf.checkpoint_manager import CompiledWrite
 
     io_ops = saver_io_ops()
     original = io_ops.merge_v2_checkpoints

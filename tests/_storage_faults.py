@@ -139,7 +139,7 @@ def restore_outage(work_dir: str) -> dict[str, Any]:
     outage = [{"fault": "503", "method": "GET", "path": "ckpt-4"}]
     # The helper the estimator restores through, on a bare checkpoint of its own (no
     # estimator internals): an error naming the prefix, or success through faults.
-    from fenwicks.train import checkpoints
+    from fenwicks.train.tf import checkpoints
 
     bare_dir = work_dir + "-bare"
     variable = tf.Variable([1.0, 2.0, 3.0])

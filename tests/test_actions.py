@@ -12,8 +12,8 @@ import pytest
 from fenwicks.train import actions, callbacks, conditions, history, preemption
 from fenwicks.train.history import History
 from fenwicks.train.save_policy import Trigger
-from fenwicks.train.state import NonFiniteLossError
-from fenwicks.train.trainer import LoopOutput
+from fenwicks.train.tf.state import NonFiniteLossError
+from fenwicks.train.tf.trainer import LoopOutput
 
 
 def _output(start, losses, learning_rate=None, seconds=2.0, batch=8):

@@ -12,7 +12,7 @@ import pytest
 
 from fenwicks.train import actions, preemption
 from fenwicks.train.save_policy import SavePolicy, Trigger
-from fenwicks.train.trainer import LoopOutput
+from fenwicks.train.tf.trainer import LoopOutput
 
 
 class _Checkpointer:

@@ -1,10 +1,10 @@
-"""`fenwicks.train.assignment_map`: TF1-style warm start by name, scopes and exact names."""
+"""`fenwicks.train.tf.assignment_map`: TF1-style warm start by name, scopes and exact names."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from fenwicks.train import assignment_map
+from fenwicks.train.tf import assignment_map
 
 
 def _checkpoint(prefix, tensors):

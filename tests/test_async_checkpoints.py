@@ -1,4 +1,4 @@
-"""Tests for fenwicks.train.async_checkpoints: a background save writes what a synchronous
+"""Tests for fenwicks.train.tf.async_checkpoints: a background save writes what a synchronous
 save writes, training goes on meanwhile, the state file names only complete checkpoints,
 and a failed write is raised at the next sync point naming the last good checkpoint.
 
@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import fenwicks as fw
 from fenwicks._tf_internals import checkpoint_management_module
-from fenwicks.train import async_checkpoints
+from fenwicks.train.tf import async_checkpoints
 from tests import _flagship
 from tests.conftest import run_json
 

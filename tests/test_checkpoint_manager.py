@@ -1,4 +1,4 @@
-"""`fenwicks.train.checkpoint_manager`: the compiled write and the keep-N bookkeeping,
+"""`fenwicks.train.tf.checkpoint_manager`: the compiled write and the keep-N bookkeeping,
 through their public surface, in this process.
 
 Every value checked is one the test assigned before the save; the files and the state
@@ -19,9 +19,9 @@ import tensorflow as tf
 import fenwicks as fw
 from fenwicks._text import first_line
 from fenwicks._tf_internals import checkpoint_management_module
-from fenwicks.train import checkpoints
-from fenwicks.train.checkpoint_manager import CheckpointManager, CompiledWrite
-from fenwicks.train.checkpointer import AsyncCheckpointer
+from fenwicks.train.tf import checkpoints
+from fenwicks.train.tf.checkpoint_manager import CheckpointManager, CompiledWrite
+from fenwicks.train.tf.checkpointer import AsyncCheckpointer
 
 
 def _values(prefix: str) -> dict[str, np.ndarray]:

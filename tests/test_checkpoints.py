@@ -1,4 +1,4 @@
-"""`fenwicks.train.checkpoints` and `fenwicks.train.checkpointer` through their public
+"""`fenwicks.train.tf.checkpoints` and `fenwicks.train.tf.checkpointer` through their public
 surface, on a tiny Keras model (Dense 3 -> 2 with SGD momentum) in this process.
 
 Every value a test checks is one the test assigned to the variables itself before a
@@ -20,9 +20,9 @@ import tensorflow as tf
 
 import fenwicks as fw
 from fenwicks._tf_internals import checkpoint_management_module
-from fenwicks.train import checkpointer as checkpointer_lib
-from fenwicks.train import checkpoints
-from fenwicks.train.checkpointer import AsyncCheckpointer, SyncCheckpointer
+from fenwicks.train.tf import checkpointer as checkpointer_lib
+from fenwicks.train.tf import checkpoints
+from fenwicks.train.tf.checkpointer import AsyncCheckpointer, SyncCheckpointer
 
 checkpoint_management = checkpoint_management_module()  # where tests inject faults
 

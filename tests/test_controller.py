@@ -71,7 +71,7 @@ def test_the_last_checkpoint_is_written_while_the_call_closes_unless_callbacks_f
     """Without callbacks, the end-of-train write starts before the summaries flush and
     `train` returns once it is complete; with one, on_train_end may change the weights
     (restore_best_weights), so the write waits until after it."""
-    from fenwicks.train import checkpointer as checkpointer_lib
+    from fenwicks.train.tf import checkpointer as checkpointer_lib
     from tests import _estimator_helpers as helpers
 
     events = []

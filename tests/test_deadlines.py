@@ -145,7 +145,8 @@ def test_an_export_on_hanging_storage_names_the_export(storage_hangs, monkeypatc
     import keras
     import tensorflow as tf
 
-    from fenwicks.train import export, export_dirs
+    from fenwicks.train import export_dirs
+    from fenwicks.train.tf import export
 
     monkeypatch.setattr(tf.saved_model, "save", storage_hangs)
     monkeypatch.setattr(tf.io.gfile, "exists", lambda path: False)  # a new folder

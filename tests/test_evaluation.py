@@ -1,4 +1,4 @@
-"""fenwicks.train.evaluation: the `Evaluator` on its own, wired as the estimator wires it
+"""fenwicks.train.tf.evaluation: the `Evaluator` on its own, wired as the estimator wires it
 (an `EstimatorConfig`, a built `RunState`, an `InputManager`), over a linear classifier
 whose weights are set by hand, so every loss, accuracy and probability is computed again
 here with numpy. In-process, one replica or as many as the session's accelerator has."""
@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train.evaluation import Evaluator
-from fenwicks.train.inputs import InputManager
 from fenwicks.train.options import EstimatorConfig
-from fenwicks.train.state import RunState
+from fenwicks.train.tf.evaluation import Evaluator
+from fenwicks.train.tf.inputs import InputManager
+from fenwicks.train.tf.state import RunState
 
 FEATURES, CLASSES, EXAMPLES = 4, 3, 10
 RNG = np.random.default_rng(7)

@@ -1,4 +1,4 @@
-"""`fenwicks.train.export` on its own: a SavedModel whose serving signature applies the
+"""`fenwicks.train.tf.export` on its own: a SavedModel whose serving signature applies the
 model's predict_fn, with a dynamic batch dimension."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from fenwicks.train import export
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.tf import export
 
 KERNEL = np.array([[1.0, -2.0, 0.5], [0.0, 1.0, 3.0]], np.float32)  # 2 features, 3 classes
 

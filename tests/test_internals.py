@@ -136,7 +136,7 @@ def test_the_scan_finds_each_kind(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         "from tensorflow.python.util import nest\n"
-        "from fenwicks.train.export import _serving_outputs\n"
+        "from fenwicks.train.tf.export import _serving_outputs\n"
         "from fenwicks import _deadline\n"
         "def f(est, server):\n"
         "    _deadline.run_bounded\n"      # a private module's public name: allowed
@@ -146,7 +146,7 @@ def test_the_scan_finds_each_kind(tmp_path):
         "    return est._state._model_func, getattr(server, '_address')\n")
     kinds = sorted(use.split(": ", 1)[1] for use in private_uses(probe))
     assert kinds == sorted(["names tensorflow.python",
-                     "imports fenwicks.train.export._serving_outputs",
+                     "imports fenwicks.train.tf.export._serving_outputs",
                      "server._stop", "est._state", "est._state._model_func",
                      "getattr(..., '_address')",
                      "monkeypatch.setattr(..., '_running')"]), kinds
@@ -234,10 +234,10 @@ def test_iterator_resources_found_and_kept():
     iterator = iter(tf.data.Dataset.range(3))
     assert type(iterator).__module__.startswith(_tf_internals.INPUT_MODULES), _needs(
         "INPUT_MODULES", f"the module of tf.data's iterator ({type(iterator).__module__})",
-        "non-blocking iterator disposal (fenwicks.train.inputs.discard)")
+        "non-blocking iterator disposal (fenwicks.train.tf.inputs.discard)")
     handles = _tf_internals.iterator_resources([iterator])
     assert handles and all(h.dtype == tf.resource for h in handles), _needs(
-        "iterator_resources", "the iterator's resource handle", "fw.train.inputs.discard")
+        "iterator_resources", "the iterator's resource handle", "fw.train.tf.inputs.discard")
 
 
 def test_never_destroy_keeps_an_object_past_its_last_reference():

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fenwicks.train import async_checkpoints, preemption
+from fenwicks.train import preemption
+from fenwicks.train.tf import async_checkpoints
 from tests import _flagship as flagship
 from tests import _interrupts
 from tests.conftest import ROOT, run_module_json

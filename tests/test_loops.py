@@ -1,5 +1,5 @@
-"""The compiled loops (`fenwicks.train.loops`) and evaluation's padding and masking
-(`fenwicks.train.inputs.pad_and_mask`, `fenwicks.train.evaluation`), on their own.
+"""The compiled loops (`fenwicks.train.tf.loops`) and evaluation's padding and masking
+(`fenwicks.train.tf.inputs.pad_and_mask`, `fenwicks.train.tf.evaluation`), on their own.
 
 In-process, on this process's one replica, with a model whose every number is worked out
 by hand: ``y = x @ w`` (no bias), squared error, plain SGD. The estimator's tests prove
@@ -16,8 +16,9 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import eval_sums, evaluation, inputs, loops
+from fenwicks.train import eval_sums
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.tf import evaluation, inputs, loops
 
 LR = 0.1
 BATCH = 4

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from fenwicks.train import progress
-from fenwicks.train.trainer import LoopOutput
+from fenwicks.train.tf.trainer import LoopOutput
 
 
 def _scalars(logdir) -> dict[str, list[tuple[int, float]]]:

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import checkpoints
+from fenwicks.train.tf import checkpoints
 from tests import _state_catalogue as catalogue
 from tests.conftest import run_module_json
 

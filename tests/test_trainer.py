@@ -1,4 +1,4 @@
-"""`fenwicks.train.trainer.Trainer`: the inner loop that the controller and `find_lr`
+"""`fenwicks.train.tf.trainer.Trainer`: the inner loop that the controller and `find_lr`
 share. In-process, one replica, a linear model whose numbers are worked out in numpy:
 ``y = x @ w`` (no bias, zero start), squared error, plain SGD."""
 
@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import fenwicks as fw
 from fenwicks.train.model_func import ModelSpec
-from fenwicks.train.trainer import InputExhaustedError, Trainer
+from fenwicks.train.tf.trainer import InputExhaustedError, Trainer
 
 LR = 0.05
 X = np.array([[1.0, 2.0], [0.5, -1.0], [-2.0, 1.0], [3.0, 0.0]], np.float32)

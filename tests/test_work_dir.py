@@ -219,7 +219,7 @@ def test_a_checkpoint_state_file_pointing_outside_the_work_dir_is_refused(tmp_pa
     (work / "checkpoint").write_text(f'model_checkpoint_path: "{other}/ckpt-5"\n'
                                      f'all_model_checkpoint_paths: "{other}/ckpt-5"\n')
     before = sorted(os.listdir(other))
-    with pytest.raises(fw.train.checkpoints.ForeignCheckpointError,
+    with pytest.raises(fw.train.tf.checkpoints.ForeignCheckpointError,
                        match=rf"{work}/checkpoint names checkpoint\(s\) outside the "
                              rf"work_dir: {other}/ckpt-5\..*delete {work}/checkpoint"):
         _estimator(work).evaluate(flagship.eval_input(x, y))

@@ -3,51 +3,29 @@
     est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=128)
     est.train_and_evaluate(train_input_func, eval_input_func, epochs=24)
 
-How the estimator is put together (one object per job, as Orbit):
+How the estimator is put together (one object per job, as Orbit). Shared by both
+engines, in this folder:
 
 - `options.py`: `EstimatorConfig`, the typed, frozen, validated options.
 - `estimator.py`: `Estimator`, the facade: builds the model from the input's probe and
-  hands the parts to each other.
-- `inputs.py`: input_fn to distributed iterators (params, probes and checks, the resume
-  position, exact-evaluation padding); builds no model.
-- `building.py`: the model and optimizer under the precision policy, and the checks of
-  model against data (input shape, labels).
-- `state.py`, `lock.py`: model, optimizer and counters, built once and restored from
-  work_dir; the work_dir lock.
-- `checkpointer.py`: `Checkpointer`, the one owner of a run's checkpoints (save, restore,
-  wait, close), synchronous, asynchronous (`async_checkpoints.py`: host copies written
-  by a background thread) or a non-chief worker's; `checkpoint_manager.py`: the compiled
-  write and the keep-N books of a work_dir's checkpoints; `checkpoints.py`: what a
-  checkpoint holds, its safe restore, damage and warm start.
-- `save_policy.py`: `SavePolicy`, when to save (periodic, evaluation, SIGTERM, Ctrl-C,
-  input exhausted, last loop, end): the one caller of `Checkpointer.save` (and `save_and_wait`).
-- `trainer.py`: `Trainer`, the compiled inner loop (`loops.py`), used by the estimator
-  and by `find_lr` (`lr_finder.py`).
+  hands the parts to each other; `tpu_estimator.py`: TPUEstimator's front door.
 - `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions;
   it builds each `train` call's one ordered action list (`default_actions`) and holds
-  its `SavePolicy`. `train_and_evaluate` alternates its ``run.train`` and `evaluate`.
+  its `SavePolicy` (`save_policy.py`: when to save).
 - `actions.py`, `conditions.py`, `progress.py`, `history.py`, `preemption.py`: the
-  entries of that list (history, summaries, progress bar, the epoch log, the user's
-  callbacks, non-finite-loss stop, preemption, periodic saves, epoch ends) and the
-  conditions that trigger them; `callbacks.py`: Keras callbacks (`EarlyStopping`,
-  `BestExporter`, `EpochLog`).
-- `evaluation.py`: exact evaluation and prediction; `export.py`: SavedModel export.
-- `model_func.py`, `optimizers.py`, `schedules.py`: what the user builds a run from.
-- `engines.py`: the engine seam: the TensorFlow engine's roles (the modules above) or
-  the JAX engine's (`jax/`: mesh, jitted steps, NumPy inputs, orbax checkpoints,
-  trainer, evaluator), chosen by Keras's backend; everything else is shared.
-  `cross_engine.py`: one engine's checkpoints read on the other (evaluate, predict and
-  warm start; training there refused).
+  entries of that list and the conditions that trigger them; `callbacks.py`: Keras
+  callbacks (`EarlyStopping`, `BestExporter`, `EpochLog`); `lock.py`: the work_dir lock.
+- `export_dirs.py`: which folders an export may replace; `input_record.py`: the batch
+  size a run's input position counts in.
+- `model_func.py`, `optimizers.py`, `schedules.py`, `building.py`: what the user builds a
+  run from; `lr_finder.py`, `input_check.py`, `profiling.py`: tools around a run.
+- `engines.py`: the engine seam. Each engine folder implements the roles (state, inputs,
+  trainer, evaluator, checkpoints, export): `tf/` on ``tf.distribute`` and
+  ``tf.function``, `jax/` on ``jax.sharding``, ``jax.jit`` and orbax. `cross_engine.py`:
+  one engine's checkpoints read on the other (evaluate, predict and warm start).
 """
 
 from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401
-from fenwicks.train.checkpoints import (  # noqa: E402, F401  (public names)
-    CheckpointCorruptError,
-    CheckpointCoverageError,
-    CheckpointMismatchError,
-    CheckpointWriteError,
-    ProbeWriteError,
-)
 from fenwicks.train.cross_engine import (  # noqa: E402, F401  (public names)
     CrossEngineMismatchError,
     CrossEngineTrainingError,
@@ -107,7 +85,15 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     one_cycle_momentum,
     piecewise_linear,
 )
-from fenwicks.train.state import StorageUnavailableError  # noqa: E402, F401
+from fenwicks.train.tf.checkpoints import (  # noqa: E402, F401  (public names)
+    CheckpointCorruptError,
+    CheckpointCoverageError,
+    CheckpointMismatchError,
+    CheckpointWriteError,
+    ProbeWriteError,
+)
+from fenwicks.train.tf.state import StorageUnavailableError  # noqa: E402, F401
+from fenwicks.train.tf.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401, E501
 from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
     EstimatorSpec,
     ModeKeys,
@@ -117,4 +103,3 @@ from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
     TPUEstimatorSpec,
     WarmStartSettings,
 )
-from fenwicks.train.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401, E501

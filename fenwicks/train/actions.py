@@ -34,8 +34,8 @@ import numpy as np
 from fenwicks.train import preemption
 from fenwicks.train.history import History
 from fenwicks.train.save_policy import SavePolicy, Trigger
-from fenwicks.train.state import NonFiniteLossError, RunState
-from fenwicks.train.trainer import LoopOutput
+from fenwicks.train.tf.state import NonFiniteLossError, RunState
+from fenwicks.train.tf.trainer import LoopOutput
 
 logger = logging.getLogger("fenwicks")
 

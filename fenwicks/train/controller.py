@@ -30,13 +30,13 @@ import tensorflow as tf
 
 from fenwicks.train import actions, conditions, preemption, profiling
 from fenwicks.train.callbacks import EpochLog
-from fenwicks.train.checkpoints import step_of
 from fenwicks.train.history import History
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import ProgressBar, TrainSummaries
 from fenwicks.train.save_policy import SavePolicy, Trigger
-from fenwicks.train.state import RunState
-from fenwicks.train.trainer import InputExhaustedError, LoopOutput, Trainer
+from fenwicks.train.tf.checkpoints import step_of
+from fenwicks.train.tf.state import RunState
+from fenwicks.train.tf.trainer import InputExhaustedError, LoopOutput, Trainer
 
 logger = logging.getLogger("fenwicks")
 

@@ -60,7 +60,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import _deadline
-from fenwicks.train import checkpoints
+from fenwicks.train.tf import checkpoints
 
 logger = logging.getLogger("fenwicks")
 

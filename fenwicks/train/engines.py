@@ -30,11 +30,12 @@ from typing import Any
 import keras
 
 from fenwicks import accel
-from fenwicks.train import building, export
-from fenwicks.train.evaluation import Evaluator
-from fenwicks.train.inputs import InputManager
-from fenwicks.train.state import RunState
-from fenwicks.train.trainer import Trainer
+from fenwicks.train import building
+from fenwicks.train.tf import export
+from fenwicks.train.tf.evaluation import Evaluator
+from fenwicks.train.tf.inputs import InputManager
+from fenwicks.train.tf.state import RunState
+from fenwicks.train.tf.trainer import Trainer
 
 
 class TensorFlowEngine:

@@ -31,8 +31,9 @@ import tensorflow as tf
 
 from fenwicks import _tf_internals, accel
 from fenwicks._checks import positive_int
-from fenwicks.train import engines, inputs
+from fenwicks.train import engines
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.tf import inputs
 
 logger = logging.getLogger("fenwicks")
 

@@ -31,11 +31,12 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks._checks import divisible_by_replicas, number, positive_int, steps
-from fenwicks.train import engines, inputs
+from fenwicks.train import engines
 from fenwicks.train.building import build_model, precision_policy
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.schedules import Schedule
-from fenwicks.train.trainer import InputExhaustedError, LoopOutput, Trainer
+from fenwicks.train.tf import inputs
+from fenwicks.train.tf.trainer import InputExhaustedError, LoopOutput, Trainer
 
 
 @keras.saving.register_keras_serializable(package="fenwicks")
@@ -110,7 +111,7 @@ def _check_args(start_lr: float, end_lr: float, num_steps: int, smoothing: float
 
 def _params(acc: accel.Accelerator, batch_size: int, seed: int | None,
             steps_per_epoch: int | None, context: Any = None) -> dict:
-    """The estimator's params (`fenwicks.train.inputs.make_params`), for training."""
+    """The estimator's params (`fenwicks.train.tf.inputs.make_params`), for training."""
     return inputs.make_params("train", batch_size, acc.num_replicas, seed=seed,
                        precision=acc.precision, steps_per_epoch=steps_per_epoch,
                        input_context=context)

@@ -13,7 +13,7 @@ handful of edits (tutorials/PORTING.md, 'TPUEstimator programs').
 ``model_fn(features, labels, mode, params)`` returns a `TPUEstimatorSpec`. It runs inside
 a `tf.function`, as a TF1 graph function ran, and builds its network from Keras layers;
 the layers it creates on its first calls are handed back on later calls, so train, eval
-and predict share one set of variables (`fenwicks.train._model_fn`). Everything the
+and predict share one set of variables (`fenwicks.train.tf._model_fn`). Everything the
 estimator adds comes along: exact evaluation, resume from ``model_dir``, ``gs://`` or local
 storage, background checkpoint writes, the same run on a TPU, GPUs or the CPU.
 
@@ -42,10 +42,10 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks.train import _model_fn as mf
-from fenwicks.train import assignment_map
 from fenwicks.train.estimator import Estimator, get_tpu_estimator
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.tf import _model_fn as mf
+from fenwicks.train.tf import assignment_map
 
 __all__ = ["ModeKeys", "RunConfig", "TPUConfig", "TPUEstimator", "TPUEstimatorSpec",
            "EstimatorSpec", "WarmStartSettings"]
@@ -476,7 +476,7 @@ class TPUEstimator:
         params: a dict given to every input_fn and model_fn, beside ``'batch_size'``
             (per replica, of the current mode), ``'num_shards'`` and ``'num_replicas'``
             (the replica count), ``'use_tpu'`` and Fenwicks' own keys
-            (`fenwicks.train.inputs.make_params`).
+            (`fenwicks.train.tf.inputs.make_params`).
         use_tpu, eval_on_tpu, export_to_tpu, export_to_cpu, batch_axis: accepted; the
             accelerator is `fw.accel`'s (``fw.accel.configure`` chooses another).
         train_batch_size: global training batch size. Defaults to 128.
@@ -759,7 +759,8 @@ class TPUEstimator:
         Example:
             >>> tf.saved_model.load(est.export_saved_model('/tmp/m')).serve(images)
         """
-        from fenwicks.train import export, export_dirs
+        from fenwicks.train import export_dirs
+        from fenwicks.train.tf import export
         est = self._estimator(self._built_for or "predict")
         spec = est.parts.state.spec  # raises the "built on first use" error before any call
         export_dirs.check(export_dir_base)

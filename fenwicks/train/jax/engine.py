@@ -49,7 +49,7 @@ class JaxEngine:
         the model is a ValueError now, before anything compiles. Shapes only
         (`jax.eval_shape`): Keras's JAX losses check shapes, not values, and an eager run
         would compile every op of the model separately (seconds per model on a CPU)."""
-        from fenwicks.train.inputs import unpack
+        from fenwicks.train.tf.inputs import unpack
 
         def loss(features: Any, labels: Any) -> Any:
             outputs = spec.model(features, training=False)

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from fenwicks.train.eval_sums import EvalTotals
-from fenwicks.train.evaluation import Evaluator
-from fenwicks.train.inputs import InputFn
 from fenwicks.train.jax import mesh, steps
+from fenwicks.train.tf.evaluation import Evaluator
+from fenwicks.train.tf.inputs import InputFn
 
 
 class JaxEvaluator(Evaluator):
@@ -51,7 +51,7 @@ class JaxEvaluator(Evaluator):
         return EvalTotals.of(per_batch, list(self._state.spec.metric_fns))
 
     def _predictions(self, input_fn: InputFn, global_batch: int) -> list[Any]:
-        from fenwicks.train.inputs import unpack
+        from fenwicks.train.tf.inputs import unpack
 
         step = self._step("predict")
         trainable, non_trainable, _ = self._state.values()

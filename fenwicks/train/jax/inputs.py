@@ -1,6 +1,6 @@
 """Input functions to NumPy global batches for the JAX engine.
 
-``params`` are exactly the TensorFlow engine's (`fenwicks.train.inputs.make_params`):
+``params`` are exactly the TensorFlow engine's (`fenwicks.train.tf.inputs.make_params`):
 ``params['batch_size']`` is the per-replica batch, and the input_fn is called once, as
 one pipeline feeding every replica of this host (``InputContext(1, 0, replicas)``). A
 global batch is R consecutive per-replica batches, which is what the TensorFlow engine's
@@ -37,9 +37,9 @@ import jax
 import numpy as np
 import tensorflow as tf
 
-from fenwicks.train import inputs as tf_inputs
-from fenwicks.train.inputs import InputFn, InputManager, Probe, discard
 from fenwicks.train.jax import mesh, processes
+from fenwicks.train.tf import inputs as tf_inputs
+from fenwicks.train.tf.inputs import InputFn, InputManager, Probe, discard
 
 logger = logging.getLogger("fenwicks")
 

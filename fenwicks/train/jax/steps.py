@@ -39,9 +39,10 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from fenwicks.train import eval_sums, inputs
+from fenwicks.train import eval_sums
 from fenwicks.train.jax import mesh
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.tf import inputs
 
 State = tuple[list[Any], list[Any], list[Any]]
 

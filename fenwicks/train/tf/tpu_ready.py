@@ -21,7 +21,8 @@ import keras
 import tensorflow as tf
 
 from fenwicks._checks import divisible_by_replicas, positive_int
-from fenwicks.train import building, inputs, loops
+from fenwicks.train import building
+from fenwicks.train.tf import inputs, loops
 
 PY_FUNC_OPS = ("EagerPyFunc", "PyFunc", "PyFuncStateless")
 _UNSUPPORTED_RE = re.compile(r"(\w+) \(No registered '\w+' OpKernel for XLA_")

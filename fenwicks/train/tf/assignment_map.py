@@ -3,7 +3,7 @@
 
 Current variables are named by their Keras paths (``'dense/kernel'``); a checkpoint's
 variables as `tf.train.list_variables` names them, without the object-based checkpoints'
-``'/.ATTRIBUTES/VARIABLE_VALUE'``. (`fenwicks.train.checkpoints.warm_start` matches whole
+``'/.ATTRIBUTES/VARIABLE_VALUE'``. (`fenwicks.train.tf.checkpoints.warm_start` matches whole
 models by checkpoint key instead.)
 
     report = warm_start(model.variables, 'bert_model.ckpt',

@@ -21,10 +21,11 @@ import tensorflow as tf
 from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
-from fenwicks.train import building, checkpoints, cross_engine, lock
-from fenwicks.train import checkpointer as checkpointer_lib
+from fenwicks.train import building, cross_engine, lock
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.tf import checkpointer as checkpointer_lib
+from fenwicks.train.tf import checkpoints
 
 logger = logging.getLogger("fenwicks")
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from fenwicks.train import loops
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.tf import loops
 
 
 class InputExhaustedError(ValueError):

@@ -36,7 +36,7 @@ import keras
 import tensorflow as tf
 
 from fenwicks import _tf_internals
-from fenwicks.train import checkpoint_manager, checkpoints
+from fenwicks.train.tf import checkpoint_manager, checkpoints
 
 logger = logging.getLogger("fenwicks")
 

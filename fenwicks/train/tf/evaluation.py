@@ -12,12 +12,13 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks.train import building, loops
+from fenwicks.train import building
 from fenwicks.train.eval_sums import EvalTotals
-from fenwicks.train.inputs import InputFn, InputManager, discard
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import write_eval_summary
-from fenwicks.train.state import NonFiniteLossError, RunState
+from fenwicks.train.tf import loops
+from fenwicks.train.tf.inputs import InputFn, InputManager, discard
+from fenwicks.train.tf.state import NonFiniteLossError, RunState
 
 logger = logging.getLogger("fenwicks")
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from fenwicks.train import async_checkpoints, checkpoint_manager, checkpoints
+from fenwicks.train.tf import async_checkpoints, checkpoint_manager, checkpoints
 
 logger = logging.getLogger("fenwicks")
 

@@ -1,0 +1,17 @@
+"""The TensorFlow engine: ``tf.distribute`` strategies, ``tf.function`` loops of
+``steps_per_loop`` steps, TensorFlow checkpoints and SavedModel export.
+
+Beside it, `fenwicks.train.jax` implements the same roles on JAX; `fenwicks.train.engines`
+chooses one. The modules:
+
+- `state.py`: `RunState`, model, optimizer and step counters, restored from work_dir.
+- `inputs.py`: `InputManager`, input_fn to distributed iterators, the resume position
+  and exact-evaluation padding.
+- `trainer.py`, `loops.py`: the compiled inner loop.
+- `evaluation.py`: exact evaluation and prediction.
+- `checkpointer.py`, `checkpoint_manager.py`, `async_checkpoints.py`, `checkpoints.py`:
+  a run's checkpoints (what they hold, writes, keep-N, restore, damage, warm start).
+- `export.py`: SavedModel export.
+- `tpu_ready.py`: `check_tpu_ready`, XLA compilation of the real steps.
+- `_model_fn.py`, `assignment_map.py`: TPUEstimator's TF1 ``model_fn`` and warm-start maps.
+"""
