@@ -9,7 +9,7 @@ records before the position unparsed.
 CIFAR-shaped data (random 32x32x3 uint8, made locally), batches of 128 with pad-crop +
 flip augmentation. For each pipeline, time-to-first-batch (building the dataset and
 taking one batch, as the estimator's resume does through
-`fenwicks.train.tf.inputs.resumed_train_dataset`) at step 0 and at 50 epochs in, for both
+`fenwicks.train.inputs.resumed_train_dataset`) at step 0 and at 50 epochs in, for both
 ways; the ratio resumed / fresh should be <= 1.5 now, and grows with the steps before.
 
     python benchmarks/resume_position.py                  # 10,000 examples
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import fenwicks as fw  # noqa: E402
-from fenwicks.train.tf import inputs  # noqa: E402
+from fenwicks.train import inputs  # noqa: E402
 
 TARGET = 1.5  # resumed / fresh time-to-first-batch
 

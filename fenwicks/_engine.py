@@ -56,6 +56,9 @@ LIBTPU_FILES = ("/lib/libtpu.so", "/usr/lib/libtpu.so", "/usr/local/lib/libtpu.s
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly",
                     "tf-nightly-cpu", "tf-nightly-tpu", "tensorflow-intel", "tensorflow-macos")
 TPU_TF_DISTRIBUTIONS = ("tensorflow-tpu", "tf-nightly-tpu")
+_LIBRARIES = {"tf": (), "jax": ("jax",)}
+_STRATEGY_NOTES = {"tf": "", "jax": " (TensorFlow's default; JAX places the replicas)"}
+_SPLITS_CPU_BY_FLAGS = {"tf": False, "jax": True}
 _WATCHED = (*TF_DISTRIBUTIONS, "jax", "jaxlib", "libtpu", "libtpu-nightly")
 _XLA_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
@@ -163,6 +166,22 @@ class EngineChoice:
     @property
     def keras_backend(self) -> str:
         return KERAS_BACKEND[self.engine]
+
+    @property
+    def libraries(self) -> tuple[str, ...]:
+        """The engine's own libraries beyond TensorFlow and Keras (`fw.info` rows)."""
+        return _LIBRARIES[self.engine]
+
+    @property
+    def strategy_note(self) -> str:
+        """What the ``tf.distribute`` strategy means on this engine (`fw.info`)."""
+        return _STRATEGY_NOTES[self.engine]
+
+    @property
+    def splits_cpu_by_flags(self) -> bool:
+        """Whether ``FENWICKS_DEVICE=cpu:N`` must be set as flags before the engine's
+        library makes its devices (JAX's XLA_FLAGS), rather than as logical devices."""
+        return _SPLITS_CPU_BY_FLAGS[self.engine]
 
 
 def choose_engine(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
@@ -292,3 +311,72 @@ def force_cpu_devices(env: MutableMapping[str, str], replicas: int | None) -> No
                 if not re.match(re.escape(_XLA_DEVICES_FLAG) + r"(=|$)", flag)]
         env["XLA_FLAGS"] = " ".join([*kept, f"{_XLA_DEVICES_FLAG}={replicas}"])
     env["JAX_PLATFORMS"] = "cpu"
+
+
+# ----------------------------------------------------------- what differs below the engines
+#
+# A few facts of Keras's backend that the layers, optimizers and loss checks need (they
+# sit below `fenwicks.train`, so they cannot ask `fenwicks.train.engines`). Each is one
+# function per backend, looked up by Keras's backend: the only place those modules learn
+# which backend runs. Keras is imported lazily: this module is read before Keras is.
+
+
+def _backend() -> str:
+    import keras
+
+    return keras.backend.backend()
+
+
+def _tf_is_symbolic(value: object) -> bool:
+    import tensorflow as tf
+
+    return not tf.executing_eagerly()
+
+
+def _jax_is_symbolic(value: object) -> bool:
+    import jax
+
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value))
+
+
+def _jax_data_parallel_replicas() -> int | None:
+    import keras
+
+    distribution = keras.distribution.distribution()
+    if isinstance(distribution, keras.distribution.DataParallel):
+        mesh = distribution.device_mesh
+        return int(mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)])
+    return None
+
+
+_IS_SYMBOLIC = {"tensorflow": _tf_is_symbolic, "jax": _jax_is_symbolic}
+_DATA_PARALLEL_REPLICAS = {"tensorflow": lambda: None, "jax": _jax_data_parallel_replicas}
+# tf.distribute runs a step once per replica: each sees its own gradients, which the
+# optimizer all-reduces. Under jax.jit the step sees the global batch: gradients are
+# global already.
+_PER_REPLICA_GRADIENTS = {"tensorflow": True, "jax": False}
+_KERAS_SYNCS_BATCHNORM = {"tensorflow": True, "jax": False}
+
+
+def is_symbolic(value: object) -> bool:
+    """Whether `value` belongs to a step being compiled (a ``tf.function`` graph, a
+    ``jax.jit`` tracer): it has no number to check yet."""
+    return _IS_SYMBOLIC.get(_backend(), lambda value: False)(value)
+
+
+def data_parallel_replicas() -> int | None:
+    """The batch axis's devices of a ``keras.distribution.DataParallel`` that splits the
+    batch a layer sees (Keras's own ``fit`` on JAX); None where there is none."""
+    return _DATA_PARALLEL_REPLICAS.get(_backend(), lambda: None)()
+
+
+def per_replica_gradients() -> bool:
+    """Whether each replica computes its own gradients, which the optimizer then sums
+    over replicas (``tf.distribute``); False where a step's gradients are global."""
+    return _PER_REPLICA_GRADIENTS.get(_backend(), False)
+
+
+def synchronized_batchnorm_in_keras() -> bool:
+    """Whether Keras's BatchNormalization syncs replicas itself (``synchronized=True``,
+    TensorFlow only; under ``jax.jit`` the global batch's statistics are the synced)."""
+    return _KERAS_SYNCS_BATCHNORM.get(_backend(), False)

@@ -63,7 +63,7 @@ def maps_batches_one_to_one(dataset: Any) -> bool:
 
 # tf.data's and tf.distribute's input objects: where an iterator's resource handles are
 # found. No public API hands out an iterator's handles or destroys it without blocking
-# (`fenwicks.train.tf.inputs.discard` says why it must not block).
+# (`fenwicks.train.inputs.discard` says why it must not block).
 INPUT_MODULES = ("tensorflow.python.data.", "tensorflow.python.distribute.input_lib",
                  "tensorflow.python.distribute.v1.input_lib")
 

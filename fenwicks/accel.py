@@ -198,7 +198,7 @@ def configure(device: str = "auto", replicas: int | None = None,
             f"{_current.num_replicas} replicas; call fw.accel.configure() before anything "
             "that uses it (TensorFlow and JAX fix their devices at start-up), or restart "
             "the runtime")
-    if engine_choice().engine == "jax" and kind == "cpu":
+    if engine_choice().splits_cpu_by_flags and kind == "cpu":
         _prepare_jax_cpu(replicas)
     _request = new
 
@@ -237,7 +237,7 @@ def setup_engine(env: Any = None) -> _engine.EngineChoice:
         return _engine_choice
     env = os.environ if env is None else env
     choice = _engine.choose_engine(env, _engine.HostFacts.gather())
-    if choice.engine == "jax" and env.get(DEVICE_ENV):
+    if choice.splits_cpu_by_flags and env.get(DEVICE_ENV):
         try:
             kind, replicas = parse_device(env[DEVICE_ENV])
         except ValueError as err:

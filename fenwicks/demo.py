@@ -93,12 +93,12 @@ def checkpoint_step(work_dir: str) -> int | None:
     The estimator names its checkpoints ``ckpt-<global step>`` (TensorFlow engine) or
     ``orbax/<global step>`` (JAX engine).
     """
-    from fenwicks.train.cross_engine import orbax_latest, tf_latest
-    from fenwicks.train.tf.checkpoints import step_of
+    from fenwicks.train.checkpointing import step_of
+    from fenwicks.train.cross_engine import any_engines_latest
 
     # Either engine's newest complete checkpoint (on gs:// an orbax step counts once its
     # marker is there), found as the estimator finds it.
-    latest = tf_latest(work_dir) or orbax_latest(work_dir)
+    latest = any_engines_latest(work_dir)
     return step_of(latest) if latest and step_of(latest) >= 0 else None
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from fenwicks import _engine
 from fenwicks._checks import positive_int
 
 __all__ = ["BN_MODES", "PYTORCH_PARAMS", "BatchNorm", "Classifier", "ConvBN", "ConvBlk",
@@ -108,12 +109,7 @@ def current_batch_replicas() -> int:
     value = _BATCH_REPLICAS.get()
     if value is not None:
         return value
-    if keras.backend.backend() == "jax":
-        distribution = keras.distribution.distribution()
-        if isinstance(distribution, keras.distribution.DataParallel):
-            mesh = distribution.device_mesh
-            return int(mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)])
-    return 1
+    return _engine.data_parallel_replicas() or 1
 
 
 def _plain_ints(value: Any) -> Any:
@@ -205,7 +201,7 @@ class BatchNorm(keras.layers.BatchNormalization):
         # on JAX the statistics of the global batch under jit are the synchronized ones.
         super().__init__(momentum=momentum, epsilon=epsilon,
                          synchronized=self.mode == "sync"
-                         and keras.backend.backend() == "tensorflow", **kwargs)
+                         and _engine.synchronized_batchnorm_in_keras(), **kwargs)
         if isinstance(self.mode, int) and self.axis not in (-1,):
             raise ValueError(f"axis={self.axis} is not supported with ghost BatchNorm "
                              f"(mode={self.mode}); use channels-last inputs and axis=-1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 
@@ -30,17 +31,13 @@ def info_rows() -> list[tuple[str, str]]:
         ("tensorflow", tf.__version__),
         ("keras", keras.__version__),
     ]
-    if acc.engine == "jax":
-        import jax
-
-        rows.append(("jax", jax.__version__))
+    for library in choice.libraries:
+        rows.append((library, importlib.import_module(library).__version__))
     rows += [
         ("engine", f"{acc.engine} (Keras on {keras.backend.backend()}; {choice.reason})"),
         ("accelerator", acc.kind + (" (simulated)" if acc.simulated else "")),
         ("chosen by", acc.reason),
-        ("strategy", type(acc.strategy).__name__ + (
-            " (TensorFlow's default; JAX places the replicas)" if acc.engine == "jax"
-            else "")),
+        ("strategy", type(acc.strategy).__name__ + choice.strategy_note),
         ("replicas", str(acc.num_replicas)),
         ("workers", str(acc.num_workers)),
         ("precision", acc.precision),

@@ -24,6 +24,7 @@ import numpy as np
 import fenwicks as fw
 from fenwicks import demo
 from fenwicks.train import cross_engine
+from fenwicks.train.jax import weights as jax_weights
 
 STEPS_PER_EPOCH = 21  # 1,347 training digits // 64
 BATCH = 64
@@ -148,5 +149,5 @@ if __name__ == "__main__":
     else:
         result = read(args[0], args[1])
         if result["engine"] == "tensorflow":
-            result["no_orbax"] = no_orbax(cross_engine.orbax_latest(args[0]))
+            result["no_orbax"] = no_orbax(jax_weights.latest(args[0]))
     print(json.dumps(result))

@@ -134,8 +134,8 @@ def handle_deaths(iterator: Any) -> tuple[int, list[str]]:
 
 
 def join_discards(timeout: float = 300) -> None:
-    """Joins `fenwicks.train.tf.inputs.discard`'s threads, including those they start."""
-    from fenwicks.train.tf import inputs
+    """Joins `fenwicks.train.inputs.discard`'s threads, including those they start."""
+    from fenwicks.train import inputs
 
     while running := [t for t in threading.enumerate() if t.name == inputs.DISCARD_THREAD]:
         for thread in running:

@@ -118,7 +118,7 @@ def _print_and_exit(result: dict[str, Any]) -> None:
 
     Releasing an estimator destroys its distributed training iterator, and on 8 logical
     CPUs (TF 2.21) that destructor waits for tf.data's autotuning threads: 0-227 s per
-    estimator before `fenwicks.train.tf.inputs.discard`, which moves the wait to threads the
+    estimator before `fenwicks.train.inputs.discard`, which moves the wait to threads the
     interpreter still joins at exit (up to a minute). The Ctrl-C property this module
     checks does not depend on it, so the estimators stay referenced and the process
     ends once the result is out.

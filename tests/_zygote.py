@@ -60,7 +60,7 @@ def serve(path: str) -> None:
     # What the import made lives as long as the process: out of the collector's sight
     # (Python's advice for a server that forks, `gc.freeze`). A full collection over
     # TensorFlow's ~460k objects costs ~0.25 s of CPU, and a child runs dozens: Python's
-    # own (`fenwicks.train.tf.inputs.discard` ran one per `evaluate`/`predict` until
+    # own (`fenwicks.train.inputs.discard` ran one per `evaluate`/`predict` until
     # 2026-11-26, when this was measured).
     # Measured 2026-11-26 under load, `tests._state_catalogue train` on 4 entries forked
     # from here: 19.1 -> 15.2 s of CPU.

@@ -447,7 +447,7 @@ def pytest_collection_finish(session):
     # the fork server, tests/_zygote.py). Each costs ~0.25 s of CPU over TensorFlow's
     # ~460k objects, and in-process tests trigger hundreds (Python's own; until
     # 2026-11-26 also one per `evaluate`/`predict`/input change, in
-    # `fenwicks.train.tf.inputs.discard`).
+    # `fenwicks.train.inputs.discard`).
     gc.collect()
     gc.freeze()
 

@@ -11,8 +11,8 @@ import pytest
 
 from fenwicks.train import actions, callbacks, conditions, history, preemption
 from fenwicks.train.history import History
+from fenwicks.train.run_state import NonFiniteLossError
 from fenwicks.train.save_policy import Trigger
-from fenwicks.train.tf.state import NonFiniteLossError
 from fenwicks.train.tf.trainer import LoopOutput
 
 

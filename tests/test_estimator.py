@@ -112,7 +112,7 @@ def test_exact_evaluation_and_predict_on_eight_replicas(multi_replica):
 def test_a_closed_estimators_eight_replica_iterator_dies_off_the_callers_thread(
         multi_replica):
     # Its destructor sleeps until each replica's autotuning thread wakes (seconds to
-    # minutes, see fenwicks.train.tf.inputs.discard): close() hands its handles (one per
+    # minutes, see fenwicks.train.inputs.discard): close() hands its handles (one per
     # replica's iterator, and the multi-device iterator's) to discard threads.
     out = multi_replica[8]["closed_iterator_dies_on"]
     assert out == {"handles": 9, "died_on": ["fenwicks-discard"], "died": 9}

@@ -1,4 +1,4 @@
-"""fenwicks.train.tf.evaluation: the `Evaluator` on its own, wired as the estimator wires it
+"""fenwicks.train.evaluation: the `Evaluator` on its own, wired as the estimator wires it
 (an `EstimatorConfig`, a built `RunState`, an `InputManager`), over a linear classifier
 whose weights are set by hand, so every loss, accuracy and probability is computed again
 here with numpy. In-process, one replica or as many as the session's accelerator has."""
@@ -16,9 +16,9 @@ import tensorflow as tf
 
 import fenwicks as fw
 from fenwicks.train.options import EstimatorConfig
-from fenwicks.train.tf.evaluation import Evaluator
-from fenwicks.train.tf.inputs import InputManager
-from fenwicks.train.tf.state import RunState
+from fenwicks.train.tf.evaluation import TFEvaluator
+from fenwicks.train.tf.inputs import TFInputManager
+from fenwicks.train.tf.state import TFRunState
 
 FEATURES, CLASSES, EXAMPLES = 4, 3, 10
 RNG = np.random.default_rng(7)
@@ -52,11 +52,11 @@ def built(tmp_path_factory):
     model_func = fw.train.get_clf_model_func(
         lambda: keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)]),
         fw.train.sgd_optimizer(0.1))
-    state, inputs = RunState(model_func, config, acc), InputManager(config, acc)
+    state, inputs = TFRunState(model_func, config, acc), TFInputManager(config, acc)
     state.build(tf.TensorSpec([None, FEATURES], tf.float32),
                 inputs.params("eval", batch))
     state.spec.model.set_weights([KERNEL, BIAS])
-    yield Evaluator(config, acc, state, inputs), config
+    yield TFEvaluator(config, acc, state, inputs), config
     state.close()
 
 
@@ -129,4 +129,4 @@ def test_predict_refuses_a_multi_worker_run(built):
     _, config = built
     workers = types.SimpleNamespace(num_workers=2, strategy=None)
     with pytest.raises(ValueError, match="predict runs on one host.*spans 2 workers"):
-        Evaluator(config, workers, None, None).check_single_host()
+        TFEvaluator(config, workers, None, None).check_single_host()

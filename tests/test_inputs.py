@@ -1,4 +1,4 @@
-"""`fenwicks.train.tf.inputs.InputManager`: input_fn to distributed iterator, with no model.
+"""`fenwicks.train.inputs.InputManager`: input_fn to distributed iterator, with no model.
 
 In-process on this process's one replica; the batches are numbered so the resume position
 can be read off the first batch the iterator yields."""
@@ -13,9 +13,10 @@ import tensorflow as tf
 
 import fenwicks as fw
 from fenwicks import _tf_internals
+from fenwicks.train import inputs
+from fenwicks.train.inputs import InputManager
 from fenwicks.train.options import EstimatorConfig
-from fenwicks.train.tf import inputs
-from fenwicks.train.tf.inputs import InputManager
+from fenwicks.train.tf.inputs import TFInputManager
 from tests._estimator_helpers import handle_deaths, join_discards
 from tests.conftest import last_json, run_python
 
@@ -26,7 +27,7 @@ def _manager() -> InputManager:
     config = EstimatorConfig(steps_per_epoch=5, work_dir="/tmp/unused", train_batch_size=BATCH,
                              eval_batch_size=BATCH, predict_batch_size=BATCH,
                              steps_per_loop=5, precision="float32", seed=3)
-    return InputManager(config, fw.accel.current())
+    return TFInputManager(config, fw.accel.current())
 
 
 def _numbered(params: dict) -> tf.data.Dataset:
@@ -155,7 +156,7 @@ def test_discard_at_exit_leaves_the_handles_to_the_process_end():
     out = run_python("""
         import atexit, json, threading, weakref
         import tensorflow as tf
-        from fenwicks.train.tf import inputs
+        from fenwicks.train import inputs
         def at_exit():
             holder, died = [iter(tf.data.Dataset.range(3))], []
             weakref.finalize(holder[0]._iterator_resource, lambda: died.append(1))

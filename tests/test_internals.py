@@ -234,10 +234,10 @@ def test_iterator_resources_found_and_kept():
     iterator = iter(tf.data.Dataset.range(3))
     assert type(iterator).__module__.startswith(_tf_internals.INPUT_MODULES), _needs(
         "INPUT_MODULES", f"the module of tf.data's iterator ({type(iterator).__module__})",
-        "non-blocking iterator disposal (fenwicks.train.tf.inputs.discard)")
+        "non-blocking iterator disposal (fenwicks.train.inputs.discard)")
     handles = _tf_internals.iterator_resources([iterator])
     assert handles and all(h.dtype == tf.resource for h in handles), _needs(
-        "iterator_resources", "the iterator's resource handle", "fw.train.tf.inputs.discard")
+        "iterator_resources", "the iterator's resource handle", "fw.train.inputs.discard")
 
 
 def test_never_destroy_keeps_an_object_past_its_last_reference():

@@ -1,5 +1,5 @@
 """The compiled loops (`fenwicks.train.tf.loops`) and evaluation's padding and masking
-(`fenwicks.train.tf.inputs.pad_and_mask`, `fenwicks.train.tf.evaluation`), on their own.
+(`fenwicks.train.inputs.pad_and_mask`, `fenwicks.train.evaluation`), on their own.
 
 In-process, on this process's one replica, with a model whose every number is worked out
 by hand: ``y = x @ w`` (no bias), squared error, plain SGD. The estimator's tests prove
@@ -16,9 +16,10 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import eval_sums
+from fenwicks.train import eval_sums, inputs
 from fenwicks.train.model_func import ModelSpec
-from fenwicks.train.tf import evaluation, inputs, loops
+from fenwicks.train.tf import loops
+from fenwicks.train.tf.evaluation import TFEvaluator
 
 LR = 0.1
 BATCH = 4
@@ -187,7 +188,7 @@ def test_predict_loop_returns_every_row_in_input_order():
 
 def test_an_out_of_memory_evaluation_retries_with_half_the_batch():
     accelerator = types.SimpleNamespace(strategy=None, num_replicas=8)
-    evaluator = evaluation.Evaluator(types.SimpleNamespace(), accelerator, None, None)
+    evaluator = TFEvaluator(types.SimpleNamespace(), accelerator, None, None)
     tried = []
 
     def run(batch):

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fenwicks.train import profiling
+from fenwicks.train import engines, profiling
+
+PROFILER = engines.current().profiler  # the TensorFlow engine's, in this process
 
 
 def test_profile_steps_are_two_ordered_global_steps():
@@ -33,15 +35,15 @@ def test_the_window_must_lie_in_the_train_call():
 
 
 def test_the_controller_cuts_its_loops_at_the_windows_ends():
-    window = profiling.ProfileWindow((20, 30), "unused")
+    window = profiling.ProfileWindow((20, 30), "unused", PROFILER)
     assert [window.steps_to_boundary(s) for s in (0, 19, 20, 25, 30, 31)] == [
         20, 1, 10, 5, None, None]
-    assert profiling.ProfileWindow(None, "unused").steps_to_boundary(0) is None
+    assert profiling.ProfileWindow(None, "unused", PROFILER).steps_to_boundary(0) is None
 
 
 def test_a_window_writes_a_profile_of_its_steps(tmp_path):
     logdir = str(tmp_path / "train")
-    with profiling.ProfileWindow((20, 30), logdir) as window:
+    with profiling.ProfileWindow((20, 30), logdir, PROFILER) as window:
         assert window.update(10) is False and not window.running  # before the window
         assert window.update(20) is True and window.running       # started at a
         tf.reduce_sum(tf.ones([8, 8]))
@@ -54,7 +56,7 @@ def test_a_window_writes_a_profile_of_its_steps(tmp_path):
 def test_a_profiler_that_cannot_start_leaves_training_alone(tmp_path, caplog):
     tf.profiler.experimental.start(str(tmp_path / "someone_else"))  # only one at a time
     try:
-        window = profiling.ProfileWindow((0, 10), str(tmp_path / "train"))
+        window = profiling.ProfileWindow((0, 10), str(tmp_path / "train"), PROFILER)
         with caplog.at_level(logging.WARNING, logger="fenwicks"):
             assert window.update(0) is False
         assert "could not start the profiler" in caplog.text and "(0, 10)" in caplog.text
@@ -66,7 +68,7 @@ def test_a_profiler_that_cannot_start_leaves_training_alone(tmp_path, caplog):
 
 def test_closing_a_window_that_is_still_open_writes_what_it_recorded(tmp_path):
     logdir = str(tmp_path / "train")
-    window = profiling.ProfileWindow((0, 100), logdir)
+    window = profiling.ProfileWindow((0, 100), logdir, PROFILER)
     window.update(0)
     window.close()  # e.g. training failed at step 40
     assert not window.running

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import fenwicks as fw
 from fenwicks import accel, io
-from fenwicks.train.tf import inputs
+from fenwicks.train import inputs
 from tests.conftest import run_module_json
 from tests.test_accel import FakeProbe
 

@@ -26,6 +26,13 @@ engines, in this folder:
 """
 
 from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401
+from fenwicks.train.checkpointing import (  # noqa: E402, F401  (public names)
+    CheckpointCorruptError,
+    CheckpointCoverageError,
+    CheckpointMismatchError,
+    CheckpointWriteError,
+    ProbeWriteError,
+)
 from fenwicks.train.cross_engine import (  # noqa: E402, F401  (public names)
     CrossEngineMismatchError,
     CrossEngineTrainingError,
@@ -66,6 +73,7 @@ from fenwicks.train.optimizers import (  # noqa: E402, F401  (public names)
     sgd_optimizer,
 )
 from fenwicks.train.preemption import Interrupted, Preempted  # noqa: E402, F401
+from fenwicks.train.run_state import StorageUnavailableError  # noqa: E402, F401
 from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     Constant,
     CosineDecay,
@@ -85,15 +93,6 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     one_cycle_momentum,
     piecewise_linear,
 )
-from fenwicks.train.tf.checkpoints import (  # noqa: E402, F401  (public names)
-    CheckpointCorruptError,
-    CheckpointCoverageError,
-    CheckpointMismatchError,
-    CheckpointWriteError,
-    ProbeWriteError,
-)
-from fenwicks.train.tf.state import StorageUnavailableError  # noqa: E402, F401
-from fenwicks.train.tf.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401, E501
 from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
     EstimatorSpec,
     ModeKeys,
@@ -103,3 +102,4 @@ from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
     TPUEstimatorSpec,
     WarmStartSettings,
 )
+from fenwicks.train.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401

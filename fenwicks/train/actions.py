@@ -33,9 +33,9 @@ import numpy as np
 
 from fenwicks.train import preemption
 from fenwicks.train.history import History
+from fenwicks.train.run_state import NonFiniteLossError, RunState
+from fenwicks.train.runner import LoopOutput
 from fenwicks.train.save_policy import SavePolicy, Trigger
-from fenwicks.train.tf.state import NonFiniteLossError, RunState
-from fenwicks.train.tf.trainer import LoopOutput
 
 logger = logging.getLogger("fenwicks")
 

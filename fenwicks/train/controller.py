@@ -23,20 +23,22 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
-import tensorflow as tf
 
 from fenwicks.train import actions, conditions, preemption, profiling
 from fenwicks.train.callbacks import EpochLog
+from fenwicks.train.checkpointing import step_of
 from fenwicks.train.history import History
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.progress import ProgressBar, TrainSummaries
+from fenwicks.train.run_state import RunState
+from fenwicks.train.runner import InputExhaustedError, LoopOutput, Trainer
 from fenwicks.train.save_policy import SavePolicy, Trigger
-from fenwicks.train.tf.checkpoints import step_of
-from fenwicks.train.tf.state import RunState
-from fenwicks.train.tf.trainer import InputExhaustedError, LoopOutput, Trainer
+
+if TYPE_CHECKING:
+    from fenwicks.train.engines import Engine
 
 logger = logging.getLogger("fenwicks")
 
@@ -157,17 +159,16 @@ class Controller:
         config: the estimator's `EstimatorConfig`.
         state: the run's `RunState` (built).
         record: the `History` to append per-step losses, rates and learning rates to.
-        engine: the engine whose `Trainer` runs the compiled loop. Defaults to None:
-            the TensorFlow engine (`fenwicks.train.engines`).
+        engine: the `fenwicks.train.engines.Engine` whose trainer runs the compiled loop.
 
     Example:
-        >>> controller = Controller(config, state, est.history)
+        >>> controller = Controller(config, state, est.history, engines.current())
         >>> with controller.run(strategy, iterator, 1000, user_callbacks) as run:
         ...     run.train(run.target)
     """
 
     def __init__(self, config: EstimatorConfig, state: RunState, record: History,
-                 engine: Any = None) -> None:
+                 engine: Engine) -> None:
         self.config = config
         self.state = state
         self.history = record
@@ -176,18 +177,14 @@ class Controller:
         self._trainer: Trainer | None = None
         self.saves: SavePolicy | None = None  # the current train call's
 
-    def _get_trainer(self, strategy: tf.distribute.Strategy) -> Trainer:
+    def _get_trainer(self, strategy: Any) -> Trainer:
         if self._trainer is None:
-            if self._engine is None:
-                from fenwicks.train.engines import TensorFlowEngine as engine
-            else:
-                engine = self._engine
-            self._trainer = engine.trainer(strategy, self.config, self.state,
-                                           self._watcher)
+            self._trainer = self._engine.trainer(strategy, self.config, self.state,
+                                                 self._watcher)
         return self._trainer
 
     @contextlib.contextmanager
-    def run(self, strategy: tf.distribute.Strategy, iterator: Any, target: int,
+    def run(self, strategy: Any, iterator: Any, target: int,
             callbacks: Sequence[keras.callbacks.Callback],
             profile_steps: tuple[int, int] | None = None) -> Iterator[Run]:
         """One `train` call to global step `target`, with the user's `callbacks` (their
@@ -204,7 +201,8 @@ class Controller:
                                         self.config.save_every_secs,
                                         before_save=state.check_work_dir)
         profile = profiling.ProfileWindow(profile_steps if state.is_chief else None,
-                                          f"{self.config.work_dir}/train")
+                                          f"{self.config.work_dir}/train",
+                                          self._engine.profiler)
         with self._watcher, profile:
             entries, end_epoch, at_epoch_end = default_actions(self.config, state, self.history,
                                                  self._watcher, callbacks, saves,

@@ -1,15 +1,11 @@
 """One engine's checkpoints read on the other: a work_dir trained on the TensorFlow engine
 is evaluated, predicted from and warm-started on the JAX engine, and back.
 
-The two formats:
-
-* the TensorFlow engine's ``<work_dir>/ckpt-<step>`` (`checkpoints.make_checkpoint`):
-  keys are paths in TensorFlow's object graph, and the object graph saved inside the
-  checkpoint names each variable by its full name, which Keras sets to the variable's
-  path (``'mnist_net/conv_bn/conv2d/kernel'``). Checkpoints written before this module
-  existed are read as they are: nothing was added to the format;
-* the JAX engine's ``<work_dir>/orbax/<step>`` (`jax.checkpoints`): the model's arrays
-  in ``model.variables`` order, their paths in the checkpoint's custom metadata.
+Each engine reads only its own format, into one neutral form, `SavedWeights` (model
+variables by Keras path, and the step): `fenwicks.train.tf.weights` (TensorFlow's
+``<work_dir>/ckpt-<step>``) and `fenwicks.train.jax.weights` (orbax's
+``<work_dir>/orbax/<step>``). Any engine then loads any other's weights by path: N
+engines need N readers (`engines.READERS`), not one per pair.
 
 Only model variables cross (weights, BatchNorm statistics, seed-generator states) and
 the global step; the optimizer's slots and the input position do not.
@@ -48,28 +44,20 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
-import os
 import re
-import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from fenwicks import _deadline
-from fenwicks.train.tf import checkpoints
+from fenwicks.train import engines
+from fenwicks.train.checkpointing import step_of
 
 logger = logging.getLogger("fenwicks")
 
-ENGINES = {"tf": "TensorFlow engine", "jax": "JAX engine"}
-_FORCE = {"tf": "FENWICKS_ENGINE=tf", "jax": "FENWICKS_ENGINE=jax"}
-ORBAX_SUBDIR = "orbax"  # `fenwicks.train.jax.checkpoints.SUBDIR` (that module needs JAX)
-ORBAX_COMMIT_FILE = "commit_success.txt"  # `...jax.checkpoints.COMMIT_FILE`, for gs://
-_TF_STEP = "global_step/.ATTRIBUTES/VARIABLE_VALUE"  # as `checkpoints.make_checkpoint` saves it
-_MODEL_KEYS = ("model/", "model_extra/")  # the model's keys in a TF-engine checkpoint
 _SUFFIX = re.compile(r"_(\d+)$")  # what Keras appends to make a layer's name unique
 
 
@@ -106,82 +94,69 @@ class SavedWeights:
 # --------------------------------------------------------------------------- locating
 
 
-def other(engine: str) -> str:
-    """The other engine's name: ``other('tf') == 'jax'``."""
-    return "jax" if engine == "tf" else "tf"
+def _reader(engine: str) -> Any:
+    return importlib.import_module(engines.READERS[engine])
 
 
-def tf_latest(work_dir: str) -> str | None:
-    """The TensorFlow engine's newest checkpoint in `work_dir`, from its state file or,
-    if that is missing (a copied work_dir), by name."""
-    found = checkpoints.latest(work_dir)
-    if found is None:
-        names = _deadline.run(tf.io.gfile.glob, f"{work_dir}/ckpt-*.index",
-                              what="checkpoint listing", path=work_dir)
-        prefixes = [n[: -len(".index")] for n in names]
-        found = max(prefixes, key=checkpoints.step_of, default=None)
-    return found
+def _others(engine: str) -> list[Any]:
+    return [_reader(name) for name in engines.READERS if name != engine]
 
 
-def orbax_latest(work_dir: str) -> str | None:
-    """The JAX engine's newest checkpoint ``<work_dir>/orbax/<step>``, found without
-    orbax: orbax writes a step into a temporary directory and renames it to the bare
-    step number when complete."""
-    directory = f"{work_dir.rstrip('/')}/{ORBAX_SUBDIR}"
-    if not _deadline.run(tf.io.gfile.isdir, directory, what="exists", path=directory):
-        return None
-    names = _deadline.run(tf.io.gfile.listdir, directory, what="checkpoint listing",
-                          path=directory)
-    steps = sorted((int(n.rstrip("/")) for n in names if n.rstrip("/").isdigit()),
-                   reverse=True)
-    if "://" not in directory:
-        return f"{directory}/{steps[0]}" if steps else None
-    # On GCS a step is complete once its marker is there (uploaded last; nothing renames).
-    for step in steps:
-        marker = f"{directory}/{step}/{ORBAX_COMMIT_FILE}"
-        if _deadline.run(tf.io.gfile.exists, marker, what="exists", path=marker):
-            return f"{directory}/{step}"
-    return None
+def title(engine: str) -> str:
+    """How messages name an engine: ``title('jax') == 'JAX engine'``."""
+    return _reader(engine).TITLE
 
 
-_LATEST = {"tf": tf_latest, "jax": orbax_latest}
+def any_engines_latest(work_dir: str) -> str | None:
+    """The newest checkpoint in `work_dir` of any engine, or None.
+
+    Example:
+        >>> any_engines_latest('/root/fenwicks/work/demo')
+        '/root/fenwicks/work/demo/ckpt-252'
+    """
+    found = [found for name in engines.READERS if (found := _reader(name).latest(work_dir))]
+    return max(found, key=step_of, default=None)
 
 
 def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
-    """The other engine's newest checkpoint in `work_dir`, if it holds none of `engine`'s.
+    """Another engine's newest checkpoint in `work_dir`, if it holds none of `engine`'s.
 
     Example:
         >>> other_engines_checkpoint('/kaggle/working/run', 'tf')
         '/kaggle/working/run/orbax/1000'
     """
-    # The other engine's first: absent, as it nearly always is, one listing answers.
-    theirs = _LATEST[other(engine)](work_dir)
-    if theirs is None or _LATEST[engine](work_dir) is not None:
+    # The others' first: absent, as they nearly always are, one listing each answers.
+    theirs = [found for reader in _others(engine) if (found := reader.latest(work_dir))]
+    if not theirs or _reader(engine).latest(work_dir) is not None:
         return None
-    return theirs
+    return max(theirs, key=step_of)
 
 
 def _source_of_other_engine(source: str, engine: str) -> str | None:
-    """`source` (a work_dir or one checkpoint) if it is the other engine's, else None."""
-    source = source.rstrip("/")
-    if os.path.basename(source) == ORBAX_SUBDIR:  # the orbax folder of a work_dir
-        source = source[: -len(ORBAX_SUBDIR) - 1]
-    is_orbax_step = bool(re.search(rf"(^|/){ORBAX_SUBDIR}/\d+$", source))
-    is_tf_prefix = tf.io.gfile.exists(source + ".index")
-    if engine == "tf":
-        if is_orbax_step:
+    """`source` (a work_dir or one checkpoint) if it is another engine's, else None."""
+    for reader in _others(engine):
+        source = getattr(reader, "work_dir_of", lambda s: s)(source.rstrip("/"))
+        if reader.is_checkpoint(source):
             return source
-        return None if is_tf_prefix else other_engines_checkpoint(source, "tf")
-    if is_tf_prefix:
-        return source
-    return None if is_orbax_step else other_engines_checkpoint(source, "jax")
+    if _reader(engine).is_checkpoint(source):
+        return None
+    return other_engines_checkpoint(source, engine)
+
+
+def _owner(checkpoint: str) -> Any:
+    """The reader of the engine that wrote `checkpoint`."""
+    for name in engines.READERS:
+        if _reader(name).is_checkpoint(checkpoint):
+            return _reader(name)
+    raise ValueError(f"{checkpoint!r} is no engine's checkpoint (a TensorFlow "
+                     "'.../ckpt-<step>' prefix or an orbax '.../orbax/<step>' folder)")
 
 
 # --------------------------------------------------------------------------- reading
 
 
 def read(checkpoint: str) -> SavedWeights:
-    """The model variables of either engine's checkpoint.
+    """The model variables of any engine's checkpoint, in the neutral form.
 
     Raises:
         ImportError: an orbax checkpoint and no orbax-checkpoint installed.
@@ -191,82 +166,8 @@ def read(checkpoint: str) -> SavedWeights:
         >>> saved.engine, saved.step, saved.paths[0]
         ('jax', 1000, 'mnist_net/conv_bn/conv2d/kernel')
     """
-    if re.search(rf"(^|/){ORBAX_SUBDIR}/\d+/?$", checkpoint):
-        return _deadline.run(_read_orbax, checkpoint.rstrip("/"), what="checkpoint read",
-                             path=checkpoint)
-    return _deadline.run(_read_tf, checkpoint, what="checkpoint read", path=checkpoint)
-
-
-def _read_tf(prefix: str) -> SavedWeights:
-    # The object graph the checkpoint carries: its own record of which key holds which
-    # variable, under the variable's full name (for a Keras variable, its path).
-    from tensorflow.core.protobuf import trackable_object_graph_pb2
-
-    reader = tf.train.load_checkpoint(prefix)
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    paths, arrays = [], []
-    for node in graph.nodes:
-        for attribute in node.attributes:
-            if attribute.checkpoint_key.startswith(_MODEL_KEYS):
-                paths.append(attribute.full_name.split(":")[0])
-                arrays.append(np.asarray(reader.get_tensor(attribute.checkpoint_key)))
-    step = int(reader.get_tensor(_TF_STEP)) if reader.has_tensor(_TF_STEP) else 0
-    return SavedWeights(prefix, "tf", step, paths, arrays, in_model_order=False)
-
-
-def _import_orbax(path: str) -> Any:
-    # On the TensorFlow engine JAX comes in here only to read files: it is kept to the
-    # CPU (JAX reads JAX_PLATFORMS once, on import), so that it does not take a GPU and,
-    # as it does by default, 75% of its memory from TensorFlow.
-    first = "jax" not in sys.modules
-    before = os.environ.get("JAX_PLATFORMS")
-    if first:
-        os.environ["JAX_PLATFORMS"] = "cpu"
-    try:
-        import orbax.checkpoint as ocp
-    except ImportError as err:
-        raise ImportError(
-            f"{path} is the JAX engine's checkpoint (orbax format); reading it needs "
-            "orbax-checkpoint: pip install orbax-checkpoint (or pip install "
-            "'fenwicks[jax]'), then start a new Python process") from err
-    finally:
-        if first and before is None:
-            os.environ.pop("JAX_PLATFORMS", None)
-        elif first:
-            os.environ["JAX_PLATFORMS"] = before
-    return ocp
-
-
-def _read_orbax(path: str) -> SavedWeights:
-    if "://" in path:  # staged as the JAX engine stages it: the step, downloaded
-        from fenwicks import io as fw_io
-
-        with tempfile.TemporaryDirectory(prefix="fenwicks-cross-engine-") as scratch:
-            fw_io.download(path, scratch, progress=False)  # its own retries and bounds
-            local = _read_orbax(os.path.join(scratch, os.path.basename(path)))
-        return dataclasses.replace(local, checkpoint=path)
-    ocp = _import_orbax(path)
-    directory, step = os.path.dirname(path), int(os.path.basename(path))
-    directory = directory if "://" in directory else os.path.abspath(directory)
-    with ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler(),
-                               options=ocp.CheckpointManagerOptions(read_only=True)) as manager:
-        paths = list(manager.metadata(step).custom_metadata["model"])
-        # A target of host arrays: the checkpoint's sharding names the devices of the
-        # process that wrote it (8 TPU cores), which this one may not have.
-        target = _host_arrays(manager.item_metadata(step))
-        tree = manager.restore(step, args=ocp.args.StandardRestore(target))
-    step_value = int(tree["counters"]["global_step"])
-    return SavedWeights(path, "jax", step_value, paths,
-                        [np.asarray(a) for a in tree["model"]], in_model_order=True)
-
-
-def _host_arrays(metadata: Any) -> Any:
-    if isinstance(metadata, dict) or hasattr(metadata, "items"):
-        return {key: _host_arrays(value) for key, value in metadata.items()}
-    if isinstance(metadata, (list, tuple)):
-        return [_host_arrays(value) for value in metadata]
-    return np.zeros(metadata.shape, metadata.dtype)
+    return _deadline.run(_owner(checkpoint).read, checkpoint, what="checkpoint read",
+                         path=checkpoint)
 
 
 # --------------------------------------------------------------------------- matching
@@ -386,8 +287,8 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
         "fenwicks: %s holds the %s's checkpoint %s (step %d) and none of the %s's: its "
         "%d model variables were loaded by name, for evaluate() and predict(); train() "
         "here is refused (warm_start_from=<this work_dir> into a new work_dir continues "
-        "from these weights)", work_dir, ENGINES[saved.engine], checkpoint, saved.step,
-        ENGINES[engine], len(variables))
+        "from these weights)", work_dir, title(saved.engine), checkpoint, saved.step,
+        title(engine), len(variables))
     return saved
 
 
@@ -398,14 +299,15 @@ def _mismatch(work_dir: str, saved: SavedWeights, engine: str, missing: list,
     lines += [f"  {saved.paths[j]} {list(np.shape(saved.arrays[j]))}: in the checkpoint, "
               "not matched in the model" for j in unused[:10]]
     return CrossEngineMismatchError(
-        f"work_dir={work_dir!r} holds the {ENGINES[saved.engine]}'s checkpoint "
-        f"{saved.checkpoint} (step {saved.step}), read here on the {ENGINES[engine]}; "
+        f"work_dir={work_dir!r} holds the {title(saved.engine)}'s checkpoint "
+        f"{saved.checkpoint} (step {saved.step}), read here on the {title(engine)}; "
         f"{len(missing)} model variable(s) have no match in it and {len(unused)} of its "
         "variables none in the model (matched by Keras variable path, ignoring the _<n> "
         "suffixes Keras adds to names, and by shape):\n" + "\n".join(lines) +
         "\nNothing was loaded. Build the model with the model_func that trained this "
-        f"work_dir, or evaluate on the {ENGINES[saved.engine]} "
-        f"({_FORCE[saved.engine]}); warm_start_from=<this work_dir> in a new work_dir "
+        f"work_dir, or evaluate on the {title(saved.engine)} "
+        f"(FENWICKS_ENGINE={saved.engine}); warm_start_from=<this work_dir> in a new "
+        "work_dir "
         "loads only the variables that match.")
 
 
@@ -420,14 +322,15 @@ def refuse_training(work_dir: str, engine: str) -> None:
     checkpoint = other_engines_checkpoint(work_dir, engine)
     if checkpoint is None:
         return
-    theirs = other(engine)
+    theirs = _owner(checkpoint).NAME
     raise CrossEngineTrainingError(
-        f"work_dir={work_dir!r} holds the {ENGINES[theirs]}'s checkpoint {checkpoint} "
-        f"(step {checkpoints.step_of(checkpoint)}) and none of the {ENGINES[engine]}'s, "
+        f"work_dir={work_dir!r} holds the {title(theirs)}'s checkpoint {checkpoint} "
+        f"(step {step_of(checkpoint)}) and none of the {title(engine)}'s, "
         f"which runs here. train() does not continue another engine's run in its "
-        f"work_dir (its checkpoints would sit beside the {ENGINES[theirs]}'s, which would "
+        f"work_dir (its checkpoints would sit beside the {title(theirs)}'s, which would "
         "resume from its own and skip them). Either train on the "
-        f"{ENGINES[theirs]} ({_FORCE[theirs]} in a new Python process), or continue from "
+        f"{title(theirs)} (FENWICKS_ENGINE={theirs} in a new Python process), or continue "
+        "from "
         f"its weights here in a new work_dir: get_tpu_estimator(..., work_dir=<new>, "
         f"warm_start_from={work_dir!r}) (model weights by name; the step and the "
         "optimizer start afresh). evaluate() and predict() read it on either engine. "
@@ -452,6 +355,6 @@ def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | N
     saved = read(checkpoint)
     report = load_matching(model, saved)
     logger.warning("fenwicks: warm start from the %s's checkpoint %s loaded %d "
-                   "variable(s) by name; not loaded: %s", ENGINES[saved.engine],
+                   "variable(s) by name; not loaded: %s", title(saved.engine),
                    checkpoint, len(report["loaded"]), report["not_loaded"] or "none")
     return report

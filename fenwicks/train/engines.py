@@ -1,21 +1,32 @@
-"""The engine seam: which engine runs an estimator, and the roles each engine supplies.
+"""The Engine interface: what the shared code (estimator, controller, actions, callbacks,
+history, save policy, lock, preemption, the LR finder, `check_input`) asks of an engine,
+and which engine runs.
 
-The estimator, its controller and actions, the callbacks, `History`, TensorBoard, the
-work_dir lock, preemption and Ctrl-C are engine-neutral. An engine supplies four roles:
+Two engines implement it side by side, neither importing the other:
+`fenwicks.train.tf` (``tf.distribute``, ``tf.function`` loops, TensorFlow checkpoints)
+and `fenwicks.train.jax` (``jax.sharding``, ``jax.jit`` steps, orbax checkpoints).
+Shared code asks the engine; it never branches on its name.
 
-==================  ==============================  ====================================
-role                TensorFlow engine               JAX engine (`fenwicks.train.jax`)
-==================  ==============================  ====================================
-state               `state.RunState`                `jax.state.JaxRunState`
-input manager       `inputs.InputManager`           `jax.inputs.JaxInputManager`
-trainer             `trainer.Trainer`               `jax.trainer.JaxTrainer`
-evaluator           `evaluation.Evaluator`          `jax.evaluation.JaxEvaluator`
-==================  ==============================  ====================================
+=======================  ===================================  ===================================
+role                     TensorFlow engine (`train/tf/`)      JAX engine (`train/jax/`)
+=======================  ===================================  ===================================
+run state, checkpoints   `state.TFRunState`, `checkpointer`   `state.JaxRunState`, `checkpoints`
+input manager            `inputs.TFInputManager`              `inputs.JaxInputManager`
+trainer                  `trainer.Trainer` (`loops`)          `trainer.JaxTrainer` (`steps`)
+evaluator                `evaluation.TFEvaluator`             `evaluation.JaxEvaluator`
+exporter                 `export` (tf.saved_model)            `export` (jax2tf)
+label check              `building.check_labels` (eager)      ``jax.eval_shape`` of the loss
+LR finder's batches      distributed iterator                 global NumPy batches
+`check_input`'s reader   `TFInputManager.read_steps`          `JaxInputManager.read_steps`
+`profile_steps`          TensorFlow's profiler                ``jax.profiler``
+`check_tpu_ready`        `tpu_steps` (XLA, as TPUStrategy)    `tpu_steps` (lowered for 'tpu')
+TPUEstimator `model_fn`  `_model_fn` (TF1 graph in Keras)     refused in one sentence
+=======================  ===================================  ===================================
 
-plus the checks of labels against the model, the replica count and export. The engine
-is Keras's backend: ``keras.backend.backend() == 'jax'`` means the JAX engine (Keras
-fixes its backend when first imported: ``KERAS_BACKEND=jax``, which `fw.accel`'s engine
-selection sets).
+The engine is Keras's backend (Keras fixes it when first imported: ``KERAS_BACKEND``,
+which `fw.accel`'s engine selection sets, `fenwicks._engine`). A third engine is one new
+folder implementing `Engine` and a checkpoint reader, plus its name in `_ENGINES`,
+`READERS` and engine selection (`fenwicks._engine`).
 
 Example:
     >>> engine = fenwicks.train.engines.current()
@@ -25,61 +36,98 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import keras
 
 from fenwicks import accel
-from fenwicks.train import building
-from fenwicks.train.tf import export
-from fenwicks.train.tf.evaluation import Evaluator
-from fenwicks.train.tf.inputs import InputManager
-from fenwicks.train.tf.state import RunState
-from fenwicks.train.tf.trainer import Trainer
+
+if TYPE_CHECKING:
+    from fenwicks.train.evaluation import Evaluator
+    from fenwicks.train.inputs import InputManager
+    from fenwicks.train.model_func import ModelSpec
+    from fenwicks.train.options import EstimatorConfig
+    from fenwicks.train.run_state import RunState
+    from fenwicks.train.runner import Trainer
+
+# Keras's backend -> the module whose ``ENGINE`` implements `Engine` for it.
+_ENGINES = {"tensorflow": "fenwicks.train.tf.engine", "jax": "fenwicks.train.jax.engine"}
+# Engine -> its reader of its own checkpoints into `cross_engine.SavedWeights`, importable
+# on any engine (``NAME``, ``TITLE``, ``latest``, ``is_checkpoint``, ``read``).
+READERS = {"tf": "fenwicks.train.tf.weights", "jax": "fenwicks.train.jax.weights"}
 
 
-class TensorFlowEngine:
-    """Today's engine: ``tf.distribute`` strategies, ``tf.function`` loops, TF checkpoints."""
+class Profiler(Protocol):
+    """The engine's profiler, for `train(profile_steps=...)` (`profiling.ProfileWindow`)."""
 
-    name = "tf"
-    RunState = RunState
-    InputManager = InputManager
-    Evaluator = Evaluator
+    def start(self, logdir: str) -> None: ...
 
-    @staticmethod
-    def num_replicas(acc: accel.Accelerator) -> int:
-        return acc.num_replicas
-
-    @staticmethod
-    def precision(acc: accel.Accelerator) -> str:
-        return acc.precision
-
-    @staticmethod
-    def trainer(strategy: Any, config: Any, state: RunState, watcher: Any) -> Trainer:
-        """The loop reads the watcher's variable inside the compiled function."""
-        return Trainer(strategy, state.spec, state.optimizer, state.step_counter,
-                       config.train_batch_size, config.jit_compile, watcher.flag,
-                       state.input_steps)
-
-    @staticmethod
-    def check_labels(spec: Any, acc: accel.Accelerator, dataset: Any) -> None:
-        building.check_labels(spec, acc.strategy, dataset)
-
-    @staticmethod
-    def export_saved_model(spec: Any, features_spec: Any, export_dir: str) -> str:
-        return export.export_saved_model(spec, features_spec, export_dir)
+    def stop(self) -> None: ...
 
 
-def is_jax() -> bool:
-    """Whether Keras runs on JAX (the ground truth of which engine runs)."""
-    return keras.backend.backend() == "jax"
+class Engine(Protocol):
+    """One engine's roles (the table above). Classes are the role's type; the rest are
+    plain functions (static methods of the engine's class)."""
+
+    name: str  # 'tf' or 'jax': the checkpoint formats of `cross_engine`
+    RunState: type[RunState]
+    InputManager: type[InputManager]
+    Evaluator: type[Evaluator]
+    profiler: Profiler
+
+    def num_replicas(self, acc: accel.Accelerator) -> int:
+        """Replicas sharing each global batch on this engine."""
+
+    def precision(self, acc: accel.Accelerator) -> str:
+        """What ``precision='auto'`` means on this engine's device."""
+
+    def trainer(self, strategy: Any, config: EstimatorConfig, state: RunState,
+                watcher: Any) -> Trainer:
+        """The compiled inner loop over `state`, stopping when `watcher` asks."""
+
+    def check_labels(self, spec: ModelSpec, acc: accel.Accelerator, dataset: Any) -> None:
+        """Raises ValueError if the labels of `dataset`'s first batch do not fit the model."""
+
+    def export_saved_model(self, spec: ModelSpec, features_spec: Any,
+                           export_dir: str) -> str:
+        """Writes a SavedModel serving `spec`'s predictions into (empty) `export_dir`."""
+
+    def sweep_batches(self, acc: accel.Accelerator, input_fn: Callable,
+                      params: Callable[[Any], dict],
+                      num_steps: int) -> tuple[Any, Callable[[], None], Any]:
+        """`find_lr`'s batches of `num_steps` steps: ``(what its trainer reads, a call
+        that lets go of it, the per-replica element spec)``; ``params(input_context)``
+        gives the input_fn's params."""
+
+    def sweep_trainer(self, acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,
+                      batch_size: int) -> Trainer:
+        """`find_lr`'s trainer: the estimator's loop, one step per call, no work_dir."""
+
+    def build_for_tpu_check(self, model_func: Callable, params: dict, precision: str,
+                            features_spec: Any) -> tuple[ModelSpec, Any]:
+        """A fresh model and optimizer for `check_tpu_ready` (work_dir untouched)."""
+
+    def check_tpu_step(self, mode: str, spec: ModelSpec, optimizer: Any, batch: Any,
+                       global_batch: int, replicas: int) -> None:
+        """Lowers the engine's `mode` step for `batch` as a TPU of `replicas` replicas
+        would compile it; raises `fw.train.NotTPUReadyError` naming what fails."""
+
+    def tf1_model_fn_refusal(self) -> str | None:
+        """Why a TensorFlow 1 ``model_fn`` cannot run here (one sentence), or None."""
 
 
-def current() -> Any:
-    """The engine for estimators made now: `JaxEngine` on Keras's JAX backend, else
-    `TensorFlowEngine`."""
-    if is_jax():
-        from fenwicks.train.jax.engine import JaxEngine
+def current() -> Engine:
+    """The engine of Keras's backend, for estimators made now.
 
-        return JaxEngine
-    return TensorFlowEngine
+    Raises:
+        ValueError: Keras runs on a backend no engine implements.
+    """
+    backend = keras.backend.backend()
+    if backend not in _ENGINES:
+        raise ValueError(f"Keras runs on {backend!r}; Fenwicks' engines run on "
+                         f"{sorted(_ENGINES)}: set KERAS_BACKEND (or FENWICKS_ENGINE) "
+                         "before importing Keras")
+    return importlib.import_module(_ENGINES[backend]).ENGINE
+

@@ -44,14 +44,14 @@ from fenwicks.train import (
 )
 from fenwicks.train import callbacks as callbacks_lib
 from fenwicks.train.controller import Controller, Run, epochs_to
+from fenwicks.train.evaluation import Evaluator
 from fenwicks.train.history import History
+from fenwicks.train.inputs import InputFn, InputManager
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.predictions import class_probabilities
+from fenwicks.train.run_state import NonFiniteLossError, RunState
 from fenwicks.train.save_policy import Trigger
-from fenwicks.train.tf.evaluation import Evaluator
-from fenwicks.train.tf.inputs import InputFn, InputManager
-from fenwicks.train.tf.state import NonFiniteLossError, RunState
 
 __all__ = ["Estimator", "EstimatorConfig", "History", "NonFiniteLossError",
            "get_tpu_estimator", "train_and_evaluate"]
@@ -203,7 +203,7 @@ class Estimator:
 
     Use it as a context manager, or call `close()`, to flush and close the summary
     writers and let go of the live input iterator at once (background threads destroy
-    it: TensorFlow's destructor can wait for seconds, see `fenwicks.train.tf.inputs.discard`);
+    it: TensorFlow's destructor can wait for seconds, see `fenwicks.train.inputs.discard`);
     otherwise that happens when the estimator is garbage-collected, or at interpreter
     exit (`weakref.finalize`), while the interpreter is still whole.
 
@@ -238,7 +238,7 @@ class Estimator:
 
     def close(self) -> None:
         """Flushes and closes the summary writers and lets go of the input iterator
-        (background threads destroy it, see `fenwicks.train.tf.inputs.discard`)."""
+        (background threads destroy it, see `fenwicks.train.inputs.discard`)."""
         self._finalizer()
 
     def __enter__(self) -> Estimator:

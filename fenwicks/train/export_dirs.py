@@ -6,7 +6,7 @@ such an export holding nothing else, so a user's files are never deleted (Tensor
 own ``tf.saved_model.save`` likewise leaves unrelated files alone). The new export is
 written into a hidden folder beside the target and swapped in only when complete, so a
 failed export leaves the previous one loadable. Engine-neutral: each engine's writer is
-a callable ``write(folder)``.
+a callable ``write(folder)``, and both serve the outputs `serving_outputs` names.
 
     export_dirs.write('/tmp/model', lambda folder: tf.saved_model.save(module, folder))
 """
@@ -20,6 +20,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import tensorflow as tf  # tf.io.gfile: local and gs:// alike (storage, not training)
 
@@ -89,6 +90,15 @@ def check(export_dir: str) -> bool:
             "only its own exports and never deletes other files. Pass a new or empty "
             f"folder (e.g. {export_dir.rstrip('/')}/model) or move those files away")
     return True
+
+
+def serving_outputs(predictions: Any) -> dict[str, tf.Tensor]:
+    """Serving signatures return dicts; a single tensor becomes {'predictions': ...}."""
+    if isinstance(predictions, dict):
+        return dict(predictions)
+    if isinstance(predictions, (tuple, list)):
+        return {f"output_{i}": p for i, p in enumerate(predictions)}
+    return {"predictions": predictions}
 
 
 def _entries(export_dir: str) -> list[str] | None:

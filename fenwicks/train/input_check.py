@@ -31,9 +31,8 @@ import tensorflow as tf
 
 from fenwicks import _tf_internals, accel
 from fenwicks._checks import positive_int
-from fenwicks.train import engines
+from fenwicks.train import engines, inputs
 from fenwicks.train.options import EstimatorConfig
-from fenwicks.train.tf import inputs
 
 logger = logging.getLogger("fenwicks")
 
@@ -218,45 +217,6 @@ def _check_no_cache_being_written(dataset: tf.data.Dataset) -> None:
                 "input_fn with cache=True (in memory)")
 
 
-def _rows(element: Any) -> tf.Tensor:
-    return tf.cast(tf.shape(tf.nest.flatten(element)[0])[0], tf.int64)
-
-
-def _drain_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A compiled ``(iterator, n) -> examples`` that takes n steps of batches, as the
-    training loop does (``strategy.run`` on ``next(iterator)``), counting their rows."""
-
-    @tf.function
-    def drain(iterator: Any, num_steps: tf.Tensor) -> tf.Tensor:
-        def body(i: tf.Tensor, examples: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            per_replica = strategy.run(_rows, args=(next(iterator),))
-            # This host's replicas only: a cross-worker reduce would need every worker.
-            local = strategy.experimental_local_results(per_replica)
-            return i + 1, examples + tf.add_n(list(local))
-
-        zero = tf.constant(0, tf.int64)
-        return tf.while_loop(lambda i, _: i < num_steps, body, (zero, zero))[1]
-
-    return drain
-
-
-def _drain_numpy(batches: Any, num_steps: int) -> int:
-    """The JAX engine's reading of `num_steps` global batches: NumPy from the pipeline,
-    then copied to the devices (waited for); returns the examples read."""
-    import jax
-
-    from fenwicks.train.jax import mesh
-
-    examples = 0
-    for _ in range(num_steps):
-        taken = batches.take(1)
-        if not taken:
-            raise tf.errors.OutOfRangeError(None, None, "the training input ran out")
-        jax.block_until_ready(mesh.put_batch(taken[0]))
-        examples += len(jax.tree.leaves(taken[0])[0])
-    return examples
-
-
 def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: accel.Accelerator,
                num_batches: int, warmup_batches: int
                ) -> tuple[float, float, tf.data.Dataset]:
@@ -268,18 +228,11 @@ def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: a
     # The pipelines train reads: the engine's InputManager builds and checks them. One is
     # probed first (as train checks its first batch), and read for the advice, before any
     # iterator exists.
-    engine = engines.current()
-    manager = engine.InputManager(config, accelerator)
+    manager = engines.current().InputManager(config, accelerator)
     probe = manager.probe(input_fn, "train").dataset
     _check_no_cache_being_written(probe)
     iterator = manager.train_iterator(input_fn, start_step=0)
-    if engine.name == "jax":
-        import jax
-
-        drain, hosts = _drain_numpy, jax.process_count()
-    else:
-        compiled, hosts = _drain_fn(accelerator.strategy), accelerator.num_workers
-        drain = lambda it, n: int(compiled(it, tf.constant(n, tf.int64)))
+    drain, hosts = manager.read_steps, manager.num_hosts
     try:
         # At least one step: the drain loop compiles on it, and compiling is not reading.
         drain(iterator, max(warmup_batches, 1))

@@ -5,12 +5,11 @@ runs one step per learning rate from `start_lr` to `end_lr`, smooths the loss, s
 it diverges and suggests the rate where the smoothed loss falls fastest (Smith, 2015;
 fast.ai's ``lr_find``).
 
-Steps run through the estimator's own trainer (the same compiled loop) on either engine:
-on TensorFlow every replica gets its own batch from
-``strategy.distribute_datasets_from_function``; on JAX one pipeline's global batches are
-split over the mesh (`fenwicks.train.jax`). The recorded loss is the mean over the
-*global* batch, so the curve with 8 replicas is the single-device curve (a common bug is
-to record replica 0's loss only, a noisier curve on 1/8 of the data).
+Steps run through the estimator's own trainer (the same compiled loop) on either engine,
+which supplies the batches and the trainer (`Engine.sweep_batches`, `sweep_trainer`).
+The recorded loss is the mean over the *global* batch, so the curve with 8 replicas is
+the single-device curve (a common bug is to record replica 0's loss only, a noisier
+curve on 1/8 of the data).
 
     result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
     result.suggestion            # e.g. 0.21
@@ -27,16 +26,14 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks._checks import divisible_by_replicas, number, positive_int, steps
-from fenwicks.train import engines
+from fenwicks.train import engines, inputs
 from fenwicks.train.building import build_model, precision_policy
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.runner import InputExhaustedError, LoopOutput
 from fenwicks.train.schedules import Schedule
-from fenwicks.train.tf import inputs
-from fenwicks.train.tf.trainer import InputExhaustedError, LoopOutput, Trainer
 
 
 @keras.saving.register_keras_serializable(package="fenwicks")
@@ -111,27 +108,10 @@ def _check_args(start_lr: float, end_lr: float, num_steps: int, smoothing: float
 
 def _params(acc: accel.Accelerator, batch_size: int, seed: int | None,
             steps_per_epoch: int | None, context: Any = None) -> dict:
-    """The estimator's params (`fenwicks.train.tf.inputs.make_params`), for training."""
+    """The estimator's params (`fenwicks.train.inputs.make_params`), for training."""
     return inputs.make_params("train", batch_size, acc.num_replicas, seed=seed,
                        precision=acc.precision, steps_per_epoch=steps_per_epoch,
                        input_context=context)
-
-
-def _distributed_batches(acc: accel.Accelerator, input_fn: Callable, batch_size: int,
-                         seed: int | None, num_steps: int,
-                         steps_per_epoch: int | None) -> tuple[Any, Any]:
-    """The distributed iterator over `input_fn`, and its per-replica element spec."""
-    params = _params(acc, batch_size, seed, steps_per_epoch)
-    spec = inputs.call_input_fn(input_fn, params, "training").element_spec
-    inputs.check_train_spec(spec, params["batch_size"])
-
-    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        dataset = inputs.call_input_fn(
-            input_fn, _params(acc, batch_size, seed, steps_per_epoch, context), "training")
-        # Only what the sweep can use: nothing past it is read or prefetched.
-        return dataset.take(num_steps * acc.num_replicas // context.num_input_pipelines)
-
-    return iter(acc.strategy.distribute_datasets_from_function(dataset_fn)), spec
 
 
 def _build(acc: accel.Accelerator, model_func: Callable, batch_size: int,
@@ -142,69 +122,6 @@ def _build(acc: accel.Accelerator, model_func: Callable, batch_size: int,
     with acc.strategy.scope(), precision_policy(acc.precision):
         return build_model(model_func, _params(acc, batch_size, seed, steps_per_epoch),
                            acc.precision, features_spec)
-
-
-def _numpy_batches(acc: accel.Accelerator, input_fn: Callable, batch_size: int,
-                   seed: int | None, num_steps: int,
-                   steps_per_epoch: int | None) -> tuple[Any, Any]:
-    """The JAX engine's global batches of `input_fn`, and its per-replica element spec:
-    one pipeline feeding every replica, as the estimator reads it there."""
-    from fenwicks.train.jax.inputs import TrainBatches
-
-    context = tf.distribute.InputContext(1, 0, acc.num_replicas)
-    params = _params(acc, batch_size, seed, steps_per_epoch, context)
-    dataset = inputs.call_input_fn(input_fn, params, "training")
-    inputs.check_train_spec(dataset.element_spec, params["batch_size"])
-    # Only what the sweep can use: nothing past it is read or prefetched.
-    dataset = dataset.take(num_steps * acc.num_replicas)
-    return TrainBatches(dataset, acc.num_replicas), dataset.element_spec
-
-
-class _SweepState:
-    """The few parts of the JAX engine's `JaxRunState` its trainer uses: the model's and
-    optimizer's arrays on the mesh, and a step count; no checkpoints, no work_dir."""
-
-    def __init__(self, spec: ModelSpec, optimizer: Any) -> None:
-        import jax
-
-        from fenwicks.train.jax import mesh
-
-        self.spec, self.optimizer = spec, optimizer
-        self.step = self.input_steps_taken = 0
-        model = spec.model
-        self._lists = (list(model.trainable_variables), list(model.non_trainable_variables),
-                       list(optimizer.variables))
-        for group in self._lists:  # replicated on every device, as the estimator's
-            for variable in group:
-                variable.assign(jax.device_put(variable.value, mesh.replicated()))
-
-    @property
-    def global_step(self) -> int:
-        return self.step
-
-    def values(self) -> tuple[list, list, list]:
-        from fenwicks.train.jax.state import owned_values
-
-        return owned_values(self._lists)
-
-    def set_values(self, values: tuple[list, list, list]) -> None:
-        from fenwicks.train.jax.state import assign_values
-
-        assign_values(self._lists, values)
-
-
-def _trainer(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,
-             batch_size: int) -> Any:
-    """The estimator's own inner loop on this engine, one step per call: the host
-    decides after each step whether the curve has diverged."""
-    if engines.is_jax():
-        from fenwicks.train.jax.trainer import JaxTrainer
-
-        return JaxTrainer(_SweepState(spec, optimizer), batch_size, steps_per_loop=1)
-    with acc.strategy.scope():
-        counter = tf.Variable(0, dtype=tf.int64, name="find_lr_step")
-    # The step count is a tensor in the TensorFlow loop: no retrace.
-    return Trainer(acc.strategy, spec, optimizer, counter, batch_size)
 
 
 def _suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, float | None]:
@@ -262,25 +179,23 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
     acc = accel.current()
     positive_int("batch_size", batch_size, example=512)
     batch_size = divisible_by_replicas("batch_size", batch_size, acc.num_replicas)
-    batches = _numpy_batches if engines.is_jax() else _distributed_batches
-    iterator, spec = batches(acc, input_fn, batch_size, seed, num_steps, steps_per_epoch)
-    holder = [iterator]  # the only reference, for inputs.discard
-    del iterator
+    engine = engines.current()
+    batches, release, spec = engine.sweep_batches(
+        acc, input_fn, lambda context: _params(acc, batch_size, seed, steps_per_epoch,
+                                               context), num_steps)
     model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0],
                                    steps_per_epoch)
     saved = [w.copy() for w in model_spec.model.get_weights()]
     sweep = ExponentialSweep(start_lr, end_lr, num_steps)
     optimizer.learning_rate = sweep  # Keras allows replacing a schedule with a schedule
     try:
-        trainer = _trainer(acc, model_spec, optimizer, batch_size)
-        lrs, losses = _sweep(trainer.train, holder[0], sweep, batch_size, smoothing,
+        trainer = engine.sweep_trainer(acc, model_spec, optimizer, batch_size)
+        lrs, losses = _sweep(trainer.train, batches, sweep, batch_size, smoothing,
                              diverge_factor, verbose)
     finally:
         model_spec.model.set_weights(saved)
-        if hasattr(holder[0], "release"):  # the JAX engine's batches
-            holder.pop().release()
-        else:
-            inputs.discard(holder)  # its destructor can wait for seconds: off this thread
+        del batches
+        release()  # an iterator's destructor can wait for seconds: off this thread
     return _result(lrs, losses, smoothing, num_steps)
 
 

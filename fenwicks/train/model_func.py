@@ -51,6 +51,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from fenwicks import _engine
+
 REDUCTIONS = ("mean", "sum")
 
 PerExampleFn = Callable[[Any, Any], Any]
@@ -148,16 +150,8 @@ def _concrete(values: Any) -> np.ndarray | None:
     Tracing is a `tf.function` on TensorFlow and `jax.jit` on JAX: their values exist
     only when the compiled step runs.
     """
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf  # the TensorFlow engine's check only
-
-        if not tf.executing_eagerly():
-            return None
-    elif keras.backend.backend() == "jax":
-        import jax
-
-        if isinstance(values, jax.core.Tracer):
-            return None
+    if _engine.is_symbolic(values):
+        return None
     return keras.ops.convert_to_numpy(values)
 
 

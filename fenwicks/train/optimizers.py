@@ -40,6 +40,7 @@ from typing import Any
 
 import keras
 
+from fenwicks import _engine
 from fenwicks._checks import number
 from fenwicks.train.schedules import check_lr, schedule_value
 
@@ -151,8 +152,10 @@ def _path(variable: Any) -> str:
     return getattr(variable, "path", variable.name)
 
 
-def _on_tensorflow() -> bool:
-    return keras.backend.backend() == "tensorflow"
+def _per_replica_gradients() -> bool:
+    """Whether replicas compute their own gradients (``tf.distribute``): the optimizer
+    then all-reduces them and updates each replica's copy of a variable."""
+    return _engine.per_replica_gradients()
 
 
 def _backend_variable(variable: Any) -> Any:
@@ -174,7 +177,7 @@ class _VariableIndex:
         self.positions: dict[int, int] = {}
         for index, variable in enumerate(variables):
             self.positions[id(variable)] = index
-            if _on_tensorflow():
+            if _per_replica_gradients():
                 self.positions[id(_backend_variable(variable))] = index
 
 
@@ -254,7 +257,7 @@ class _DecayMixin:
             warnings.warn(f"no gradient for {missing}; they are not updated", stacklevel=2)
         grads = self._global_gradients([g for g, _ in pairs])
         learning_rate = self.learning_rate  # at this step, before iterations moves
-        if _on_tensorflow():
+        if _per_replica_gradients():
             self._update_all_replicas(grads, [v for _, v in pairs], learning_rate)
         else:
             for grad, (_, variable) in zip(grads, pairs, strict=True):
@@ -286,7 +289,7 @@ class _DecayMixin:
                             group=False)
 
     def _global_gradients(self, grads: list[Any]) -> list[Any]:
-        if not _on_tensorflow():  # under jax.jit the gradients are global already
+        if not _per_replica_gradients():  # under jax.jit the gradients are global already
             return grads if self.clip_norm is None else _clip_by_global_norm(
                 grads, self.clip_norm)
         import tensorflow as tf  # the TensorFlow engine's path only

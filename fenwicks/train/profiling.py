@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -58,25 +57,6 @@ def check_in_range(profile_steps: tuple[int, int] | None, start: int, target: in
             f"{start + length}) (start after the first loop to leave compilation out)")
 
 
-def _start(logdir: str) -> None:
-    """Starts the profiler of the engine that runs the steps (Keras's backend)."""
-    if keras.backend.backend() == "jax":
-        import jax
-
-        jax.profiler.start_trace(logdir)
-    else:
-        tf.profiler.experimental.start(logdir)
-
-
-def _stop() -> None:
-    if keras.backend.backend() == "jax":
-        import jax
-
-        jax.profiler.stop_trace()
-    else:
-        tf.profiler.experimental.stop()
-
-
 class ProfileWindow:
     """Starts the engine's profiler at global step `a` and stops it at `b`.
 
@@ -84,16 +64,19 @@ class ProfileWindow:
         profile_steps: ``(a, b)``, validated by `check_profile_steps`, or None (nothing).
         logdir: where the profile goes (``<work_dir>/train``: TensorBoard shows it
             with that run's scalars).
+        profiler: the engine's (`fenwicks.train.engines.Profiler`).
 
     Example:
-        >>> with ProfileWindow((20, 30), work_dir + '/train') as window:
+        >>> with ProfileWindow((20, 30), work_dir + '/train', engine.profiler) as window:
         ...     steps = min(steps_per_loop, window.steps_to_boundary(step))
         ...     window.update(step)   # before and after each loop
     """
 
-    def __init__(self, profile_steps: tuple[int, int] | None, logdir: str) -> None:
+    def __init__(self, profile_steps: tuple[int, int] | None, logdir: str,
+                 profiler: Any) -> None:
         self.profile_steps = profile_steps
         self.logdir = logdir
+        self._profiler = profiler
         self.running = False
 
     def steps_to_boundary(self, step: int) -> int | None:
@@ -112,7 +95,7 @@ class ProfileWindow:
         a, b = self.profile_steps
         if not self.running and a <= step < b:
             try:
-                _start(self.logdir)
+                self._profiler.start(self.logdir)
             except (tf.errors.OpError, RuntimeError) as err:
                 # A profile is a diagnostic: training goes on without it.
                 logger.warning("fenwicks: could not start the profiler (%s); training "
@@ -133,7 +116,7 @@ class ProfileWindow:
         if self.running:
             self.running = False
             try:
-                _stop()
+                self._profiler.stop()
             except (tf.errors.OpError, RuntimeError) as err:
                 # Also runs while another error unwinds training: never hide that one.
                 logger.warning("fenwicks: could not write the profile to %s (%s)",

@@ -15,7 +15,7 @@ import tensorflow as tf
 from fenwicks import _deadline
 from fenwicks.train.actions import Action
 from fenwicks.train.conditions import EverySeconds
-from fenwicks.train.tf.trainer import LoopOutput
+from fenwicks.train.runner import LoopOutput
 
 # How often a `train` call writes its loops' TensorBoard scalars (and at its end).
 SUMMARY_SECS = 10.0

@@ -34,9 +34,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
+from fenwicks.train.checkpointing import Checkpointer, step_of
 from fenwicks.train.conditions import AnyOf, EveryNLoops, EverySeconds
-from fenwicks.train.tf.checkpointer import Checkpointer
-from fenwicks.train.tf.checkpoints import step_of
 
 # Ctrl-C saves the step reached unless the last checkpoint took longer than this to write.
 QUICK_SAVE_SECS = 10.0

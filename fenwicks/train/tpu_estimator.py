@@ -476,7 +476,7 @@ class TPUEstimator:
         params: a dict given to every input_fn and model_fn, beside ``'batch_size'``
             (per replica, of the current mode), ``'num_shards'`` and ``'num_replicas'``
             (the replica count), ``'use_tpu'`` and Fenwicks' own keys
-            (`fenwicks.train.tf.inputs.make_params`).
+            (`fenwicks.train.inputs.make_params`).
         use_tpu, eval_on_tpu, export_to_tpu, export_to_cpu, batch_axis: accepted; the
             accelerator is `fw.accel`'s (``fw.accel.configure`` chooses another).
         train_batch_size: global training batch size. Defaults to 128.

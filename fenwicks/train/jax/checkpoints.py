@@ -55,7 +55,7 @@ and orbax reads it there. Why staging rather than orbax's own ``gs://`` support
   bucket. Only a single-process run stages; several JAX processes on ``gs://`` are
   refused with a clear error.
 
-`OrbaxCheckpointer` is a `fenwicks.train.tf.checkpointer.Checkpointer`, as the TensorFlow
+`OrbaxCheckpointer` is a `fenwicks.train.checkpointing.Checkpointer`, as the TensorFlow
 engine's are, so the controller's `SavePolicy` saves through it unchanged; it also has
 what `RunState` reads of theirs (``last_good``, ``pending_step``, ``change_on_disk``).
 """
@@ -81,8 +81,12 @@ import numpy as np
 from fenwicks import _deadline
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
-from fenwicks.train.tf.checkpointer import Checkpointer
-from fenwicks.train.tf.checkpoints import CheckpointReadError, CheckpointWriteError, step_of
+from fenwicks.train.checkpointing import (
+    Checkpointer,
+    CheckpointReadError,
+    CheckpointWriteError,
+    step_of,
+)
 
 logger = logging.getLogger("fenwicks")
 

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import keras
 
 from fenwicks import accel
-from fenwicks.train.jax import mesh, processes
+from fenwicks.train.inputs import unpack
+from fenwicks.train.jax import lr_sweep, mesh, processes, tpu_steps
 from fenwicks.train.jax.evaluation import JaxEvaluator
 from fenwicks.train.jax.inputs import JaxInputManager
 from fenwicks.train.jax.state import JaxRunState
@@ -20,6 +21,18 @@ from fenwicks.train.jax.trainer import JaxTrainer
 _PRECISION = {"tpu": "bfloat16", "gpu": "float16", "cpu": "float32"}
 
 
+class _Profiler:
+    """JAX's profiler: its trace shows the jitted steps on each device."""
+
+    @staticmethod
+    def start(logdir: str) -> None:
+        jax.profiler.start_trace(logdir)
+
+    @staticmethod
+    def stop() -> None:
+        jax.profiler.stop_trace()
+
+
 class JaxEngine:
     """Keras 3 on JAX: ``jax.jit`` steps over a mesh of every device, orbax checkpoints."""
 
@@ -27,6 +40,11 @@ class JaxEngine:
     RunState = JaxRunState
     InputManager = JaxInputManager
     Evaluator = JaxEvaluator
+    profiler = _Profiler()
+    sweep_batches = staticmethod(lr_sweep.sweep_batches)
+    sweep_trainer = staticmethod(lr_sweep.sweep_trainer)
+    build_for_tpu_check = staticmethod(tpu_steps.build_model)
+    check_tpu_step = staticmethod(tpu_steps.check_step)
 
     @staticmethod
     def num_replicas(acc: accel.Accelerator) -> int:
@@ -49,8 +67,6 @@ class JaxEngine:
         the model is a ValueError now, before anything compiles. Shapes only
         (`jax.eval_shape`): Keras's JAX losses check shapes, not values, and an eager run
         would compile every op of the model separately (seconds per model on a CPU)."""
-        from fenwicks.train.tf.inputs import unpack
-
         def loss(features: Any, labels: Any) -> Any:
             outputs = spec.model(features, training=False)
             outputs = jax.tree.map(lambda t: keras.ops.cast(t, "float32")
@@ -66,3 +82,16 @@ class JaxEngine:
         from fenwicks.train.jax import export
 
         return export.export_saved_model(spec, features_spec, export_dir)
+
+    @staticmethod
+    def tf1_model_fn_refusal() -> str | None:
+        return ("a TensorFlow 1 model_fn (tf.compat.v1 layers, optimizers and train_op) "
+                "builds a TensorFlow graph, which cannot run inside JAX, and this process "
+                "trains on the jax engine; set FENWICKS_ENGINE=tf before importing "
+                "fenwicks to run it on TensorFlow (on a TPU image whose TensorFlow cannot "
+                "reach the TPU, that trains on the host CPU), or write the model_fn with "
+                "Keras layers and fw.train.get_model_func, which runs on both engines "
+                "(tutorials/PORTING.md)")
+
+
+ENGINE = JaxEngine

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from fenwicks.train.eval_sums import EvalTotals
+from fenwicks.train.evaluation import Evaluator
+from fenwicks.train.inputs import InputFn, unpack
 from fenwicks.train.jax import mesh, steps
-from fenwicks.train.tf.evaluation import Evaluator
-from fenwicks.train.tf.inputs import InputFn
 
 
 class JaxEvaluator(Evaluator):
@@ -50,9 +50,11 @@ class JaxEvaluator(Evaluator):
             np.asarray)
         return EvalTotals.of(per_batch, list(self._state.spec.metric_fns))
 
-    def _predictions(self, input_fn: InputFn, global_batch: int) -> list[Any]:
-        from fenwicks.train.tf.inputs import unpack
+    def is_out_of_memory(self, err: BaseException) -> bool:
+        """XLA's out-of-memory error (``RESOURCE_EXHAUSTED``), or tf.data's."""
+        return "RESOURCE_EXHAUSTED" in str(err) or super().is_out_of_memory(err)
 
+    def _predictions(self, input_fn: InputFn, global_batch: int) -> list[Any]:
         step = self._step("predict")
         trainable, non_trainable, _ = self._state.values()
         return _pipelined(

@@ -1,8 +1,8 @@
 """SavedModel export on the JAX engine: the model and its predict_fn converted to a
 TensorFlow graph by Keras's own export (``keras.export.ExportArchive``, which uses
 ``jax2tf``), with the same ``serve`` / ``serving_default`` signature as the TensorFlow
-engine's export (`fenwicks.train.tf.export`): ``{'predictions': ...}`` (or the predict_fn's
-dict).
+engine's export (`export_dirs.serving_outputs`): ``{'predictions': ...}`` (or the
+predict_fn's dict).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from fenwicks.train.export_dirs import serving_outputs
 from fenwicks.train.model_func import ModelSpec
-from fenwicks.train.tf.export import serving_outputs
 
 
 def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> str:

@@ -1,6 +1,6 @@
 """Input functions to NumPy global batches for the JAX engine.
 
-``params`` are exactly the TensorFlow engine's (`fenwicks.train.tf.inputs.make_params`):
+``params`` are exactly the TensorFlow engine's (`fenwicks.train.inputs.make_params`):
 ``params['batch_size']`` is the per-replica batch, and the input_fn is called once, as
 one pipeline feeding every replica of this host (``InputContext(1, 0, replicas)``). A
 global batch is R consecutive per-replica batches, which is what the TensorFlow engine's
@@ -37,9 +37,9 @@ import jax
 import numpy as np
 import tensorflow as tf
 
+from fenwicks.train import inputs as input_fns
+from fenwicks.train.inputs import InputFn, InputManager, Probe, discard
 from fenwicks.train.jax import mesh, processes
-from fenwicks.train.tf import inputs as tf_inputs
-from fenwicks.train.tf.inputs import InputFn, InputManager, Probe, discard
 
 logger = logging.getLogger("fenwicks")
 
@@ -149,12 +149,27 @@ class JaxInputManager(InputManager):
     def probe(self, input_fn: InputFn, mode: str, global_batch: int | None = None) -> Probe:
         return _agreed(lambda: super(JaxInputManager, self).probe(input_fn, mode,
                                                                   global_batch),
-                       tf_inputs.MODE_NOUNS[mode])
+                       input_fns.MODE_NOUNS[mode])
 
     def _drop_train_iterator(self) -> None:
         if self._train is not None:
             batches, self._train = self._train[1], None
             batches.release()
+
+    @property
+    def num_hosts(self) -> int:
+        return mesh.num_processes()
+
+    def read_steps(self, iterator: TrainBatches, num_steps: int) -> int:
+        """NumPy batches from the pipeline, copied to the devices (waited for)."""
+        examples = 0
+        for _ in range(num_steps):
+            taken = iterator.take(1)
+            if not taken:
+                raise tf.errors.OutOfRangeError(None, None, "the training input ran out")
+            jax.block_until_ready(mesh.put_batch(taken[0]))
+            examples += len(jax.tree.leaves(taken[0])[0])
+        return examples
 
     def train_iterator(self, input_fn: InputFn, start_step: int) -> TrainBatches:
         """Global batches of `input_fn` from training step `start_step` on (this
@@ -164,9 +179,9 @@ class JaxInputManager(InputManager):
         self._drop_train_iterator()
 
         def dataset() -> tf.data.Dataset:
-            found = tf_inputs.resumed_train_dataset(input_fn, params,
+            found = input_fns.resumed_train_dataset(input_fn, params,
                                                     start_step * self._local_replicas)
-            tf_inputs.check_train_spec(found.element_spec,
+            input_fns.check_train_spec(found.element_spec,
                                        self.config.train_batch_per_replica)
             return found
 
@@ -181,19 +196,19 @@ class JaxInputManager(InputManager):
                        steps: int | None) -> Iterator[tuple[Any, np.ndarray]]:
         """``(global batch, mask)`` pairs covering every example once (`pad_and_mask`):
         the last partial batch padded to the static shape, filler batches masked out."""
-        what = tf_inputs.MODE_NOUNS[mode]
+        what = input_fns.MODE_NOUNS[mode]
         batch_size = self.probe(input_fn, mode, global_batch).params["batch_size"]
         shared = mesh.num_processes() > 1
         # Several processes: each reads the whole input, without an input_context, so
         # that each example is counted once whether or not the input_fn shards by it.
         params = self.params(mode, global_batch, None if shared else self._context())
-        dataset = tf_inputs.call_input_fn(input_fn, params, what)
+        dataset = input_fns.call_input_fn(input_fn, params, what)
         if steps is not None:
             dataset = dataset.take(steps * self.num_replicas)
         # Each batch padded to `batch_size` in tf.data; the last group of fewer than R
         # batches filled up with zero batches here, on the host (`_fill_group`), rather
         # than by `pad_and_mask`'s filler, which starts a second pass of the input.
-        dataset = tf_inputs.pad_and_mask(dataset, batch_size, 1, what)
+        dataset = input_fns.pad_and_mask(dataset, batch_size, 1, what)
         dataset = dataset.batch(self.num_replicas).prefetch(2)
         first, count = mesh.process_index() * self._local_replicas, self._local_replicas
         self._last_probe = None

@@ -25,7 +25,7 @@ import numpy as np
 from fenwicks import io as fw_io
 from fenwicks.train import building, cross_engine
 from fenwicks.train.jax import checkpoints, mesh, processes
-from fenwicks.train.tf.state import RunState
+from fenwicks.train.run_state import RunState
 
 logger = logging.getLogger("fenwicks")
 

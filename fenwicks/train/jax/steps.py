@@ -39,10 +39,9 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from fenwicks.train import eval_sums
+from fenwicks.train import eval_sums, inputs
 from fenwicks.train.jax import mesh
 from fenwicks.train.model_func import ModelSpec
-from fenwicks.train.tf import inputs
 
 State = tuple[list[Any], list[Any], list[Any]]
 
@@ -71,14 +70,18 @@ def _weighted(values: Any, weights: Any) -> Any:
     return values * jnp.reshape(jnp.asarray(weights, jnp.float32), values.shape)
 
 
-def _train_step(spec: ModelSpec, optimizer: Any, global_batch_size: int
-                ) -> Callable[[State, Any], tuple[State, Any]]:
+def train_step_fn(spec: ModelSpec, optimizer: Any, global_batch_size: int,
+                  num_replicas: int | None = None
+                  ) -> Callable[[State, Any], tuple[State, Any]]:
+    """``step(state, batch) -> (state, mean loss)``, not compiled: one training step over
+    a global batch shared by `num_replicas` replicas (defaults to the mesh's devices)."""
     model = spec.model
+    replicas = mesh.num_replicas() if num_replicas is None else num_replicas
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def loss_fn(trainable, non_trainable, optimizer_values, batch):
         features, labels, weights = inputs.unpack(batch)
-        with replicas_context(mesh.num_replicas()):
+        with replicas_context(replicas):
             outputs, non_trainable, losses = model.stateless_call(
                 trainable, non_trainable, features, training=True, return_losses=True)
         loss_sum = jnp.sum(_weighted(spec.loss_fn(labels, _float32(outputs)), weights))
@@ -115,7 +118,7 @@ def make_train_block(spec: ModelSpec, optimizer: Any, global_batch_size: int
     a non-finite loss; from then on no step changes the state. The state's buffers are
     donated: the caller must not use the arrays it passed in.
     """
-    step = _train_step(spec, optimizer, global_batch_size)
+    step = train_step_fn(spec, optimizer, global_batch_size)
 
     def block(state: State, done: Any, batches: Any) -> tuple[State, Any, Any, Any]:
         def body(carry, batch):
@@ -172,12 +175,20 @@ def make_eval_step(spec: ModelSpec) -> Callable[[list, list, Any, Any], Any]:
     """``step(trainable, non_trainable, batch, mask) -> sums``, jitted: the columns of
     `fenwicks.train.eval_sums` layout (loss sum, metric sums, count, weight sum, then
     the `eval_sums.CHECKS` counts), over the rows where `mask` is True."""
+    return jax.jit(eval_step_fn(spec))
+
+
+def eval_step_fn(spec: ModelSpec, num_replicas: int | None = None
+                 ) -> Callable[[list, list, Any, Any], Any]:
+    """`make_eval_step`'s step, not compiled, for `num_replicas` replicas (defaults to
+    the mesh's devices)."""
     names = list(spec.metric_fns)
     model = spec.model
+    replicas = mesh.num_replicas() if num_replicas is None else num_replicas
 
     def step(trainable, non_trainable, batch, mask):
         features, labels, weights = inputs.unpack(batch)
-        with replicas_context(mesh.num_replicas()):
+        with replicas_context(replicas):
             outputs, _ = model.stateless_call(trainable, non_trainable, features,
                                               training=False)
         outputs = _float32(outputs)
@@ -197,17 +208,24 @@ def make_eval_step(spec: ModelSpec) -> Callable[[list, list, Any, Any], Any]:
         return jnp.stack(eval_sums.row(sums, jnp.sum(mask, dtype=jnp.float32),
                                        jnp.sum(jnp.where(mask, weight, 0.0)), checks))
 
-    return jax.jit(step)
+    return step
 
 
 def make_predict_step(spec: ModelSpec) -> Callable[[list, list, Any], Any]:
     """``step(trainable, non_trainable, features) -> predictions``, jitted."""
+    return jax.jit(predict_step_fn(spec))
+
+
+def predict_step_fn(spec: ModelSpec, num_replicas: int | None = None
+                    ) -> Callable[[list, list, Any], Any]:
+    """`make_predict_step`'s step, not compiled, for `num_replicas` replicas."""
     model = spec.model
+    replicas = mesh.num_replicas() if num_replicas is None else num_replicas
 
     def step(trainable, non_trainable, features):
-        with replicas_context(mesh.num_replicas()):
+        with replicas_context(replicas):
             outputs, _ = model.stateless_call(trainable, non_trainable, features,
                                               training=False)
         return spec.predict_fn(_float32(outputs))
 
-    return jax.jit(step)
+    return step

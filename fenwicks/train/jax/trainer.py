@@ -32,7 +32,7 @@ import numpy as np
 from fenwicks.train.jax import mesh, steps
 from fenwicks.train.jax.inputs import TrainBatches
 from fenwicks.train.jax.state import JaxRunState
-from fenwicks.train.tf.trainer import InputExhaustedError, LoopOutput
+from fenwicks.train.runner import InputExhaustedError, LoopOutput
 
 BLOCK_BYTES = 64 << 20  # input of one compiled block: bounded, whatever steps_per_loop is
 # Steps of one block on the CPU, where blocks are unrolled (`steps.make_train_block`):

@@ -9,7 +9,8 @@ directory, and nothing else in Fenwicks does.
 
 The classes follow orbax-checkpoint's, where `AsyncCheckpointer` subclasses `Checkpointer`:
 
-* `Checkpointer`: the interface, engine-neutral (the JAX engine implements it with orbax);
+* `fenwicks.train.checkpointing.Checkpointer`: the interface, engine-neutral (the JAX
+  engine implements it with orbax);
 * `SyncCheckpointer`: each save is written in the calling thread;
 * `AsyncCheckpointer`: overrides how a save writes: the variables are copied to host
   memory and a background thread writes them (`async_checkpoints.BackgroundWriter`);
@@ -25,113 +26,15 @@ is `checkpoints.py`.
 
 from __future__ import annotations
 
-import abc
 import logging
 import time
-from typing import Any
 
 import tensorflow as tf
 
+from fenwicks.train.checkpointing import Checkpointer
 from fenwicks.train.tf import async_checkpoints, checkpoint_manager, checkpoints
 
 logger = logging.getLogger("fenwicks")
-
-
-class Checkpointer(abc.ABC):
-    """The one object that writes and reads a run's checkpoints in one directory.
-
-    Attributes:
-        directory: where the checkpoints are (a local path or a ``gs://`` URL).
-
-    Example:
-        >>> with checkpointer_lib.create(root, work_dir) as checkpointer:
-        ...     checkpointer.restore()
-        ...     checkpointer.save(int(global_step.numpy()))
-    """
-
-    directory: str
-
-    @abc.abstractmethod
-    def save(self, step: int, *, force: bool = False) -> None:
-        """Saves the live state as the checkpoint of `step`.
-
-        Synchronous: returns when the checkpoint is durable. Asynchronous: returns once
-        the state is copied to host memory; the write goes on in the background (see
-        `wait`). A step already saved, or being saved, is not saved again.
-
-        Args:
-            step: the global step the state belongs to (names the checkpoint).
-            force: save even if `step` is already saved (the weights of that step were
-                changed since, e.g. by a callback). Defaults to False.
-
-        Raises:
-            CheckpointWriteError: this write, or the previous background one, failed;
-                the message names the last good checkpoint, which stays the latest.
-        """
-
-    def save_and_wait(self, step: int, *, force: bool = False) -> None:
-        """`save`, then `wait`: returns once the checkpoint of `step` is durable.
-
-        For a save the caller waits for at once (the end of `train`): an asynchronous
-        checkpointer may write it in the calling thread, as nothing would run beside a
-        background write.
-
-        Args:
-            step, force: as for `save`.
-
-        Raises:
-            CheckpointWriteError: as for `save` and `wait`.
-        """
-        self.save(step, force=force)
-        self.wait()
-
-    @abc.abstractmethod
-    def restore(self, path: str | None = None) -> str | None:
-        """Restores `path`, or the newest readable checkpoint, into the live state.
-
-        Waits for pending writes first, so only complete checkpoints are read.
-
-        Args:
-            path: a checkpoint to restore. Defaults to None: the newest in `directory`.
-
-        Returns:
-            The checkpoint restored; None if `directory` holds none.
-        """
-
-    @abc.abstractmethod
-    def wait(self) -> None:
-        """Blocks until every started save is durable.
-
-        Raises:
-            CheckpointWriteError: a background write failed (raised once; the last good
-                checkpoint stays the latest).
-        """
-
-    @property
-    @abc.abstractmethod
-    def latest(self) -> str | None:
-        """The newest durable checkpoint (restored or saved); waits for pending writes."""
-
-    @property
-    @abc.abstractmethod
-    def last_save_secs(self) -> float | None:
-        """Seconds the last save took to become durable; None before the first."""
-
-    def close(self) -> None:
-        """Waits for pending writes, then releases what this object holds; idempotent."""
-        self.wait()
-
-    def agree(self, due: bool) -> bool:
-        """Whether a save that one process found `due` is made: with several processes
-        that save together (the JAX engine's), True on all if it is on any. Defaults to
-        `due` itself (one writer)."""
-        return due
-
-    def __enter__(self) -> Checkpointer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class SyncCheckpointer(Checkpointer):

@@ -27,7 +27,6 @@ import collections
 import hashlib
 import logging
 import os
-import re
 import tempfile
 import weakref
 from collections.abc import Iterable
@@ -38,6 +37,16 @@ import tensorflow as tf
 
 from fenwicks import _deadline, _tf_internals
 from fenwicks._text import first_line
+from fenwicks.train.checkpointing import (  # noqa: F401  (their home: shared)
+    CheckpointCorruptError,
+    CheckpointCoverageError,
+    CheckpointMismatchError,
+    CheckpointReadError,
+    CheckpointWriteError,
+    ProbeWriteError,
+    is_storage_error,
+    step_of,
+)
 
 logger = logging.getLogger("fenwicks")
 
@@ -45,14 +54,6 @@ _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 # Bookkeeping entries that differ between any two checkpoints and say nothing about the model.
 _IGNORED_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter" + _VALUE_SUFFIX)
 _EXTRA = "model_extra"
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint's variables do not match the model being trained."""
-
-
-class CheckpointCoverageError(ValueError):
-    """A variable the next step depends on is not reachable from the checkpoint root."""
 
 
 def _ids(variable: Any) -> tuple[int, ...]:
@@ -221,14 +222,6 @@ def restore(root: tf.train.Checkpoint, prefix: str, work_dir: str,
 # --------------------------------------------------------------------------- faults
 
 
-class CheckpointCorruptError(RuntimeError):
-    """No checkpoint in work_dir can be read, though some are listed there."""
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (disk full, storage error); the previous is intact."""
-
-
 _CORRUPT_SUFFIX = ".corrupt"
 
 
@@ -276,35 +269,10 @@ def _check_inside(directory: str, paths: list[str]) -> None:
             "then finds the ckpt-* files in the work_dir by name. Nothing was read or changed")
 
 
-def step_of(prefix: str | None) -> int:
-    """The global step a checkpoint prefix ``.../ckpt-<step>`` was written at.
-
-    Returns:
-        The step; 0 for None (no checkpoint yet: a run starts at step 0); -1 for a prefix
-        that does not end in a step, so it sorts before every real checkpoint.
-
-    Example:
-        >>> step_of('gs://bucket/work/ckpt-400')
-        400
-        >>> step_of('/work/checkpoints/400')    # the JAX engine's orbax checkpoints
-        400
-    """
-    if prefix is None:
-        return 0
-    # TensorFlow's ``.../ckpt-<step>`` and the JAX engine's orbax ``.../<step>``.
-    match = re.search(r"(?:^|[-/])(\d+)/?$", prefix)
-    return int(match.group(1)) if match else -1
-
-
 # What a damaged file raises while it is read: TensorFlow's errors, and plain Python ones
 # from its C++ reader ("IndexError: Read less bytes than requested" for a data file cut
 # short). A bug of ours (TypeError, AttributeError ...) is not damage and propagates.
 _DAMAGE = (tf.errors.OpError, ValueError, AssertionError, IndexError, EOFError)
-
-
-class ProbeWriteError(OSError):
-    """The model's probe checkpoint could not be written to scratch space (a full or
-    tiny temp dir, ``ulimit -f``); the checkpoints in work_dir were not touched."""
 
 
 def _probe(root: tf.train.Checkpoint, scratch_dir: str | None) -> None:
@@ -592,55 +560,7 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
     return report
 
 
-# --------------------------------------------------------------------------- storage errors
-#
-# TensorFlow's gs:// client retries a request that fails with a 5xx, a dropped or timed-out
-# connection, then gives up with AbortedError("All N retry attempts failed ..."); one
-# restore makes several such requests in turn. Fenwicks sets that client's retries and
-# timeouts at `import fenwicks` (`_deadline.tensorflow_settings`: 6 retries waiting 1, 2,
-# 4, 8, 16, 16 s, and 20 s to connect or without progress), unless the user set the GCS_*
-# variables or TensorFlow was imported first (then TensorFlow's own: 10 retries, about 3.2
-# minutes per request); `_deadline.run` bounds each whole call either way. Such an error
-# says nothing about the checkpoint's content: it must never be taken for a damaged
-# checkpoint and set aside.
-
-# Errors that kept their status code (a failed save raises AbortedError).
-_STORAGE_CODES = (tf.errors.ABORTED, tf.errors.UNAVAILABLE, tf.errors.DEADLINE_EXCEEDED)
-
-
-class CheckpointReadError(OSError):
-    """Storage did not answer while reading a checkpoint, after TensorFlow's retries.
-
-    Nothing was restored, renamed or deleted: the checkpoint may be perfectly sound.
-
-    Attributes:
-        path: the checkpoint prefix that could not be read.
-        cause: TensorFlow's error.
-    """
-
-    def __init__(self, path: str, cause: BaseException) -> None:
-        self.path, self.cause = path, cause
-        super().__init__(
-            f"could not read checkpoint {path}: the storage did not answer after "
-            f"TensorFlow's retries ({first_line(cause)}). Nothing was restored or "
-            "changed in the work_dir; the checkpoint is not known to be damaged. Check the "
-            "network or the bucket's status, then create the estimator again")
-
-
-# The status code does not always survive: tf.train.list_variables reports it inside a
-# ValueError's text, and a metadata read as a bare OpError(UNKNOWN) whose text starts with
-# the retry loop's "All N retry attempts failed".
-_STORAGE_TEXTS = ("retry attempts failed", "ABORTED:", "UNAVAILABLE:", "DEADLINE_EXCEEDED:")
-
-
-def is_storage_error(err: BaseException) -> bool:
-    """True for a failure to reach storage (retries used up, unavailable, timed out),
-    as opposed to a file that was reached and is missing or damaged."""
-    if isinstance(err, tf.errors.OpError) and err.error_code in _STORAGE_CODES:
-        return True
-    return (isinstance(err, (tf.errors.OpError, ValueError))
-            and any(text in str(err) for text in _STORAGE_TEXTS))
-
+# --------------------------------------------------------------------------- reading
 
 def read(root: tf.train.Checkpoint, prefix: str, work_dir: str | None = None,
          scratch_dir: str | None = None) -> None:

@@ -6,17 +6,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from fenwicks.train.export_dirs import ExportError  # noqa: F401  (its errors' home)
+from fenwicks.train.export_dirs import ExportError, serving_outputs  # noqa: F401
 from fenwicks.train.model_func import ModelSpec
-
-
-def serving_outputs(predictions: Any) -> dict[str, tf.Tensor]:
-    """Serving signatures return dicts; a single tensor becomes {'predictions': ...}."""
-    if isinstance(predictions, dict):
-        return dict(predictions)
-    if isinstance(predictions, (tuple, list)):
-        return {f"output_{i}": p for i, p in enumerate(predictions)}
-    return {"predictions": predictions}
 
 
 def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> str:

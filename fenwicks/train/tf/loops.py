@@ -19,9 +19,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks.train import eval_sums
+from fenwicks.train import eval_sums, inputs
 from fenwicks.train.model_func import ModelSpec
-from fenwicks.train.tf import inputs
 
 
 def _float32(outputs: Any) -> Any:

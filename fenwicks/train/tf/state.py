@@ -1,94 +1,43 @@
-"""The run's state and where it lives: model, optimizer and step counters, built once and
-restored from ``work_dir``, the work_dir lock, and the summary writers.
+"""The run's state on the TensorFlow engine: model, optimizer and step counters as
+``tf.Variable``s under the strategy, and their TensorFlow checkpoints (`checkpoints.py`,
+through `checkpointer.create`: sync, async or a non-chief worker's).
 
-Checkpoints belong to the run's `checkpointer.Checkpointer`, built here with the model
-(sync, async or a non-chief worker's: `checkpointer.create` chooses). `RunState` restores
-through it and waits for it; it never saves: the controller's `save_policy.SavePolicy`
-does. `RunState` knows nothing of loops, inputs or callbacks; the estimator, the
-controller and its actions call it.
+Everything else (the work_dir lock, summary writers, the reload after a NaN, following a
+work_dir that changed, waiting for writes) is `fenwicks.train.run_state.RunState`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from fenwicks import _deadline, accel
+from fenwicks import accel
 from fenwicks import io as fw_io
-from fenwicks._text import first_line
-from fenwicks.train import building, cross_engine, lock
-from fenwicks.train.model_func import ModelSpec
+from fenwicks.train import building, cross_engine
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.run_state import RunState
 from fenwicks.train.tf import checkpointer as checkpointer_lib
 from fenwicks.train.tf import checkpoints
 
-logger = logging.getLogger("fenwicks")
 
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite; no checkpoint was written for it."""
-
-
-class StorageUnavailableError(OSError):
-    """Storage stopped answering during `train`; the message names the last good checkpoint.
-
-    Attributes:
-        last_checkpoint: the newest checkpoint known to be complete, or None.
-    """
-
-    def __init__(self, message: str, last_checkpoint: str | None) -> None:
-        super().__init__(message)
-        self.last_checkpoint = last_checkpoint
-
-
-class RunState:
-    """Model, optimizer, ``global_step`` and ``input_steps``, and their checkpointer.
-
-    Args:
-        model_func: ``params -> ModelSpec``.
-        config: the estimator's `EstimatorConfig`.
-        accelerator: where the variables live (`fw.accel.current()`).
+class TFRunState(RunState):
+    """`RunState` with ``tf.Variable`` counters and TensorFlow checkpoints.
 
     Example:
-        >>> state = RunState(model_func, config, fw.accel.current())
+        >>> state = TFRunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.latest_checkpoint
         '/content/work/ckpt-1000'
     """
 
-    engine = "tf"  # whose checkpoints it reads and writes (`cross_engine.ENGINES`)
+    engine = "tf"
 
     def __init__(self, model_func: building.ModelFunc, config: EstimatorConfig,
                  accelerator: accel.Accelerator) -> None:
-        self.config = config
-        self.warm_start_report: dict[str, list[str]] | None = None
-        self.other_engines_checkpoint: str | None = None  # read for evaluate and predict
-        self.stale = False  # True after a NaN: the weights in memory are not trusted
-        self._model_func = model_func
-        self._acc = accelerator
+        super().__init__(model_func, config, accelerator)
         self._strategy = accelerator.strategy
-        self._spec: ModelSpec | None = None
-        self._lock: lock.WorkDirLock | None = None
-        self._writers: dict[str, Any] = {}
-        self._checkpointer: checkpointer_lib.SyncCheckpointer | None = None
-
-    # ---------------------------------------------------------------- what is built
-
-    @property
-    def built(self) -> bool:
-        return self._spec is not None
-
-    @property
-    def spec(self) -> ModelSpec:
-        if self._spec is None:
-            raise ValueError("the model is built on first use; call train, evaluate or "
-                             "predict first (it needs the input's shapes)")
-        return self._spec
 
     @property
     def global_step(self) -> int:
@@ -110,23 +59,6 @@ class RunState:
     def is_chief(self) -> bool:
         """False on the non-chief workers of a multi-worker run: they write no files."""
         return bool(self._strategy.extended.should_checkpoint)
-
-    @property
-    def checkpointer(self) -> checkpointer_lib.SyncCheckpointer:
-        """The one owner of the run's checkpoints, built with the model (the controller's
-        `SavePolicy` is what saves through it)."""
-        self.spec  # noqa: B018 - raises the "built on first use" error
-        return self._checkpointer
-
-    @property
-    def latest_checkpoint(self) -> str | None:
-        """The newest complete checkpoint; waits for a save in progress (see `wait`)."""
-        return self._checkpointer.latest if self.built else None
-
-    @property
-    def last_good_checkpoint(self) -> str | None:
-        """The newest checkpoint known complete, without waiting for a write in progress."""
-        return self._checkpointer.last_good if self._checkpointer is not None else None
 
     def build(self, features_spec: Any, params: dict) -> None:
         """Creates model, optimizer and step counters; restores or warm-starts them."""
@@ -164,217 +96,5 @@ class RunState:
             worker_id=None if self.is_chief else self._strategy.cluster_resolver.task_id,
             probe_dir=self.config.work_dir + "/.probe" if self._acc.is_remote else None)
 
-    def reset(self) -> None:
-        """Forgets model, optimizer, counters and checkpointer: the next `build` starts
-        afresh."""
-        checkpointer, self._checkpointer = self._checkpointer, None
-        self._spec = self.optimizer = self.warm_start_report = None
-        self.other_engines_checkpoint = None
-        self.stale = False
-        if checkpointer is not None:
-            checkpointer.close()
-
-    # ---------------------------------------------------------------- reading
-
-    def reload_if_stale(self) -> bool:
-        """After a NaN, goes back to the last good checkpoint; True if it did."""
-        if not self.stale:
-            return False
-        if self.checkpointer.restore() is None:
-            raise NonFiniteLossError("the weights became NaN before any checkpoint was "
-                                     "saved; create a new estimator (lower the learning rate)")
-        self.stale = False
-        return True
-
-    def catch_up(self) -> str | None:
-        """Follows work_dir if its checkpoints changed since this state wrote or read them.
-
-        The work_dir is the model, as in TPUEstimator: checkpoints written meanwhile by
-        another run (or put there by hand) are restored; if they were all removed (a
-        k-fold loop that cleans the work_dir), the state is reset, so the next `build`
-        initialises a fresh model, as a new estimator would. A work_dir that holds only
-        the other engine's checkpoints (read for evaluate and predict: `cross_engine`) is
-        followed too: when its newest checkpoint changes, the state is reset and the next
-        `build` reads the work_dir again.
-
-        A multi-worker run does not follow work_dir: its chief is what writes there, and
-        the workers hold the same state in lockstep. A worker restoring on its own could
-        read the chief's previous checkpoint while the newest is still being written, and
-        the cluster's collectives would then mix two models' numbers.
-
-        Returns:
-            ``'restored'``, ``'reset'``, or None if nothing changed.
-        """
-        if not self.built or self._acc.num_workers > 1:
-            return None
-        checkpointer = self._checkpointer
-        if checkpointer.last_good is None and self._other_engine_moved_on():
-            self.reset()
-            return "reset"
-        change = checkpointer.change_on_disk()
-        if change is None:
-            return None
-        if change == "removed":
-            logger.warning("fenwicks: %s no longer holds checkpoint %s; starting from a "
-                           "fresh initialisation (step 0), as a new estimator would",
-                           self.config.work_dir, checkpointer.last_good)
-            self.reset()
-            return "reset"
-        restored = checkpointer.restore()
-        logger.warning("fenwicks: %s changed since this estimator read it; continuing from "
-                       "%s", self.config.work_dir, restored)
-        return "restored"
-
-    def _other_engine_moved_on(self) -> bool:
-        """Whether the other engine's newest checkpoint in work_dir (read when work_dir
-        holds none of this engine's: `cross_engine`) is not the one this state read."""
-        theirs = cross_engine.other_engines_checkpoint(self.config.work_dir, self.engine)
-        if theirs == self.other_engines_checkpoint:
-            return False
-        logger.warning("fenwicks: %s now holds %s (this estimator read %s); reading the "
-                       "work_dir again", self.config.work_dir,
-                       theirs or "no checkpoint of the other engine",
-                       self.other_engines_checkpoint or "none")
-        return True
-
-    # ---------------------------------------------------------------- waiting
-
-    def check_work_dir(self) -> None:
-        """Raises `lock.WorkDirLostError` if work_dir was deleted while this run held it:
-        a save must not silently recreate the folder (the checkpoints, the epoch log and
-        the TensorBoard logs that were there are gone)."""
-        if self._lock is not None:
-            # Bounded on gs:// as every storage call of the training thread is: a stat
-            # that meets an outage would otherwise wait out TensorFlow's retries.
-            _deadline.run(self._lock.check, what="work_dir check",
-                          path=self.config.work_dir)
-
-    def wait(self) -> None:
-        """Waits for a checkpoint being written in the background, if any.
-
-        Raises:
-            CheckpointWriteError: that write failed (the message names the last good
-                checkpoint, which stays the latest; nothing saved before is lost).
-        """
-        if self._checkpointer is not None:
-            self._checkpointer.wait()
-
-    def _background_failure(self) -> Exception | None:
-        """Waits for a background write; its error, or None if it succeeded (or none ran)."""
-        try:
-            self.wait()
-        except Exception as err:  # noqa: BLE001 - returned to the caller
-            return err
-        return None
-
-    def _wait_quietly(self) -> None:
-        """`wait`, logging a failure: for paths already raising another error."""
-        try:
-            self.wait()
-        except Exception as err:  # noqa: BLE001 - the error in flight is the one raised
-            logger.error("fenwicks: %s", err)
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Held while training: one writer of checkpoints per work_dir (see `lock.py`).
-
-        Raises:
-            CrossEngineTrainingError: work_dir holds only the other engine's checkpoints
-                (see `cross_engine`); nothing was written.
-        """
-        if self.last_good_checkpoint is None:  # before any write, by any worker
-            cross_engine.refuse_training(fw_io.check_bucket(self.config.work_dir),
-                                         self.engine)
-        if not self.is_chief:
-            yield  # a non-chief worker writes no checkpoint
-            return
-        work_dir = fw_io.check_bucket(self.config.work_dir)
-        if self._lock is None:
-            self._lock = lock.WorkDirLock(work_dir)
-        _deadline.run(self._lock.acquire, what="work_dir lock", path=work_dir)
-        checkpoints.remove_partial_saves(work_dir)  # a killed run's leftovers
-        try:
-            yield
-            self.wait()  # the end of train: its last checkpoint is complete
-        except Exception as err:
-            # A checkpoint write that failed in the background is the news, whatever the
-            # training thread ran into meanwhile (a summary flush in the same outage).
-            failed = self._background_failure() or err
-            if work_dir.startswith("gs://") and _is_storage_failure(failed):
-                _deadline.mark_outage()
-                raise self._unavailable(failed) from err
-            if failed is not err:
-                raise failed from err
-            raise
-        finally:
-            self._wait_quietly()  # never release the lock while a write runs
-            _deadline.run(self._lock.release, what="releasing the lock", path=work_dir,
-                          best_effort=True, attempt_in_outage=True)
-
-    def _unavailable(self, err: BaseException) -> StorageUnavailableError:
-        last, cause = self.last_good_checkpoint, err
-        while (cause.__cause__ is not None  # the innermost error of ours names the path
-               and type(cause.__cause__).__module__.startswith("fenwicks")):
-            cause = cause.__cause__
-        return StorageUnavailableError(
-            f"storage of work_dir={self.config.work_dir!r} stopped answering at step "
-            f"{self.global_step} ({first_line(cause).split('. The previous')[0]}). "
-            f"The last good checkpoint is {last or 'none: nothing was saved yet'}. When "
-            "storage answers again, call train() again: it continues from there "
-            "(a new process resumes from that checkpoint, exactly)", last)
-
-    def heartbeat(self) -> None:
-        if self._lock is not None:
-            _deadline.run(self._lock.heartbeat, what="lock heartbeat",
-                          path=self.config.work_dir)
-
-    def summary_writer(self, kind: str) -> Any:
-        """One writer per kind (``'train'``, ``'eval'``): each opens a new event file."""
-        if kind not in self._writers:
-            self._writers[kind] = self._create_writer(kind)
-        return self._writers[kind]
-
-    def _create_writer(self, kind: str) -> Any:
-        if not self.is_chief:
-            return tf.summary.create_noop_writer()
-        path = f"{self.config.work_dir}/{kind}"
-        try:
-            return _deadline.run(tf.summary.create_file_writer, path,
-                                 what="summary writer", path=path)
-        except tf.errors.OpError as err:
-            # A finished run read from a read-only folder (Kaggle's /kaggle/input, a
-            # shared Drive) is still evaluated; only its TensorBoard scalars are lost.
-            logger.warning("fenwicks: cannot write TensorBoard summaries to %s/%s (%s); "
-                           "%s results are returned but not logged there",
-                           self.config.work_dir, kind, first_line(err), kind)
-            return tf.summary.create_noop_writer()
-
-    def close(self) -> None:
-        """Waits for a checkpoint being written; flushes and closes the summary writers.
-
-        Raises:
-            CheckpointWriteError: the checkpoint being written failed (the writers are
-                closed all the same).
-        """
-        try:
-            self.wait()
-        finally:
-            self._close_writers()
-
-    def _close_writers(self) -> None:
-        # This runs from a finalizer too, so at any moment: even while TensorFlow traces
-        # another estimator's tf.data function. init_scope runs the flush and close
-        # eagerly; otherwise they became ops of that function, which then failed with
-        # "Resource ... SummaryWriterInterface does not exist" once the writer was gone.
-        with tf.init_scope():
-            for writer in self._writers.values():
-                _deadline.run(writer.close, what="closing summaries",
-                              path=self.config.work_dir, best_effort=True)
-        self._writers.clear()
-
-
-def _is_storage_failure(err: BaseException) -> bool:
-    """An error (or its cause) that says storage could not be reached."""
-    return any(e is not None and (_deadline.is_outage(e) or checkpoints.is_storage_error(e)
-                                  or isinstance(e, checkpoints.CheckpointReadError))
-               for e in (err, err.__cause__))
+    def remove_partial_saves(self, work_dir: str) -> None:
+        checkpoints.remove_partial_saves(work_dir)

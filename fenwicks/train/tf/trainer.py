@@ -10,7 +10,6 @@ how many steps to ask for and what to do with the result.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,49 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.runner import InputExhaustedError, LoopOutput
 from fenwicks.train.tf import loops
-
-
-class InputExhaustedError(ValueError):
-    """The training input ran out of data; the steps that did run are counted.
-
-    Attributes:
-        step: the global step reached (every step before it ran completely).
-    """
-
-    def __init__(self, step: int) -> None:
-        super().__init__(f"the training input ran out of data at step {step}; end the "
-                         "input_fn's dataset with .repeat() so it can feed any number of "
-                         "steps")
-        self.step = step
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopOutput:
-    """What one ``Trainer.train`` call did.
-
-    Attributes:
-        start: the global step before the loop.
-        step: the global step after it.
-        losses: the mean loss over the global batch of each step run, float32; shorter
-            than asked if a loss was not finite or a stop was requested.
-        learning_rate: the optimizer's learning rate after the loop, or None if it has
-            no single value.
-        seconds: wall time of the compiled call, compile time included on the first.
-        examples_per_sec: examples trained per second of that call (over all replicas).
-    """
-
-    start: int
-    step: int
-    losses: np.ndarray
-    learning_rate: float | None
-    seconds: float
-    examples_per_sec: float
-
-    @property
-    def last_loss(self) -> float:
-        """The last step's loss (NaN when no step ran)."""
-        return float(self.losses[-1]) if len(self.losses) else float("nan")
 
 
 class Trainer:

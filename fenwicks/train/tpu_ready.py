@@ -9,25 +9,23 @@ an input whose batches are not all the same size (a training dataset batched wit
 lowers its train, eval and predict steps to XLA's HLO exactly as the estimator compiles
 them under `TPUStrategy` (``jit_compile=True``, one replica, the TPU's per-replica batch and
 precision). It reads one batch of each input and writes nothing to the work dir.
+
+The input checks are shared; each engine lowers its own steps (`Engine.check_tpu_step`):
+the TensorFlow engine with XLA as `TPUStrategy` compiles them
+(`fenwicks.train.tf.tpu_steps`), the JAX engine with ``jax.jit`` lowered for the TPU
+platform (`fenwicks.train.jax.tpu_steps`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 from fenwicks._checks import divisible_by_replicas, positive_int
-from fenwicks.train import building
-from fenwicks.train.tf import inputs, loops
-
-PY_FUNC_OPS = ("EagerPyFunc", "PyFunc", "PyFuncStateless")
-_UNSUPPORTED_RE = re.compile(r"(\w+) \(No registered '\w+' OpKernel for XLA_")
-_RESULT_RE = re.compile(r"=\s+(\S+)\s")  # an HLO instruction's result type
-_OP_META_RE = re.compile(r'op_type="([^"]+)" op_name="([^"]+)"')
+from fenwicks.train import engines, inputs
 
 
 class NotTPUReadyError(ValueError):
@@ -101,21 +99,19 @@ def check_tpu_ready(est: Any, train_input_fn: inputs.InputFn,
     batches = {mode: _first_batch(mode, fns[mode], params[mode]) for mode in fns}
     features, _, _ = inputs.unpack(next(iter(batches.values()))[1])
     features_spec = tf.nest.map_structure(tf.TensorSpec.from_tensor, features)
-    with tf.device("/cpu:0"), building.precision_policy(precision):
-        spec, optimizer = building.build_model(
-            est.model_func, params[next(iter(fns))], precision, features_spec)
-    steps = {"train": lambda: loops.train_step_fn(spec, optimizer, globals_["train"], replicas),
-             "eval": lambda: loops.eval_step_fn(spec),
-             "predict": lambda: loops.predict_step_fn(spec)}
+    engine = engines.current()
+    spec, optimizer = engine.build_for_tpu_check(est.model_func, params[next(iter(fns))],
+                                                 precision, features_spec)
     for mode, (batch, _) in batches.items():
-        _compile(mode, steps[mode](), batch)
+        engine.check_tpu_step(mode, spec, optimizer, batch, globals_[mode], replicas)
     return TPUReadiness(
         replicas, precision, {mode: p["batch_size"] for mode, p in params.items()},
         {mode: [tuple(t.shape.as_list()) for t in tf.nest.flatten(element)]
          for mode, (_, element) in batches.items()})
 
 
-def _what(mode: str) -> str:
+def what(mode: str) -> str:
+    """What a mode's input and step are called in messages."""
     return {"train": "training", "eval": "evaluation", "predict": "prediction"}[mode]
 
 
@@ -124,34 +120,34 @@ def _first_batch(mode: str, input_fn: inputs.InputFn, params: dict) -> tuple[Any
     batch_size = params["batch_size"]
     dataset = input_fn(dict(params))
     if not isinstance(dataset, tf.data.Dataset):
-        raise NotTPUReadyError(f"{_what(mode)} input_fn returned {type(dataset).__name__}, "
+        raise NotTPUReadyError(f"{what(mode)} input_fn returned {type(dataset).__name__}, "
                                "not a tf.data.Dataset")
     spec = dataset.element_spec
     try:
         if mode == "train":
             inputs.check_train_spec(spec, batch_size)
         else:
-            inputs.check_eval_spec(spec, batch_size, _what(mode))
+            inputs.check_eval_spec(spec, batch_size, what(mode))
     except ValueError as err:
-        raise NotTPUReadyError(f"{_what(mode)} input: {err}") from None
+        raise NotTPUReadyError(f"{what(mode)} input: {err}") from None
     for path, tensor_spec in _paths(spec):
         dims = tensor_spec.shape.as_list()
         if tensor_spec.dtype == tf.string:
             raise NotTPUReadyError(
-                f"{_what(mode)} input: {path} is a string tensor {tensor_spec.shape}; a TPU "
+                f"{what(mode)} input: {path} is a string tensor {tensor_spec.shape}; a TPU "
                 "cannot hold strings. Turn them into numbers in the input_fn (e.g. "
                 "keras.layers.StringLookup or tf.strings.to_number in dataset.map)")
         dynamic = [i for i, d in enumerate(dims) if d is None and (i > 0 or mode == "train")]
         if dynamic:
             raise NotTPUReadyError(
-                f"{_what(mode)} input: {path} has shape {dims}, dimension {dynamic[0]} is "
+                f"{what(mode)} input: {path} has shape {dims}, dimension {dynamic[0]} is "
                 "not static; a TPU compiles for fixed shapes: pad or crop to a fixed size "
                 "in the input_fn (e.g. ds.padded_batch(..., padded_shapes=...), "
                 "tf.image.resize)")
     if mode == "train":
         element = _first(dataset, mode)
         return element, element
-    padded = inputs.pad_and_mask(dataset, batch_size, 1, _what(mode))
+    padded = inputs.pad_and_mask(dataset, batch_size, 1, what(mode))
     batch = _first(padded, mode)
     return batch, batch[0]
 
@@ -161,7 +157,7 @@ def _first(dataset: tf.data.Dataset, mode: str) -> Any:
     for element in dataset.take(1):
         return element
     raise NotTPUReadyError(
-        f"{_what(mode)} input: the input_fn's dataset is empty, so there is nothing to "
+        f"{what(mode)} input: the input_fn's dataset is empty, so there is nothing to "
         "check or train on; check the files or arrays it reads (a glob that matches "
         "nothing, a filter that drops everything, a take(0))")
 
@@ -177,48 +173,3 @@ def _paths(spec: Any) -> list[tuple[str, tf.TensorSpec]]:
         for path, leaf in keras.tree.flatten_with_path(part):
             found.append((name + "".join(f"[{key!r}]" for key in path), leaf))
     return found
-
-
-def _compile(mode: str, step: Any, batch: Any) -> None:
-    """Lowers `step` to HLO with XLA as TPUStrategy would; raises naming what fails."""
-    function = tf.function(step, jit_compile=True)
-    graph = function.get_concrete_function(batch).graph
-    for op in graph.get_operations():
-        if op.type in PY_FUNC_OPS:
-            raise NotTPUReadyError(
-                f"the {_what(mode)} step calls Python (op {op.name!r}, {op.type}: a "
-                "tf.py_function or tf.numpy_function), which cannot run on a TPU; do that "
-                "work in the input_fn (dataset.map) or with TensorFlow ops")
-    try:
-        hlo = function.experimental_get_compiler_ir(batch)(stage="hlo")
-    except (ValueError, tf.errors.OpError) as err:
-        message = str(err)
-        unsupported = _UNSUPPORTED_RE.findall(message)
-        if unsupported:
-            names = [op.name for op in graph.get_operations() if op.type in unsupported]
-            kind = ("string ops cannot run on a TPU; turn strings into numbers in the "
-                    "input_fn" if any(_is_string_op(graph, t) for t in unsupported) else
-                    "compute it in the input_fn or replace it with ops XLA supports")
-            raise NotTPUReadyError(
-                f"the {_what(mode)} step does not compile with XLA (as on a TPU): op "
-                f"{', '.join(map(repr, names or unsupported))} ({', '.join(unsupported)}) has "
-                f"no XLA kernel; {kind}") from None
-        first = next((line for line in message.splitlines() if line.strip()), message)
-        raise NotTPUReadyError(f"the {_what(mode)} step does not compile with XLA (as on a "
-                               f"TPU): {first}") from None
-    for line in hlo.splitlines():
-        result, meta = _RESULT_RE.search(line), _OP_META_RE.search(line)
-        if result and meta and "<=" in result.group(1):
-            raise NotTPUReadyError(
-                f"the {_what(mode)} step has a tensor of data-dependent size: op "
-                f"{meta.group(2)!r} ({meta.group(1)}) gives {result.group(1)} (at most "
-                "the bound after '<='); a TPU pads it to the bound or fails to compile. "
-                "Keep shapes fixed: use a mask (tf.where) instead of tf.boolean_mask, "
-                "fixed-size outputs instead of tf.unique")
-
-
-def _is_string_op(graph: tf.Graph, op_type: str) -> bool:
-    for op in graph.get_operations():
-        if op.type == op_type:
-            return any(t.dtype == tf.string for t in (*op.inputs, *op.outputs))
-    return False

@@ -1,0 +1,59 @@
+"""The TensorFlow engine's checkpoints as `cross_engine` reads them on another engine:
+found, recognised and read into the neutral form (`cross_engine.SavedWeights`: model
+variables by Keras path), with TensorFlow only (no model, no strategy).
+
+Keys are paths in TensorFlow's object graph, and the object graph saved inside the
+checkpoint names each variable by its full name, which Keras sets to the variable's path
+(``'mnist_net/conv_bn/conv2d/kernel'``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from fenwicks import _deadline
+from fenwicks.train.checkpointing import step_of
+from fenwicks.train.cross_engine import SavedWeights
+from fenwicks.train.tf import checkpoints
+
+NAME, TITLE = "tf", "TensorFlow engine"
+_TF_STEP = "global_step/.ATTRIBUTES/VARIABLE_VALUE"  # as `checkpoints.make_checkpoint` saves it
+_MODEL_KEYS = ("model/", "model_extra/")  # the model's keys in a TF-engine checkpoint
+
+
+def latest(work_dir: str) -> str | None:
+    """The TensorFlow engine's newest checkpoint in `work_dir`, from its state file or,
+    if that is missing (a copied work_dir), by name."""
+    found = checkpoints.latest(work_dir)
+    if found is None:
+        names = _deadline.run(tf.io.gfile.glob, f"{work_dir}/ckpt-*.index",
+                              what="checkpoint listing", path=work_dir)
+        prefixes = [n[: -len(".index")] for n in names]
+        found = max(prefixes, key=step_of, default=None)
+    return found
+
+
+def is_checkpoint(source: str) -> bool:
+    """Whether `source` is one of this engine's checkpoints (a ``ckpt-<step>`` prefix)."""
+    return bool(_deadline.run(tf.io.gfile.exists, source + ".index", what="exists",
+                              path=source))
+
+
+def read(prefix: str) -> SavedWeights:
+    """The model variables and step of checkpoint `prefix`."""
+    # The object graph the checkpoint carries: its own record of which key holds which
+    # variable, under the variable's full name (for a Keras variable, its path).
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    reader = tf.train.load_checkpoint(prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    paths, arrays = [], []
+    for node in graph.nodes:
+        for attribute in node.attributes:
+            if attribute.checkpoint_key.startswith(_MODEL_KEYS):
+                paths.append(attribute.full_name.split(":")[0])
+                arrays.append(np.asarray(reader.get_tensor(attribute.checkpoint_key)))
+    step = int(reader.get_tensor(_TF_STEP)) if reader.has_tensor(_TF_STEP) else 0
+    return SavedWeights(prefix, "tf", step, paths, arrays, in_model_order=False)
