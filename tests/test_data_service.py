@@ -6,9 +6,11 @@ loopback, as a user would start them on other machines; trainers are processes t
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -19,7 +21,7 @@ from sklearn.datasets import load_digits
 import fenwicks as fw
 from fenwicks.data import service
 from tests import _flagship as flagship
-from tests.conftest import run_module_json, run_process, start_process
+from tests.conftest import last_json, python_env, run_module_json, run_process, start_process
 
 STEPS = 96  # three epochs of the 1024 training digits at 32 per step
 
@@ -194,6 +196,49 @@ def test_a_worker_named_for_other_machines_but_listening_locally_is_refused():
         service.start_worker("localhost:1", host="10.1.2.3")
     with pytest.raises(ValueError, match="bind='no-such-host.invalid' is not an address"):
         service.start_dispatcher(_free_port(), bind="no-such-host.invalid")
+
+
+REQUIRE_NETNS = "FENWICKS_REQUIRE_NETNS"  # CI (.ci/run): a skip would hide the race
+OUTSIDE = "10.203.0.1"  # the veth address of the test's namespace: not loopback
+
+
+@pytest.fixture
+def namespace():
+    """A network namespace of this test: loopback up, a veth pair whose end ``fw0`` has
+    `OUTSIDE`, no other process in it. Skips without root, fails under CI."""
+    name = f"fw-listen-{os.getpid()}"
+    steps = [["ip", "netns", "add", name], ["ip", "-n", name, "link", "set", "lo", "up"],
+             ["ip", "-n", name, "link", "add", "fw0", "type", "veth", "peer", "name", "fw1"],
+             ["ip", "-n", name, "addr", "add", f"{OUTSIDE}/24", "dev", "fw0"],
+             ["ip", "-n", name, "link", "set", "fw0", "up"],
+             ["ip", "-n", name, "link", "set", "fw1", "up"]]
+    try:
+        for step in steps:
+            subprocess.run(step, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+        reason = f"cannot make a network namespace ({getattr(err, 'stderr', '') or err})"
+        if os.environ.get(REQUIRE_NETNS) == "1":
+            pytest.fail(f"{reason}; {REQUIRE_NETNS}=1")
+        pytest.skip(reason)
+    yield name
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+
+
+def test_servers_started_from_many_threads_at_once_listen_on_localhost_only(namespace):
+    """Six threads start a localhost dispatcher each at the same moment, five rounds:
+    every one starts, answers on 127.0.0.1 and not on the namespace's other address
+    (where a plain wildcard socket does answer). Without one lock around the bind
+    narrowing this crashed the process or raised PermissionError (mprotect)."""
+    threads, rounds = 6, 5
+    proc = subprocess.run(
+        ["ip", "netns", "exec", namespace, sys.executable, "-m", "tests._listen_threads",
+         OUTSIDE, str(threads), str(rounds), "20001"],
+        env=python_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = last_json(proc.stdout)
+    assert report == {"control_answered": True, "started": threads * rounds,
+                      "errors": [], "answered_outside": [], "local_refused": []}, report
 
 
 # ------------------------------------------------------------------ in-process: bad input

@@ -8,6 +8,11 @@ the one asked for. The hook is swapped into those libraries' import slots (their
 entries for ``bind``) for the duration of the start only, and `listeners` then reads
 ``/proc/net/tcp*`` so a server that still listens wider is stopped, never used.
 
+The slots are process-wide, so one start at a time: `LOCK` is held from the swap to the
+check (`fenwicks.data.service` holds it around both). Two threads swapping at once
+interleaved their ``mprotect`` calls (``PermissionError``), restored each other's freed
+hook (a crash), and let one server bind before its narrowing was in place.
+
 This is Linux-only (ELF, ``/proc``): elsewhere `narrowed` raises and the user chooses
 ``--bind 0.0.0.0`` knowingly.
 """
@@ -22,6 +27,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -35,6 +41,9 @@ _PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
 _DT_NULL, _DT_PLTRELSZ, _DT_STRTAB, _DT_SYMTAB, _DT_RELA, _DT_RELASZ, _DT_JMPREL = \
     0, 2, 5, 6, 7, 8, 23
 _TCP_LISTEN = "0A"
+# Held by whoever starts a server in this process, narrowed or not: while one thread's
+# hook is in the slots, another thread's wildcard server would be narrowed by it too.
+LOCK = threading.RLock()
 _RELA = np.dtype([("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")])
 _SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("section", "<u2"),
                  ("value", "<u8"), ("size", "<u8")])
@@ -134,6 +143,11 @@ def narrowed(address: str, tf_dir: str) -> Iterator[None]:
         raise OSError(f"listening on {address} only is supported on Linux; here the "
                       "tf.data service can only listen on every interface (--bind 0.0.0.0, "
                       "behind a firewall)")
+    with LOCK:
+        yield from _narrowed(address, tf_dir)
+
+
+def _narrowed(address: str, tf_dir: str) -> Iterator[None]:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     hook, real = _narrow(address)

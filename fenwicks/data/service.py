@@ -41,6 +41,7 @@ from typing import Any
 import tensorflow as tf
 
 from fenwicks import _tf_internals
+from fenwicks.data import _listen
 
 logger = logging.getLogger("fenwicks")
 
@@ -278,24 +279,26 @@ def _listening(make: Any, bind: str, port: int, role: str) -> Any:
     address = listen_address(bind)
     if port:
         _check_port_free(address, port, bind)
-    try:
-        if _is_wildcard(address):
-            server = make()
-        else:
-            from fenwicks.data import _listen
-
-            with _listen.narrowed(address, os.path.dirname(tf.__file__)):
-                server = make()
-    except RuntimeError as err:  # TensorFlow's whole message: "Could not start gRPC server"
-        raise _port_error(f"the tf.data service {role} could not listen on {bind}:"
-                          f"{port or '(any port)'} ({_one_line(err)}); is the port in use? "
-                          "Choose another --port or stop what uses it") from err
-    if not _is_wildcard(address):
-        _check_listeners(server, address, bind, role)
+    with _listen.LOCK:  # one start at a time in this process (see `_listen`)
+        server = _started(make, address, bind, port, role)
+        if not _is_wildcard(address):
+            _check_listeners(server, address, bind, role)
     warning = exposure_warning(bind, port or _bound_port(server), role)
     if warning:
         logger.warning(warning)
     return server
+
+
+def _started(make: Any, address: str, bind: str, port: int, role: str) -> Any:
+    try:
+        if _is_wildcard(address):
+            return make()
+        with _listen.narrowed(address, os.path.dirname(tf.__file__)):
+            return make()
+    except RuntimeError as err:  # TensorFlow's whole message: "Could not start gRPC server"
+        raise _port_error(f"the tf.data service {role} could not listen on {bind}:"
+                          f"{port or '(any port)'} ({_one_line(err)}); is the port in use? "
+                          "Choose another --port or stop what uses it") from err
 
 
 def _check_port_free(address: str, port: int, bind: str) -> None:
@@ -318,8 +321,6 @@ def _check_port_free(address: str, port: int, bind: str) -> None:
 
 def _check_listeners(server: Any, address: str, bind: str, role: str) -> None:
     """Stops `server` if it listens anywhere but `address` (a narrowing that failed)."""
-    from fenwicks.data import _listen
-
     port = _bound_port(server)
     allowed = {address, "::ffff:" + address}
     wide = [where for where in _listen.listeners(port)
