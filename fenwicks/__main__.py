@@ -8,6 +8,7 @@ that is a file, a missing optional package) is one line on stderr and exit statu
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import socket
 import sys
@@ -130,14 +131,22 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reach_by(address: str, bind: str) -> str:
+    """The host part of ``--dispatcher`` for a dispatcher listening on `address`."""
+    if ipaddress.ip_address(address).is_unspecified:
+        return socket.gethostname()
+    if address == "127.0.0.1":
+        return "localhost"
+    return f"[{address}]" if ":" in address else bind  # IPv6 in brackets: [::1]:5050
+
+
 def _serve(args: argparse.Namespace) -> None:
     """Runs a tf.data service server until the process is stopped."""
     from fenwicks.data import service
 
     if args.role == "dispatcher":
         server = service.start_dispatcher(args.port, work_dir=args.work_dir, bind=args.bind)
-        name = "localhost" if service.exposure_warning(args.bind, args.port) is None \
-            else socket.gethostname() if args.bind in ("0.0.0.0", "::", "*") else args.bind
+        name = _reach_by(service.listen_address(args.bind), args.bind)
         print(f"fenwicks data-service: dispatcher at grpc://{name}:{args.port} (listening "
               f"on {args.bind}); start workers with `python -m fenwicks data-service "
               f"worker --dispatcher {name}:{args.port}`", flush=True)

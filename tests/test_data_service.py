@@ -176,6 +176,29 @@ def test_servers_listen_on_localhost_unless_bind_says_otherwise():
         assert all(part in said[0] for part in EXPOSED), said[0]
 
 
+def test_an_ipv6_dispatcher_is_reached_at_its_bracketed_address():
+    """``--bind ::1`` and ``--dispatcher [::1]:PORT``: the dispatcher tells workers that
+    address, the worker registers there, and a pipeline sent to ``grpc://[::1]:PORT``
+    yields every element once (was: "Name or service not known")."""
+    port = _free_port()
+    dispatcher = start_process(["-m", "fenwicks", "data-service", "dispatcher", "--port",
+                                str(port), "--bind", "::1"])
+    try:
+        said = dispatcher.stdout.readline()
+        assert f"worker --dispatcher [::1]:{port}`" in said, said
+        worker = _started(["worker", "--dispatcher", f"[::1]:{port}"])
+        try:
+            dataset = fw.data.via_data_service(tf.data.Dataset.range(10),
+                                               f"grpc://[::1]:{port}")
+            assert sorted(int(x) for x in dataset) == list(range(10))
+        finally:
+            worker.kill()
+            worker.communicate()
+    finally:
+        dispatcher.kill()
+        dispatcher.communicate()
+
+
 def test_a_busy_port_is_one_line_naming_it_and_status_2():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

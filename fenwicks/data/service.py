@@ -60,12 +60,20 @@ _PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 def service_address(service: Any, name: str = "data_service") -> tuple[str, int]:
     """``(host, port)`` of a dispatcher given as ``'grpc://host:port'`` or ``'host:port'``.
 
+    An IPv6 address is written in brackets, ``'[::1]:5050'``; `host` comes without them.
+
     Raises:
         ValueError: naming `name`, for anything else.
+
+    Example:
+        >>> fw.data.service.service_address('grpc://[::1]:5050')
+        ('::1', 5050)
     """
     text = service[len("grpc://"):] if isinstance(service, str) and \
         service.startswith("grpc://") else service
     host, _, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+    if host.startswith("[") and host.endswith("]"):  # socket wants ::1, gRPC [::1]
+        host = host[1:-1]
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{name}={service!r} must be a dispatcher address such as "
                          "'grpc://localhost:5050' or 'host:5050' (start one with "
@@ -82,14 +90,15 @@ def check_reachable(service: str, name: str = "data_service") -> str:
         ConnectionError: naming the address and how to start a dispatcher there.
     """
     host, port = service_address(service, name)
+    joined = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as err:
         raise ConnectionError(
-            f"{name}={service!r}: no tf.data dispatcher answers at {host}:{port} ({err}); "
+            f"{name}={service!r}: no tf.data dispatcher answers at {joined} ({err}); "
             f"start one there with `python -m fenwicks data-service dispatcher --port "
-            f"{port}` and workers with `... worker --dispatcher {host}:{port}`") from err
-    return f"grpc://{host}:{port}"
+            f"{port}` and workers with `... worker --dispatcher {joined}`") from err
+    return f"grpc://{joined}"
 
 
 def check_processing_mode(processing_mode: Any, seed: int | None = None) -> str:
