@@ -79,6 +79,8 @@ class HostFacts:
         libtpu_module: True if a ``libtpu`` package is importable (pip's libtpu).
         keras_backend: the backend of a ``keras`` imported before Fenwicks, else None.
         jax_module: True if ``jax`` is importable (also without distribution metadata).
+        orbax_module: True if ``orbax.checkpoint`` is importable: the jax engine's
+            checkpoints. Defaults to True.
     """
 
     distributions: Mapping[str, str]
@@ -86,6 +88,7 @@ class HostFacts:
     libtpu_module: bool = False
     keras_backend: str | None = None
     jax_module: bool = False
+    orbax_module: bool = True
 
     @classmethod
     def gather(cls) -> HostFacts:
@@ -106,7 +109,7 @@ class HostFacts:
             except Exception:  # noqa: BLE001 - a keras half imported: nothing to compare
                 backend = None
         return cls(found, tuple(files), _importable("libtpu"), backend,
-                   _importable("jax"))
+                   _importable("jax"), _importable("orbax.checkpoint"))
 
     @property
     def jax_version(self) -> str | None:
@@ -257,6 +260,16 @@ def _require_jax(what: str, facts: HostFacts) -> None:
             f"{what}, but JAX is not installed; Fenwicks runs Keras on JAX only where JAX "
             "is installed: pip install jax (on a TPU VM: pip install 'jax[tpu]'), or "
             f"unset it to run on TensorFlow.")
+    _require_orbax(what, facts)
+
+
+def _require_orbax(what: str, facts: HostFacts) -> None:
+    # Found here, not at the first checkpoint: train() would fail after building the model.
+    if not facts.orbax_module:
+        raise EngineError(
+            f"{what}, but orbax-checkpoint, which the jax engine saves its checkpoints "
+            "with, is not installed: pip install 'fenwicks[jax]' (or pip install "
+            "orbax-checkpoint).")
 
 
 def _auto(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
@@ -277,6 +290,8 @@ def _auto(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
                                   "installed")
     reason = (f"auto: this is a TPU host ({', '.join(evidence)}) and {lacks}, so "
               f"TensorFlow cannot reach the TPU; JAX {facts.jax_version} can")
+    _require_orbax("Fenwicks chose the jax engine (this TPU host's TensorFlow cannot "
+                   "reach the TPU)", facts)
     return EngineChoice("jax", reason, announce=True)
 
 

@@ -598,3 +598,34 @@ def test_engines_in_new_processes():
     no_jax = run({"KERAS_BACKEND": "jax"}, prelude=_NO_JAX)
     assert no_jax["error"] == "EngineError"
     assert no_jax["message"].startswith("KERAS_BACKEND=jax is set, but JAX is not installed")
+
+
+# orbax-checkpoint missing, as `import orbax` sees it (it stays installed on disk).
+_NO_ORBAX = """
+import importlib.abc
+class HideOrbax(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "orbax" or name.startswith("orbax."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, HideOrbax())
+"""
+NO_ORBAX = ("KERAS_BACKEND=jax is set, but orbax-checkpoint, which the jax engine saves "
+            "its checkpoints with, is not installed: pip install 'fenwicks[jax]' (or pip "
+            "install orbax-checkpoint).")
+
+
+def test_the_jax_engine_without_orbax_is_named_at_import():
+    """Was: `import fenwicks` worked and train() raised a bare ModuleNotFoundError."""
+    assert str(pytest.raises(_engine.EngineError, _engine.choose_engine, {
+        "KERAS_BACKEND": "jax"}, dataclasses.replace(COLAB_GPU, orbax_module=False)
+    ).value) == NO_ORBAX
+    auto = pytest.raises(_engine.EngineError, _engine.choose_engine, {},
+                         dataclasses.replace(COLAB_TPU, orbax_module=False)).value
+    assert str(auto).startswith("Fenwicks chose the jax engine (this TPU host's "
+                                "TensorFlow cannot reach the TPU), but orbax-checkpoint")
+    assert _engine.choose_engine({}, dataclasses.replace(
+        COLAB_GPU, orbax_module=False)).engine == "tf"  # the tf engine needs no orbax
+    env = {"KERAS_BACKEND": "jax", "FENWICKS_ENGINE": None, "FENWICKS_DEVICE": None,
+           "XLA_FLAGS": None}
+    hidden = run_json(_ENGINE_PROBE.format(prelude=_NO_ORBAX), env=env, fresh=True)
+    assert hidden == {"error": "EngineError", "message": NO_ORBAX}
