@@ -9,6 +9,16 @@ until every member of every archive in the call has been checked:
   on the destination's disk. A 200 kB zip of zeros can hold 200 MB ("zip bomb"); an
   archive that would fill the disk is refused by name instead of failing half-written.
 
+* it names a file (not ``''`` or ``'.'``), each part of its name fits the filesystem
+  (255 bytes), and no member is a file where another needs a folder (``data`` and
+  ``data/x.csv``).
+
+The archives are unpacked into a temporary folder beside ``dest_dir`` (the same
+filesystem) and moved into place only once every member is written: a damaged member
+(``Error -3 while decompressing``) is named with its archive and leaves nothing behind,
+so the same call unpacks again once the archive is replaced. Nothing that was in
+``dest_dir`` before is removed; ``overwrite=True`` replaces the files of the same names.
+
 The sizes checked are those the archive declares, and they bound what is written:
 `zipfile` and `tarfile` read exactly a member's declared size (zipfile fails on the
 checksum when the data runs on), and py7zr writes each file's declared size.
@@ -23,13 +33,20 @@ import dataclasses
 import numbers
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 # Kaggle's whole working disk (/kaggle/working) is 20 GiB; a bigger real archive is
 # unpacked with max_bytes= raised (or None) by someone who knows its size.
 DEFAULT_MAX_BYTES = 20 * 2**30
 _TAR_ENDINGS = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+_NAME_MAX = 255  # bytes in one file or folder name on ext4, xfs, btrfs, tmpfs
+_READ_CHUNK = 2**20
+
+
+class DamagedArchiveError(ValueError):
+    """A member's data cannot be read (cut short, altered); nothing was unpacked."""
 
 
 def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
@@ -55,8 +72,9 @@ def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
         The files written, sorted (empty if ``dest_dir`` existed).
 
     Raises:
-        ValueError: an unknown archive type, an unsafe member, or more than
-            ``max_bytes`` to unpack (each named).
+        ValueError: an unknown archive type, an unsafe or unnamable member, or more
+            than ``max_bytes`` to unpack (each named); `DamagedArchiveError` for a
+            member whose data cannot be read. Nothing is left in ``dest_dir`` then.
         OSError: more to unpack than the disk under ``dest_dir`` has free.
 
     Example:
@@ -70,9 +88,12 @@ def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
     dest = os.path.realpath(dest_dir)
     with contextlib.ExitStack() as stack:
         opened = [_open(os.fspath(archive), dest, stack) for archive in archives]
+        _check_names(opened)
         _check_sizes(opened, dest, limit)
-        written = [path for archive in opened for path in archive.extract()]
-    return sorted(written)
+        with _staging(dest) as staging:
+            for archive in opened:
+                archive.extract(staging)
+            return sorted(_move_into_place(opened, staging, dest))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +102,7 @@ class _Member:
 
     entry: Any  # the ZipInfo, TarInfo or py7zr FileInfo
     name: str
-    target: str
+    relative: str  # its path under dest_dir, normalised ('a/b.csv'; '.' for dest_dir)
     size: int
     is_dir: bool
 
@@ -92,7 +113,7 @@ class _Archive:
 
     path: str
     members: list[_Member]
-    extract: Callable[[], list[str]]  # writes the members; returns the files written
+    extract: Callable[[str], None]  # writes the members under the folder it is given
 
     @property
     def size(self) -> int:
@@ -147,12 +168,13 @@ def _check_sizes(archives: list[_Archive], dest: str, limit: int | None) -> None
                       "unpack elsewhere")
 
 
-def _target(dest: str, name: str, archive: str) -> str:
+def _relative(dest: str, name: str, archive: str) -> str:
+    """Where member `name` goes, relative to `dest`; refuses a path that leaves it."""
     target = os.path.realpath(os.path.join(dest, name))
     if os.path.isabs(name) or os.path.commonpath([dest, target]) != dest:
         raise ValueError(f"{archive}: member {name!r} would be written outside "
                          f"dest_dir={dest!r}; refusing to unpack this archive")
-    return target
+    return os.path.relpath(target, dest)
 
 
 def _refuse_link(archive: str, name: str) -> None:
@@ -160,22 +182,137 @@ def _refuse_link(archive: str, name: str) -> None:
                      "to unpack this archive")
 
 
-def _write(target: str, source: BinaryIO) -> str:
+def _check_names(archives: list[_Archive]) -> None:
+    """Refuses, before any write, names no file can have and a file where a member
+    needs a folder."""
+    files: dict[str, str] = {}  # relative path -> the member writing it
+    folders: dict[str, str] = {}
+    for archive in archives:
+        for member in archive.members:
+            if member.relative == "." and not member.is_dir:
+                raise ValueError(f"{archive.path}: member {member.name!r} has no file name "
+                                 "(it names dest_dir itself), so it cannot be unpacked; "
+                                 "nothing was written. Repack the archive without it")
+            too_long = [part for part in member.relative.split(os.sep)
+                        if len(os.fsencode(part)) > _NAME_MAX]
+            if too_long:
+                raise ValueError(
+                    f"{archive.path}: member {member.name[:60]!r}... has a name part of "
+                    f"{len(os.fsencode(too_long[0]))} bytes, and files and folders here "
+                    f"take at most {_NAME_MAX}; nothing was written. Repack the archive "
+                    "with shorter names")
+            _check_no_clash(archive.path, member, files, folders)
+
+
+def _check_no_clash(archive: str, member: _Member, files: dict[str, str],
+                    folders: dict[str, str]) -> None:
+    """Records `member` in `files` or `folders` (relative path -> member name); refuses
+    a path that is a file of one member and a folder of another."""
+    parts = member.relative.split(os.sep)
+    needed = [os.sep.join(parts[:depth]) for depth in range(1, len(parts))]
+    if member.is_dir:
+        needed.append(member.relative)
+    else:
+        files.setdefault(member.relative, member.name)
+    for folder in needed:
+        folders.setdefault(folder, member.name)
+    for path in [*needed, member.relative]:
+        if path in files and path in folders:
+            raise ValueError(
+                f"{archive}: member {files[path]!r} is a file, but member "
+                f"{folders[path]!r} needs a folder of that name; nothing was written. "
+                "Repack the archive so that no file shares its name with a folder")
+
+
+@contextlib.contextmanager
+def _staging(dest: str) -> Iterator[str]:
+    """A new folder beside `dest` (the same filesystem, so moving is a rename), removed
+    with the folders made for it if the block fails."""
+    parent, made = os.path.dirname(dest), []
+    missing = parent
+    while not os.path.exists(missing):
+        made.append(missing)
+        missing = os.path.dirname(missing)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.unpacking-", dir=parent)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:  # the deepest first; only folders still empty
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+    shutil.rmtree(staging, ignore_errors=True)  # empty once its contents moved
+
+
+def _move_into_place(archives: list[_Archive], staging: str, dest: str) -> list[str]:
+    """Moves the unpacked tree from `staging` into `dest`: the whole folder if `dest`
+    does not exist, else file by file (replacing files, never removing any)."""
+    written = sorted({os.path.join(dest, m.relative) for a in archives
+                      for m in a.members if not m.is_dir})
+    if not os.path.exists(dest):
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(staging, 0o777 & ~mask)  # mkdtemp's 0o700 would be the folder's mode
+        os.rename(staging, dest)
+        return written
+    _check_fits(archives, staging, dest)
+    for root, dirs, names in os.walk(staging):
+        here = os.path.join(dest, os.path.relpath(root, staging))
+        for name in dirs:
+            os.makedirs(os.path.join(here, name), exist_ok=True)
+        for name in names:
+            os.replace(os.path.join(root, name), os.path.join(here, name))
+    return written
+
+
+def _check_fits(archives: list[_Archive], staging: str, dest: str) -> None:
+    """Refuses, before moving anything, a file where `dest` has a folder or the reverse."""
+    for archive in archives:
+        for member in archive.members:
+            there = os.path.join(dest, member.relative)
+            if os.path.lexists(there) and os.path.isdir(there) != os.path.isdir(
+                    os.path.join(staging, member.relative)):
+                kind = "a folder" if os.path.isdir(there) else "a file"
+                raise ValueError(f"{archive.path}: member {member.name!r} would replace "
+                                 f"{kind} that dest_dir already has, {there!r}; nothing "
+                                 "was unpacked. Move it away or unpack elsewhere")
+
+
+def _damaged(archive: str, name: str | None, err: BaseException) -> DamagedArchiveError:
+    which = f"member {name!r}" if name is not None else "a member"
+    return DamagedArchiveError(
+        f"{archive}: {which} is damaged ({type(err).__name__}: {err}); nothing was "
+        "unpacked. Download or copy the archive again")
+
+
+def _write(target: str, source: BinaryIO, archive: str, name: str) -> None:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target, "wb") as out:
-        shutil.copyfileobj(source, out)
-    return target
+        while True:
+            try:  # the archive's errors, not the disk's (those stay OSErrors)
+                chunk = source.read(_READ_CHUNK)
+            except Exception as err:
+                raise _damaged(archive, name, err) from err
+            if not chunk:
+                break
+            out.write(chunk)
 
 
-def _write_members(members: list[_Member], open_member: Callable[[Any], Any]) -> list[str]:
-    written = []
+def _write_members(archive: str, members: list[_Member], open_member: Callable[[Any], Any],
+                   root: str) -> None:
     for member in members:
+        target = os.path.join(root, member.relative)
         if member.is_dir:
-            os.makedirs(member.target, exist_ok=True)
+            os.makedirs(target, exist_ok=True)
             continue
-        with open_member(member.entry) as source:
-            written.append(_write(member.target, source))
-    return written
+        try:
+            source = open_member(member.entry)
+        except Exception as err:  # a local header that does not match: damaged too
+            raise _damaged(archive, member.name, err) from err
+        with source:
+            _write(target, source, archive, member.name)
 
 
 def _open(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
@@ -196,11 +333,14 @@ def _open_zip(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
     zf = stack.enter_context(zipfile.ZipFile(archive))
     members = []
     for info in zf.infolist():
-        target = _target(dest, info.filename, archive)
+        relative = _relative(dest, info.filename, archive)
         if (info.external_attr >> 16) & 0o170000 == 0o120000:  # a symlink's mode bits
             _refuse_link(archive, info.filename)
-        members.append(_Member(info, info.filename, target, info.file_size, info.is_dir()))
-    return _Archive(archive, members, lambda: _write_members(members, zf.open))
+        # not info.is_dir(): an empty name is an IndexError there
+        members.append(_Member(info, info.filename, relative, info.file_size,
+                               info.filename.endswith("/")))
+    return _Archive(archive, members,
+                    lambda root: _write_members(archive, members, zf.open, root))
 
 
 def _open_tar(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
@@ -209,12 +349,13 @@ def _open_tar(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
     tar = stack.enter_context(tarfile.open(archive))
     members = []
     for info in tar.getmembers():
-        target = _target(dest, info.name, archive)
+        relative = _relative(dest, info.name, archive)
         if not (info.isfile() or info.isdir()):
             _refuse_link(archive, info.name)
-        members.append(_Member(info, info.name, target, info.size if info.isfile() else 0,
-                               info.isdir()))
-    return _Archive(archive, members, lambda: _write_members(members, tar.extractfile))
+        members.append(_Member(info, info.name, relative,
+                               info.size if info.isfile() else 0, info.isdir()))
+    return _Archive(archive, members,
+                    lambda root: _write_members(archive, members, tar.extractfile, root))
 
 
 def _open_7z(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
@@ -225,15 +366,19 @@ def _open_7z(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
     sz = stack.enter_context(py7zr.SevenZipFile(archive))
     members = []
     for info in sz.list():
-        target = _target(dest, info.filename, archive)
+        relative = _relative(dest, info.filename, archive)
         if getattr(info, "is_symlink", False):  # py7zr < 1.0 has no is_symlink
             _refuse_link(archive, info.filename)
-        members.append(_Member(info, info.filename, target, int(info.uncompressed or 0),
+        members.append(_Member(info, info.filename, relative, int(info.uncompressed or 0),
                                info.is_directory))
 
-    def extract() -> list[str]:
+    def extract(root: str) -> None:
         # Every name was checked above; py7zr then writes exactly those members.
-        sz.extract(path=dest, targets=[m.name for m in members])
-        return [m.target for m in members if not m.is_dir]
+        try:
+            sz.extract(path=root, targets=[m.name for m in members])
+        except OSError:
+            raise  # the disk's
+        except Exception as err:  # py7zr's errors name no member
+            raise _damaged(archive, None, err) from err
 
     return _Archive(archive, members, extract)

@@ -57,8 +57,8 @@ def _round(ports: list[int], report: dict) -> list:
 def main(outside: str, threads: int, rounds: int, first_port: int) -> dict:
     with socket.create_server(("", first_port - 1)) as control:
         control_answered = _answers(outside, control.getsockname()[1])
-    report: dict = {"control_answered": control_answered, "started": 0, "errors": [], "answered_outside": [],
-                    "local_refused": []}
+    report: dict = {"control_answered": control_answered, "started": 0, "errors": [],
+                    "answered_outside": [], "local_refused": []}
     running = []  # stopped at the end: a stopped server's port may linger
     for r in range(rounds):
         ports = [first_port + r * threads + i for i in range(threads)]

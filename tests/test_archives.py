@@ -140,3 +140,96 @@ def test_more_than_the_disk_has_free_is_refused_before_writing(tmp_path, monkeyp
     with pytest.raises(OSError, match=r"4,096 bytes .* has 4,095 bytes .* free"):
         fw.io.unzip(archive, str(tmp_path / "deep" / "out"))
     assert not (tmp_path / "deep").exists()
+
+
+# ------------------------------------------------------------- damaged archives, odd names
+
+
+def _damage(path: str, member: str) -> None:
+    """Flips bytes in the middle of `member`'s compressed data (its local header is
+    30 bytes plus the name and extra field, zipfile's layout)."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_length, extra_length = int.from_bytes(f.read(2), "little"), \
+            int.from_bytes(f.read(2), "little")
+        start = info.header_offset + 30 + name_length + extra_length
+        f.seek(start + info.compress_size // 2)
+        f.write(b"\xff" * 8)
+
+
+def _listing(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_damaged_member_is_named_leaves_nothing_and_unpacks_again_when_fixed(tmp_path):
+    good = {"first.csv": b"a,b\n" * 500, "second.csv": bytes(range(256)) * 40}
+    archive = _zip(tmp_path / "train.zip", good)
+    _damage(archive, "second.csv")
+    dest = tmp_path / "out" / "data"  # its parent does not exist either
+    before = _listing(tmp_path)
+    for _ in range(2):  # was: a half-unpacked folder, then [] from the second call
+        with pytest.raises(archives.DamagedArchiveError,
+                           match=rf"^{archive}: member 'second.csv' is damaged \(.*\); "
+                                 r"nothing was unpacked\. Download or copy the archive "
+                                 r"again$"):
+            fw.io.unzip(archive, str(dest))
+        assert _listing(tmp_path) == before  # no dest, no parent, no temporary folder
+    _zip(tmp_path / "train.zip", good)  # downloaded again
+    assert fw.io.unzip(archive, str(dest)) == [str(dest / "first.csv"),
+                                               str(dest / "second.csv")]
+    assert (dest / "second.csv").read_bytes() == bytes(range(256)) * 40
+
+
+def test_a_failed_overwrite_leaves_what_dest_dir_had(tmp_path):
+    dest = tmp_path / "data"
+    (dest / "mine").mkdir(parents=True)
+    (dest / "first.csv").write_bytes(b"old")
+    (dest / "mine" / "notes.txt").write_bytes(b"keep")
+    archive = _zip(tmp_path / "train.zip", {"first.csv": b"new" * 300,
+                                            "second.csv": b"x" * 5000})
+    _damage(archive, "second.csv")
+    with pytest.raises(archives.DamagedArchiveError, match="member 'second.csv'"):
+        fw.io.unzip(archive, str(dest), overwrite=True)
+    assert _listing(tmp_path) == ["data", "data/first.csv", "data/mine",
+                                  "data/mine/notes.txt", "train.zip"]
+    assert (dest / "first.csv").read_bytes() == b"old"
+    fine = _zip(tmp_path / "fine.zip", {"first.csv": b"new", "sub/third.csv": b"3"})
+    assert fw.io.unzip(fine, str(dest), overwrite=True) == [
+        str(dest / "first.csv"), str(dest / "sub/third.csv")]
+    assert (dest / "first.csv").read_bytes() == b"new"  # replaced, as overwrite says
+    assert (dest / "mine" / "notes.txt").read_bytes() == b"keep"  # never removed
+    clash = _zip(tmp_path / "clash.zip", {"mine": b"a file where dest_dir has a folder"})
+    with pytest.raises(ValueError, match=rf"^{clash}: member 'mine' would replace a folder "
+                                         r"that dest_dir already has, .*; nothing was "
+                                         r"unpacked\. Move it away or unpack elsewhere$"):
+        fw.io.unzip(clash, str(dest), overwrite=True)
+    assert (dest / "mine" / "notes.txt").read_bytes() == b"keep"
+
+
+def test_a_file_and_a_folder_of_one_name_are_refused_before_writing(tmp_path):
+    archive = _zip(tmp_path / "a.zip", {"data": b"1", "data/x.csv": b"2"})
+    with pytest.raises(ValueError, match=rf"^{archive}: member 'data' is a file, but member "
+                                         r"'data/x.csv' needs a folder of that name; "
+                                         r"nothing was written\. Repack the archive"):
+        fw.io.unzip(archive, str(tmp_path / "out"))
+    assert _listing(tmp_path) == ["a.zip"]
+
+
+@pytest.mark.parametrize("name, says", [
+    ("", "has no file name (it names dest_dir itself)"),
+    (".", "has no file name (it names dest_dir itself)"),
+    ("x" * 300, "has a name part of 300 bytes, and files and folders here take at most 255"),
+])
+def test_a_member_no_file_can_be_named_after_is_refused_by_name(tmp_path, name, says):
+    path = tmp_path / "odd.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("ok.csv", b"ok")
+        zf.writestr(zipfile.ZipInfo(name), b"data")
+    with pytest.raises(ValueError) as refused:
+        fw.io.unzip(str(path), str(tmp_path / "out"))
+    message = str(refused.value)
+    assert message.startswith(f"{path}: member {name[:60]!r}") and says in message, message
+    assert "nothing was written. Repack the archive" in message, message
+    assert _listing(tmp_path) == ["odd.zip"]
