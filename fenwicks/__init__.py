@@ -13,6 +13,7 @@ import importlib
 
 from fenwicks import _deadline, _tf_check, accel
 
+_tf_check.require_temp_dir()  # before TensorFlow's import fails on it, naming nothing
 # Before Keras is imported: Keras fixes its backend then.
 accel.setup_engine()
 _tf_check.require_tensorflow()

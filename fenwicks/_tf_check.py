@@ -3,12 +3,15 @@
 TensorFlow is needed on both engines: on the jax engine it still runs the input pipelines
 (`tf.data`). The message names the extra for this machine: ``tpu`` on a TPU host (Colab's
 TPU runtime ships JAX and no TensorFlow), ``gpu`` where an NVIDIA GPU is present, else
-``cpu``.
+``cpu``. Importing TensorFlow also needs a usable temporary folder (absl asks `tempfile`
+for one), which `require_temp_dir` checks first.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 import warnings
 
 # The supported range, kept green by tools/tf_matrix.sh; setup.py and the README agree.
@@ -74,3 +77,34 @@ def require_tensorflow() -> None:
                           "Fenwicks is tested with (2.20 and 2.21); if something fails, "
                           "tools/tf_matrix.sh checks a version", stacklevel=3)
         return
+
+
+def require_temp_dir() -> None:
+    """Raises ImportError naming every folder tried if Python has no usable temp folder.
+
+    TensorFlow's import (absl's logging) asks `tempfile.gettempdir`, which otherwise
+    fails deep inside it with a bare ``FileNotFoundError``.
+
+    Example:
+        >>> require_temp_dir()      # silent where /tmp (or $TMPDIR) is writable
+    """
+    try:
+        tempfile.gettempdir()
+    except OSError as err:  # "No usable temporary directory found in [...]"
+        raise ImportError(
+            f"No usable temporary folder: Python tried {_temp_candidates()} and none is "
+            "writable with free space, and TensorFlow needs one when Fenwicks imports it; "
+            "set TMPDIR to a writable folder with free space (e.g. mkdir -p ~/tmp && "
+            "export TMPDIR=~/tmp) before starting Python.") from err
+
+
+def _temp_candidates() -> str:
+    """The folders `tempfile` tries, in its documented order, for a message."""
+    tried = [f"{os.environ[name]} (${name})" for name in ("TMPDIR", "TEMP", "TMP")
+             if os.environ.get(name)]
+    tried += ["/tmp", "/var/tmp", "/usr/tmp"]
+    try:
+        tried.append(f"{os.getcwd()} (the current folder)")
+    except OSError:  # a current folder since removed: tempfile skips it too
+        pass
+    return ", ".join(tried)

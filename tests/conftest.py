@@ -263,6 +263,18 @@ def _shared_result(device: str, name: str) -> Any:
     return result["json"]
 
 
+# CI (.ci/run) sets it: a test that needs root's namespaces (a network namespace, a mount
+# namespace) fails there when it cannot make one, rather than skipping silently.
+REQUIRE_NAMESPACES = "FENWICKS_REQUIRE_NAMESPACES"
+
+
+def skip_or_fail_without_namespaces(reason: str) -> None:
+    """Skips a test that could not make the namespace it needs, or fails it under CI."""
+    if os.environ.get(REQUIRE_NAMESPACES) == "1":
+        pytest.fail(f"{reason} ({REQUIRE_NAMESPACES}=1: a skip would hide it)")
+    pytest.skip(reason)
+
+
 @pytest.fixture
 def subprocess_json():
     return run_json

@@ -21,7 +21,14 @@ from sklearn.datasets import load_digits
 import fenwicks as fw
 from fenwicks.data import service
 from tests import _flagship as flagship
-from tests.conftest import last_json, python_env, run_module_json, run_process, start_process
+from tests.conftest import (
+    last_json,
+    python_env,
+    run_module_json,
+    run_process,
+    skip_or_fail_without_namespaces,
+    start_process,
+)
 
 STEPS = 96  # three epochs of the 1024 training digits at 32 per step
 
@@ -221,7 +228,6 @@ def test_a_worker_named_for_other_machines_but_listening_locally_is_refused():
         service.start_dispatcher(_free_port(), bind="no-such-host.invalid")
 
 
-REQUIRE_NETNS = "FENWICKS_REQUIRE_NETNS"  # CI (.ci/run): a skip would hide the race
 OUTSIDE = "10.203.0.1"  # the veth address of the test's namespace: not loopback
 
 
@@ -240,10 +246,8 @@ def namespace():
             subprocess.run(step, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as err:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
-        reason = f"cannot make a network namespace ({getattr(err, 'stderr', '') or err})"
-        if os.environ.get(REQUIRE_NETNS) == "1":
-            pytest.fail(f"{reason}; {REQUIRE_NETNS}=1")
-        pytest.skip(reason)
+        skip_or_fail_without_namespaces(
+            f"cannot make a network namespace ({getattr(err, 'stderr', '') or err})")
     yield name
     subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
 

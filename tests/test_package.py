@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
+import subprocess
+import sys
 
 import fenwicks as fw
-from tests.conftest import run_json
+from tests.conftest import python_env, run_json, skip_or_fail_without_namespaces
 
 # The DESIGN.md contract: tutorials and users rely on these names.
 CONTRACT = {
@@ -85,3 +89,28 @@ def test_import_adds_under_three_seconds_to_tensorflow():
     # Best of two: a loaded machine can only make a single reading slower, not faster.
     seconds = min(_fenwicks_import_seconds() for _ in range(2))
     assert seconds < 3.0, f"import fenwicks took {seconds:.2f} s on top of TensorFlow"
+
+
+def test_no_usable_temp_folder_is_one_sentence_from_import():
+    """Every folder `tempfile` tries unusable, even to root: $TMPDIR and $TMP missing,
+    $TEMP read-only (/proc/sys), and /tmp and /var/tmp (also the current folder) read-only
+    in a mount namespace of the test's own; /usr/tmp does not exist here. Was: a bare
+    FileNotFoundError from inside `import tensorflow`."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        skip_or_fail_without_namespaces("needs root and unshare for a mount namespace")
+    mounts = "mount -t tmpfs -o ro,size=4k none /tmp && mount -t tmpfs -o ro,size=4k none " \
+        f"/var/tmp && cd /tmp && exec {sys.executable} -c 'import fenwicks'"
+    env = python_env({"TMPDIR": "/nonexistent/a", "TEMP": "/proc/sys",
+                      "TMP": "/nonexistent/c"})
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", mounts],
+                          env=env, capture_output=True, text=True, timeout=120)
+    if "unshare failed" in proc.stderr or "mount:" in proc.stderr:
+        skip_or_fail_without_namespaces(f"no mount namespace: {proc.stderr.strip()}")
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == (
+        "ImportError: No usable temporary folder: Python tried /nonexistent/a ($TMPDIR), "
+        "/proc/sys ($TEMP), /nonexistent/c ($TMP), /tmp, /var/tmp, /usr/tmp, /tmp (the "
+        "current folder) and none is writable with free space, and TensorFlow needs one "
+        "when Fenwicks imports it; set TMPDIR to a writable folder with free space (e.g. "
+        "mkdir -p ~/tmp && export TMPDIR=~/tmp) before starting Python."), proc.stderr[-2000:]
+    assert "tensorflow" not in proc.stderr.split("ImportError")[0], "failed inside TF"
