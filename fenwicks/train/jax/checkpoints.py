@@ -82,6 +82,7 @@ from fenwicks import _deadline
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (
+    CheckpointCorruptError,
     Checkpointer,
     CheckpointReadError,
     CheckpointWriteError,
@@ -93,6 +94,12 @@ logger = logging.getLogger("fenwicks")
 SUBDIR = "orbax"
 COMMIT_FILE = "commit_success.txt"  # orbax's own completion marker on GCS
 METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax's; holds the commit time of that copy
+_TREE_METADATA = "_METADATA"  # orbax's record of the pytree: paths, shapes, dtypes
+CORRUPT_SUFFIX = ".corrupt"  # as the TensorFlow engine's damaged checkpoints
+
+
+class _Damaged(Exception):
+    """A step whose files cannot be read (the reason is its text); the next older is."""
 
 
 class CheckpointDownloadError(CheckpointReadError):
@@ -363,17 +370,51 @@ class OrbaxCheckpointer(Checkpointer):
     def restore(self, path: str | None = None) -> str | None:
         """Restores `path` (a ``<work_dir>/orbax/<step>`` directory), or the latest.
 
+        For the latest, a damaged step (a data file cut short, a garbled ``_METADATA``)
+        is never loaded: the next older one is, with a warning naming it, and the
+        damaged step is set aside as ``<step>.corrupt`` (kept, not deleted), as the
+        TensorFlow engine does with its checkpoints.
+
         Returns:
             The checkpoint restored, or None if there is none.
 
         Raises:
+            ValueError: the checkpoint was written for another model.
+            CheckpointCorruptError: steps are there but none can be read.
             CheckpointDownloadError: a ``gs://`` checkpoint could not be downloaded
                 (a `CheckpointReadError`); nothing was restored or changed.
         """
         self.wait()
-        step = self._latest_on_disk() if path is None else step_of(path)
-        if step is None:
-            return None
+        if path is not None:
+            return self._restore_step(step_of(path))
+        steps = self._steps_on_disk()
+        damaged: list[tuple[str, str]] = []
+        for step in reversed(steps):
+            try:
+                restored = self._restore_step(step)
+            except _Damaged as err:
+                damaged.append((self._path(step), str(err)))
+                continue
+            if damaged:
+                self._set_aside(damaged, restored)
+            return restored
+        if steps:
+            listing = "; ".join(f"{where}: {why}" for where, why in damaged)
+            raise CheckpointCorruptError(
+                f"work_dir={self.directory.rsplit('/', 1)[0]!r} lists {len(steps)} "
+                f"checkpoint(s) and none can be read ({listing}). Nothing was changed. "
+                f"Move the step folders of {self.directory} away to start fresh, or "
+                "restore them from a copy")
+        return None
+
+    def _steps_on_disk(self) -> list[int]:
+        if self._bucket:
+            return complete_steps(self._bucket.remote)
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def _restore_step(self, step: int) -> str:
+        """Restores `step`; `_Damaged` if its files cannot be read."""
         good = _fingerprint(self._path(step))
         if self._bucket:
             self._bucket.fetch(step, self._local(step), good)
@@ -382,14 +423,58 @@ class OrbaxCheckpointer(Checkpointer):
         try:
             restored = self._manager.restore(
                 step, args=self._ocp.args.StandardRestore(target))
-        except (ValueError, KeyError) as err:
-            raise ValueError(
-                f"checkpoint {self._path(step)} does not fit this model: "
-                f"{str(err).splitlines()[0][:300]}. Use the model_func that wrote it, or "
-                "another work_dir (warm_start_from= loads the variables that match)") from err
+        except Exception as err:
+            self._raise_mismatch_or_damage(step, target, err)
         self._apply(restored)
         self._good = good
         return self._path(step)
+
+    def _raise_mismatch_or_damage(self, step: int, target: Any, err: Exception) -> None:
+        """Another model's checkpoint (its recorded shapes differ from the model's) is a
+        ValueError; anything else that failed to read is damage (`_Damaged`)."""
+        # TensorStore's text goes on with a repr of its whole spec: the first words say it
+        cause = first_line(err).split(" See full TensorStore details")[0][:300] or \
+            type(err).__name__
+        saved = self._saved_shapes(step)
+        if saved is None:
+            raise _Damaged(f"its {_TREE_METADATA} is unreadable; {cause}") from err
+        if saved != [np.shape(leaf) for leaf in jax.tree.leaves(target)]:
+            raise ValueError(
+                f"checkpoint {self._path(step)} does not fit this model: {cause}. Use the "
+                "model_func that wrote it, or another work_dir (warm_start_from= loads "
+                "the variables that match)") from err
+        raise _Damaged(f"its data files are cut short or damaged; {cause}") from err
+
+    def _saved_shapes(self, step: int) -> list[tuple] | None:
+        """The shapes the step's metadata records, in the pytree's order; None if its
+        metadata cannot be read (then the step is damaged, not another model's)."""
+        try:
+            tree = self._ocp.StandardCheckpointer().metadata(
+                os.path.join(self._local(step), "default")).item_metadata
+            leaves = jax.tree.leaves(tree)
+        except Exception:  # noqa: BLE001 - an unreadable metadata file: damaged
+            return None
+        return [tuple(leaf.shape) for leaf in leaves] if leaves else None
+
+    def _set_aside(self, damaged: list[tuple[str, str]], used: str) -> None:
+        """Warns once per damaged step, as the TensorFlow engine does, and renames it
+        ``<step>.corrupt`` (on ``gs://`` its commit marker), so it is no longer a step."""
+        for where, why in damaged:
+            logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the "
+                           "older %s instead. Its files are kept as %s%s", where, why, used,
+                           where, CORRUPT_SUFFIX if not self._bucket else
+                           f" (without {COMMIT_FILE}: renamed {COMMIT_FILE}{CORRUPT_SUFFIX})")
+        try:
+            for where, _ in damaged:
+                if self._bucket:
+                    self._bucket.set_aside(step_of(where))
+                else:
+                    os.rename(where, where + CORRUPT_SUFFIX)
+        except Exception as err:  # noqa: BLE001 - a read-only work_dir: read around it
+            logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
+                           "(%s); they stay in place and are skipped", self.directory,
+                           first_line(err))
+        self._manager.reload()
 
     def close(self) -> None:
         """Waits for a write in progress, then closes the manager's threads (and removes
@@ -486,6 +571,13 @@ class StagedBucket:
             shutil.rmtree(local, ignore_errors=True)  # never restore a partial copy
             raise CheckpointDownloadError(source, err) from err
         self._copies = {step: fingerprint}
+
+    def set_aside(self, step: int) -> None:
+        """Renames the commit marker of a damaged `step`: no longer complete, kept."""
+        import tensorflow as tf
+
+        marker = f"{self.remote}/{step}/{COMMIT_FILE}"
+        tf.io.gfile.rename(marker, marker + CORRUPT_SUFFIX, overwrite=True)
 
     def _prune(self) -> None:
         """Keeps the newest `keep` complete steps; removes older ones and the leftovers
