@@ -11,7 +11,12 @@ detection runs on first use.
 
 import importlib
 
-from fenwicks import _deadline, _tf_check, accel
+from fenwicks import _quiet
+
+# `python -m fenwicks` (not a library user's import): before TensorFlow is loaded.
+_quiet.quiet_command_line()
+
+from fenwicks import _deadline, _tf_check, accel  # noqa: E402
 
 _tf_check.require_temp_dir()  # before TensorFlow's import fails on it, naming nothing
 # Before Keras is imported: Keras fixes its backend then.

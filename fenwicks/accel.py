@@ -15,8 +15,8 @@ through ``XLA_FLAGS``): the TPU-like test mode, N cores sharing one global batch
 A device that is present but unusable is never a silent CPU run: a TPU that cannot be
 initialised (a CPU-only TensorFlow, a libtpu mismatch, held by JAX in this process or by
 another process: `fenwicks._tpu_diagnosis`) or an NVIDIA GPU that TensorFlow does not
-list (the CPU-only wheel, a CUDA/cuDNN mismatch) is a warning (`AcceleratorWarning` and a
-``logging`` warning) naming the device, the original error, the fix for that cause and
+list (the CPU-only wheel, a CUDA/cuDNN mismatch) is an `AcceleratorWarning`, shown once
+per process, naming the device, the original error, the fix for that cause and
 what was chosen instead; it is kept in `Accelerator.warnings` for `fw.info()`, and the
 "chosen by" reason names the same cause. ``FENWICKS_DEVICE=tpu`` or ``gpu`` then fails
 with the same cause.
@@ -604,9 +604,24 @@ def _finish(found: Accelerator, request: Request, unusable: list[Unusable],
     notes = tuple(f"{problem.text} Fenwicks chose {_describe(found)} instead."
                   for problem in unusable)
     for note in notes:
-        logger.warning("fenwicks: %s", note)
-        warnings.warn(note, AcceleratorWarning, stacklevel=3)
+        _warn_once(note)
     return dataclasses.replace(found, warnings=notes)
+
+
+# The diagnoses shown in this process: each is shown once, however often detection runs.
+_SHOWN: dict = {}
+
+
+def _warn_once(note: str) -> None:
+    """Shows `note` once per process, as one `AcceleratorWarning` without a source line.
+
+    Line 0 of a file named "fenwicks" has no source text to print after the message, and
+    the registry makes Python's "default" action show each text once. Filters apply as
+    to any warning: ``warnings.simplefilter('error', fw.accel.AcceleratorWarning)`` makes
+    it an error.
+    """
+    warnings.warn_explicit(note, AcceleratorWarning, filename="fenwicks", lineno=0,
+                           module="fenwicks.accel", registry=_SHOWN)
 
 
 def _raise_absent(request: Request, unusable: list[Unusable]) -> None:

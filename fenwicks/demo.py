@@ -14,7 +14,6 @@ A second run on the same work dir resumes the first (it says so, and at which st
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 import time
 from typing import Any
@@ -38,13 +37,21 @@ class DemoResult:
     Attributes:
         accuracy: test accuracy over all test digits.
         num_test: test digits evaluated.
-        examples_per_sec: median training speed over the compiled loops, or None if
-            nothing was trained (the work dir was already at the final step).
-        seconds: wall time of training (compilation included).
+        examples_per_sec: the steady-state training speed: the examples of the compiled
+            loops after the first (which compiles) over their seconds; with one loop only,
+            that loop's, compilation included. None if nothing was trained (the work dir
+            was already at the final step).
+        seconds: wall time of the `train` call (compilation included).
         global_step: the step the model is at.
         work_dir: checkpoints, TensorBoard logs.
         input_verdict: `fw.train.InputVerdict` of the training input against this
             run's training speed (no verdict if nothing was trained). Defaults to None.
+        steady_steps: the steps `examples_per_sec` was measured over. Defaults to 0.
+        steady_seconds: their seconds: ``examples_per_sec * steady_seconds`` is their
+            examples. Defaults to 0.0.
+        first_loop_seconds: what the rest of the `train` call took: the first loop with
+            its compilation, and the call's start and end (the final checkpoint).
+            Defaults to 0.0.
     """
 
     accuracy: float
@@ -54,6 +61,26 @@ class DemoResult:
     global_step: int
     work_dir: str
     input_verdict: Any = None
+    steady_steps: int = 0
+    steady_seconds: float = 0.0
+    first_loop_seconds: float = 0.0
+
+
+def steady_state(loops: list[tuple[int, float]], start_step: int,
+                 batch_size: int) -> tuple[int, float]:
+    """(steps, seconds) of the compiled loops after the first, from the history's
+    ``(step at the loop's end, examples/s)`` entries of one `train` call that began at
+    `start_step`; all of them if there is only one loop.
+
+    Example:
+        >>> steady_state([(21, 500.0), (42, 1344.0), (63, 1344.0)], 0, 64)
+        (42, 2.0)
+    """
+    steps = [(end - begin, rate) for (begin, _), (end, rate)
+             in zip([(start_step, 0.0), *loops[:-1]], loops, strict=True)]
+    timed = steps[1:] or steps
+    return (sum(n for n, _ in timed),
+            sum(n * batch_size / rate for n, rate in timed))
 
 
 def _positive_int(name: str, value: Any, example: int) -> int:
@@ -188,17 +215,19 @@ def train_demo(epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH_SIZ
         return data.numpy_ds(X_train, y_train, params["batch_size"], training=True,
                              seed=SEED, input_context=params.get("input_context"))
 
-    start = time.perf_counter()
+    start_step, start = checkpoint_step(work_dir) or 0, time.perf_counter()
     est.train(train_input, max_steps=epochs * steps_per_epoch)
     seconds = time.perf_counter() - start
     verdict = est.check_input(train_input)  # can the input keep up? (about a second)
     result = est.evaluate(lambda params: data.numpy_ds(
         X_test, y_test, params["batch_size"], training=False,
         input_context=params.get("input_context")))
-    speeds = [rate for _, rate in est.history.examples_per_sec]
+    loops = [(step, rate) for step, rate in est.history.examples_per_sec if step > start_step]
+    steps, steady = steady_state(loops, start_step, batch_size) if loops else (0, 0.0)
     return DemoResult(float(result["accuracy"]), len(X_test),
-                      statistics.median(speeds) if speeds else None, seconds,
-                      int(result["global_step"]), work_dir, verdict)
+                      steps * batch_size / steady if loops else None, seconds,
+                      int(result["global_step"]), work_dir, verdict, steps, steady,
+                      seconds - steady if len(loops) > 1 else 0.0)
 
 
 def report(epochs: int | None = None, batch_size: int | None = None,
@@ -245,9 +274,17 @@ def report(epochs: int | None = None, batch_size: int | None = None,
     if result.examples_per_sec is None:
         print(f"training speed   - (already at step {result.global_step}: resumed a "
               "finished run from the work dir)")
-    else:
+    elif result.first_loop_seconds:
         print(f"training speed   {result.examples_per_sec:,.0f} examples/s "
-              f"({result.global_step} steps in {result.seconds:.1f} s, compilation included)")
+              f"({result.steady_steps} steps x {batch_size} examples in "
+              f"{result.steady_seconds:.2f} s, after compiling)")
+        print(f"first loop       {result.first_loop_seconds:.1f} s "
+              f"({result.global_step - result.steady_steps} steps, compilation included; "
+              "and the final checkpoint)")
+    else:  # one loop: nothing ran after compiling
+        print(f"training speed   {result.examples_per_sec:,.0f} examples/s "
+              f"({result.steady_steps} steps x {batch_size} examples in "
+              f"{result.steady_seconds:.2f} s, compilation included)")
     print(f"input check      {result.input_verdict}")
     print(f"checkpoints      {result.work_dir}")
     print(f"TensorBoard      tensorboard --logdir {result.work_dir}")

@@ -32,15 +32,15 @@ ON_CPU = " Fenwicks chose the CPU (1 replica, float32) instead."
 
 
 def _detect_warning(request, probe, caplog):
-    """Detects; returns (accelerator, the one AcceleratorWarning text, the log text)."""
+    """Detects; returns (accelerator, the one AcceleratorWarning text)."""
     caplog.set_level(logging.WARNING, logger="fenwicks")
     caplog.clear()
     with pytest.warns(accel.AcceleratorWarning) as caught:
         acc = accel.detect(request, probe, env={})
     texts = [str(w.message) for w in caught if w.category is accel.AcceleratorWarning]
     assert len(texts) == 1, texts
-    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert logged == [f"fenwicks: {texts[0]}"]
+    # One channel: no log record repeats the warning (a user would read it twice).
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == []
     assert acc.warnings == (texts[0],)
     return acc, texts[0]
 
@@ -372,3 +372,24 @@ def test_import_without_tensorflow_names_this_machines_extra(tmp_path, machine, 
     out = run_python(_NO_TF, env=env).stdout
     assert out.startswith("Fenwicks needs TensorFlow 2.20 or 2.21")
     assert f"On this machine {reason}: pip install 'fenwicks[{extra}]'" in out
+
+
+_DETECT_TWICE = """
+from fenwicks import accel
+from tests.test_accel import FakeProbe
+from tests.test_platforms import KAGGLE, NO_KERNEL
+for _ in range(2):  # detection again (a reset, configure): the diagnosis is not repeated
+    accel.detect(accel.Request(), FakeProbe(libtpu=True, evidence=KAGGLE,
+                                            tensorflows={"tensorflow-cpu": "2.20.0"},
+                                            libtpu_version="0.0.17", tpu_fails=NO_KERNEL),
+                 env={})
+"""
+
+
+def test_a_diagnosis_is_shown_once_per_process_without_a_source_line():
+    proc = run_python(_DETECT_TWICE, cwd=ROOT)
+    shown = [line for line in proc.stderr.splitlines() if "a TPU is on this machine" in line]
+    assert len(shown) == 1, proc.stderr
+    assert shown[0].startswith("fenwicks:0: AcceleratorWarning: a TPU is on this machine (")
+    after = proc.stderr.splitlines()[proc.stderr.splitlines().index(shown[0]) + 1:]
+    assert not any(line.startswith("  ") for line in after), proc.stderr  # no source line
