@@ -4,11 +4,13 @@ one line on stderr and exit status 2; a traceback only with ``--debug``."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
 
 from fenwicks import __main__ as cli
+from fenwicks import _quiet
 from tests.conftest import run_process
 
 
@@ -131,3 +133,41 @@ def test_info_says_why_this_accelerator(tmp_path):
                                  "it is not faster)")
     assert rows["replicas"] == "2"
     assert proc.stderr == ""
+
+
+# What TensorFlow's and absl's C++ logging print: "I0000 00:00:17... file.cc:227] ..." and
+# absl's notice before its first line; oneDNN announces itself through the same logging.
+_CPP_LOG = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl)|oneDNN|"
+                      r"cpu_feature_guard|rebuild TensorFlow", re.M)
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_no_start_up_logging_of_tensorflow(tmp_path):
+    # A user's shell: none of the tests' quieting variables (run_process sets
+    # TF_CPP_MIN_LOG_LEVEL=2 for the others), a new interpreter.
+    env = {"TF_CPP_MIN_LOG_LEVEL": None, "TF_ENABLE_ONEDNN_OPTS": None,
+           "FENWICKS_ROOT": str(tmp_path), "FENWICKS_DEVICE": None}
+    proc = run_process(["-m", "fenwicks", "info"], cwd=tmp_path, env=env, fresh=True)
+    assert proc.stdout.startswith("python ") and not _CPP_LOG.search(proc.stdout), proc.stdout
+    assert not _CPP_LOG.search(proc.stderr), proc.stderr
+    assert proc.stderr == "", proc.stderr
+    # A program that imports Fenwicks keeps TensorFlow's logging as the user set it.
+    # (TensorFlow's import sets TF_CPP_MIN_LOG_LEVEL=1 itself; the others are Fenwicks'.)
+    probe = run_process(["-c", "import os, fenwicks; print(*(os.environ.get(name) for name in "
+                         f"{sorted(_quiet.QUIET_ENV)}))"], cwd=tmp_path, env=env, fresh=True)
+    assert probe.stdout.split() == ["None", "1", "None", "None"]
+
+
+def test_only_the_command_line_is_quieted_and_not_with_debug():
+    command = ["python", "-m", "fenwicks", "info"]
+    assert _quiet.is_command_line(["-m"], command)
+    assert _quiet.is_command_line(["/venv/bin/fenwicks", "demo"], ["/venv/bin/fenwicks"])
+    assert not _quiet.is_command_line(["-m"], ["python", "-m", "pytest"])
+    assert not _quiet.is_command_line(["train.py"], ["python", "train.py"])
+    env = {"TPU_MIN_LOG_LEVEL": "0"}  # the user's own setting stays
+    assert _quiet.quiet_command_line(env, ["-m"], command)
+    assert env == {**_quiet.QUIET_ENV, "TPU_MIN_LOG_LEVEL": "0"}
+    env = {}
+    assert not _quiet.quiet_command_line(env, ["-m"], [*command, "--debug"])
+    assert not _quiet.quiet_command_line(env, ["notebook.py"], ["python", "notebook.py"])
+    assert env == {}
