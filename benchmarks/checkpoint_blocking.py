@@ -39,6 +39,8 @@ import numpy as np  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # this checkout's fenwicks (and tests/ for the emulator)
+from benchmarks import _results  # noqa: E402
+
 BLOCKED_TARGET = 0.20  # async / sync blocked seconds per save, on gs://
 STEPS_TARGET = 0.10  # steps/s with a save every loop vs without saves
 MODES = ("no saves", "sync", "async")
@@ -160,6 +162,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--latency", type=float, default=0.0,
                         help="seconds added to every gs:// request")
     parser.add_argument("--inside", help=argparse.SUPPRESS)  # the gs:// run, in the netns
+    _results.add_option(parser)
     args = parser.parse_args(argv)
     if args.inside:
         if args.latency > 0:
@@ -182,6 +185,12 @@ def main(argv: list[str]) -> int:
         results.append(report(label, _on_gcs(args)))
     print(json.dumps(results))
     gcs = [r for r in results if r["storage"].startswith("gs://")]
+    if args.results:
+        _results.write(__file__, "resnet9 c=64, a save after every loop: seconds each save "
+                       "blocks training, async vs sync", [
+                           {key: value for key, value in r.items() if key != "rows"}
+                           for r in results], argv,
+                       summary=f"target: async/sync blocked per save <= {BLOCKED_TARGET}")
     return 0 if all(r["async_over_sync"] <= BLOCKED_TARGET for r in gcs) else 1
 
 

@@ -34,7 +34,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+
 import fenwicks as fw  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 BATCH = 128
 CIFAR_MEAN, CIFAR_STD = (125.3, 123.0, 113.9), (63.0, 62.1, 66.7)
@@ -94,6 +97,7 @@ def main() -> None:
     parser_ = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser_.add_argument("--examples", type=int, default=20_000)
     parser_.add_argument("--batches", type=int, default=200)
+    _results.add_option(parser_)
     args = parser_.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         pattern = make_records(tmp, args.examples)
@@ -116,6 +120,14 @@ def main() -> None:
     print(f"trainer CPU service/local = {ratios['cpu_service_over_local']:.2f}   "
           f"examples/s service/local = {ratios['speed_service_over_local']:.2f}")
     print(json.dumps({"local": local, "service": remote, **ratios}))
+    if args.results:
+        _results.write(__file__, "augmented CIFAR-shaped input on the trainer vs through a "
+                       "tf.data service worker on the same machine",
+                       [{"input": name, **row} for name, row in
+                        (("local", local), ("service", remote))],
+                       summary=f"trainer CPU service/local "
+                       f"{ratios['cpu_service_over_local']:.2f}, examples/s service/local "
+                       f"{ratios['speed_service_over_local']:.2f}")
 
 
 if __name__ == "__main__":

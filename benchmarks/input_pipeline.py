@@ -31,7 +31,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+
 import fenwicks as fw  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 CIFAR_MEAN, CIFAR_STD = (125.3, 123.0, 113.9), (63.0, 62.1, 66.7)  # per channel, 0..255
 
@@ -100,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
                 rates[name].append(images_per_second(ds, args.batch_size, batches))
     report = _report(rates, args, write_s, build_s)
     print(json.dumps(report) if args.json else _table(report))
+    if args.results:
+        rows = [{"pipeline": name, "best img/s": report["best"][name],
+                 "median img/s": report["median"][name]} for name in report["best"]]
+        _results.write(__file__, f"{args.examples} CIFAR-shaped images in {args.shards} "
+                       f"shards, batch {args.batch_size}: naive vs fw.data pipelines", rows,
+                       argv, summary=f"best: c/a = {report['c/a']:.2f} (target >= 3), "
+                       f"c/d = {report['c/d']:.2f} (target >= 0.5)")
     return 0
 
 
@@ -145,6 +155,7 @@ def _parse(argv):
                          help="batches timed per run; default one epoch")
     parser_.add_argument("--repeats", type=int, default=3)
     parser_.add_argument("--json", action="store_true", help="print one JSON line")
+    _results.add_option(parser_)
     return parser_.parse_args(argv)
 
 

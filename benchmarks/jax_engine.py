@@ -42,6 +42,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout
+from benchmarks import _results  # noqa: E402
+
 BATCH, STEPS_PER_LOOP, SHAPE, NUM_TRAIN = 128, 10, (28, 28, 1), 4096
 WIDTH = 32  # mnist_net's c (--width)
 EVAL_N, EVAL_BS = 4000, 512  # 4000 = 7 * 512 + 416: the last batch is partial
@@ -328,6 +331,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=WIDTH,
                         help="mnist_net's c (32: the tutorial's; smaller runs faster)")
     parser.add_argument("--child")
+    _results.add_option(parser)
     args = parser.parse_args()
     WIDTH = args.width
     if args.child:
@@ -360,6 +364,11 @@ def main() -> None:
     ]
     for name, value, ratio, target in rows:
         print(f"{name:<12}{value:>34}{ratio:>9.2f}  {target}")
+    if args.results:
+        _results.write(__file__, f"the JAX engine: mnist_net c={WIDTH}, batch {BATCH}, 8 host "
+                       "devices", [{"measure": name.strip(), "value": value,
+                                    "ratio": round(ratio, 2), "target": target}
+                                   for name, value, ratio, target in rows])
     timing, compiled = train["engine_timing"], train["engine_compiled"]
     print(f"engine loop, median s: {timing['total']:.3f} = the compiled block alone "
           f"{compiled:.3f} + outside it {timing['total'] - compiled:+.3f}; on the host: "

@@ -19,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fenwicks as fw  # noqa: E402  (after the path tweak, to run from a checkout)
+from benchmarks import _results  # noqa: E402
 
 
 def _threads() -> str:
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intra-op-threads", type=int, default=None,
                         help="TF's intra-op threads (default 0: all cores), to check that "
                              "TF really uses every core")
+    _results.add_option(parser)
     args = parser.parse_args(argv)
     if args.intra_op_threads is not None:  # must precede TF's first op
         import tensorflow as tf
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_threads())
     print(f"{'N':>6}{'engine':>8}{'reps':>6}{'TF med':>9}{'np med':>9}{'TF/np':>7}"
           f"{'TF min-max':>16}{'np min-max':>16}")
+    rows = []
     for n in args.sizes:
         # at least ~20 GFLOPs per call: ~0.2 s here, long against the clock's overhead
         repeats = args.repeats or max(1, round(2e10 / fw.bench.matmul_flop_count(n)))
@@ -63,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ref.tflops:>9.3f}{fw.bench.speed_ratio(ours, ref):>7.2f}"
                   f"{ours.min_tflops:>8.3f}-{ours.max_tflops:<7.3f}"
                   f"{ref.min_tflops:>8.3f}-{ref.max_tflops:<7.3f}", flush=True)
+            rows.append({"N": n, "engine": "XLA" if jit else "default", "reps": repeats,
+                         "TF TFLOPS": round(ours.tflops, 3), "numpy TFLOPS": round(ref.tflops, 3),
+                         "TF/numpy": round(fw.bench.speed_ratio(ours, ref), 2)})
+    if args.results:
+        _results.write(__file__, "TensorFlow vs numpy float32 matmul on the CPU (medians)",
+                       rows, argv, summary="target for python -m fenwicks bench: "
+                       "TF/numpy >= 0.9 at N = 2048")
     return 0
 
 

@@ -31,7 +31,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+
 import fenwicks as fw  # noqa: E402
+from benchmarks import _results  # noqa: E402
 from fenwicks.train import inputs  # noqa: E402
 
 TARGET = 1.5  # resumed / fresh time-to-first-batch
@@ -76,6 +79,7 @@ def main(argv: list[str]) -> int:
     parser_.add_argument("--batch-size", type=int, default=128)
     parser_.add_argument("--epochs", type=int, default=50)
     parser_.add_argument("--repeats", type=int, default=3)
+    _results.add_option(parser_)
     args = parser_.parse_args(argv)
     skip = args.epochs * args.examples // args.batch_size
     rows = []
@@ -99,6 +103,11 @@ def main(argv: list[str]) -> int:
               f"{r['resumed_s']:>10.3f} {r['ratio']:>6.2f}x")
     print(json.dumps(rows))
     now = [r["ratio"] for r in rows if r["way"].startswith("now")]
+    if args.results:
+        _results.write(__file__, f"time to the first batch, resuming at {args.epochs} "
+                       f"epochs vs at step 0 ({args.examples} examples, batch "
+                       f"{args.batch_size})", rows, argv,
+                       summary=f"largest ratio now: {max(now):.2f} (target <= {TARGET})")
     return 0 if max(now) <= TARGET else 1
 
 

@@ -49,7 +49,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+
 import fenwicks as fw  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 MODELS = {  # name: (builder, input shape); widths reduced so a CPU run takes minutes
     "resnet9_c16": (lambda: fw.models.resnet9(c=16), (32, 32, 3)),
@@ -300,6 +303,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="also time a second, identical hand loop: hand2/hand shows "
                              "how far this machine's noise moves a ratio")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    _results.add_option(parser)
     return parser
 
 
@@ -308,7 +312,7 @@ def child_argv(args: argparse.Namespace) -> list[str]:
     a flag only when set."""
     return [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}")
             for k, v in vars(args).items()
-            if k not in ("replicas", "child") and v is not False]
+            if k not in ("replicas", "child", "results") and v is not False]
 
 
 def main() -> None:
@@ -332,6 +336,16 @@ def main() -> None:
                       "median_est_over_fit": statistics.median(
                           r["est"] / r["fit"] for res in all_results.values()
                           for r in res.values())}))
+    if args.results:
+        _results.write(__file__, "est.train vs Keras fit vs a hand-written loop, examples/s "
+                       "(median trials)", [
+                           {"replicas": replicas, "model": model,
+                            **{key: round(value, 3) if isinstance(value, float) else value
+                               for key, value in figures.items()
+                               if not isinstance(value, (list, dict))}}
+                           for replicas, res in all_results.items()
+                           for model, figures in res.items()],
+                       summary="targets: est/fit >= 1.0, est/hand >= 0.98")
 
 
 if __name__ == "__main__":

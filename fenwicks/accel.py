@@ -49,6 +49,13 @@ from fenwicks._text import first_line
 
 logger = logging.getLogger("fenwicks")
 
+# What a user calls; the detection steps below are public for tests and diagnostics.
+__all__ = [
+    "DEVICE_ENV", "ENGINE_ENV", "ENGINES", "KINDS", "PRECISIONS", "Accelerator",
+    "AcceleratorError", "AcceleratorWarning", "EngineError", "configure", "current",
+    "engine", "engine_choice", "is_initialized", "parse_device",
+]
+
 KINDS = ("tpu", "gpu", "cpu")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 DEVICE_ENV = "FENWICKS_DEVICE"

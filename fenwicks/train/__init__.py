@@ -45,6 +45,7 @@ from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     get_tpu_estimator,
     train_and_evaluate,
 )
+from fenwicks.train.export_dirs import ExportError  # noqa: E402, F401  (public name)
 from fenwicks.train.input_check import InputVerdict  # noqa: E402, F401  (public name)
 from fenwicks.train.lock import (  # noqa: E402, F401  (public names)
     WorkDirLockedError,
@@ -103,3 +104,21 @@ from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
     WarmStartSettings,
 )
 from fenwicks.train.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401
+
+# The public names, as the API reference lists them.
+__all__ = [
+    "absolute_error", "accuracy", "adam_optimizer", "AdamW", "BestExporter", "BN_AND_BIAS",
+    "check_tpu_ready", "CheckpointCorruptError", "CheckpointCoverageError",
+    "CheckpointMismatchError", "CheckpointWriteError", "Constant", "cosine_decay",
+    "CosineDecay", "CrossEngineMismatchError", "CrossEngineTrainingError", "EarlyStopping",
+    "Estimator", "EstimatorConfig", "EstimatorSpec", "exp_decay_lr", "ExpDecay",
+    "ExponentialSweep", "ExportError", "find_lr", "FunctionSchedule", "get_clf_model_func",
+    "get_model_func", "get_reg_model_func", "get_tpu_estimator", "History", "InputVerdict",
+    "Interrupted", "Join", "linear_decay", "linear_warmup", "LinearDecay", "LRFinderResult",
+    "ModeKeys", "ModelSpec", "NonFiniteLossError", "NotTPUReadyError", "one_cycle_lr",
+    "one_cycle_momentum", "piecewise_linear", "PiecewiseLinear", "Preempted",
+    "ProbeWriteError", "RunConfig", "Scaled", "Schedule", "SGD", "sgd_optimizer",
+    "sparse_softmax_cross_entropy", "squared_error", "StorageUnavailableError", "TPUConfig",
+    "TPUEstimator", "TPUEstimatorSpec", "TPUReadiness", "train_and_evaluate",
+    "WarmStartSettings", "Warmup", "WorkDirLockedError", "WorkDirNotWritableError",
+]
