@@ -38,7 +38,7 @@ setup(
     ],
     extras_require={
         # At most one of these, on a machine without TensorFlow; none where one is installed
-        # (Colab GPU/CPU, Kaggle, a TPU VM with tensorflow-tpu): see README, Install.
+        # (Colab GPU/CPU, Kaggle, a TPU VM with tensorflow-tpu): see docs/platforms.md.
         "tensorflow": [f"tensorflow{TF_RANGE}"],
         "cpu": [f"tensorflow-cpu{TF_RANGE}"],
         "gpu": [f"tensorflow[and-cuda]{TF_RANGE}"],
@@ -49,6 +49,10 @@ setup(
         # no TPU, and it would replace the libtpu JAX needs. tools/platform_replicas.sh.
         "tpu": [f"tensorflow-cpu{TF_RANGE}", "jax>=0.7", "orbax-checkpoint>=0.11"],
         "demo": ["scikit-learn>=1.2"],
+        # The tutorials on your own machine: jupyter lab tutorials/
+        "notebooks": ["jupyterlab>=4", "ipykernel>=6", "scikit-learn>=1.2"],
+        # The documentation site (mkdocs.yml): mkdocs build --strict, mkdocs serve.
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
         # The JAX engine (KERAS_BACKEND=jax): jax for the devices, orbax for checkpoints.
         # On a TPU, JAX comes with the image (or pip install 'jax[tpu]').
         "jax": ["jax>=0.7", "orbax-checkpoint>=0.11"],

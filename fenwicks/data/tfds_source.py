@@ -182,8 +182,8 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True, *,
             ``fw.io.default_root() + '/tensorflow_datasets'`` (the bucket).
         download: let tfds download and prepare the data if absent. Defaults to True.
             Without a network this fails within seconds (`DatasetUnavailableError`).
-        shuffle_buf_sz, cache, transform, batch_transform, augmented_epochs, seed,
-            deterministic: as in `tfrecord_ds`.
+        deterministic: as in `tfrecord_ds`; so are `shuffle_buf_sz`, `cache`,
+            `transform`, `batch_transform`, `augmented_epochs` and `seed`.
         input_context: a `tf.distribute.InputContext`; each input pipeline reads its own
             files of the split, or every N-th example when the split has fewer files
             than pipelines. Either way each example is read by exactly one pipeline.

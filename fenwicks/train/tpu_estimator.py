@@ -116,9 +116,10 @@ class RunConfig:
             ``save_checkpoints_steps`` is None too, as TPUEstimator.
         keep_checkpoint_max: how many checkpoints to keep. Defaults to 5.
         tf_random_seed: seeds Python, NumPy, TensorFlow and Keras. Defaults to None.
-        cluster, master, evaluation_master, session_config, save_summary_steps,
-        log_step_count_steps, keep_checkpoint_every_n_hours: accepted and ignored
-            (`fw.accel` finds the TPU; summaries are written every loop).
+        session_config: accepted and ignored, as are `cluster`, `master`,
+            `evaluation_master`, `save_summary_steps`, `log_step_count_steps` and
+            `keep_checkpoint_every_n_hours` (`fw.accel` finds the TPU; summaries are
+            written every loop).
 
     Example:
         >>> fw.train.RunConfig(model_dir=work_dir, save_checkpoints_steps=1000,
