@@ -1,9 +1,11 @@
-"""README.md is a contract: its Python blocks run as written, top to bottom, in a fresh
-process on local disk, and do what the prose says."""
+"""README.md and the user guide are a contract: their Python blocks run as written, top to
+bottom, in a fresh process on local disk, and do what the prose says. The README's quick
+start comes first; the guide's pages continue it, in the order of `CHAIN`."""
 
 from __future__ import annotations
 
 import ast
+import glob
 import json
 import os
 import re
@@ -12,18 +14,34 @@ import pytest
 
 from tests.conftest import ROOT, run_python
 
+# The pages whose blocks make one script, in order: each continues the one before.
+CHAIN = ("README.md", "docs/storage.md", "docs/input.md", "docs/estimator.md",
+         "docs/performance.md", "docs/models.md")
+
+
+def _blocks(name: str) -> list[str]:
+    """Every ```python block of `name`. A ```py block is shown but not run: it needs
+    something no test machine has (a tf.data service dispatcher on another machine, a
+    TPU pod)."""
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+        return re.findall(r"```python\n(.*?)```", f.read(), re.S)
+
 
 def _python_blocks() -> list[str]:
-    """Every ```python block. A ```py block is shown but not run: it needs something no
-    test machine has (the tf.data service block: a dispatcher on another machine)."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        return re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    return [block for name in CHAIN for block in _blocks(name)]
 
 
 def _quick_start() -> str:
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         section = f.read().split("## Quick start", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_every_page_with_python_blocks_is_in_the_chain():
+    pages = ["README.md", *(os.path.relpath(p, ROOT) for p in sorted(
+        glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)))]
+    assert [p for p in pages if _blocks(p) and p not in CHAIN] == []
+    assert all(_blocks(p) for p in CHAIN), "a page of the chain has no block left"
 
 
 def _env(tmp_path) -> dict[str, str]:
@@ -86,16 +104,3 @@ def test_every_python_block_runs_in_order_as_written(tmp_path):
     assert 2 <= out["lr_steps"] <= 30 and out["suggestion"] is not None
     # find_lr showed its progress against the 30 steps it expected.
     assert re.search(rf"find_lr: .*\b{out['lr_steps']}/30\b", proc.stderr)
-
-
-def test_every_test_the_reliability_table_names_exists():
-    """The table is kept true: each row names a test (``file.py::name``) that exists."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        section = f.read().split("### Reliability: faults and bad inputs", 1)[1]
-    rows = [line for line in section.split("\n\n", 2)[2].splitlines()
-            if line.startswith("| ") and not line.startswith("| Fault")]
-    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", "\n".join(rows))
-    assert len(rows) >= 19 and len(named) == len(rows) - 1, rows  # one row says "same test"
-    for filename, test in named:
-        with open(os.path.join(ROOT, "tests", filename), encoding="utf-8") as f:
-            assert re.search(rf"^def {test}\(", f.read(), re.M), f"{filename}::{test}"

@@ -1,0 +1,138 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with no warning, every page is in
+its navigation, the API reference lists every public name, the reliability table names
+tests that exist, and no page carries a dated measurement. The pages' Python blocks run
+in tests/test_readme.py, after the README's quick start."""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import os
+import re
+import zlib
+
+import pytest
+import yaml
+
+from benchmarks import _results
+from tests.conftest import ROOT, run_process
+from tools import mkdocs_hooks
+
+DOCS = os.path.join(ROOT, "docs")
+# The modules whose every public name (`__all__`) the API reference must list.
+REFERENCED = ("io", "gcs", "data", "transform", "train", "layers", "models", "accel", "plt")
+DATE = re.compile(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> str:
+    """``mkdocs build --strict`` into a temporary folder, as a user runs it."""
+    site_dir = str(tmp_path_factory.mktemp("site"))
+    proc = run_process(["-m", "mkdocs", "build", "--strict", "--site-dir", site_dir],
+                       cwd=ROOT, env={"NO_MKDOCS_2_WARNING": "1"}, timeout=300, check=False,
+                       fresh=True)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert "WARNING" not in proc.stderr, proc.stderr[-5000:]
+    return site_dir
+
+
+def _inventory(site_dir: str) -> set[str]:
+    """Every object the site documents, by the path it is shown under: the anchors of
+    mkdocstrings' Sphinx inventory (``objects.inv``: 4 header lines, then zlib)."""
+    with open(os.path.join(site_dir, "objects.inv"), "rb") as f:
+        header = [f.readline() for _ in range(4)]
+        assert header[0].startswith(b"# Sphinx inventory version 2"), header
+        lines = zlib.decompress(f.read()).decode().splitlines()
+    names = set()
+    for line in lines:
+        name, _domain, _priority, uri = line.split(" ", 4)[:4]
+        names.add(name)
+        if "#" in uri:
+            names.add(uri.split("#", 1)[1].replace("$", name))
+    return names
+
+
+def test_the_site_builds_with_no_warning_and_lists_every_public_name(site):
+    documented = _inventory(site)
+    missing = []
+    for module_name in REFERENCED:
+        module = importlib.import_module(f"fenwicks.{module_name}")
+        assert hasattr(module, "__all__"), f"fenwicks.{module_name} names no public API"
+        missing += [f"fenwicks.{module_name}.{name}" for name in module.__all__
+                    if f"fenwicks.{module_name}.{name}" not in documented]
+    assert missing == [], f"the API reference lacks {missing}"
+    # The benchmark results are a table on the performance page, from benchmarks/results.
+    with open(os.path.join(site, "performance", "index.html"), encoding="utf-8") as f:
+        page = f.read()
+    for path in glob.glob(os.path.join(ROOT, "benchmarks", "results", "*.json")):
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+        assert f'id="{document["benchmark"]}"' in page and document["date"] in page, path
+
+
+def _nav_pages(nav) -> list[str]:
+    pages = []
+    for entry in nav:
+        for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_every_page_of_docs_is_in_the_navigation_and_every_entry_exists():
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    nav = _nav_pages(config["nav"])
+    pages = sorted(os.path.relpath(p, DOCS)
+                   for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+    assert sorted(nav) == pages
+    for module_name in REFERENCED:  # one reference page per module, by its public name
+        with open(os.path.join(DOCS, "api", f"{module_name}.md"), encoding="utf-8") as f:
+            assert f"::: fenwicks.{module_name}\n" in f.read()
+    # The build needs no network: no plugin that fetches (social cards, privacy).
+    assert [p if isinstance(p, str) else next(iter(p)) for p in config["plugins"]] == \
+        ["search", "mkdocstrings"]
+
+
+def test_no_dated_measurement_outside_the_generated_tables():
+    files = ["README.md", "pyproject.toml", "setup.py",
+             *(os.path.relpath(p, ROOT)
+               for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))]
+    dated = []
+    for name in files:
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+            dated += [f"{name}:{n}: {line}" for n, line in enumerate(f, 1)
+                      if DATE.search(line)]
+    assert dated == []
+
+
+def test_every_test_the_reliability_table_names_exists():
+    """The table is kept true: each row names a test (``file.py::name``) that exists."""
+    with open(os.path.join(DOCS, "reliability.md"), encoding="utf-8") as f:
+        rows = [line for line in f.read().splitlines()
+                if line.startswith("| ") and not line.startswith("| Fault")]
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)`", "\n".join(rows))
+    assert len(rows) >= 19 and len(named) == len(rows) - 1, rows  # one row says "same test"
+    for filename, test in named:
+        with open(os.path.join(ROOT, "tests", filename), encoding="utf-8") as f:
+            assert re.search(rf"^def {test}\(", f.read(), re.M), f"{filename}::{test}"
+
+
+def test_a_benchmark_writes_its_results_and_the_site_renders_them(tmp_path):
+    rows = [{"N": 1024, "TF/numpy": 1.1}, {"N": 2048, "TF/numpy": 0.95}]
+    path = _results.write(os.path.join(ROOT, "benchmarks", "matmul.py"), "a title", rows,
+                          ["--sizes", "1024", "2048", "--results"], summary="a summary",
+                          directory=str(tmp_path))
+    assert os.path.basename(path) == "matmul.json"
+    with open(path, encoding="utf-8") as f:
+        document = json.load(f)
+    assert document["rows"] == rows and DATE.fullmatch(document["date"])
+    assert document["command"] == "python benchmarks/matmul.py --sizes 1024 2048"
+    assert document["machine"]["cpu_count"] == os.cpu_count()
+    assert re.fullmatch(r"[0-9a-f]{12}(\+changes)?", document["commit"])
+    page = mkdocs_hooks.on_page_markdown(f"before\n{mkdocs_hooks.MARKER}\nafter",
+                                         page=None, config=None, files=None)
+    assert page.startswith("before\n") and page.endswith("\nafter")
+    table = mkdocs_hooks.render(document)
+    assert "| N | TF/numpy |\n|---|---|\n| 1,024 | 1.1 |\n| 2,048 | 0.95 |" in table
+    assert document["date"] in table and document["commit"] in table
