@@ -47,7 +47,7 @@ class AgreedStop:
     the others went on into the next block, each waiting for the other in a different
     collective. Instead every process stops after the same block; the loop's
     `CheckPreemption` then agrees on why (`SavePolicy.agree`), and every process saves
-    that step together and stops as the signalled one does (see the README).
+    that step together and stops as the signalled one does (see docs/multihost.md).
 
     Reading it waits for the block in flight (the agreement is a collective on the
     devices), so with several processes the next block's input is read after it.
