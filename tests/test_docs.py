@@ -136,3 +136,28 @@ def test_a_benchmark_writes_its_results_and_the_site_renders_them(tmp_path):
     table = mkdocs_hooks.render(document)
     assert "| N | TF/numpy |\n|---|---|\n| 1,024 | 1.1 |\n| 2,048 | 0.95 |" in table
     assert document["date"] in table and document["commit"] in table
+
+
+def _readme() -> str:
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_the_readme_commands_match_ci_and_the_extras():
+    readme = _readme()
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = f.read()
+    # CI runs the README's whole-suite command (plus --durations), installing the same.
+    suite = re.search(r"^pip install -q -e '(\.\[[a-z,]+\])' && python -m pytest -q -n 3 "
+                      r"--dist loadgroup$", readme, re.M)
+    assert suite, "the README's whole-suite command"
+    assert f"python -m pip install -q -e '{suite[1]}' && python -m pytest -q -n 3 " \
+           "--dist loadgroup --durations=30" in ci
+    assert "docs" in suite[1].split(",")  # test_docs builds the site
+    # The tutorials, opened locally: the notebooks extra brings Jupyter.
+    assert "\npip install -e '.[cpu,notebooks]' && jupyter lab tutorials/\n" in readme
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        setup_py = f.read()
+    assert re.search(r'"notebooks": \[[^\]]*"jupyterlab', setup_py)
+    assert re.search(r'"docs": \[[^\]]*"mkdocs-material[^\]]*"mkdocstrings\[python\]', setup_py)
+    assert len(readme.splitlines()) <= 250
