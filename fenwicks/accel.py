@@ -325,14 +325,16 @@ def current() -> Accelerator:
     global _current
     if _current is None:
         request = effective_request(os.environ)
-        if engine() == "jax":
-            _current = detect_jax(request, _JaxProbe())
-        else:
-            _current = detect(request, TFProbe())
+        _current = _DETECTORS[engine()](request)
         logger.info("fenwicks: using %s with %d replica(s), %s on the %s engine (%s)",
                     _current.kind, _current.num_replicas, _current.precision,
                     _current.engine, _current.reason)
     return _current
+
+
+# Each engine's devices, as its library sees them (JAX's own, or TensorFlow's).
+_DETECTORS = {"tf": lambda request: detect(request, TFProbe()),
+              "jax": lambda request: detect_jax(request, _JaxProbe())}
 
 
 def is_initialized() -> bool:
