@@ -3,6 +3,8 @@ run on whichever engine the environment selects, printing what each gave as one 
 
     python -m tests._contract run WORK_ROOT      # train ... export, in one process
     python -m tests._contract resume WORK_ROOT   # a new process on run's work_dir
+    python -m tests._contract gcs GS_ROOT        # train, resume, export on gs://
+    python -m tests._contract service WORK_ROOT RECORDS ADDRESS   # tf.data service input
 
 The same code runs on both engines (8 replicas each: ``FENWICKS_DEVICE=cpu:8`` for
 TensorFlow, 8 JAX host devices); the test compares the two JSON documents. The model
@@ -56,7 +58,7 @@ def build_nn() -> keras.Model:
     return model
 
 
-def model_func(precision_probe: list | None = None) -> Any:
+def model_func() -> Any:
     opt_func = fw.train.sgd_optimizer(0.05, mom=0.9, wd=5e-4)
     return fw.train.get_clf_model_func(build_nn, opt_func)
 
@@ -188,7 +190,38 @@ def resume(root: str) -> dict:
             "losses": [float(v) for v in est.history.losses]}
 
 
+def gcs(root: str) -> dict:
+    """Train, a second estimator resuming, evaluate and export, all on ``gs://``."""
+    x, y = digits()
+    work_dir = f"{root}/{fw.train.engines.current().name}"
+    estimator(work_dir).train(train_input(x, y), steps=2)
+    est = estimator(work_dir)
+    est.train(train_input(x, y), steps=2)
+    result = est.evaluate(eval_input(x, y))
+    exported = est.export_saved_model(f"{work_dir}_export")
+    loaded = tf.saved_model.load(exported)  # kept: its variables outlive the call
+    served = loaded.serve(x[NUM_TRAIN:NUM_TRAIN + 5])
+    return {"global_step": est.global_step, "losses": est.history.losses,
+            "num_examples": result["num_examples"],
+            "served_rows": int(served["predictions"].shape[0]),
+            "export_marker": fw.io.exists(f"{exported}/fenwicks_export.json")}
+
+
+def service(root: str, records: str, address: str) -> dict:
+    """Two steps whose training input comes through the tf.data service at `address`."""
+    def parser(record: Any) -> Any:
+        return fw.data.tfexample_numpy_image_parser(record, 8, 8, 1, dtype="float32")
+
+    est = estimator(f"{root}/{fw.train.engines.current().name}_service")
+    est.train(lambda params: fw.data.tfrecord_ds(
+        records, parser, params["batch_size"], seed=SEED, data_service=address,
+        input_context=params["input_context"]), steps=2)
+    return {"global_step": est.global_step, "losses": est.history.losses}
+
+
 if __name__ == "__main__":
-    command, work_root = sys.argv[1], sys.argv[2]
-    os.makedirs(work_root, exist_ok=True)
-    print(json.dumps({"run": run, "resume": resume}[command](work_root)))
+    command, work_root, *rest = sys.argv[1:]
+    if "://" not in work_root:
+        os.makedirs(work_root, exist_ok=True)
+    commands = {"run": run, "resume": resume, "gcs": gcs, "service": service}
+    print(json.dumps(commands[command](work_root, *rest)))

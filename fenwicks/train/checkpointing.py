@@ -130,6 +130,17 @@ class CheckpointCorruptError(RuntimeError):
     """No checkpoint in work_dir can be read, though some are listed there."""
 
 
+def none_readable(work_dir: str, listed: int, damaged: list[tuple[str, str]],
+                  what_to_move: str) -> CheckpointCorruptError:
+    """The error when every one of the `listed` checkpoints of `work_dir` is damaged:
+    each with why, and what to move away (the engine's checkpoint files)."""
+    listing = "; ".join(f"{where}: {why}" for where, why in damaged)
+    return CheckpointCorruptError(
+        f"work_dir={work_dir!r} lists {listed} checkpoint(s) and none can be read "
+        f"({listing}). Nothing was changed. Move {what_to_move} away to start fresh, or "
+        "restore them from a copy")
+
+
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (disk full, storage error); the previous is intact."""
 

@@ -82,10 +82,10 @@ from fenwicks import _deadline
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (
-    CheckpointCorruptError,
     Checkpointer,
     CheckpointReadError,
     CheckpointWriteError,
+    none_readable,
     step_of,
 )
 
@@ -399,12 +399,8 @@ class OrbaxCheckpointer(Checkpointer):
                 self._set_aside(damaged, restored)
             return restored
         if steps:
-            listing = "; ".join(f"{where}: {why}" for where, why in damaged)
-            raise CheckpointCorruptError(
-                f"work_dir={self.directory.rsplit('/', 1)[0]!r} lists {len(steps)} "
-                f"checkpoint(s) and none can be read ({listing}). Nothing was changed. "
-                f"Move the step folders of {self.directory} away to start fresh, or "
-                "restore them from a copy")
+            raise none_readable(self.directory.rsplit("/", 1)[0], len(steps), damaged,
+                                f"the step folders of {self.directory}")
         return None
 
     def _steps_on_disk(self) -> list[int]:

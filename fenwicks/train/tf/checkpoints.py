@@ -45,6 +45,7 @@ from fenwicks.train.checkpointing import (  # noqa: F401  (their home: shared)
     CheckpointWriteError,
     ProbeWriteError,
     is_storage_error,
+    none_readable,
     step_of,
 )
 
@@ -332,11 +333,7 @@ def restore_latest(root: tf.train.Checkpoint, work_dir: str,
             _set_aside(work_dir, damaged, prefix)
         return prefix
     if candidates:
-        listing = "; ".join(f"{p}: {why}" for p, why in damaged)
-        raise CheckpointCorruptError(
-            f"work_dir={work_dir!r} lists {len(candidates)} checkpoint(s) and none can be "
-            f"read ({listing}). Nothing was changed. Move the ckpt-* files away to start "
-            "fresh, or restore them from a copy")
+        raise none_readable(work_dir, len(candidates), damaged, "the ckpt-* files")
     return None
 
 
