@@ -213,7 +213,10 @@ def v1_optimizer_arg(optimizer: Any, name: str) -> Any:
 
     Why private: TF1 optimizers keep their arguments only as ``_<name>`` attributes (no
     ``get_config``); the TPUEstimator front door converts them to Keras optimizers.
+    AdamOptimizer keeps its learning rate as ``_lr``, the others as ``_learning_rate``.
     """
+    if name == "learning_rate" and not hasattr(optimizer, "_learning_rate"):
+        return optimizer._lr  # noqa: SLF001 - see the docstring
     return getattr(optimizer, "_" + name)
 
 

@@ -28,6 +28,7 @@ summaries (Keras callbacks and TensorBoard scalars replace them).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -48,7 +49,7 @@ from fenwicks.train.tf import _model_fn as mf
 from fenwicks.train.tf import assignment_map
 
 __all__ = ["ModeKeys", "RunConfig", "TPUConfig", "TPUEstimator", "TPUEstimatorSpec",
-           "EstimatorSpec", "WarmStartSettings"]
+           "EstimatorSpec", "WarmStartSettings", "InputPipelineConfig"]
 
 logger = logging.getLogger("fenwicks")
 
@@ -61,6 +62,29 @@ class ModeKeys:
     TRAIN = "train"
     EVAL = "eval"
     PREDICT = "infer"
+
+
+class InputPipelineConfig:
+    """TPUEstimator's input placement values, for ``TPUConfig(per_host_input_for_training=
+    ...)``. Fenwicks feeds every replica from one pipeline per host whichever is given:
+    the training input_fn gets the per-replica batch (PER_HOST_V2's), the evaluation and
+    prediction ones the per-host batch (TPUEstimator's)."""
+
+    PER_SHARD_V1 = 1
+    PER_HOST_V1 = 2
+    PER_HOST_V2 = 3
+    BROADCAST = 4
+    SLICED = 5
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """One warning per process for an accepted argument that has no effect."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logger.warning("fenwicks: %s", message)
 
 
 _ENGINE_MODE = {"train": ModeKeys.TRAIN, "eval": ModeKeys.EVAL, "predict": ModeKeys.PREDICT}
@@ -76,8 +100,10 @@ class TPUConfig:
             Defaults to 2, as TPUEstimator's.
         num_shards: the replica count the program expects. Fenwicks uses every replica
             `fw.accel` found; a different number gives a warning. Defaults to None.
-        per_host_input_for_training, num_cores_per_replica, ...: accepted and ignored
-            (input placement and model parallelism are the strategy's).
+        per_host_input_for_training: accepted (any `InputPipelineConfig` value): the
+            training input_fn gets the per-replica batch, evaluation and prediction
+            input_fns the per-host batch, whatever it says.
+        num_cores_per_replica: None or 1 (model parallelism has no counterpart).
 
     Example:
         >>> fw.train.TPUConfig(iterations_per_loop=100, num_shards=8)
@@ -92,6 +118,8 @@ class TPUConfig:
     input_partition_dims: Any = None
     eval_training_input_configuration: Any = None
     experimental_host_call_every_n_steps: Any = 1
+
+    InputPipelineConfig = InputPipelineConfig  # tpu_config.InputPipelineConfig.PER_HOST_V2
 
     def __post_init__(self) -> None:
         if not isinstance(self.iterations_per_loop, int) or self.iterations_per_loop < 1:
@@ -116,9 +144,10 @@ class RunConfig:
             ``save_checkpoints_steps`` is None too, as TPUEstimator.
         keep_checkpoint_max: how many checkpoints to keep. Defaults to 5.
         tf_random_seed: seeds Python, NumPy, TensorFlow and Keras. Defaults to None.
-        session_config: accepted and ignored, as are `cluster`, `master`,
-            `evaluation_master`, `save_summary_steps`, `log_step_count_steps` and
-            `keep_checkpoint_every_n_hours` (`fw.accel` finds the TPU; summaries are
+        session_config: accepted with a warning, once, that it has no effect, as are
+            `cluster`, `master`, `evaluation_master`, `save_summary_steps`,
+            `log_step_count_steps` and `keep_checkpoint_every_n_hours` (`fw.accel` finds
+            the TPU; summaries are
             written every loop).
 
     Example:
@@ -148,6 +177,24 @@ class RunConfig:
         if self.save_checkpoints_steps is not None and self.save_checkpoints_secs is not None:
             raise ValueError(f"save_checkpoints_steps={self.save_checkpoints_steps} and "
                              f"save_checkpoints_secs={self.save_checkpoints_secs}: give one")
+        for name, default in _IGNORED_RUN_CONFIG.items():
+            if getattr(self, name) != default:
+                _warn_once(f"RunConfig.{name}", f"RunConfig({name}=...) has no effect and is "
+                           f"ignored: {_IGNORED_WHY[name]}")
+
+
+# RunConfig arguments that change nothing here, with their TPUEstimator defaults.
+_IGNORED_RUN_CONFIG = {"cluster": None, "master": None, "evaluation_master": None,
+                       "session_config": None, "save_summary_steps": 100,
+                       "log_step_count_steps": None, "keep_checkpoint_every_n_hours": None}
+_DEVICE_WHY = ("fw.accel finds the device (FENWICKS_DEVICE=tpu|gpu|cpu:N or "
+               "fw.accel.configure() chooses another)")
+_IGNORED_WHY = {"cluster": _DEVICE_WHY, "master": _DEVICE_WHY,
+                "evaluation_master": _DEVICE_WHY, "session_config": _DEVICE_WHY,
+                "save_summary_steps": "TensorBoard scalars are written once per loop "
+                                      "(iterations_per_loop)",
+                "log_step_count_steps": "the progress line is printed once per loop",
+                "keep_checkpoint_every_n_hours": "keep_checkpoint_max says how many stay"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,8 +246,9 @@ class TPUEstimatorSpec:
             (``fw.train.sgd_optimizer(lr_func)``), instead of ``train_op``.
         scaffold_fn: called once per call; ``tf.compat.v1.train.init_from_checkpoint``
             inside it (BERT's warm start) is applied when model_dir has no checkpoint.
-        export_outputs, host_call: accepted and ignored (TensorBoard scalars are written
-            every loop; `export_saved_model` serves the predictions).
+        export_outputs, host_call: accepted with a warning, once, that they have no
+            effect (TensorBoard scalars are written every loop; `export_saved_model`
+            serves the predictions).
         training_hooks, evaluation_hooks, prediction_hooks: must be empty (TF1
             SessionRunHooks; see the module docstring).
 
@@ -241,6 +289,14 @@ def _check_spec(spec: Any, mode: str) -> TPUEstimatorSpec:
     if spec.eval_metric_ops is not None:
         raise mf.ModelFnError("eval_metric_ops is TF1's graph form; give "
                               "eval_metrics=(metric_fn, tensors)")
+    if spec.host_call is not None:
+        _warn_once("host_call", "TPUEstimatorSpec(host_call=...) has no effect and is "
+                   "ignored: Fenwicks writes the loss as TensorBoard scalars every loop; "
+                   "log other values with Keras callbacks (est.train(..., callbacks=[...]))")
+    if spec.export_outputs is not None:
+        _warn_once("export_outputs", "TPUEstimatorSpec(export_outputs=...) has no effect "
+                   "and is ignored: export_saved_model serves the PREDICT predictions as "
+                   "its serving_default signature")
     return spec
 
 
@@ -338,7 +394,7 @@ class _Runner:
         self.seen[mode] = (spec, record, list(terms))
         out: dict[str, Any] = {}
         if mode != ModeKeys.PREDICT:
-            out["loss"] = self._per_example_loss(spec.loss, features)
+            out["loss"] = self._per_example_loss(spec.loss, features, mode, record)
         if terms:
             rows = _rows(features)
             out["metrics"] = {}
@@ -354,7 +410,21 @@ class _Runner:
         return out
 
     @staticmethod
-    def _per_example_loss(loss: Any, features: Any) -> tf.Tensor:
+    def _per_example_loss(loss: Any, features: Any, mode: str,
+                          record: mf.CallRecord) -> tf.Tensor:
+        loss = tf.convert_to_tensor(loss)
+        if loss.shape.rank == 0 and mode == ModeKeys.EVAL:
+            # Exact evaluation needs each example's loss: a padded last batch's mean
+            # would count its padding rows. The graph shows them for tf.compat.v1.losses
+            # and reduce_mean(per_example_loss).
+            values = mf.example_losses(loss, record.losses, _static_rows(features))
+            if values is not None:
+                return values
+            _warn_once("eval_loss", "the model_fn's EVAL loss is a scalar whose "
+                       "per-example values Fenwicks cannot see, so evaluate()'s 'loss' "
+                       "counts a padded last batch's padding rows at that batch's mean: "
+                       "compute it with tf.compat.v1.losses.* or "
+                       "tf.reduce_mean(per_example_loss), or return the [batch] vector")
         loss = tf.cast(loss, tf.float32)
         if loss.shape.rank == 0:  # the batch mean: every example carries it
             return tf.fill([_rows(features)], loss)
@@ -395,10 +465,13 @@ class _Runner:
         spec = self.front.element_specs[built_for]
         features_spec = spec[0] if isinstance(spec, tuple) else spec
         self._first_calls(features_spec, built_for)
+        self.replay.check_variants()
         if ModeKeys.EVAL in self.seen:
             self.metric_names = [name + part for name in self.seen[ModeKeys.EVAL][2]
                                  for part in (_NUM, _DEN)]
         self.optimizer = self._make_optimizer(built_for)
+        if ModeKeys.TRAIN in self.seen:
+            _record_optimizer(self.front.model_dir, self.optimizer)
         self.front.apply_warm_start(self.replay.variables(),
                                     [record for _, record, _ in self.seen.values()])
         net = _ModelFnNet(self)
@@ -459,7 +532,9 @@ class _Runner:
                 "model_fn's TRAIN spec has no optimizer: give TPUEstimatorSpec(mode, "
                 "loss=loss, optimizer=keras.optimizers.SGD(lr)) (or train_op=tf.compat.v1."
                 "train.GradientDescentOptimizer(lr).minimize(loss, global_step))")
-        return keras.optimizers.SGD()  # evaluate / predict only: never steps
+        # Predict only (the TRAIN spec unknown): the optimizer the model_dir was trained
+        # with, so that its checkpoint's slots have somewhere to go; it never steps.
+        return _recorded_optimizer(self.front.model_dir) or keras.optimizers.SGD()
 
 
 # --------------------------------------------------------------------------- the front door
@@ -517,6 +592,7 @@ class TPUEstimator:
         if embedding_config_spec is not None:
             raise ValueError("embedding_config_spec (TPU embeddings) has no counterpart in "
                              "Fenwicks; use keras.layers.Embedding in the model_fn")
+        _check_engine()
         self.model_fn = model_fn
         self.config = config if config is not None else RunConfig()
         if not isinstance(self.config, RunConfig):
@@ -542,6 +618,7 @@ class TPUEstimator:
         self._built_for: str | None = None
         self._runner: _Runner | None = None
         self._check_shards()
+        self._check_device(use_tpu, eval_on_tpu)
 
     def _check_shards(self) -> None:
         wanted = self.config.tpu_config.num_shards or self.params.get("num_shards")
@@ -551,6 +628,22 @@ class TPUEstimator:
                            "available: training runs on %d, and params['num_shards'] says "
                            "so (batch sizes are global, so the update is the same)",
                            wanted, replicas, replicas)
+
+    def _check_device(self, use_tpu: bool, eval_on_tpu: bool) -> None:
+        """use_tpu and eval_on_tpu choose nothing here: say so when the run differs."""
+        kind = accel.current().kind
+        if bool(use_tpu) != (kind == "tpu"):
+            _warn_once("use_tpu", f"use_tpu={use_tpu!r} has no effect: this runs on the "
+                       f"{kind}, which {_DEVICE_WHY}")
+        if use_tpu and not eval_on_tpu and kind == "tpu":
+            _warn_once("eval_on_tpu", "eval_on_tpu=False has no effect: evaluation runs "
+                       "on the TPU, exact on any batch size")
+        if kind != "tpu" and accel.tpu_host_evidence():
+            _warn_once("tpu_host", "this is a TPU host, but TensorFlow here cannot reach "
+                       "the TPU, so fw.train.TPUEstimator trains on the host CPU: to use the "
+                       "TPU, port the model_fn to a Keras model_func (tutorials/PORTING.md, "
+                       "'TPUEstimator programs on the jax engine') and run it without "
+                       "FENWICKS_ENGINE=tf, without importing TensorFlow before fenwicks")
 
     # ---------------------------------------------------------------- the engine
 
@@ -620,6 +713,14 @@ class TPUEstimator:
                 if key not in seen:
                     seen.add(key)
                     sources.append((source, mapping))
+        restored = tf.train.latest_checkpoint(self.model_dir) if sources else None
+        if restored is not None:
+            # The engine restores model_dir's own checkpoint over any warm start.
+            self.warm_start_report = {"loaded": [], "not_loaded": [],
+                                      "restored_instead": [restored]}
+            logger.info("fenwicks: warm start not applied: model_dir holds %s, restored "
+                        "instead", restored)
+            return
         for source, mapping in sources:
             part = assignment_map.warm_start(variables, source, mapping)
             report["loaded"] += part["loaded"]
@@ -635,12 +736,15 @@ class TPUEstimator:
         def wrapped(params: dict) -> tf.data.Dataset:
             full = {"use_tpu": self.use_tpu, **self.params, **params,
                     "num_shards": params["num_replicas"]}
-            dataset = _call_input_fn(input_fn, full, self.config, _ENGINE_MODE[mode])
-            if not isinstance(dataset, tf.data.Dataset):
-                raise ValueError(
-                    f"the {mode} input_fn returned {type(dataset).__name__}; return the "
-                    "tf.data.Dataset itself (TensorFlow 2 has no one-shot iterators whose "
-                    "get_next() tensors could be fed)")
+            per_replica = params["batch_size"]
+            if mode != "train":
+                # TPUEstimator gave evaluation and prediction input_fns the per-host batch
+                # and split it between the cores: a drop_remainder=True input then keeps
+                # the same examples as it did there.
+                full["batch_size"] = params["global_batch_size"] // _pipelines(params)
+            dataset = _dataset_of(input_fn, full, self.config, _ENGINE_MODE[mode], mode)
+            if full["batch_size"] != per_replica:
+                dataset = dataset.rebatch(per_replica)
             return dataset.map(self._splitter(dataset.element_spec, mode))
 
         return wrapped
@@ -719,6 +823,10 @@ class TPUEstimator:
         """
         _no_hooks(hooks, None)
         _no_checkpoint_path(checkpoint_path)
+        if name is not None:
+            _warn_once("evaluate.name", f"evaluate(name={name!r}) has no effect: Fenwicks "
+                       "keeps one evaluation history in model_dir; keep the returned dict "
+                       "to tell evaluations apart")
         result = self._estimator("eval").evaluate(self._wrapped(input_fn, "eval"), steps)
         return _finish_metrics(result)
 
@@ -755,13 +863,24 @@ class TPUEstimator:
     def export_saved_model(self, export_dir_base: str,
                            serving_input_receiver_fn: Any = None, **unused: Any) -> str:
         """Writes a SavedModel of the PREDICT-mode predictions to `export_dir_base`; its
-        ``serve(features)`` takes a batch of features (no receiver function needed).
+        ``serve(features)`` takes a batch of features as the predict input_fn yields them.
+        ``serving_input_receiver_fn`` and the other TPUEstimator keywords are accepted
+        with a warning, once, that they have no effect.
 
         Example:
             >>> tf.saved_model.load(est.export_saved_model('/tmp/m')).serve(images)
         """
         from fenwicks.train import export_dirs
         from fenwicks.train.tf import export
+        if serving_input_receiver_fn is not None:
+            _warn_once("serving_input_receiver_fn", "export_saved_model("
+                       "serving_input_receiver_fn=...) has no effect: the SavedModel's "
+                       "serve(features) takes a batch of the features the input_fns yield "
+                       "(parse serialized tf.Examples before calling it)")
+        for name in sorted(unused):
+            _warn_once(f"export.{name}", f"export_saved_model({name}=...) has no effect "
+                       "and is ignored: the export is the latest checkpoint's PREDICT mode "
+                       "as one serving_default signature")
         est = self._estimator(self._built_for or "predict")
         spec = est.parts.state.spec  # raises the "built on first use" error before any call
         export_dirs.check(export_dir_base)
@@ -790,6 +909,39 @@ class TPUEstimator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_OPTIMIZER_RECORD = "fenwicks_tpu_estimator_optimizer.json"
+
+
+def _record_optimizer(model_dir: str, optimizer: Any) -> None:
+    """Writes the optimizer's Keras config into model_dir, for a later predict-only
+    TPUEstimator (which never calls the model_fn in TRAIN) to rebuild its slots."""
+    import json
+
+    try:
+        config = keras.optimizers.serialize(optimizer)
+        text = json.dumps(config, default=lambda value: None)
+    except (TypeError, ValueError):  # a custom optimizer: predict-only cannot rebuild it
+        return
+    tf.io.gfile.makedirs(model_dir)
+    with tf.io.gfile.GFile(f"{model_dir}/{_OPTIMIZER_RECORD}", "w") as f:
+        f.write(text)
+
+
+def _recorded_optimizer(model_dir: str) -> Any:
+    import json
+
+    path = f"{model_dir}/{_OPTIMIZER_RECORD}"
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as f:
+        config = json.loads(f.read())
+    try:
+        return keras.optimizers.deserialize(config)
+    except (TypeError, ValueError):
+        logger.warning("fenwicks: could not rebuild the optimizer recorded in %s", path)
+        return None
 
 
 def _keys(spec: Any) -> str:
@@ -821,6 +973,63 @@ def _no_checkpoint_path(checkpoint_path: str | None) -> None:
                         "TPUEstimator on that checkpoint's directory")
 
 
+def _pipelines(params: dict) -> int:
+    context = params.get("input_context")
+    return context.num_input_pipelines if context is not None else 1
+
+
+class _Captured(Exception):  # noqa: N818 - control flow, never seen by a user
+    def __init__(self, dataset: tf.data.Dataset) -> None:
+        super().__init__("make_one_shot_iterator")
+        self.dataset = dataset
+
+
+class _OneShotIterator:
+    """Stands in for ``make_one_shot_iterator(dataset)`` while an input_fn runs: the first
+    call captures the dataset; the per-element call gets the element from get_next()."""
+
+    def __init__(self, dataset: tf.data.Dataset, element: Any) -> None:
+        self.dataset, self.element = dataset, element
+
+    def get_next(self, name: str | None = None) -> Any:
+        if self.element is None:
+            raise _Captured(self.dataset)
+        return self.element
+
+
+def _dataset_of(input_fn: Callable[..., Any], params: dict, config: RunConfig, mode: str,
+                what: str) -> tf.data.Dataset:
+    """The input_fn's dataset. One returning ``make_one_shot_iterator(ds).get_next()``
+    tensors (squeezenet's InputReader) becomes ``ds.map(<the input_fn on each element>)``:
+    the code after get_next() (casts, set_shape) runs on every element, as TF1 ran it."""
+    element: list[Any] = [None]
+
+    def make(dataset: Any, *args: Any, **kwargs: Any) -> _OneShotIterator:
+        return _OneShotIterator(dataset, element[0])
+
+    @contextlib.contextmanager
+    def one_shot() -> Iterator[None]:
+        with mf.patched(tf.compat.v1.data, "make_one_shot_iterator", make), \
+                mf.patched(tf.compat.v1.data.Dataset, "make_one_shot_iterator", make):
+            yield
+
+    try:
+        with one_shot():
+            result = _call_input_fn(input_fn, params, config, mode)
+    except _Captured as captured:
+        def per_element(*values: Any) -> Any:
+            element[0] = values[0] if len(values) == 1 else values
+            return _call_input_fn(input_fn, params, config, mode)
+
+        with one_shot():  # the map function is traced here
+            return captured.dataset.map(per_element)
+    if not isinstance(result, tf.data.Dataset):
+        raise ValueError(
+            f"the {what} input_fn returned {type(result).__name__}; return a "
+            "tf.data.Dataset, or make_one_shot_iterator(dataset).get_next() of one")
+    return result
+
+
 def _call_input_fn(input_fn: Callable[..., Any], params: dict, config: RunConfig,
                    mode: str) -> Any:
     """Calls an input_fn as TPUEstimator did: ``params`` (by name, or its one
@@ -836,6 +1045,21 @@ def _call_input_fn(input_fn: Callable[..., Any], params: dict, config: RunConfig
     if [name for name in names if name not in kwargs]:
         return input_fn(params, **kwargs)
     return input_fn(**kwargs)
+
+
+JAX_ENGINE_REFUSAL = (
+    "fw.train.TPUEstimator runs a TF1-style model_fn, which needs TensorFlow and cannot "
+    "run inside JAX, and this process runs on the jax engine: start it with "
+    "FENWICKS_ENGINE=tf (on a TPU image whose TensorFlow cannot reach the TPU, such as "
+    "Kaggle's, it then trains on the host CPU), or write the model as a Keras model_func "
+    "(fw.train.get_clf_model_func(build_nn, opt_func) with fw.train.get_tpu_estimator), "
+    "which runs on both engines: tutorials/PORTING.md, 'TPUEstimator programs on the jax "
+    "engine'")
+
+
+def _check_engine() -> None:
+    if accel.engine() != "tf":
+        raise ValueError(JAX_ENGINE_REFUSAL)
 
 
 def _temporary_model_dir() -> str:

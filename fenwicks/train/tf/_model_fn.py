@@ -17,7 +17,16 @@ implementations need a graph collection TensorFlow 2 no longer has:
   (`convert_v1_optimizer`); ``get_global_step`` / ``get_or_create_global_step`` give the
   optimizer's step;
 - ``tf.compat.v1.train.init_from_checkpoint`` records a warm start;
-- ``tf.compat.v1.get_variable`` raises: graph-only variables cannot be shared here.
+- ``tf.compat.v1.losses.*`` record their per-example values beside the scalar, so the
+  evaluation loss of a padded last batch leaves the padding rows out;
+- ``tf.compat.v1.get_variable`` makes (on the first calls) or hands back a variable by its
+  TF1 scope name (BERT's ``output_weights``); inside a TF1 optimizer's own
+  ``apply_gradients`` (BERT's ``AdamWeightDecayOptimizer``) it raises, naming the Keras
+  replacement.
+
+A Keras object created with other arguments in another mode (``Dropout(0.9 if training
+else 0.0)``) is that mode's own object, so each mode runs with its own arguments; one with
+weights must be the same in every mode (`Replay.check_variants`).
 
 The patches are undone when the model_fn returns; the model_fn runs on one thread.
 """
@@ -28,6 +37,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -117,8 +127,12 @@ def _recall_at_k(labels, predictions, k, class_id=None, weights=None, *args, **k
     if class_id is not None:
         raise ModelFnError("tf.compat.v1.metrics.recall_at_k(class_id=...) is not "
                            "supported; leave class_id=None (one label per example)")
-    labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
-    hit = tf.math.in_top_k(labels, tf.cast(predictions, tf.float32), k)
+    # TF1's recall_at_k takes tf.nn.top_k's k indices, which break ties towards the lower
+    # class index: in_top_k would count every tied class as a hit (a collapsed model with
+    # all logits equal would score 1.0).
+    labels = tf.reshape(tf.cast(labels, tf.int32), [-1, 1])
+    top = tf.math.top_k(tf.cast(predictions, tf.float32), k).indices
+    hit = tf.reduce_any(tf.equal(top, labels), axis=1)
     return _pair(_per_example(tf.cast(hit, tf.float32), weights))
 
 
@@ -159,6 +173,71 @@ def _keras_mean_update(self: keras.metrics.Mean, values: Any,
     """Replaces `keras.metrics.Mean.update_state` (under every mean-type Keras metric)
     inside metric_fn: records the per-example values instead of adding them up."""
     self.fenwicks_metric_term = _per_example(values, sample_weight)
+
+
+# --------------------------------------------------------------------------- v1 losses
+
+# Reductions whose scalar is the mean of the per-example values when weights are 1.
+_MEAN_REDUCTIONS = (tf.compat.v1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS,
+                    tf.compat.v1.losses.Reduction.MEAN,
+                    tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZE,
+                    tf.compat.v1.losses.Reduction.SUM_OVER_NONZERO_WEIGHTS)
+V1_LOSSES = ("sparse_softmax_cross_entropy", "softmax_cross_entropy", "sigmoid_cross_entropy",
+             "mean_squared_error", "absolute_difference", "log_loss", "hinge_loss",
+             "huber_loss")
+
+
+def _example_means(values: tf.Tensor) -> tf.Tensor | None:
+    if values.shape.rank is None or values.shape.rank == 0:
+        return None
+    if values.shape.rank == 1:
+        return values
+    return tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
+
+
+def _recording_loss(original: Callable[..., Any], record: CallRecord) -> Callable[..., Any]:
+    """A `tf.compat.v1.losses` function that also records its per-example values."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def loss(*args: Any, **kwargs: Any) -> Any:
+        scalar = original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        weights, reduction = bound.arguments.get("weights"), bound.arguments.get("reduction")
+        unweighted = isinstance(weights, (int, float)) and weights == 1
+        if unweighted and reduction in _MEAN_REDUCTIONS and tf.is_symbolic_tensor(scalar):
+            values = original(**dict(bound.arguments, reduction="none", loss_collection=None))
+            per_example = _example_means(tf.cast(values, tf.float32))
+            if per_example is not None:
+                record.losses[scalar.ref()] = per_example
+        return scalar
+
+    return loss
+
+
+def example_losses(loss: tf.Tensor, recorded: dict[Any, tf.Tensor],
+                   rows: int | None) -> tf.Tensor | None:
+    """The per-example ``[B]`` values whose mean is the scalar `loss`, if the graph shows
+    them: a recorded `tf.compat.v1.losses` value, or ``reduce_mean`` of a ``[B, ...]``
+    tensor (BERT's ``tf.reduce_mean(per_example_loss)``), through identities."""
+    tensor = loss
+    for _ in range(16):
+        if not tf.is_symbolic_tensor(tensor):
+            return None
+        if tensor.ref() in recorded:
+            return recorded[tensor.ref()]
+        op = tensor.op
+        if op.type == "Identity" or (op.type == "Mean" and op.inputs[0].shape.rank == 0):
+            tensor = op.inputs[0]
+            continue
+        if op.type == "Mean" and tensor.shape.rank == 0:  # every axis reduced
+            values = op.inputs[0]
+            if rows is not None and values.shape[0] not in (None, rows):
+                return None
+            return _example_means(tf.cast(values, tf.float32))
+        return None
+    return None
 
 
 # --------------------------------------------------------------------------- v1 optimizers
@@ -235,6 +314,11 @@ class Replay:
         self._next: dict[type, int] = {}
         self._skip_init: dict[type, type] = {}
         self.mode = ""
+        self.v1_variables = V1Variables()
+        self._arguments: dict[int, Any] = {}  # id(object) -> its constructor arguments
+        # (class, index, mode) -> a mode's own object, made with other arguments
+        self._variants: dict[tuple[type, int, str], Any] = {}
+        self._described: dict[int, tuple[str, str]] = {}  # id(object) -> (mode, arguments)
 
     def start(self, mode: str) -> None:
         self._next = {}
@@ -265,20 +349,77 @@ class Replay:
         index = self._next.get(cls, 0)
         self._next[cls] = index + 1
         known = self.objects.setdefault(cls, [])
+        arguments = _signature((args, kwargs))
         if index < len(known):
-            obj = known[index]
-            obj.__class__ = self._no_init(cls)
-            return obj
+            for obj in (known[index], self._variants.get((cls, index, self.mode))):
+                if obj is not None and self._arguments[id(obj)] == arguments:
+                    obj.__class__ = self._no_init(cls)
+                    return obj
         if not self.recording:
             raise ModelFnError(
-                f"model_fn created a {cls.__name__} in mode {self.mode!r} beyond those it "
-                f"created when it was first called ({len(known)} of them): a model_fn must "
-                "create the same Keras layers on every call (they are shared, as "
-                "TPUEstimator shared variables by name)")
+                f"model_fn created a {cls.__name__}{_describe(args, kwargs)} in mode "
+                f"{self.mode!r} that it did not create when it was first called in that "
+                f"mode ({len(known)} {cls.__name__}s then): a model_fn must create the same "
+                "Keras layers, with the same arguments, on every call in a mode (they are "
+                "shared, as TPUEstimator shared variables by name)")
         obj = original(cls, *args, **kwargs)
-        known.append(obj)
+        self._arguments[id(obj)] = arguments
+        self._described[id(obj)] = (self.mode, _describe(args, kwargs))
+        if index < len(known):  # other arguments in this mode: the mode's own object
+            self._variants[(cls, index, self.mode)] = obj
+            self._described[id(obj)] += (known[index],)
+        else:
+            known.append(obj)
         self.order.append(obj)
         return obj
+
+    def check_variants(self) -> None:
+        """Raises if a mode's own object (made with other arguments) has weights: they
+        would not be shared with the other modes' object."""
+        for obj in self._variants.values():
+            if getattr(obj, "weights", None):
+                mode, described, first = self._described[id(obj)]
+                first_mode, first_described = self._described[id(first)][:2]
+                raise ModelFnError(
+                    f"model_fn created {type(first).__name__}{first_described} in mode "
+                    f"{first_mode!r} and {type(obj).__name__}{described} in mode {mode!r} "
+                    "at the same place: a layer with weights must have the same arguments "
+                    "in every mode, so train, eval and predict share its weights; pass "
+                    "what differs per mode when calling it (layer(x, training=...))")
+
+
+def _signature(value: Any, depth: int = 0) -> Any:
+    """A comparable summary of constructor arguments: values, configs of Keras objects
+    (a new initializer per call is the same initializer), code of functions."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if depth > 6:
+        return "..."
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_signature(v, depth + 1) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((str(k), _signature(v, depth + 1))
+                                     for k, v in value.items())))
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # NumPy scalars
+        return value.item()
+    if isinstance(value, _RECORDED_BASES):
+        return ("object", id(value))  # replayed itself: the same object on every call
+    if tf.is_tensor(value):
+        return ("tensor",)  # a value computed anew on every call: not compared
+    if hasattr(value, "__code__"):
+        return ("function", value.__code__)
+    if callable(getattr(value, "get_config", None)):
+        try:
+            return (type(value).__name__, _signature(value.get_config(), depth + 1))
+        except Exception:  # noqa: BLE001 - fall back to the type
+            pass
+    return (type(value).__name__,)
+
+
+def _describe(args: tuple, kwargs: dict) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    text = ", ".join(parts)
+    return f"({text[:80]}{'...' if len(text) > 80 else ''})"
 
 
 def _nested(frame: Any) -> bool:
@@ -294,7 +435,7 @@ def _nested(frame: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
+def patched(target: Any, name: str, value: Any) -> Iterator[None]:
     had = name in vars(target) if isinstance(target, type) else hasattr(target, name)
     old = getattr(target, name, None)
     setattr(target, name, value)
@@ -330,10 +471,64 @@ def _replaying_new(replay: Replay, base: type) -> Any:
     return __new__
 
 
-def _raise_tf1(what: str) -> Callable[..., Any]:
-    def raiser(*args: Any, **kwargs: Any) -> Any:
-        raise ModelFnError(TF2_INCOMPATIBLE.format(what=what))
-    return raiser
+CUSTOM_V1_OPTIMIZER = (
+    "model_fn's train_op comes from {name}.apply_gradients, a TF1 optimizer of its own "
+    "(it makes its slots with tf.get_variable and steps the global step itself), which "
+    "only a TF1 session can run: give the spec a Keras optimizer instead, one line, e.g. "
+    "for BERT's optimization.create_optimizer: TPUEstimatorSpec(mode, loss=total_loss, "
+    "optimizer=fw.train.adam_optimizer(fw.train.one_cycle_lr(init_lr, num_train_steps, "
+    "num_warmup_steps, fw.train.linear_decay()), wd=0.01, epsilon=1e-6, clip_norm=1.0, "
+    "exclude_from_wd=['LayerNorm', 'layer_norm', 'bias'])); see tutorials/PORTING.md, "
+    "'TPUEstimator programs'")
+
+
+def _v1_optimizer_in_stack(frame: Any) -> Any:
+    """The `tf.compat.v1.train.Optimizer` whose method is running, if one is."""
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, tf.compat.v1.train.Optimizer):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+class V1Variables:
+    """`tf.compat.v1.get_variable` in a model_fn: a variable per TF1 scope name, made on the
+    first calls as a weight of one Keras layer (so it is checkpointed with the model) and
+    handed back by name on later calls, as TF1's variable scopes shared it."""
+
+    def __init__(self) -> None:
+        self.layer = keras.layers.Layer(name="v1_variables")
+        self.by_name: dict[str, Any] = {}
+
+    def get(self, replay: Replay, name: str, shape: Any = None, dtype: Any = None,
+            initializer: Any = None, regularizer: Any = None, trainable: bool | None = None,
+            **unused: Any) -> Any:
+        optimizer = _v1_optimizer_in_stack(sys._getframe(1))
+        if optimizer is not None:
+            raise ModelFnError(CUSTOM_V1_OPTIMIZER.format(name=type(optimizer).__name__))
+        scope = tf.compat.v1.get_variable_scope().name
+        full = f"{scope}/{name}" if scope else name
+        if full in self.by_name:
+            return self.by_name[full]
+        if not replay.recording or shape is None:
+            raise ModelFnError(
+                f"model_fn called tf.compat.v1.get_variable({full!r}) in mode "
+                f"{replay.mode!r}, which it did not call on its first calls"
+                + ("" if shape is not None else " (and gave no shape)")
+                + ": a model_fn must make the same variables in every mode")
+        variable = self.layer.add_weight(
+            name=name.replace("/", "_"), shape=tuple(tf.TensorShape(shape).as_list()),
+            dtype=tf.as_dtype(dtype or tf.float32).name,
+            initializer=initializer or "glorot_uniform",
+            regularizer=regularizer, trainable=True if trainable is None else trainable)
+        variable.fenwicks_v1_name = full  # its name for warm-start maps
+        # An attribute each: TensorFlow's checkpoint graph does not see the weights list.
+        setattr(self.layer, "v1_" + re.sub(r"\W", "_", full), variable)
+        self.by_name[full] = variable
+        if self.layer not in replay.order:
+            replay.order.append(self.layer)
+        return variable
 
 
 @dataclasses.dataclass
@@ -342,6 +537,7 @@ class CallRecord:
 
     minimize: V1Minimize | None = None
     init_from_checkpoint: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+    losses: dict[Any, tf.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -365,8 +561,10 @@ def tf1_scope(replay: Replay, record: CallRecord,
                (v1.train, "init_from_checkpoint", init_from_checkpoint),
                (v1, "trainable_variables",
                 lambda *a, **k: [v for v in replay.variables() if v.trainable]),
-               (v1, "get_variable", _raise_tf1("tf.compat.v1.get_variable")),
+               (v1, "get_variable", functools.partial(replay.v1_variables.get, replay)),
                (keras.metrics.Mean, "update_state", _keras_mean_update)]
+    patches += [(v1.losses, name, _recording_loss(getattr(v1.losses, name), record))
+                for name in V1_LOSSES if hasattr(v1.losses, name)]
     patches += [(v1.metrics, name, fn) for name, fn in V1_METRICS.items()]
     patches += [(v1.metrics, name, _unsupported_metric(name))
                 for name in ("auc", "precision_at_k", "mean_per_class_accuracy",
@@ -380,7 +578,7 @@ def tf1_scope(replay: Replay, record: CallRecord,
     patches += [(base, "__new__", _replaying_new(replay, base)) for base in _RECORDED_BASES]
     with contextlib.ExitStack() as stack:
         for target, name, value in patches:
-            stack.enter_context(_patched(target, name, value))
+            stack.enter_context(patched(target, name, value))
         yield
 
 
