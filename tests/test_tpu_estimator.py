@@ -164,6 +164,8 @@ def _linear_model_fn(optimizer_name):
         if optimizer_name == "sgd":
             lr = v1.train.exponential_decay(0.1, step, decay_steps=1, decay_rate=0.5)
             optimizer = v1.train.GradientDescentOptimizer(lr)
+        elif optimizer_name == "adam":  # TF1 Adam keeps its rate as _lr (issue 47, item 7)
+            optimizer = v1.train.AdamOptimizer(0.1, beta1=0.8, epsilon=1e-3)
         else:
             optimizer = v1.train.MomentumOptimizer(0.1, momentum=0.9)
         return fw.train.TPUEstimatorSpec(mode, loss=loss,
@@ -180,6 +182,11 @@ def _linear_weights_after_three_steps(model_dir, optimizer_name):
                                 config=fw.train.RunConfig(tpu_config=fw.train.TPUConfig(1)))
     est.train(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
         params["batch_size"], drop_remainder=True).repeat(), max_steps=3)
+    est.close()
+    # Predict only, in a new estimator: the model_dir's checkpoint holds the optimizer's
+    # slots (momentum, Adam's m and v) though PREDICT never makes an optimizer (item 8).
+    est = fw.train.TPUEstimator(_linear_model_fn(optimizer_name), model_dir=model_dir,
+                                train_batch_size=8, verbose=False)
     weights = np.array(list(est.predict(
         lambda params: tf.data.Dataset.from_tensor_slices(np.eye(3, dtype=np.float32)).batch(
             params["batch_size"]))))
@@ -189,17 +196,23 @@ def _linear_weights_after_three_steps(model_dir, optimizer_name):
 
 def _update_rule(x, y, optimizer_name):
     w, velocity = np.zeros((3, 1)), np.zeros((3, 1))
+    m, v = np.zeros((3, 1)), np.zeros((3, 1))
     for step in range(3):
         grad = 2 / 8 * x.T @ (x @ w - y)  # d/dw mean((xw - y)^2)
         if optimizer_name == "sgd":  # exponential_decay at the step's global step
             w = w - 0.1 * 0.5 ** step * grad
+        elif optimizer_name == "adam":  # TF1's AdamOptimizer, its docstring's epsilon-hat form
+            t = step + 1
+            m = 0.8 * m + 0.2 * grad
+            v = 0.999 * v + 0.001 * grad ** 2
+            w = w - 0.1 * np.sqrt(1 - 0.999 ** t) / (1 - 0.8 ** t) * m / (np.sqrt(v) + 1e-3)
         else:  # TF1 momentum: accumulate, then step by lr * accumulator
             velocity = 0.9 * velocity + grad
             w = w - 0.1 * velocity
     return w
 
 
-@pytest.mark.parametrize("optimizer_name", ["sgd", "momentum"])
+@pytest.mark.parametrize("optimizer_name", ["sgd", "momentum", "adam"])
 def test_tf1_optimizers_make_the_updates_of_their_update_rules(tmp_path, optimizer_name):
     x, y, weights = _linear_weights_after_three_steps(str(tmp_path), optimizer_name)
     np.testing.assert_allclose(weights, _update_rule(x, y, optimizer_name), rtol=1e-5,
@@ -702,3 +715,222 @@ def test_get_tpu_estimator_evaluates_and_predicts_without_steps_per_epoch(tmp_pa
     assert [row["y_pred"] for row in preds[:3]] == list(preds.argmax(1)[:3])
     with pytest.raises(ValueError, match="work_dir is required"):
         fw.train.get_tpu_estimator(model_func=model_func)
+
+
+# ------------------------------------------------- issue 47: nothing silently wrong or ignored
+
+
+def _scaled_model_fn(features, labels, mode, params):
+    # The output is scaled by 2 in TRAIN only: the mode picks a layer argument, as
+    # Dropout(0.9 if training else 0.0) does (item 1), but deterministically.
+    scale = 2.0 if mode == fw.train.ModeKeys.TRAIN else 1.0
+    dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    outputs = keras.layers.Rescaling(scale)(dense(features))
+    if mode == fw.train.ModeKeys.PREDICT:
+        return fw.train.TPUEstimatorSpec(mode, predictions=outputs)
+    loss = v1.losses.mean_squared_error(labels, outputs)
+    train_op = v1.train.GradientDescentOptimizer(0.05).minimize(loss,
+                                                                v1.train.get_global_step())
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_layers_made_with_mode_dependent_arguments_get_them_per_mode(tmp_path):
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    y = rng.normal(size=(8, 1)).astype(np.float32)
+    est = fw.train.TPUEstimator(_scaled_model_fn, model_dir=str(tmp_path), train_batch_size=8,
+                                verbose=False,
+                                config=fw.train.RunConfig(tpu_config=fw.train.TPUConfig(1)))
+    est.train(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        8, drop_remainder=True).repeat(), max_steps=2)
+    weights = np.array(list(est.predict(lambda params: tf.data.Dataset.from_tensor_slices(
+        np.eye(3, dtype=np.float32)).batch(3)))).reshape(3, 1)
+    est.close()
+    w = np.ones((3, 1))
+    for _ in range(2):  # TRAIN's output is 2 x w: d/dw mean((2xw - y)^2)
+        w = w - 0.05 * 2 / 8 * 2 * x.T @ (2 * x @ w - y)
+    np.testing.assert_allclose(weights, w, rtol=1e-5)  # PREDICT's scale is 1: w itself
+
+
+def _mode_dependent_dense_model_fn(features, labels, mode, params):
+    units = 2 if mode == fw.train.ModeKeys.TRAIN else 3
+    logits = keras.layers.Dense(units)(features)
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, predictions=logits,
+                                     optimizer=keras.optimizers.SGD(0.1))
+
+
+def test_a_layer_with_weights_and_mode_dependent_arguments_is_refused(tmp_path):
+    est = fw.train.TPUEstimator(_mode_dependent_dense_model_fn, model_dir=str(tmp_path),
+                                train_batch_size=4, verbose=False)
+    data = lambda params: tf.data.Dataset.from_tensor_slices(  # noqa: E731
+        (np.zeros((4, 4), np.float32), np.zeros(4, np.int64))).batch(
+            4, drop_remainder=True).repeat()
+    with pytest.raises(ValueError, match=r"Dense\(3\) in mode 'eval' and Dense\(2\) in mode "
+                                         r"'train'.*same arguments in every mode"):
+        est.train(data, steps=1)
+    est.close()
+
+
+def _tf1_recall_at_k(labels, logits, k):
+    """TF1's recall_at_k: the label among tf.nn.top_k's indices, which order equal
+    values by index (a stable sort of the negated logits)."""
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    return np.mean([labels[i] in top[i] for i in range(len(labels))])
+
+
+def test_recall_at_k_breaks_ties_as_tf1(tmp_path):
+    from fenwicks.train.tf import _model_fn as mf
+
+    rng = np.random.default_rng(4)
+    logits = rng.integers(0, 3, size=(64, 10)).astype(np.float32)  # many ties
+    logits[:16] = 0.0  # a collapsed model: all equal
+    labels = rng.integers(0, 10, 64)
+    for k in (1, 5):
+        term = mf.V1_METRICS["recall_at_k"](tf.constant(labels), tf.constant(logits), k)[0]
+        value = np.sum(term.numerator) / np.sum(term.denominator)
+        assert value == pytest.approx(_tf1_recall_at_k(labels, logits, k), abs=1e-7)
+    # On the collapsed rows TF1 counts labels 0..k-1 only (in_top_k counted all 10).
+    collapsed = mf.V1_METRICS["recall_at_k"](tf.constant(labels[:16]),
+                                             tf.constant(logits[:16]), 5)[0]
+    assert np.mean(collapsed.numerator) == pytest.approx(np.mean(labels[:16] < 5))
+
+
+def _loss_forms_model_fn(features, labels, mode, params):
+    logits = keras.layers.Dense(3)(features)
+    if mode == fw.train.ModeKeys.PREDICT:
+        return fw.train.TPUEstimatorSpec(mode, predictions=logits)
+    form = params["loss_form"]
+    if form == "v1_losses":  # mnist_tpu
+        loss = v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+    elif form == "reduce_mean_of_v1_losses":  # squeezenet
+        loss = v1.reduce_mean(v1.losses.sparse_softmax_cross_entropy(logits=logits,
+                                                                      labels=labels))
+    else:  # BERT: the per-example loss by hand, then its mean
+        log_probs = v1.nn.log_softmax(logits, axis=-1)
+        one_hot = v1.one_hot(labels, depth=3, dtype=v1.float32)
+        loss = v1.reduce_mean(-v1.reduce_sum(one_hot * log_probs, axis=-1))
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.5))
+
+
+@pytest.mark.parametrize("form", ["v1_losses", "reduce_mean_of_v1_losses", "by_hand"])
+def test_eval_loss_is_exact_with_a_padded_last_batch(tmp_path, form):
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(20, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 20).astype(np.int64)
+    est = fw.train.TPUEstimator(_loss_forms_model_fn, model_dir=str(tmp_path),
+                                params={"loss_form": form}, train_batch_size=8,
+                                eval_batch_size=8, verbose=False)
+    est.train(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+        params["batch_size"], drop_remainder=True), steps=3)
+    # 20 rows in batches of 8: the last holds 4 real rows and 4 of padding.
+    result = est.evaluate(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        params["batch_size"]))
+    logits = np.stack(list(est.predict(lambda params: tf.data.Dataset.from_tensor_slices(
+        x).batch(params["batch_size"]))))
+    est.close()
+    probs = _softmax(logits.astype(np.float64))
+    assert result["num_examples"] == 20
+    assert result["loss"] == pytest.approx(-np.mean(np.log(probs[np.arange(20), y])),
+                                           rel=1e-5)
+
+
+def _ignored_arguments_model_fn(features, labels, mode, params):
+    logits = keras.layers.Dense(3)(features["ids_as_float"] + v1.cast(
+        v1.one_hot(features["ids"], depth=3)[:, :1], v1.float32))
+    if mode == fw.train.ModeKeys.PREDICT:
+        return fw.train.TPUEstimatorSpec(mode, predictions={"logits": logits},
+                                         export_outputs={"x": None})
+    loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, host_call=(lambda: {}, []),
+                                     optimizer=keras.optimizers.SGD(0.1))
+
+
+def test_ignored_arguments_warn_once_naming_themselves_and_int_features_export(
+        tmp_path, caplog, monkeypatch):
+    from fenwicks.train import tpu_estimator
+
+    monkeypatch.setattr(tpu_estimator, "_WARNED", set())
+    rng = np.random.default_rng(8)
+    features = {"ids_as_float": rng.normal(size=(12, 1)).astype(np.float32),
+                "ids": rng.integers(0, 3, 12).astype(np.int32)}  # integer, as BERT's ids
+    labels = rng.integers(0, 3, 12).astype(np.int64)
+    data = lambda params: tf.data.Dataset.from_tensor_slices(  # noqa: E731
+        (features, labels)).batch(params["batch_size"])
+    with caplog.at_level("WARNING", logger="fenwicks"):
+        config = fw.train.RunConfig(model_dir=str(tmp_path / "m"), session_config=object(),
+                                    master="grpc://10.0.0.1:8470")
+        est = fw.train.TPUEstimator(_ignored_arguments_model_fn, config=config,
+                                    use_tpu=True, train_batch_size=4, verbose=False)
+        est.train(lambda params: tf.data.Dataset.from_tensor_slices(
+            (features, labels)).repeat().batch(params["batch_size"], drop_remainder=True),
+            steps=2)
+        est.evaluate(data, name="validation")
+        est.evaluate(data, name="validation")  # warned once
+        path = est.export_saved_model(str(tmp_path / "export"),
+                                      serving_input_receiver_fn=lambda: None, as_text=True)
+        predictions = np.stack([p["logits"] for p in est.predict(data)])
+    est.close()
+    text = [r.getMessage() for r in caplog.records]
+    for words in ("RunConfig(session_config=...) has no effect",
+                  "RunConfig(master=...) has no effect", "use_tpu=True has no effect",
+                  "evaluate(name='validation') has no effect", "host_call=...) has no effect",
+                  "export_outputs=...) has no effect",
+                  "serving_input_receiver_fn=...) has no effect",
+                  "export_saved_model(as_text=...) has no effect"):
+        assert sum(words in t for t in text) == 1, words
+    # The export serves integer features (tf.one_hot of them inside the model_fn).
+    loaded = tf.saved_model.load(path)  # kept: its variables go with it
+    served = loaded.serve({k: v[:5] for k, v in features.items()})
+    np.testing.assert_allclose(served["logits"], predictions[:5], rtol=1e-5, atol=1e-6)
+
+
+def test_input_pipeline_config_values_are_tpuestimators():
+    assert fw.train.InputPipelineConfig.PER_HOST_V2 == 3
+    assert fw.train.TPUConfig.InputPipelineConfig.PER_HOST_V1 == 2
+    config = fw.train.TPUConfig(
+        iterations_per_loop=10,
+        per_host_input_for_training=fw.train.InputPipelineConfig.PER_HOST_V2)
+    assert config.per_host_input_for_training == 3
+
+
+@pytest.mark.slow  # a process with 8 replicas
+def test_eval_and_predict_input_fns_get_the_per_host_batch_on_8_replicas(tmp_path):
+    """TPUEstimator gave evaluation and prediction input_fns the per-host batch: with
+    drop_remainder=True, 100 rows in batches of 64 evaluate 64 (per-replica batches of 8
+    would keep 96)."""
+    out = run_json(f"""
+        import json
+        import numpy as np, tensorflow as tf
+        import fenwicks as fw
+        from tests import test_tpu_estimator as t
+        assert fw.accel.current().num_replicas == 8
+        rng = np.random.default_rng(2)
+        x = rng.normal(size=(100, 4)).astype(np.float32)
+        y = rng.integers(0, 3, 100).astype(np.int64)
+        seen = []
+        def input_fn(params):
+            seen.append(params["batch_size"])
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(
+                params["batch_size"], drop_remainder=True)
+        est = fw.train.TPUEstimator(t._loss_forms_model_fn, model_dir={str(tmp_path)!r},
+                                    params={{"loss_form": "v1_losses"}},
+                                    train_batch_size=64, eval_batch_size=64,
+                                    predict_batch_size=32, verbose=False)
+        est.train(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+            params["batch_size"], drop_remainder=True), steps=1)
+        result = est.evaluate(input_fn)
+        logits = np.stack(list(est.predict(input_fn)))
+        print(json.dumps({{"seen": seen, "rows": result["num_examples"],
+                          "loss": result["loss"], "logits": logits.tolist()}}))
+    """, env={"FENWICKS_DEVICE": "cpu:8"})
+    assert set(out["seen"]) == {64, 32}  # evaluation 64, prediction 32: per host
+    assert out["rows"] == 64
+    logits = np.array(out["logits"])
+    assert logits.shape == (96, 3)  # 3 whole batches of 32
+    rng = np.random.default_rng(2)  # the subprocess's draws again
+    rng.normal(size=(100, 4))
+    y = rng.integers(0, 3, 100)
+    probs = _softmax(logits[:64])
+    assert out["loss"] == pytest.approx(-np.mean(np.log(probs[np.arange(64), y[:64]])),
+                                        rel=1e-4)

@@ -96,6 +96,7 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
 )
 from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
     EstimatorSpec,
+    InputPipelineConfig,
     ModeKeys,
     RunConfig,
     TPUConfig,

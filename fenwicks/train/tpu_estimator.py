@@ -333,6 +333,12 @@ class _Serving(keras.Model):
         super().__init__(name="serving")
         self.net = net
 
+    @property
+    def _default_save_signature(self) -> None:
+        # Keras would trace one taking every feature as float32 (an integer id fed to
+        # tf.one_hot then fails); export_saved_model gives the serving signature itself.
+        return None
+
     def call(self, features: Any, training: bool = False) -> Any:
         return self.net({"features": features}, training=False)
 
