@@ -934,3 +934,92 @@ def test_eval_and_predict_input_fns_get_the_per_host_batch_on_8_replicas(tmp_pat
     probs = _softmax(logits[:64])
     assert out["loss"] == pytest.approx(-np.mean(np.log(probs[np.arange(64), y[:64]])),
                                         rel=1e-4)
+
+
+# ------------------------------------------- squeezenet as written (tests/_squeezenet_port.py)
+# squeezenet_main.py's main(), after the config and flags (which give the params below):
+# TensorFlow 2 removals (not counted): contrib_tpu.RunConfig / TPUConfig / TPUEstimator ->
+#   fw.train.*; the TPUClusterResolver line dropped (fw.accel finds the device).
+# Forced edits (Fenwicks): 0. The data_pipeline InputReader, with its
+#   make_one_shot_iterator().get_next(), runs as written (issue 47, item 11).
+# Stand-in data: JPEG-encoded random images in ImageNet-style TFRecords.
+
+
+def _imagenet_records(path, labels, seed):
+    rng = np.random.default_rng(seed)
+    with tf.io.TFRecordWriter(path) as writer:
+        for label in labels:
+            image = rng.integers(0, 256, (40, 48, 3)).astype(np.uint8)
+            image[..., label % 3] //= 4  # something to learn
+            encoded = tf.io.encode_jpeg(image).numpy()
+            feature = {"image/encoded": tf.train.Feature(
+                           bytes_list=tf.train.BytesList(value=[encoded])),
+                       "image/class/label": tf.train.Feature(
+                           int64_list=tf.train.Int64List(value=[int(label)]))}
+            writer.write(tf.train.Example(features=tf.train.Features(
+                feature=feature)).SerializeToString())
+
+
+@pytest.mark.slow  # squeezenet at 224 x 224
+def test_squeezenet_as_written_with_its_input_reader(tmp_path):
+    from tests import _squeezenet_port as squeezenet
+
+    data_dir = str(tmp_path / "data")
+    os.makedirs(data_dir)
+    rng = np.random.default_rng(9)
+    _imagenet_records(f"{data_dir}/train-00000-of-00001", rng.integers(0, 10, 16), 1)
+    eval_labels = rng.integers(0, 10, 16)
+    _imagenet_records(f"{data_dir}/validation-00000-of-00001", eval_labels, 2)
+    params = {"model_dir": str(tmp_path / "model"), "use_tpu": True, "num_classes": 10,
+              "use_async_checkpointing": False,
+              "train": {"iterations_per_loop": 2, "train_batch_size": 8, "num_epochs": 2,
+                        "num_cores_per_replica": 1, "num_examples_per_epoch": 16,
+                        "optimizer": {"type": "momentum", "momentum": 0.9},
+                        "learning_rate": {"init_learning_rate": 0.03,
+                                          "end_learning_rate": 0.005}},
+              "eval": {"eval_batch_size": 8, "num_evals": 2, "num_eval_examples": 16}}
+    total_steps = ((params["train"]["num_epochs"] * params["train"]["num_examples_per_epoch"])
+                   // params["train"]["train_batch_size"])
+    params["train"]["total_steps"] = total_steps
+    params["eval"]["num_steps_per_eval"] = total_steps // params["eval"]["num_evals"]
+
+    # -- main(), as written from here
+    save_checkpoints_steps = max(5000, params["train"]["iterations_per_loop"])
+    run_config = fw.train.RunConfig(
+        model_dir=params["model_dir"], save_checkpoints_steps=save_checkpoints_steps,
+        session_config=v1.ConfigProto(allow_soft_placement=True,
+                                      log_device_placement=False),
+        tpu_config=fw.train.TPUConfig(
+            iterations_per_loop=params["train"]["iterations_per_loop"],
+            num_shards=params["train"]["num_cores_per_replica"]))
+    estimator = fw.train.TPUEstimator(
+        model_fn=squeezenet.model_fn, use_tpu=params["use_tpu"], config=run_config,
+        train_batch_size=params["train"]["train_batch_size"],
+        eval_batch_size=params["eval"]["eval_batch_size"], params=params)
+    results = []
+    for eval_cycle in range(params["eval"]["num_evals"]):
+        current_cycle_last_train_step = ((eval_cycle + 1) *
+                                         params["eval"]["num_steps_per_eval"])
+        estimator.train(input_fn=squeezenet.InputReader(data_dir, is_training=True),
+                        steps=current_cycle_last_train_step)
+        results.append(estimator.evaluate(
+            input_fn=squeezenet.InputReader(data_dir, is_training=False),
+            steps=(params["eval"]["num_eval_examples"] // params["eval"]["eval_batch_size"])))
+    # -- end of main()
+
+    preds = list(estimator.predict(squeezenet.InputReader(data_dir, is_training=False)))
+    estimator.close()
+    probs = np.stack([p["probabilities"] for p in preds])
+    assert probs.shape == (16, 10)
+    assert [r["global_step"] for r in results] == [2, 2 + 4]  # steps=, as written: 2 then 4
+    # polynomial_decay at step 2 of decay_steps = 16 * 2 // (1 * 8) = 4, power 1
+    assert results[0]["learning_rate"] == pytest.approx((0.03 - 0.005) * (1 - 2 / 4) + 0.005,
+                                                        rel=1e-5)
+    last = results[1]
+    assert last["learning_rate"] == pytest.approx(0.005, rel=1e-5)  # past decay_steps
+    assert last["accuracy"] == pytest.approx(np.mean(probs.argmax(1) == eval_labels), abs=1e-6)
+    for k in (1, 5):
+        assert last[f"recall_at_{k}"] == pytest.approx(
+            _tf1_recall_at_k(eval_labels, probs, k), abs=1e-6)
+    cross_entropy = -np.mean(np.log(probs[np.arange(16), eval_labels]))
+    assert last["loss"] == pytest.approx(cross_entropy, rel=1e-4)

@@ -351,6 +351,18 @@ def _static_rows(features: Any) -> int | None:
     return tf.nest.flatten(features)[0].shape[0]
 
 
+def _per_row(values: tf.Tensor, features: Any) -> tf.Tensor:
+    """A metric term as one value per example row of the batch."""
+    rows = _static_rows(features)
+    length = values.shape[0] if values.shape.rank == 1 else None
+    if values.shape.rank == 1 and rows is not None and length is not None and length != rows:
+        # Not one value per example (squeezenet's lr_repeat has train_batch_size rows in
+        # EVAL too): the batch's total goes on its first row, real unless the whole batch
+        # is padding, so TF1's sum over every batch is kept.
+        return tf.scatter_nd([[0]], [tf.reduce_sum(values)], [rows])
+    return tf.broadcast_to(values, [_rows(features)])
+
+
 def _zeros(spec: Any, batch: int) -> Any:
     return tf.nest.map_structure(
         lambda s: tf.zeros([batch] + s.shape.as_list()[1:], s.dtype), spec)
@@ -402,11 +414,10 @@ class _Runner:
         if mode != ModeKeys.PREDICT:
             out["loss"] = self._per_example_loss(spec.loss, features, mode, record)
         if terms:
-            rows = _rows(features)
             out["metrics"] = {}
             for name, term in terms.items():
-                out["metrics"][name + _NUM] = tf.broadcast_to(term.numerator, [rows])
-                out["metrics"][name + _DEN] = tf.broadcast_to(term.denominator, [rows])
+                out["metrics"][name + _NUM] = _per_row(term.numerator, features)
+                out["metrics"][name + _DEN] = _per_row(term.denominator, features)
         if mode == ModeKeys.PREDICT:
             out["predictions"] = spec.predictions
         if mode == ModeKeys.TRAIN and self.v1_learning_rate and record.minimize is not None:
