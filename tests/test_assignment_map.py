@@ -1,8 +1,8 @@
 """`fenwicks.train.tf.assignment_map`: TF1-style warm start by name, scopes and exact names."""
 
 import keras
-import pytest
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from fenwicks.train.tf import assignment_map

@@ -1023,3 +1023,24 @@ def test_squeezenet_as_written_with_its_input_reader(tmp_path):
             _tf1_recall_at_k(eval_labels, probs, k), abs=1e-6)
     cross_entropy = -np.mean(np.log(probs[np.arange(16), eval_labels]))
     assert last["loss"] == pytest.approx(cross_entropy, rel=1e-4)
+
+
+@pytest.mark.slow  # a process on the jax engine
+def test_the_jax_engine_refuses_at_construction_naming_the_way_out(tmp_path):
+    """Issue 44, item 5: a TF1 model_fn cannot run inside JAX; the refusal comes before
+    any work and says what runs instead."""
+    out = run_json(f"""
+        import json
+        import fenwicks as fw
+        from tests import test_tpu_estimator as t
+        assert fw.accel.engine() == "jax"
+        try:
+            fw.train.TPUEstimator(t._mnist_model_fn, model_dir={str(tmp_path)!r})
+        except ValueError as err:
+            print(json.dumps({{"error": str(err)}}))
+    """, env={"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None, "FENWICKS_ENGINE": None,
+              "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    for words in ("cannot run inside JAX", "FENWICKS_ENGINE=tf", "host CPU",
+                  "fw.train.get_clf_model_func", "runs on both engines", "PORTING.md"):
+        assert words in out["error"], words
+    assert not os.listdir(tmp_path)  # refused before any work

@@ -483,6 +483,7 @@ class _Runner:
         features_spec = spec[0] if isinstance(spec, tuple) else spec
         self._first_calls(features_spec, built_for)
         self.replay.check_variants()
+        self.replay.name_v1()
         if ModeKeys.EVAL in self.seen:
             self.metric_names = [name + part for name in self.seen[ModeKeys.EVAL][2]
                                  for part in (_NUM, _DEN)]

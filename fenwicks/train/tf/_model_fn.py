@@ -319,6 +319,7 @@ class Replay:
         # (class, index, mode) -> a mode's own object, made with other arguments
         self._variants: dict[tuple[type, int, str], Any] = {}
         self._described: dict[int, tuple[str, str]] = {}  # id(object) -> (mode, arguments)
+        self._scopes: dict[int, str] = {}  # id(object) -> the TF1 variable scope it was made in
 
     def start(self, mode: str) -> None:
         self._next = {}
@@ -363,6 +364,7 @@ class Replay:
                 "Keras layers, with the same arguments, on every call in a mode (they are "
                 "shared, as TPUEstimator shared variables by name)")
         obj = original(cls, *args, **kwargs)
+        self._scopes[id(obj)] = tf.compat.v1.get_variable_scope().name
         self._arguments[id(obj)] = arguments
         self._described[id(obj)] = (self.mode, _describe(args, kwargs))
         if index < len(known):  # other arguments in this mode: the mode's own object
@@ -372,6 +374,25 @@ class Replay:
             known.append(obj)
         self.order.append(obj)
         return obj
+
+    def name_v1(self) -> None:
+        """Names each variable of a layer made inside ``tf.compat.v1.variable_scope`` as
+        TF1 did, ``<scope>/<layer name>/<variable>`` (BERT's ``bert/encoder/layer_0/
+        attention/self/query/kernel`` from ``Dense(name='query')``): the names of a TF1
+        checkpoint, for warm-start maps."""
+        for obj in self.order:
+            scope = self._scopes.get(id(obj))
+            if not scope or not isinstance(obj, keras.layers.Layer):
+                continue
+            for variable in obj.weights:
+                if variable.path == f"{obj.name}/{variable.name}":  # its own, not a sublayer's
+                    variable.fenwicks_v1_name = f"{scope}/{variable.path}"
+
+    def v1_trainable_variables(self) -> list[Any]:
+        """`tf.compat.v1.trainable_variables()` in a model_fn: each variable with its TF1
+        name (BERT's get_assignment_map_from_checkpoint reads ``var.name``)."""
+        self.name_v1()
+        return [V1View(v) for v in self.variables() if v.trainable]
 
     def check_variants(self) -> None:
         """Raises if a mode's own object (made with other arguments) has weights: they
@@ -492,6 +513,23 @@ def _v1_optimizer_in_stack(frame: Any) -> Any:
     return None
 
 
+class V1View:
+    """A variable as TF1 named it: ``name`` is ``'<TF1 name>:0'``; anything else (shape,
+    dtype, assign, use in an op) is the variable's."""
+
+    def __init__(self, variable: Any) -> None:
+        self.variable = variable
+        self.name = f"{getattr(variable, 'fenwicks_v1_name', None) or variable.path}:0"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.variable, name)
+
+
+tf.register_tensor_conversion_function(
+    V1View, lambda view, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
+        view.variable, dtype=dtype, name=name))
+
+
 class V1Variables:
     """`tf.compat.v1.get_variable` in a model_fn: a variable per TF1 scope name, made on the
     first calls as a weight of one Keras layer (so it is checkpointed with the model) and
@@ -559,8 +597,7 @@ def tf1_scope(replay: Replay, record: CallRecord,
                (v1.train, "get_global_step", global_step),
                (v1.train, "get_or_create_global_step", global_step),
                (v1.train, "init_from_checkpoint", init_from_checkpoint),
-               (v1, "trainable_variables",
-                lambda *a, **k: [v for v in replay.variables() if v.trainable]),
+               (v1, "trainable_variables", lambda *a, **k: replay.v1_trainable_variables()),
                (v1, "get_variable", functools.partial(replay.v1_variables.get, replay)),
                (keras.metrics.Mean, "update_state", _keras_mean_update)]
     patches += [(v1.losses, name, _recording_loss(getattr(v1.losses, name), record))

@@ -67,7 +67,7 @@ def resolve(assignment_map: Mapping[str, Any], variables: Sequence[Any]) -> dict
 def _source_for(name: str, assignment_map: Mapping[str, Any]) -> str | None:
     """TF1's init_from_checkpoint map: {ckpt name or 'scope/': current name or 'scope/'}."""
     for old, new in assignment_map.items():
-        new = new if isinstance(new, str) else current_name(new)
+        new = new if isinstance(new, str) else current_name(getattr(new, "variable", new))
         if old.endswith("/") or old == "/":
             new_scope = "" if new == "/" else new
             old_scope = "" if old == "/" else old
