@@ -1044,3 +1044,64 @@ def test_the_jax_engine_refuses_at_construction_naming_the_way_out(tmp_path):
                   "fw.train.get_clf_model_func", "runs on both engines", "PORTING.md"):
         assert words in out["error"], words
     assert not os.listdir(tmp_path)  # refused before any work
+
+
+# ------------------------------------- BERT's optimization.create_optimizer, as written
+
+
+def _create_optimizer_model_fn(features, labels, mode, params):
+    from tests import _bert_optimization_port as optimization
+
+    dense = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(0.5),
+                               bias_initializer="ones", name="dense")
+    outputs = dense(features)
+    if mode == fw.train.ModeKeys.PREDICT:
+        return fw.train.TPUEstimatorSpec(mode, predictions=outputs)
+    loss = v1.losses.mean_squared_error(labels, outputs)
+    train_op = optimization.create_optimizer(loss, 0.1, num_train_steps=10,
+                                             num_warmup_steps=2, use_tpu=True)
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _bert_update_rule(x, y, steps):
+    """optimization.py's schedule and AdamWeightDecayOptimizer, in NumPy."""
+    w, b = np.full((3, 1), 0.5), np.ones(1)
+    moments = {"w": [np.zeros((3, 1)), np.zeros((3, 1))], "b": [np.zeros(1), np.zeros(1)]}
+    for step in range(steps):
+        lr = 0.1 * (1 - step / 10)  # polynomial_decay to 0 over 10 steps, power 1
+        if step < 2:
+            lr = 0.1 * step / 2  # linear warmup over 2 steps
+        error = x @ w + b - y
+        grads = {"w": 2 / 8 * x.T @ error, "b": 2 / 8 * error.sum(0)}
+        norm = np.sqrt(sum(np.sum(g ** 2) for g in grads.values()))
+        grads = {k: g * 1.0 / max(norm, 1.0) for k, g in grads.items()}  # clip_norm=1.0
+        params = {"w": w, "b": b}
+        for key in ("w", "b"):
+            m, v = moments[key]
+            m = 0.9 * m + 0.1 * grads[key]
+            v = 0.999 * v + 0.001 * grads[key] ** 2
+            moments[key] = [m, v]
+            update = m / (np.sqrt(v) + 1e-6)  # no bias correction
+            if key == "w":  # "bias" is excluded from weight decay
+                update = update + 0.01 * params[key]
+            params[key] = params[key] - lr * update
+        w, b = params["w"], params["b"]
+    return w, b
+
+
+def test_bert_create_optimizer_as_written_makes_its_updates(tmp_path):
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    y = rng.normal(size=(8, 1)).astype(np.float32) * 3
+    est = fw.train.TPUEstimator(_create_optimizer_model_fn, model_dir=str(tmp_path),
+                                train_batch_size=8, verbose=False,
+                                config=fw.train.RunConfig(tpu_config=fw.train.TPUConfig(1)))
+    est.train(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+        8, drop_remainder=True).repeat(), max_steps=4)
+    rows = np.concatenate([np.eye(3), np.zeros((1, 3))]).astype(np.float32)
+    out = np.array(list(est.predict(lambda params: tf.data.Dataset.from_tensor_slices(
+        rows).batch(4)))).reshape(4)
+    est.close()
+    w, b = _bert_update_rule(x.astype(np.float64), y.astype(np.float64), 4)
+    np.testing.assert_allclose(out[3], b[0], rtol=1e-5)
+    np.testing.assert_allclose(out[:3] - out[3], w[:, 0], rtol=1e-5, atol=1e-6)

@@ -542,7 +542,7 @@ class _Runner:
             return optimizer
         minimize = record.minimize if record is not None else None
         if minimize is not None:
-            optimizer = mf.convert_v1_optimizer(minimize.optimizer)
+            optimizer = mf.convert_v1_optimizer(minimize.optimizer, record.clip_norm)
             self.v1_learning_rate = not isinstance(minimize.learning_rate, (int, float))
             return optimizer
         if built_for == "train":

@@ -256,18 +256,24 @@ def _unwrap(optimizer: Any) -> Any:
     return _tf_internals.unwrap_cross_shard(optimizer)
 
 
-def convert_v1_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
+def convert_v1_optimizer(optimizer: Any, clip_norm: float | None = None
+                         ) -> keras.optimizers.Optimizer:
     """The Keras 3 optimizer that makes the same updates as a `tf.compat.v1` one.
 
     GradientDescent is exactly SGD, and Adam is Keras's Adam (both use TF1's
     epsilon-hat form). Momentum matches exactly at a constant learning rate; under a
     schedule TF1 scaled the accumulated gradients by the current rate, Keras the new one.
+    A TF1 optimizer subclass with its own ``apply_gradients`` (BERT's
+    AdamWeightDecayOptimizer) runs that code itself (`V1OptimizerAdapter`), after
+    ``tf.clip_by_global_norm``'s clipping (`clip_norm`) if the model_fn asked for it.
 
     Raises:
         ModelFnError: for another optimizer class, naming the Keras one to pass instead.
     """
     optimizer = _unwrap(optimizer)
     name = type(optimizer).__name__
+    if _custom_apply(optimizer):
+        return V1OptimizerAdapter(optimizer, global_clipnorm=clip_norm)
     lr = _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
     start = float(lr) if isinstance(lr, (int, float)) else 0.0  # a tensor: set per step
     if name == "GradientDescentOptimizer":
@@ -285,6 +291,90 @@ def convert_v1_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
         "converts only GradientDescentOptimizer, MomentumOptimizer and AdamOptimizer. "
         "Pass a Keras optimizer instead: TPUEstimatorSpec(mode, loss=loss, "
         "optimizer=keras.optimizers.RMSprop(...)) (or an fw.train optimizer function)")
+
+
+def _custom_apply(optimizer: Any) -> bool:
+    """True for a TF1 optimizer subclass that writes its own update (apply_gradients)."""
+    base = tf.compat.v1.train.Optimizer.apply_gradients
+    method = type(optimizer).apply_gradients
+    return method is not base and type(optimizer).__module__.split(".")[0] != "tensorflow"
+
+
+_LR_ATTRIBUTES = ("learning_rate", "_learning_rate", "_lr", "lr")
+
+
+def _lr_attribute(optimizer: Any) -> str:
+    for name in _LR_ATTRIBUTES:
+        if name in vars(optimizer):
+            return name
+    raise ModelFnError(
+        f"{type(optimizer).__name__} keeps no learning rate Fenwicks can find (one of "
+        f"{', '.join(_LR_ATTRIBUTES)}): give the spec a Keras optimizer instead: "
+        "TPUEstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.AdamW(...))")
+
+
+def v1_learning_rate(optimizer: Any) -> Any:
+    """The learning rate a TF1 optimizer was made with (a number, or a tensor computed
+    from the global step in the model_fn)."""
+    optimizer = _unwrap(optimizer)
+    if _custom_apply(optimizer):
+        return getattr(optimizer, _lr_attribute(optimizer))
+    return _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
+
+
+class V1OptimizerAdapter(keras.optimizers.Optimizer):
+    """Runs a TF1 optimizer's own ``apply_gradients`` as a Keras optimizer's update, one
+    variable at a time, so the engine's distribution, loss scaling and checkpoints apply.
+
+    The slots it asks for with ``tf.compat.v1.get_variable`` become this optimizer's
+    variables (found by running its ``apply_gradients`` once on a throwaway graph), the
+    variable reaches it with its TF1 name (weight-decay exclusions match names), and its
+    learning rate is the engine's, set every step from the model_fn's schedule.
+    """
+
+    def __init__(self, v1_optimizer: Any, **kwargs: Any) -> None:
+        super().__init__(learning_rate=0.0, name=type(v1_optimizer).__name__, **kwargs)
+        self._v1 = v1_optimizer
+        self._v1_lr = _lr_attribute(v1_optimizer)
+        self._v1_slots: list[list[Any]] = []
+
+    def build(self, variables: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        for variable in variables:
+            slots = []
+            for index, (shape, dtype, initializer) in enumerate(self._slot_requests(variable)):
+                slots.append(self.add_variable(
+                    shape=shape, dtype=dtype, initializer=initializer or "zeros",
+                    name=f"{variable.name}_v1_slot{index}"))
+            self._v1_slots.append(slots)
+
+    def _slot_requests(self, variable: Any) -> list[tuple[Any, Any, Any]]:
+        requests: list[tuple[Any, Any, Any]] = []
+
+        def get_variable(name: str, shape: Any = None, dtype: Any = None,
+                         initializer: Any = None, **unused: Any) -> Any:
+            dtype = tf.as_dtype(dtype or tf.float32)
+            requests.append((tuple(tf.TensorShape(shape).as_list()), dtype.name, initializer))
+            return tf.compat.v1.Variable(tf.zeros(shape, dtype), trainable=False)
+
+        name = getattr(variable, "fenwicks_v1_name", None) or variable.path
+        with tf.Graph().as_default():  # only the get_variable calls matter here
+            param = tf.compat.v1.Variable(tf.zeros(variable.shape, variable.dtype), name=name)
+            with patched(tf.compat.v1, "get_variable", get_variable), \
+                    patched(self._v1, self._v1_lr, tf.constant(0.0)):
+                type(self._v1).apply_gradients(self._v1, [(tf.zeros_like(param), param)])
+        return requests
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        index = self._get_variable_index(variable)
+        slots = iter(self._v1_slots[index])
+        model_variable = self._trainable_variables[index]  # `variable` may be its replica's
+        name = getattr(model_variable, "fenwicks_v1_name", None) or model_variable.path
+        with patched(tf.compat.v1, "get_variable", lambda *a, **k: next(slots)), \
+                patched(self._v1, self._v1_lr, tf.cast(learning_rate, variable.dtype)):
+            type(self._v1).apply_gradients(self._v1, [(gradient, V1View(variable, name))])
 
 
 # --------------------------------------------------------------------------- object replay
@@ -517,17 +607,72 @@ class V1View:
     """A variable as TF1 named it: ``name`` is ``'<TF1 name>:0'``; anything else (shape,
     dtype, assign, use in an op) is the variable's."""
 
-    def __init__(self, variable: Any) -> None:
+    def __init__(self, variable: Any, name: str | None = None) -> None:
         self.variable = variable
-        self.name = f"{getattr(variable, 'fenwicks_v1_name', None) or variable.path}:0"
+        name = name or getattr(variable, "fenwicks_v1_name", None) or variable.path
+        self.name = f"{name}:0"
+        self.shape = tf.TensorShape(variable.shape)  # TF1's: shape.as_list()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.variable, name)
+
+    def _value(self) -> tf.Tensor:
+        return tf.convert_to_tensor(self.variable)
+
+    def __add__(self, other: Any) -> tf.Tensor:
+        return self._value() + other
+
+    def __radd__(self, other: Any) -> tf.Tensor:
+        return other + self._value()
+
+    def __sub__(self, other: Any) -> tf.Tensor:
+        return self._value() - other
+
+    def __rsub__(self, other: Any) -> tf.Tensor:
+        return other - self._value()
+
+    def __mul__(self, other: Any) -> tf.Tensor:
+        return self._value() * other
+
+    def __rmul__(self, other: Any) -> tf.Tensor:
+        return other * self._value()
+
+    def __truediv__(self, other: Any) -> tf.Tensor:
+        return self._value() / other
 
 
 tf.register_tensor_conversion_function(
     V1View, lambda view, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
         view.variable, dtype=dtype, name=name))
+
+
+class GlobalStep:
+    """`tf.compat.v1.train.get_or_create_global_step()` in a model_fn: the optimizer's
+    step as a tensor. ``assign(global_step + 1)`` (BERT's create_optimizer, for an
+    optimizer that does not count steps) does nothing: the engine counts every step."""
+
+    def __init__(self, value: tf.Tensor) -> None:
+        self.value = value
+
+    def assign(self, value: Any, *args: Any, **kwargs: Any) -> Any:
+        return tf.no_op()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.value, name)
+
+    def __add__(self, other: Any) -> tf.Tensor:
+        return self.value + other
+
+    def __radd__(self, other: Any) -> tf.Tensor:
+        return other + self.value
+
+    def __sub__(self, other: Any) -> tf.Tensor:
+        return self.value - other
+
+
+tf.register_tensor_conversion_function(
+    GlobalStep, lambda step, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
+        step.value, dtype=dtype, name=name))
 
 
 class V1Variables:
@@ -543,7 +688,7 @@ class V1Variables:
             initializer: Any = None, regularizer: Any = None, trainable: bool | None = None,
             **unused: Any) -> Any:
         optimizer = _v1_optimizer_in_stack(sys._getframe(1))
-        if optimizer is not None:
+        if optimizer is not None:  # its apply_gradients ran in the model_fn: refuse
             raise ModelFnError(CUSTOM_V1_OPTIMIZER.format(name=type(optimizer).__name__))
         scope = tf.compat.v1.get_variable_scope().name
         full = f"{scope}/{name}" if scope else name
@@ -576,6 +721,7 @@ class CallRecord:
     minimize: V1Minimize | None = None
     init_from_checkpoint: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
     losses: dict[Any, tf.Tensor] = dataclasses.field(default_factory=dict)
+    clip_norm: float | None = None
 
 
 @contextlib.contextmanager
@@ -586,16 +732,42 @@ def tf1_scope(replay: Replay, record: CallRecord,
 
     def minimize(self: Any, loss: Any, global_step: Any = None, *args: Any,
                  **kwargs: Any) -> Any:
-        record.minimize = V1Minimize(
-            self, _tf_internals.v1_optimizer_arg(_unwrap(self), "learning_rate"))
+        record.minimize = V1Minimize(self, v1_learning_rate(self))
         return tf.no_op()
+
+    def apply_gradients(self: Any, grads_and_vars: Any, global_step: Any = None,
+                        name: Any = None) -> Any:
+        # The update itself runs in the engine's optimizer step (convert_v1_optimizer).
+        record.minimize = V1Minimize(self, v1_learning_rate(self))
+        return tf.no_op()
+
+    original_init = v1.train.Optimizer.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if _custom_apply(self) or "CrossShard" in type(self).__name__:
+            # An instance attribute: it shadows the subclass's own apply_gradients.
+            self.apply_gradients = functools.partial(apply_gradients, self)
+
+    original_clip = tf.clip_by_global_norm
+
+    def clip_by_global_norm(t_list: Any, clip_norm: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(clip_norm, (int, float)):
+            record.clip_norm = float(clip_norm)
+        return original_clip(t_list, clip_norm, *args, **kwargs)
+
+    def step() -> GlobalStep:
+        return GlobalStep(global_step())
 
     def init_from_checkpoint(ckpt_dir_or_file: str, assignment_map: Any) -> None:
         record.init_from_checkpoint.append((ckpt_dir_or_file, assignment_map))
 
     patches = [(v1.train.Optimizer, "minimize", minimize),
-               (v1.train, "get_global_step", global_step),
-               (v1.train, "get_or_create_global_step", global_step),
+               (v1.train, "get_global_step", step),
+               (v1.train, "get_or_create_global_step", step),
+               (v1.train.Optimizer, "__init__", init),
+               (v1, "clip_by_global_norm", clip_by_global_norm),
+               (tf, "clip_by_global_norm", clip_by_global_norm),
                (v1.train, "init_from_checkpoint", init_from_checkpoint),
                (v1, "trainable_variables", lambda *a, **k: replay.v1_trainable_variables()),
                (v1, "get_variable", functools.partial(replay.v1_variables.get, replay)),
