@@ -13,8 +13,10 @@ and imports no TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 # ------------------------------------------------------------------ tf.data graphs
@@ -228,6 +230,27 @@ def unwrap_cross_shard(optimizer: Any) -> Any:
     while "CrossShard" in type(optimizer).__name__ and hasattr(optimizer, "_opt"):
         optimizer = optimizer._opt  # noqa: SLF001 - see the docstring
     return optimizer
+
+
+@contextlib.contextmanager
+def fresh_variable_scope_counts() -> Iterator[None]:
+    """``tf.compat.v1.variable_scope(None, default_name='bert')`` names its scope 'bert',
+    then 'bert_1', ... per graph; a TPUEstimator model_fn built each mode in a new graph,
+    so every call starts the count again here (the second trace of one tf.function would
+    otherwise see 'bert_1').
+
+    Why private: the counts live only in TensorFlow's private `_VariableScopeStore`.
+    """
+    from tensorflow.python.ops import variable_scope
+
+    store = variable_scope.get_variable_scope_store()
+    saved = dict(store.variable_scopes_count)
+    store.variable_scopes_count.clear()
+    try:
+        yield
+    finally:
+        store.variable_scopes_count.clear()
+        store.variable_scopes_count.update(saved)
 
 
 def keras_base_optimizer() -> type:

@@ -231,7 +231,7 @@ def test_ports_on_two_replicas(tmp_path):
         x, y, w = t._linear_weights_after_three_steps({str(tmp_path / "linear")!r}, "sgd")
         for name in ("bert", "squeezenet"):
             (pathlib.Path({str(tmp_path)!r}) / name).mkdir()
-        t.test_bert_run_classifier_port_warm_starts_a_partial_map_and_evaluates_real_examples(
+        t.test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_examples(
             pathlib.Path({str(tmp_path / "bert")!r}))
         t.test_squeezenet_port_params_schedules_and_recall_at_k(
             pathlib.Path({str(tmp_path / "squeezenet")!r}))
@@ -242,134 +242,69 @@ def test_ports_on_two_replicas(tmp_path):
 
 
 # ------------------------------------------------------------------------ run_classifier.py
-# Port of google-research/bert run_classifier.py (model_fn_builder, the file-based
-# input_fn_builder, PaddingInputExample / is_real_example, init_checkpoint).
-# Forced edits (Fenwicks): 1.
-#   1. train_op=optimization.create_optimizer(...) -> optimizer=keras.optimizers.AdamW(...):
-#      BERT's AdamWeightDecayOptimizer is a TF1 optimizer with its own apply_gradients and
-#      global-step assignment, which only a TF1 graph can run; Fenwicks converts the
-#      standard TF1 optimizers only.
-# TensorFlow 2 removals (not counted): modeling.BertModel and the output_weights/bias
-#   tf.get_variable head -> Keras layers (a tiny stand-in encoder here);
-#   modeling.get_assignment_map_from_checkpoint read tf.trainable_variables()' TF1 names ->
-#   the map is written from the Keras variable paths; tf.contrib.tpu.TPUEstimator* ->
-#   fw.train.*; tf.contrib.data.map_and_batch -> map + batch.
-# Stand-in data: random token ids written as TFRecords by the test.
-# Kept as written: params["batch_size"] in input_fn, int64 -> int32 casts in _decode_record,
-#   features["label_ids"] / features["is_real_example"] read in model_fn, the per-example
-#   loss computed by hand, metric_fn(per_example_loss, label_ids, logits, is_real_example)
-#   with tf.metrics.accuracy(weights=) and tf.metrics.mean(weights=), scaffold_fn calling
-#   tf.train.init_from_checkpoint(init_checkpoint, assignment_map), predictions
-#   {"probabilities": ...}.
+# google-research/bert run_classifier.py, optimization.py and modeling.py as written
+# (tests/_bert_*_port.py), with main()'s estimator calls below.
+# Forced edits (Fenwicks): 0. optimization.create_optimizer's AdamWeightDecayOptimizer
+#   runs as written; modeling.get_assignment_map_from_checkpoint finds the checkpoint's
+#   TF1 names (tf.trainable_variables() gives each variable its TF1 name).
+# TensorFlow 2 removals (not counted): `import tensorflow.compat.v1 as tf` in the three
+#   files; tf.layers.dense -> a Keras Dense of the same name (7 lines) and
+#   tf.contrib.layers.layer_norm -> keras.layers.LayerNormalization (modeling.py);
+#   tf.contrib.tpu.* / tf.estimator.ModeKeys -> fw.train.*; tf.contrib.data.map_and_batch ->
+#   tf.data.experimental.map_and_batch; shape[-1].value -> shape[-1]; the
+#   TPUClusterResolver line dropped (fw.accel finds the device).
+# Stand-in data: random token ids written as TFRecords (PaddingInputExamples included),
+#   and a "pretrained" checkpoint of random values under BERT's TF1 names.
 
-SEQ, VOCAB, LABELS = 6, 20, 3
+SEQ = 6
+BERT_CONFIG = {"vocab_size": 30, "hidden_size": 8, "num_hidden_layers": 2,
+               "num_attention_heads": 2, "intermediate_size": 16,
+               "max_position_embeddings": 16, "type_vocab_size": 2}
+
+
+def _bert_checkpoint_shapes(config):
+    h, i = config["hidden_size"], config["intermediate_size"]
+    shapes = {"bert/embeddings/word_embeddings": [config["vocab_size"], h],
+              "bert/embeddings/token_type_embeddings": [config["type_vocab_size"], h],
+              "bert/embeddings/position_embeddings": [config["max_position_embeddings"], h],
+              "bert/embeddings/LayerNorm/gamma": [h], "bert/embeddings/LayerNorm/beta": [h],
+              "bert/pooler/dense/kernel": [h, h], "bert/pooler/dense/bias": [h],
+              "cls/predictions/output_bias": [config["vocab_size"]]}  # not in the classifier
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"bert/encoder/layer_{layer}/"
+        for part, (n_in, n_out) in {"attention/self/query": (h, h),
+                                    "attention/self/key": (h, h),
+                                    "attention/self/value": (h, h),
+                                    "attention/output/dense": (h, h),
+                                    "intermediate/dense": (h, i),
+                                    "output/dense": (i, h)}.items():
+            shapes[prefix + part + "/kernel"] = [n_in, n_out]
+            shapes[prefix + part + "/bias"] = [n_out]
+        for part in ("attention/output/LayerNorm", "output/LayerNorm"):
+            shapes[prefix + part + "/gamma"] = [h]
+            shapes[prefix + part + "/beta"] = [h]
+    return shapes
 
 
 def _bert_records(path, n_real, n_padding, seed):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(1, VOCAB, (n_real + n_padding, SEQ))
-    labels = rng.integers(0, LABELS, n_real + n_padding)
+    ids = rng.integers(1, BERT_CONFIG["vocab_size"], (n_real + n_padding, SEQ))
+    labels = rng.integers(0, 3, n_real + n_padding)
+    ids[:, 0] = 2 + labels  # learnable from the first token, which the pooler reads
     real = np.array([1] * n_real + [0] * n_padding)
     ids[n_real:], labels[n_real:] = 0, 0  # PaddingInputExample: all zeros, label 0
+
     def feature(values):
         return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
 
     with tf.io.TFRecordWriter(path) as writer:
         for i in range(len(ids)):
             example = tf.train.Example(features=tf.train.Features(feature={
-                "input_ids": feature(ids[i]),
-                "input_mask": feature(ids[i] > 0),
+                "input_ids": feature(ids[i]), "input_mask": feature(ids[i] > 0),
                 "segment_ids": feature([0] * SEQ), "label_ids": feature([labels[i]]),
                 "is_real_example": feature([real[i]])}))
             writer.write(example.SerializeToString())
     return ids, labels, real
-
-
-def _file_based_input_fn_builder(input_file, seq_length, is_training, drop_remainder):
-    name_to_features = {
-        "input_ids": v1.FixedLenFeature([seq_length], v1.int64),
-        "input_mask": v1.FixedLenFeature([seq_length], v1.int64),
-        "segment_ids": v1.FixedLenFeature([seq_length], v1.int64),
-        "label_ids": v1.FixedLenFeature([], v1.int64),
-        "is_real_example": v1.FixedLenFeature([], v1.int64),
-    }
-
-    def _decode_record(record, name_to_features):
-        example = v1.parse_single_example(record, name_to_features)
-        for name in list(example.keys()):
-            t = example[name]
-            if t.dtype == v1.int64:
-                t = v1.to_int32(t)
-            example[name] = t
-        return example
-
-    def input_fn(params):
-        batch_size = params["batch_size"]
-        d = v1.data.TFRecordDataset(input_file)
-        if is_training:
-            d = d.repeat()
-            d = d.shuffle(buffer_size=100)
-        d = d.map(lambda record: _decode_record(record, name_to_features))
-        d = d.batch(batch_size, drop_remainder=drop_remainder)
-        return d
-
-    return input_fn
-
-
-def _create_model(is_training, input_ids, input_mask, segment_ids, labels, num_labels):
-    embedded = keras.layers.Embedding(VOCAB, 8, name="word_embeddings")(input_ids)
-    mask = v1.cast(input_mask, v1.float32)[:, :, None]
-    pooled = v1.reduce_sum(embedded * mask, axis=1) / (v1.reduce_sum(mask, axis=1) + 1.0)
-    pooled = keras.layers.Dense(8, activation="tanh", name="pooler")(pooled)
-    if is_training:
-        pooled = keras.layers.Dropout(0.1)(pooled, training=True)
-    logits = keras.layers.Dense(num_labels, name="output")(pooled)
-    probabilities = v1.nn.softmax(logits, axis=-1)
-    log_probs = v1.nn.log_softmax(logits, axis=-1)
-    one_hot_labels = v1.one_hot(labels, depth=num_labels, dtype=v1.float32)
-    per_example_loss = -v1.reduce_sum(one_hot_labels * log_probs, axis=-1)
-    loss = v1.reduce_mean(per_example_loss)
-    return loss, per_example_loss, logits, probabilities
-
-
-def _model_fn_builder(num_labels, init_checkpoint, learning_rate, assignment_map):
-    def model_fn(features, labels, mode, params):
-        input_ids = features["input_ids"]
-        input_mask = features["input_mask"]
-        segment_ids = features["segment_ids"]
-        label_ids = features["label_ids"]
-        is_real_example = v1.cast(features["is_real_example"], dtype=v1.float32)
-        is_training = mode == fw.train.ModeKeys.TRAIN
-        (total_loss, per_example_loss, logits, probabilities) = _create_model(
-            is_training, input_ids, input_mask, segment_ids, label_ids, num_labels)
-
-        def tpu_scaffold():
-            v1.train.init_from_checkpoint(init_checkpoint, assignment_map)
-            return v1.train.Scaffold()
-
-        scaffold_fn = tpu_scaffold if init_checkpoint else None
-        if mode == fw.train.ModeKeys.TRAIN:
-            return fw.train.TPUEstimatorSpec(
-                mode=mode, loss=total_loss, scaffold_fn=scaffold_fn,
-                optimizer=keras.optimizers.AdamW(learning_rate))  # forced edit 1
-        if mode == fw.train.ModeKeys.EVAL:
-            def metric_fn(per_example_loss, label_ids, logits, is_real_example):
-                predictions = v1.argmax(logits, axis=-1, output_type=v1.int32)
-                accuracy = v1.metrics.accuracy(labels=label_ids, predictions=predictions,
-                                               weights=is_real_example)
-                loss = v1.metrics.mean(values=per_example_loss, weights=is_real_example)
-                return {"eval_accuracy": accuracy, "eval_loss": loss}
-
-            eval_metrics = (metric_fn, [per_example_loss, label_ids, logits,
-                                        is_real_example])
-            return fw.train.TPUEstimatorSpec(mode=mode, loss=total_loss,
-                                             eval_metrics=eval_metrics,
-                                             scaffold_fn=scaffold_fn)
-        return fw.train.TPUEstimatorSpec(mode=mode,
-                                         predictions={"probabilities": probabilities},
-                                         scaffold_fn=scaffold_fn)
-
-    return model_fn
 
 
 def _write_name_based_checkpoint(prefix, tensors):
@@ -381,66 +316,81 @@ def _write_name_based_checkpoint(prefix, tensors):
 
 
 @pytest.mark.slow  # among the fast subset's longest (several compiled runs)
-def test_bert_run_classifier_port_warm_starts_a_partial_map_and_evaluates_real_examples(
+def test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_examples(
         tmp_path):
+    from tests import _bert_modeling_port as modeling
+    from tests import _bert_run_classifier_port as run_classifier
+
     rng = np.random.default_rng(7)
-    pretrained = {  # BERT-style names; the head has another shape, as a new task's
-        "bert/embeddings/word_embeddings": rng.normal(size=(VOCAB, 8)).astype(np.float32),
-        "bert/pooler/dense/kernel": rng.normal(size=(8, 8)).astype(np.float32),
-        "bert/pooler/dense/bias": rng.normal(size=(8,)).astype(np.float32),
-        "output_weights": np.zeros((2, 8), np.float32),
-    }
+    pretrained = {name: rng.normal(size=shape).astype(np.float32) * 0.1
+                  for name, shape in _bert_checkpoint_shapes(BERT_CONFIG).items()}
     init_checkpoint = _write_name_based_checkpoint(str(tmp_path / "bert_model.ckpt"),
                                                    pretrained)
-    assignment_map = {  # checkpoint name -> this model's variable (Keras paths)
-        "bert/embeddings/word_embeddings": "word_embeddings/embeddings",
-        "bert/pooler/dense/kernel": "pooler/kernel", "bert/pooler/dense/bias": "pooler/bias",
-        "output_weights": "output/kernel"}
     train_file, eval_file = str(tmp_path / "train.tf_record"), str(tmp_path / "eval.tf_record")
     _bert_records(train_file, 64, 0, seed=1)
     ids, labels, real = _bert_records(eval_file, 21, 3, seed=2)  # padded to 24 = 3 x 8
+    output_dir = str(tmp_path / "output")
+    train_batch_size, eval_batch_size, predict_batch_size = 16, 8, 8
+    num_train_steps, num_warmup_steps = 40, 4
 
-    def estimator():
+    def estimator():  # main()'s, as written from here
+        bert_config = modeling.BertConfig.from_dict(BERT_CONFIG)
+        is_per_host = fw.train.InputPipelineConfig.PER_HOST_V2
+        run_config = fw.train.RunConfig(
+            cluster=None, master=None, model_dir=output_dir, save_checkpoints_steps=10,
+            tpu_config=fw.train.TPUConfig(iterations_per_loop=5, num_shards=8,
+                                          per_host_input_for_training=is_per_host))
+        model_fn = run_classifier.model_fn_builder(
+            bert_config=bert_config, num_labels=3, init_checkpoint=init_checkpoint,
+            learning_rate=1e-2, num_train_steps=num_train_steps,
+            num_warmup_steps=num_warmup_steps, use_tpu=True, use_one_hot_embeddings=True)
         return fw.train.TPUEstimator(
-            use_tpu=True, model_fn=_model_fn_builder(LABELS, init_checkpoint, 1e-2,
-                                                     assignment_map),
-            config=fw.train.RunConfig(model_dir=str(tmp_path / "output"),
-                                      save_checkpoints_steps=10,
-                                      tpu_config=fw.train.TPUConfig(
-                                          iterations_per_loop=5, num_shards=8)),
-            train_batch_size=16, eval_batch_size=8, predict_batch_size=8, verbose=False)
+            use_tpu=True, model_fn=model_fn, config=run_config,
+            train_batch_size=train_batch_size, eval_batch_size=eval_batch_size,
+            predict_batch_size=predict_batch_size)
 
     est = estimator()
-    eval_input_fn = _file_based_input_fn_builder(eval_file, SEQ, False, True)
-    before = est.evaluate(input_fn=eval_input_fn)  # evaluate-only: no steps, no training
-    assert sorted(est.warm_start_report["loaded"]) == sorted(
-        v for k, v in assignment_map.items() if k != "output_weights")
-    assert est.warm_start_report["not_loaded"] == ["output/kernel"]  # shape (2, 8) != (8, 3)
-    model = est.estimator.model
-    loaded = {v.path.split("/", 1)[-1] if v.path.startswith("model_fn/") else v.path:
-              v.numpy() for v in model.variables}
-    np.testing.assert_array_equal(loaded["word_embeddings/embeddings"],
-                                  pretrained["bert/embeddings/word_embeddings"])
+    eval_input_fn = run_classifier.file_based_input_fn_builder(
+        input_file=eval_file, seq_length=SEQ, is_training=False, drop_remainder=True)
+    before = est.evaluate(input_fn=eval_input_fn, steps=24 // eval_batch_size)
+    # get_assignment_map_from_checkpoint, as written, mapped every encoder variable.
+    loaded = est.warm_start_report["loaded"]
+    assert sorted(loaded) == sorted(k for k in pretrained if k.startswith("bert/"))
+    variables = {getattr(v, "fenwicks_v1_name", v.path): v.numpy()
+                 for v in est.estimator.model.variables}
+    for name in ("bert/embeddings/word_embeddings",
+                 "bert/encoder/layer_1/attention/self/query/kernel",
+                 "bert/encoder/layer_0/output/LayerNorm/gamma"):
+        np.testing.assert_array_equal(variables[name], pretrained[name])
+    assert variables["output_weights"].shape == (3, 8)  # tf.get_variable's output head
     assert before["global_step"] == 0
 
-    train_input_fn = _file_based_input_fn_builder(train_file, SEQ, True, True)
-    est.train(input_fn=train_input_fn, max_steps=20)
-    result = est.evaluate(input_fn=eval_input_fn)
-    predict_input_fn = _file_based_input_fn_builder(eval_file, SEQ, False, False)
+    train_input_fn = run_classifier.file_based_input_fn_builder(
+        input_file=train_file, seq_length=SEQ, is_training=True, drop_remainder=True)
+    est.train(input_fn=train_input_fn, max_steps=num_train_steps)
+    result = est.evaluate(input_fn=eval_input_fn, steps=24 // eval_batch_size)
+    predict_input_fn = run_classifier.file_based_input_fn_builder(
+        input_file=eval_file, seq_length=SEQ, is_training=False, drop_remainder=True)
     probs = np.stack([p["probabilities"] for p in est.predict(input_fn=predict_input_fn)])
-    assert probs.shape == (24, LABELS)
+    est.close()
+
+    assert probs.shape == (24, 3)
     keep = real == 1
     accuracy = np.mean(probs[keep].argmax(1) == labels[keep])
     cross_entropy = -np.mean(np.log(probs[keep][np.arange(21), labels[keep]]))
     assert result["eval_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert result["eval_loss"] == pytest.approx(cross_entropy, rel=1e-4)
-    assert result["global_step"] == 20
-    assert os.path.exists(os.path.join(str(tmp_path / "output"), "checkpoint"))
-    est.close()
+    assert result["global_step"] == num_train_steps
+    assert result["eval_loss"] < before["eval_loss"]  # it learned
+    assert os.path.exists(os.path.join(output_dir, "checkpoint"))
 
-    # Resumed from the output dir: the warm start is not applied over the trained weights.
+    # Resumed from the output dir: the checkpoint is restored; the warm start is not
+    # applied over it, and the report says so (it said "loaded 39" before).
     again = estimator()
-    assert again.evaluate(input_fn=eval_input_fn)["eval_accuracy"] == pytest.approx(accuracy)
+    assert again.evaluate(input_fn=eval_input_fn, steps=3)["eval_accuracy"] == \
+        pytest.approx(accuracy)
+    assert again.warm_start_report["loaded"] == []
+    assert again.warm_start_report["restored_instead"][0].startswith(output_dir)
     again.close()
 
 
@@ -638,11 +588,6 @@ def test_labels_key_keras_metrics_tensor_predictions_and_warm_start_settings(tmp
     warm.close()
 
 
-def _get_variable_model_fn(features, labels, mode, params):
-    w = v1.get_variable("w", [4, 3])
-    return fw.train.TPUEstimatorSpec(mode, predictions=v1.matmul(features, w))
-
-
 def _rmsprop_model_fn(features, labels, mode, params):
     logits = keras.layers.Dense(3)(features)
     loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -659,7 +604,6 @@ def _auc_model_fn(features, labels, mode, params):
 
 
 @pytest.mark.parametrize("model_fn, call, words", [
-    (_get_variable_model_fn, "predict", "tf.compat.v1.get_variable"),
     (_rmsprop_model_fn, "train", "optimizer=keras.optimizers.RMSprop"),
     (_auc_model_fn, "evaluate", "not a ratio of such sums"),
 ])

@@ -786,6 +786,7 @@ def tf1_scope(replay: Replay, record: CallRecord,
                 if hasattr(v1.metrics, name)]
     patches += [(base, "__new__", _replaying_new(replay, base)) for base in _RECORDED_BASES]
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_tf_internals.fresh_variable_scope_counts())
         for target, name, value in patches:
             stack.enter_context(patched(target, name, value))
         yield
