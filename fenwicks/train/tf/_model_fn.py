@@ -19,6 +19,11 @@ implementations need a graph collection TensorFlow 2 no longer has:
 - ``tf.compat.v1.train.init_from_checkpoint`` records a warm start;
 - ``tf.compat.v1.losses.*`` record their per-example values beside the scalar, so the
   evaluation loss of a padded last batch leaves the padding rows out;
+- ``tf.compat.v1.train.Optimizer`` subclasses with their own ``apply_gradients`` are
+  recorded and run by the engine (`V1OptimizerAdapter`); ``tf.gradients`` of
+  ``tf.compat.v1.trainable_variables()`` gives zeros in the model_fn (the engine computes
+  the gradients), ``tf.clip_by_global_norm`` records its norm, ``global_step.assign``
+  does nothing (the engine counts steps);
 - ``tf.compat.v1.get_variable`` makes (on the first calls) or hands back a variable by its
   TF1 scope name (BERT's ``output_weights``); inside a TF1 optimizer's own
   ``apply_gradients`` (BERT's ``AdamWeightDecayOptimizer``) it raises, naming the Keras
@@ -759,6 +764,17 @@ def tf1_scope(replay: Replay, record: CallRecord,
     def step() -> GlobalStep:
         return GlobalStep(global_step())
 
+    original_gradients = tf.gradients
+
+    def gradients(ys: Any, xs: Any, *args: Any, **kwargs: Any) -> Any:
+        listed = list(xs) if isinstance(xs, (list, tuple)) else [xs]
+        if any(isinstance(x, V1View) for x in listed):
+            # Gradients of tf.trainable_variables() for an optimizer's apply_gradients
+            # (BERT's create_optimizer): the engine computes them after the model_fn
+            # and hands them to that apply_gradients itself (V1OptimizerAdapter).
+            return [tf.zeros(x.shape, x.dtype) for x in listed]
+        return original_gradients(ys, xs, *args, **kwargs)
+
     def init_from_checkpoint(ckpt_dir_or_file: str, assignment_map: Any) -> None:
         record.init_from_checkpoint.append((ckpt_dir_or_file, assignment_map))
 
@@ -767,6 +783,7 @@ def tf1_scope(replay: Replay, record: CallRecord,
                (v1.train, "get_or_create_global_step", step),
                (v1.train.Optimizer, "__init__", init),
                (v1, "clip_by_global_norm", clip_by_global_norm),
+               (v1, "gradients", gradients), (tf, "gradients", gradients),
                (tf, "clip_by_global_norm", clip_by_global_norm),
                (v1.train, "init_from_checkpoint", init_from_checkpoint),
                (v1, "trainable_variables", lambda *a, **k: replay.v1_trainable_variables()),
