@@ -42,111 +42,70 @@ def _softmax(logits):
 
 
 # ----------------------------------------------------------------------------- mnist_tpu.py
-# Port of tensorflow/tpu models/official/mnist/mnist_tpu.py.
+# tensorflow/tpu models/official/mnist/mnist_tpu.py (Apache-2.0), commit 7dc921f8, as written:
+# metric_fn, model_fn, dataset, the three input_fns and main()'s estimator calls.
 # Forced edits (Fenwicks): 0.
-# TensorFlow 2 removals (not counted): tf.estimator.tpu.{TPUEstimatorSpec, RunConfig,
-#   TPUConfig, TPUEstimator} and tf.estimator.ModeKeys -> fw.train.* (5 names, same
-#   arguments); tf.layers.* -> keras.layers.* (7 lines); the TPUClusterResolver and
-#   session_config lines dropped (fw.accel finds the device).
-# Stand-in data: scikit-learn's 8x8 digits in place of the MNIST TFRecords.
-# Kept as written: tf.metrics.accuracy in metric_fn, tf.losses.sparse_softmax_cross_entropy,
-#   tf.train.exponential_decay(lr, tf.train.get_global_step(), ...),
-#   tf.train.GradientDescentOptimizer + CrossShardOptimizer + minimize(loss, global_step),
-#   params["data_dir"] and params["batch_size"] in the input_fns, the predict loop.
+# TensorFlow 2 removals (not counted): tf_estimator.tpu.{TPUEstimatorSpec, RunConfig,
+#   TPUConfig, TPUEstimator} and tf_estimator.ModeKeys -> fw.train.* (same arguments);
+#   tf.layers.* -> keras.layers.* (7 lines); the TPUClusterResolver line dropped
+#   (fw.accel finds the device). FLAGS are a namespace of the flags' values.
+# Stand-in data: scikit-learn's 8x8 digits, scaled to 24x24 and padded to MNIST's 28x28,
+#   written as the program's TFRecords (image_raw, label).
+# The port is tests/_mnist_tpu_port.py.
 
-
-LEARNING_RATE = 0.5  # FLAGS.learning_rate (0.05 there, for 28x28 images)
-
-
-def _mnist_metric_fn(labels, logits):
-    accuracy = v1.metrics.accuracy(labels=labels, predictions=v1.argmax(logits, axis=1))
-    return {"accuracy": accuracy}
-
-
-def _mnist_model_fn(features, labels, mode, params):
-    del params
-    image = features / 255.
-    y = keras.layers.Conv2D(filters=8, kernel_size=3, padding="same",
-                            activation="relu")(image)
-    y = keras.layers.MaxPooling2D(pool_size=(2, 2), strides=(2, 2), padding="same")(y)
-    y = keras.layers.Flatten()(y)
-    y = keras.layers.Dense(32, activation="relu")(y)
-    y = keras.layers.Dropout(0.4)(y, training=(mode == fw.train.ModeKeys.TRAIN))
-    logits = keras.layers.Dense(10)(y)
-    if mode == fw.train.ModeKeys.PREDICT:
-        predictions = {"class_ids": v1.argmax(logits, axis=1),
-                       "probabilities": v1.nn.softmax(logits)}
-        return fw.train.TPUEstimatorSpec(mode, predictions=predictions)
-    loss = v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
-    if mode == fw.train.ModeKeys.TRAIN:
-        learning_rate = v1.train.exponential_decay(
-            LEARNING_RATE, v1.train.get_global_step(), decay_steps=100000, decay_rate=0.96)
-        optimizer = v1.train.GradientDescentOptimizer(learning_rate=learning_rate)
-        optimizer = v1.tpu.CrossShardOptimizer(optimizer)
-        return fw.train.TPUEstimatorSpec(
-            mode=mode, loss=loss,
-            train_op=optimizer.minimize(loss, v1.train.get_global_step()))
-    if mode == fw.train.ModeKeys.EVAL:
-        return fw.train.TPUEstimatorSpec(
-            mode=mode, loss=loss, eval_metrics=(_mnist_metric_fn, [labels, logits]))
-
-
-def _mnist_estimator(model_dir, data):
-    images, labels = data
-
-    def dataset(part):
-        rows = slice(0, 384) if part == "train" else slice(384, 480)
-        return v1.data.Dataset.from_tensor_slices((images[rows], labels[rows]))
-
-    def train_input_fn(params):
-        batch_size = params["batch_size"]
-        assert params["data_dir"] == "/data/mnist"  # user params reach the input_fn
-        return dataset("train").cache().repeat().shuffle(
-            buffer_size=384).batch(batch_size, drop_remainder=True)
-
-    def eval_input_fn(params):
-        return dataset("validation").batch(params["batch_size"], drop_remainder=True)
-
-    def predict_input_fn(params):
-        return dataset("validation").batch(params["batch_size"])
-
-    run_config = fw.train.RunConfig(model_dir=model_dir, tf_random_seed=1,
-                                    tpu_config=fw.train.TPUConfig(20, 8))
-    estimator = fw.train.TPUEstimator(
-        model_fn=_mnist_model_fn, use_tpu=True, train_batch_size=32, eval_batch_size=32,
-        predict_batch_size=32, params={"data_dir": "/data/mnist"}, config=run_config,
-        verbose=False)
-    return estimator, train_input_fn, eval_input_fn, predict_input_fn
+def _mnist_records(data_dir, images, labels):
+    """The program's TFRecords: 8x8 digits scaled to 24x24, padded to 28x28."""
+    big = np.pad(np.kron(images[..., 0], np.ones((3, 3))), ((0, 0), (2, 2), (2, 2)))
+    big = np.minimum(big, 255)  # 16 x 16 = 256 would wrap around in uint8
+    splits = {"train": slice(0, 384), "validation": slice(384, 474), "test": slice(384, 394)}
+    for split, rows in splits.items():
+        with tf.io.TFRecordWriter(os.path.join(data_dir, f"{split}.tfrecords")) as writer:
+            for image, label in zip(big[rows], labels[rows], strict=True):
+                feature = {"image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(
+                               value=[image.astype(np.uint8).tobytes()])),
+                           "label": tf.train.Feature(int64_list=tf.train.Int64List(
+                               value=[int(label)]))}
+                writer.write(tf.train.Example(features=tf.train.Features(
+                    feature=feature)).SerializeToString())
+    return big.reshape(-1, 28, 28, 1).astype(np.float32)
 
 
 @pytest.mark.slow  # among the fast subset's longest (several compiled runs)
-def test_mnist_tpu_port_trains_evaluates_exactly_predicts_dicts_and_resumes(tmp_path, digits):
-    model_dir = str(tmp_path / "mnist")
-    estimator, train_fn, eval_fn, predict_fn = _mnist_estimator(model_dir, digits)
-    estimator.train(input_fn=train_fn, max_steps=40)
-    result = estimator.evaluate(input_fn=eval_fn, steps=3)
-    preds = list(estimator.predict(input_fn=predict_fn))
+def test_mnist_tpu_as_written_trains_evaluates_exactly_predicts_and_resumes(
+        tmp_path, digits, monkeypatch):
+    from tests._mnist_tpu_port import FLAGS, dataset, eval_input_fn, main, train_input_fn
 
-    assert len(preds) == 96 and set(preds[0]) == {"class_ids", "probabilities"}
+    images = _mnist_records(str(tmp_path), *digits)
+    monkeypatch.setattr(FLAGS, "data_dir", str(tmp_path))
+    monkeypatch.setattr(FLAGS, "model_dir", str(tmp_path / "model"))
+    estimator = main(None)
+    # Beyond main(): every validation example (no steps), and their predictions.
+    result = estimator.evaluate(input_fn=eval_input_fn)
+    preds = list(estimator.predict(input_fn=lambda params: dataset(
+        os.path.join(params["data_dir"], "validation.tfrecords")).batch(params["batch_size"])))
+    assert len(preds) == 90 and set(preds[0]) == {"class_ids", "probabilities"}
     class_ids = np.array([p["class_ids"] for p in preds])
     probs = np.stack([p["probabilities"] for p in preds])
-    y = digits[1][384:480]
+    y = digits[1][384:474]
     assert np.array_equal(class_ids, probs.argmax(1))
-    assert result["global_step"] == 40 and result["num_examples"] == 96
-    assert result["accuracy"] == pytest.approx(np.mean(class_ids == y), abs=1e-6)
-    cross_entropy = -np.mean(np.log(probs[np.arange(96), y]))
+    # drop_remainder=True in eval_input_fn: 2 whole batches of 32, as TPUEstimator read.
+    assert result["global_step"] == 40 and result["num_examples"] == 64
+    assert result["accuracy"] == pytest.approx(np.mean(class_ids[:64] == y[:64]), abs=1e-6)
+    cross_entropy = -np.mean(np.log(probs[np.arange(64), y[:64]]))
     assert result["loss"] == pytest.approx(cross_entropy, rel=1e-4)
     assert result["loss"] < np.log(10) - 0.3  # below a uniform guess's: it learned
     loaded = tf.saved_model.load(estimator.export_saved_model(str(tmp_path / "export")))
-    served = loaded.serve(digits[0][384:390])
-    np.testing.assert_allclose(served["probabilities"], probs[:6], rtol=1e-5, atol=1e-6)
+    served = loaded.serve(images[384:390])
+    np.testing.assert_allclose(served["probabilities"], probs[:6], rtol=1e-5, atol=1e-5)
     estimator.close()
 
-    # A new estimator on the model_dir resumes (train) and restores (evaluate only).
-    again, train_fn, eval_fn, _ = _mnist_estimator(model_dir, digits)
-    assert again.evaluate(input_fn=eval_fn)["accuracy"] == pytest.approx(result["accuracy"])
-    again.train(input_fn=train_fn, steps=20)
-    assert again.evaluate(input_fn=eval_fn)["global_step"] == 60
+    # main() again on the model_dir: train(max_steps=40) has nothing left to do, and a
+    # further train(steps=20) resumes at 40.
+    again = main(None)
+    assert again.evaluate(input_fn=eval_input_fn)["accuracy"] == pytest.approx(
+        result["accuracy"])
+    again.train(input_fn=train_input_fn, steps=20)
+    assert again.evaluate(input_fn=eval_input_fn)["global_step"] == 60
     again.close()
 
 
@@ -632,7 +591,8 @@ def test_run_config_and_tpu_config_check_their_arguments():
     with pytest.raises(ValueError, match="give one"):
         fw.train.RunConfig(save_checkpoints_steps=10, save_checkpoints_secs=60)
     with pytest.raises(ValueError, match="train_batch_size="):
-        fw.train.TPUEstimator(_mnist_model_fn, model_dir="/tmp/x", params={"batch_size": 8})
+        fw.train.TPUEstimator(_loss_forms_model_fn, model_dir="/tmp/x",
+                              params={"batch_size": 8})
     assert fw.train.ModeKeys.PREDICT == "infer" and fw.train.EstimatorSpec is \
         fw.train.TPUEstimatorSpec
 
@@ -979,7 +939,7 @@ def test_the_jax_engine_refuses_at_construction_naming_the_way_out(tmp_path):
         from tests import test_tpu_estimator as t
         assert fw.accel.engine() == "jax"
         try:
-            fw.train.TPUEstimator(t._mnist_model_fn, model_dir={str(tmp_path)!r})
+            fw.train.TPUEstimator(t._loss_forms_model_fn, model_dir={str(tmp_path)!r})
         except ValueError as err:
             print(json.dumps({{"error": str(err)}}))
     """, env={"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None, "FENWICKS_ENGINE": None,
