@@ -1009,3 +1009,19 @@ def test_bert_create_optimizer_as_written_makes_its_updates(tmp_path):
     w, b = _bert_update_rule(x.astype(np.float64), y.astype(np.float64), 4)
     np.testing.assert_allclose(out[3], b[0], rtol=1e-5)
     np.testing.assert_allclose(out[:3] - out[3], w[:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_tpu_host_on_the_tf_engine_warns_it_trains_on_the_cpu(tmp_path, caplog,
+                                                                monkeypatch):
+    from fenwicks.train import tpu_estimator
+
+    monkeypatch.setattr(tpu_estimator, "_WARNED", set())
+    # The Kaggle TPU image's marks, on a process whose TensorFlow found only the CPU.
+    monkeypatch.setattr(fw.accel, "tpu_host_evidence",
+                        lambda: ["ISTPUVM=1", "TPU_PROCESS_ADDRESSES=local"])
+    with caplog.at_level("WARNING", logger="fenwicks"):
+        fw.train.TPUEstimator(_loss_forms_model_fn, model_dir=str(tmp_path), use_tpu=False)
+    (message,) = [r.getMessage() for r in caplog.records if "TPU host" in r.getMessage()]
+    for words in ("ISTPUVM=1", "trains on the host CPU", "Keras model_func",
+                  "imports fenwicks before TensorFlow", "jax engine"):
+        assert words in message, words

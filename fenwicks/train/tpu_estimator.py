@@ -18,12 +18,14 @@ estimator adds comes along: exact evaluation, resume from ``model_dir``, ``gs://
 storage, background checkpoint writes, the same run on a TPU, GPUs or the CPU.
 
 What cannot work in TensorFlow 2, and fails with a message saying so: variables made
-outside Keras (``tf.compat.v1.get_variable``, ``tf.compat.v1.layers``, a hand-made
+outside Keras and ``tf.compat.v1.get_variable`` (``tf.compat.v1.layers``, a hand-made
 ``tf.Variable``), graph collections (``tf.compat.v1.get_collection``: Keras layers apply
-their own batch-norm updates and regularisers), ``train_op``s built by a TF1 optimizer
+their own batch-norm updates and regularisers), ``train_op``s of stock TF1 optimizers
 other than GradientDescent, Momentum and Adam (pass ``optimizer=`` instead), metrics that
-are not a ratio of per-example sums (``auc``), ``SessionRunHook``s and ``host_call``
-summaries (Keras callbacks and TensorBoard scalars replace them).
+are not a ratio of per-example sums (``auc``), ``SessionRunHook``s. A TF1 optimizer of a
+program's own (BERT's AdamWeightDecayOptimizer) runs as written. Arguments that have no
+effect here (``host_call``, ``RunConfig(session_config=)``, ...) give one warning each.
+On the jax engine the front door is refused at construction (`JAX_ENGINE_REFUSAL`).
 """
 
 from __future__ import annotations
@@ -235,9 +237,11 @@ class TPUEstimatorSpec:
         mode: the `ModeKeys` value the model_fn was called with.
         predictions: a tensor or a dict of tensors with a leading batch axis (predict).
         loss: a scalar (the batch mean, as TPUEstimator's), or a per-example ``[B]``
-            vector, which makes the evaluation 'loss' exact on a padded last batch too.
+            vector. The evaluation 'loss' is exact on a padded last batch for a vector
+            and for scalars from ``tf.compat.v1.losses`` or ``reduce_mean(per_example)``.
         train_op: from ``tf.compat.v1.train.{GradientDescent,Momentum,Adam}Optimizer(...)
-            .minimize(loss, global_step)``: the optimizer is converted to Keras.
+            .minimize(loss, global_step)`` (converted to Keras), or from the
+            ``apply_gradients`` of a TF1 optimizer subclass (run as the update).
         eval_metrics: ``(metric_fn, tensors)``; ``metric_fn(*tensors)`` (or
             ``**tensors`` for a dict) returns ``{name: (value, update_op)}`` from
             ``tf.compat.v1.metrics`` (accuracy, mean, mean_squared_error, ...) or
@@ -656,12 +660,15 @@ class TPUEstimator:
         if use_tpu and not eval_on_tpu and kind == "tpu":
             _warn_once("eval_on_tpu", "eval_on_tpu=False has no effect: evaluation runs "
                        "on the TPU, exact on any batch size")
-        if kind != "tpu" and accel.tpu_host_evidence():
-            _warn_once("tpu_host", "this is a TPU host, but TensorFlow here cannot reach "
-                       "the TPU, so fw.train.TPUEstimator trains on the host CPU: to use the "
-                       "TPU, port the model_fn to a Keras model_func (tutorials/PORTING.md, "
-                       "'TPUEstimator programs on the jax engine') and run it without "
-                       "FENWICKS_ENGINE=tf, without importing TensorFlow before fenwicks")
+        evidence = accel.tpu_host_evidence() if kind != "tpu" else []
+        if evidence:
+            _warn_once("tpu_host", f"this is a TPU host ({', '.join(evidence[:2])}) whose "
+                       "TensorFlow cannot reach the TPU, so fw.train.TPUEstimator trains on "
+                       "the host CPU; to train on the TPU, write the model as a Keras "
+                       "model_func (tutorials/PORTING.md, 'TPUEstimator programs on the jax "
+                       "engine') and run it in a new Python process that imports fenwicks "
+                       "before TensorFlow, without FENWICKS_ENGINE=tf, so the jax engine "
+                       "is chosen")
 
     # ---------------------------------------------------------------- the engine
 
