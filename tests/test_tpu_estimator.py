@@ -754,7 +754,7 @@ def test_ignored_arguments_warn_once_naming_themselves_and_int_features_export(
         tmp_path, caplog, monkeypatch):
     from fenwicks.train import tpu_estimator
 
-    monkeypatch.setattr(tpu_estimator, "_WARNED", set())
+    tpu_estimator.reset_warnings()
     rng = np.random.default_rng(8)
     features = {"ids_as_float": rng.normal(size=(12, 1)).astype(np.float32),
                 "ids": rng.integers(0, 3, 12).astype(np.int32)}  # integer, as BERT's ids
@@ -1015,7 +1015,7 @@ def test_a_tpu_host_on_the_tf_engine_warns_it_trains_on_the_cpu(tmp_path, caplog
                                                                 monkeypatch):
     from fenwicks.train import tpu_estimator
 
-    monkeypatch.setattr(tpu_estimator, "_WARNED", set())
+    tpu_estimator.reset_warnings()
     # The Kaggle TPU image's marks, on a process whose TensorFlow found only the CPU.
     monkeypatch.setattr(fw.accel, "tpu_host_evidence",
                         lambda: ["ISTPUVM=1", "TPU_PROCESS_ADDRESSES=local"])

@@ -51,7 +51,7 @@ from fenwicks.train.tf import _model_fn as mf
 from fenwicks.train.tf import assignment_map
 
 __all__ = ["ModeKeys", "RunConfig", "TPUConfig", "TPUEstimator", "TPUEstimatorSpec",
-           "EstimatorSpec", "WarmStartSettings", "InputPipelineConfig"]
+           "EstimatorSpec", "WarmStartSettings", "InputPipelineConfig", "reset_warnings"]
 
 logger = logging.getLogger("fenwicks")
 
@@ -80,6 +80,16 @@ class InputPipelineConfig:
 
 
 _WARNED: set[str] = set()
+
+
+def reset_warnings() -> None:
+    """Forgets which no-effect warnings were given, so each is given once more (a
+    notebook that runs its cells again, a test that checks them).
+
+    Example:
+        >>> fw.train.tpu_estimator.reset_warnings()
+    """
+    _WARNED.clear()
 
 
 def _warn_once(key: str, message: str) -> None:
