@@ -159,8 +159,7 @@ class RunConfig:
         session_config: accepted with a warning, once, that it has no effect, as are
             `cluster`, `master`, `evaluation_master`, `save_summary_steps`,
             `log_step_count_steps` and `keep_checkpoint_every_n_hours` (`fw.accel` finds
-            the TPU; summaries are
-            written every loop).
+            the TPU; summaries are written every loop).
 
     Example:
         >>> fw.train.RunConfig(model_dir=work_dir, save_checkpoints_steps=1000,
