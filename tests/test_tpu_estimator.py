@@ -247,9 +247,9 @@ def _bert_checkpoint_shapes(config):
 
 def _bert_records(path, n_real, n_padding, seed):
     rng = np.random.default_rng(seed)
-    ids = rng.integers(1, BERT_CONFIG["vocab_size"], (n_real + n_padding, SEQ))
     labels = rng.integers(0, 3, n_real + n_padding)
-    ids[:, 0] = 2 + labels  # learnable from the first token, which the pooler reads
+    # Learnable: each label draws its tokens from its own third of the vocabulary.
+    ids = 3 + labels[:, None] * 9 + rng.integers(0, 9, (n_real + n_padding, SEQ))
     real = np.array([1] * n_real + [0] * n_padding)
     ids[n_real:], labels[n_real:] = 0, 0  # PaddingInputExample: all zeros, label 0
 
@@ -282,6 +282,7 @@ def test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_ex
 
     rng = np.random.default_rng(7)
     pretrained = {name: rng.normal(size=shape).astype(np.float32) * 0.1
+                  + (1.0 if name.endswith("gamma") else 0.0)  # LayerNorm scales near 1
                   for name, shape in _bert_checkpoint_shapes(BERT_CONFIG).items()}
     init_checkpoint = _write_name_based_checkpoint(str(tmp_path / "bert_model.ckpt"),
                                                    pretrained)
@@ -301,7 +302,7 @@ def test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_ex
                                           per_host_input_for_training=is_per_host))
         model_fn = run_classifier.model_fn_builder(
             bert_config=bert_config, num_labels=3, init_checkpoint=init_checkpoint,
-            learning_rate=1e-2, num_train_steps=num_train_steps,
+            learning_rate=3e-2, num_train_steps=num_train_steps,
             num_warmup_steps=num_warmup_steps, use_tpu=True, use_one_hot_embeddings=True)
         return fw.train.TPUEstimator(
             use_tpu=True, model_fn=model_fn, config=run_config,
