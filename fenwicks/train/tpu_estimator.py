@@ -581,11 +581,14 @@ class TPUEstimator:
             ``config.model_dir``, else a new temporary directory (with a warning).
         config: a `RunConfig`. Defaults to ``RunConfig()``.
         params: a dict given to every input_fn and model_fn, beside ``'batch_size'``
-            (per replica, of the current mode), ``'num_shards'`` and ``'num_replicas'``
+            (the current mode's: per replica for the training input_fn and the model_fn,
+            per host for evaluation and prediction input_fns, as TPUEstimator gave
+            them), ``'num_shards'`` and ``'num_replicas'``
             (the replica count), ``'use_tpu'`` and Fenwicks' own keys
             (`fenwicks.train.inputs.make_params`).
         use_tpu, eval_on_tpu, export_to_tpu, export_to_cpu, batch_axis: accepted; the
-            accelerator is `fw.accel`'s (``fw.accel.configure`` chooses another).
+            accelerator is `fw.accel`'s (``fw.accel.configure`` chooses another), and a
+            ``use_tpu`` that says otherwise gives a warning, once.
         train_batch_size: global training batch size. Defaults to 128.
         eval_batch_size: global evaluation batch size. Defaults to `train_batch_size`.
         predict_batch_size: global prediction batch size. Defaults to `eval_batch_size`.
