@@ -353,6 +353,13 @@ def test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_ex
     assert again.warm_start_report["restored_instead"][0].startswith(output_dir)
     again.close()
 
+    # Predicting only, in a new estimator: the checkpoint's AdamWeightDecayOptimizer
+    # slots are matched, though predict never asks the model_fn for a train_op.
+    fresh = estimator()
+    fresh_probs = np.stack([p["probabilities"] for p in fresh.predict(predict_input_fn)])
+    fresh.close()
+    np.testing.assert_allclose(fresh_probs, probs, rtol=1e-5, atol=1e-6)
+
 
 # ---------------------------------------------------------------------- squeezenet_main.py
 # Port of tensorflow/tpu models/official/squeezenet (squeezenet_main.py's estimator and

@@ -520,7 +520,9 @@ class _Runner:
     def _first_calls(self, features_spec: Any, built_for: str) -> None:
         """Calls the model_fn in each mode on zeros, recording the objects it creates;
         the TRAIN call's batch-norm updates are undone."""
-        modes = [ModeKeys.PREDICT] if built_for == "predict" else [
+        # Predict only: TRAIN too where it runs without labels (BERT's are features), so
+        # the optimizer, and so the checkpoint's slots, are the trained model_dir's.
+        modes = [ModeKeys.PREDICT, ModeKeys.TRAIN] if built_for == "predict" else [
             ModeKeys.EVAL, ModeKeys.PREDICT, ModeKeys.TRAIN]
         snapshot: list[tuple[Any, np.ndarray]] = []
         for mode in modes:
@@ -535,6 +537,10 @@ class _Runner:
                 # partial, not a lambda: TensorFlow counts a lambda's traces as retracing.
                 tf.function(functools.partial(self.run, mode=mode), autograph=False)(call)
             except Exception:  # noqa: BLE001 - reported if predict is ever called
+                if built_for == "predict" and mode == ModeKeys.TRAIN:
+                    # No labels to train on: the optimizer recorded in model_dir is used.
+                    logger.debug("fenwicks: model_fn's TRAIN needs labels", exc_info=True)
+                    continue
                 if mode != ModeKeys.PREDICT or built_for == "predict":
                     raise
                 # TPUEstimator called the model_fn in PREDICT only for predict, and some
@@ -956,6 +962,8 @@ def _record_optimizer(model_dir: str, optimizer: Any) -> None:
     TPUEstimator (which never calls the model_fn in TRAIN) to rebuild its slots."""
     import json
 
+    if isinstance(optimizer, mf.V1OptimizerAdapter):
+        return  # it runs a TF1 object's code: only the model_fn's TRAIN call makes it
     try:
         config = keras.optimizers.serialize(optimizer)
         text = json.dumps(config, default=lambda value: None)
@@ -975,10 +983,14 @@ def _recorded_optimizer(model_dir: str) -> Any:
     with tf.io.gfile.GFile(path) as f:
         config = json.loads(f.read())
     try:
-        return keras.optimizers.deserialize(config)
-    except (TypeError, ValueError):
-        logger.warning("fenwicks: could not rebuild the optimizer recorded in %s", path)
+        optimizer = keras.optimizers.deserialize(config)
+    except Exception:  # noqa: BLE001 - any failure means: not rebuilt, said below
+        optimizer = None
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        logger.warning("fenwicks: could not rebuild the optimizer recorded in %s; "
+                       "predicting only may not match the checkpoint's slots", path)
         return None
+    return optimizer
 
 
 def _keys(spec: Any) -> str:
