@@ -25,7 +25,8 @@ other than GradientDescent, Momentum and Adam (pass ``optimizer=`` instead), met
 are not a ratio of per-example sums (``auc``), ``SessionRunHook``s. A TF1 optimizer of a
 program's own (BERT's AdamWeightDecayOptimizer) runs as written. Arguments that have no
 effect here (``host_call``, ``RunConfig(session_config=)``, ...) give one warning each.
-On the jax engine the front door is refused at construction (`JAX_ENGINE_REFUSAL`).
+On the jax engine the front door is refused at construction, in one sentence
+(`Engine.tf1_model_fn_refusal`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
+from fenwicks.train import engines
 from fenwicks.train.estimator import Estimator, get_tpu_estimator
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.tf import _model_fn as mf
@@ -1096,19 +1098,12 @@ def _call_input_fn(input_fn: Callable[..., Any], params: dict, config: RunConfig
     return input_fn(**kwargs)
 
 
-JAX_ENGINE_REFUSAL = (
-    "fw.train.TPUEstimator runs a TF1-style model_fn, which needs TensorFlow and cannot "
-    "run inside JAX, and this process runs on the jax engine: start it with "
-    "FENWICKS_ENGINE=tf (on a TPU image whose TensorFlow cannot reach the TPU, such as "
-    "Kaggle's, it then trains on the host CPU), or write the model as a Keras model_func "
-    "(fw.train.get_clf_model_func(build_nn, opt_func) with fw.train.get_tpu_estimator), "
-    "which runs on both engines: tutorials/PORTING.md, 'TPUEstimator programs on the jax "
-    "engine'")
-
-
 def _check_engine() -> None:
-    if accel.engine() != "tf":
-        raise ValueError(JAX_ENGINE_REFUSAL)
+    """A TF1 model_fn runs on engines that can run TensorFlow graphs; the others say so
+    in one sentence, before any work (`Engine.tf1_model_fn_refusal`)."""
+    refusal = engines.current().tf1_model_fn_refusal()
+    if refusal:
+        raise ValueError(refusal)
 
 
 def _temporary_model_dir() -> str:

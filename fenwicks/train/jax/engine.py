@@ -85,13 +85,14 @@ class JaxEngine:
 
     @staticmethod
     def tf1_model_fn_refusal() -> str | None:
-        return ("a TensorFlow 1 model_fn (tf.compat.v1 layers, optimizers and train_op) "
-                "builds a TensorFlow graph, which cannot run inside JAX, and this process "
-                "trains on the jax engine; set FENWICKS_ENGINE=tf before importing "
-                "fenwicks to run it on TensorFlow (on a TPU image whose TensorFlow cannot "
-                "reach the TPU, that trains on the host CPU), or write the model_fn with "
-                "Keras layers and fw.train.get_model_func, which runs on both engines "
-                "(tutorials/PORTING.md)")
+        return (
+            "fw.train.TPUEstimator runs a TF1-style model_fn, which needs TensorFlow and "
+            "cannot run inside JAX, and this process runs on the jax engine: start it with "
+            "FENWICKS_ENGINE=tf (on a TPU image whose TensorFlow cannot reach the TPU, "
+            "such as Kaggle's, it then trains on the host CPU), or write the model as a "
+            "Keras model_func (fw.train.get_clf_model_func(build_nn, opt_func) with "
+            "fw.train.get_tpu_estimator), which runs on both engines: tutorials/PORTING.md, "
+            "'TPUEstimator programs on the jax engine'")
 
 
 ENGINE = JaxEngine
