@@ -100,11 +100,9 @@ class Recorder(keras.callbacks.Callback):
         self.calls.append("train_end")
 
 
-def _refusal(call: Any) -> dict:
-    try:
-        return {"value": call()}
-    except (ValueError, TypeError, NotImplementedError) as err:
-        return {"refused": f"{type(err).__name__}: {err}"}
+def _new_dir(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def _scalar_tags(log_dir: str) -> list[str]:
@@ -137,6 +135,28 @@ def _tpu_ready(est: Any, x: np.ndarray, y: np.ndarray) -> dict:
         refused = str(err)
     return {"batch_sizes": good.batch_sizes, "precision": good.precision,
             "bad": refused}
+
+
+def _tf1_model_fn(features: Any, labels: Any, mode: str, params: dict) -> Any:
+    """A TPUEstimator program's model_fn: TF1 losses and a TPUEstimatorSpec."""
+    logits = keras.layers.Dense(10)(keras.layers.Flatten()(features))
+    if mode == fw.train.ModeKeys.PREDICT:
+        return fw.train.TPUEstimatorSpec(mode, predictions=logits)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+    return fw.train.TPUEstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1))
+
+
+def _tpu_estimator(model_dir: str, x: np.ndarray, y: np.ndarray) -> dict:
+    """The TPUEstimator front door: trains here, or its one-sentence refusal."""
+    try:
+        est = fw.train.TPUEstimator(_tf1_model_fn, model_dir=model_dir,
+                                    train_batch_size=BATCH, verbose=False)
+    except ValueError as err:
+        return {"refused": str(err), "wrote": os.listdir(model_dir)}
+    est.train(lambda params: tf.data.Dataset.from_tensor_slices(
+        (x[:NUM_TRAIN], y[:NUM_TRAIN])).repeat().batch(params["batch_size"],
+                                                       drop_remainder=True), steps=2)
+    return {"global_step": est.estimator.global_step}
 
 
 def run(root: str) -> dict:
@@ -172,6 +192,7 @@ def run(root: str) -> dict:
         "check_input": {"rate": verdict.input_examples_per_sec > 0,
                         "line": str(verdict)},
         "tpu_ready": _tpu_ready(est, x, y),
+        "tpu_estimator": _tpu_estimator(_new_dir(f"{work_dir}_tf1"), x, y),
         "bfloat16": {"compute_dtype": bf16.model.layers[0].compute_dtype,
                      "losses": [float(v) for v in bf16.history.losses]},
         "weights": [w.tolist() for w in est.model.get_weights()[:2]],

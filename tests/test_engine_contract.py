@@ -121,6 +121,14 @@ def test_check_tpu_ready_passes_a_good_model_and_names_a_data_dependent_shape(ru
     assert f"got bool[{_contract.BATCH},64]" in runs["jax"]["run"]["tpu_ready"]["bad"]
 
 
+def test_the_tpu_estimator_front_door_trains_on_tf_and_is_one_sentence_on_jax(runs):
+    assert runs["tf"]["run"]["tpu_estimator"] == {"global_step": 2}
+    refused = runs["jax"]["run"]["tpu_estimator"]
+    assert refused["wrote"] == []  # refused before any work
+    assert "cannot run inside JAX" in refused["refused"]
+    assert "FENWICKS_ENGINE=tf" in refused["refused"] and refused["refused"].count(". ") == 0
+
+
 def test_bfloat16_computes_in_bfloat16_on_both_and_agrees(runs):
     tf_bf16, jax_bf16 = _both(runs, "bfloat16")
     assert tf_bf16["compute_dtype"] == jax_bf16["compute_dtype"] == "bfloat16"
