@@ -46,7 +46,7 @@ def scenario(export_dir: str) -> dict:
         try:
             best.on_epoch_end(epoch, {"val_loss": val_loss})
             seen[str(epoch)] = {"export": _read(export_dir)}
-        except fw.train.tf.export.ExportError as err:  # one line, naming the export
+        except fw.train.ExportError as err:  # one line, naming the export
             seen[str(epoch)] = {"error": str(err), "export": _read(export_dir)}
     parent = export_dir.rsplit("/", 1)[0]
     seen["leftovers"] = sorted(name.rstrip("/") for name in tf.io.gfile.listdir(parent))

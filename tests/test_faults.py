@@ -466,13 +466,13 @@ def test_a_full_disk_during_export_is_one_line_and_leaves_no_partial_folder(tmp_
     est.train(_flagship.train_input(x, y), steps=2)  # new weights for the next export
     _fill(small_disk, leave_bytes=16 * 1024)  # room to start an export, not to finish it
     target = small_disk / "export"
-    with pytest.raises(fw.train.tf.export.ExportError,
+    with pytest.raises(fw.train.ExportError,
                        match=rf"could not export the SavedModel to {target}: .*; the "
                              r"partial folder was removed\. Free space there") as caught:
         est.export_saved_model(str(target))
     assert "\n" not in str(caught.value)
     assert not target.exists()
-    with pytest.raises(fw.train.tf.export.ExportError,
+    with pytest.raises(fw.train.ExportError,
                        match=rf"the previous export in {previous} is untouched"):
         est.export_saved_model(str(previous))
     assert sorted(os.listdir(small_disk)) == ["filler", "previous"]

@@ -27,8 +27,11 @@ BATCHES_1 = [1, 64, 1000]            # 773 evaluation digits: partial last batch
 # estimators (~15 s) of the longest set-up in the suite.
 BATCHES_8 = [8, 1000]
 # Rounding differences (gradients summed in another order) grow chaotically in these
-# narrow nets: equal to 1e-4 for 8 steps; resnet9 with ghost BN then drifts by ~5e-4.
-EXACT_STEPS, DRIFT = 8, 2e-3
+# narrow nets: equal to 1e-4 for 7 steps; resnet9 with ghost BN then drifts by ~5e-4. On
+# an AMD EPYC with the tests' one intra-op thread, 1 against 2 replicas (ghost BN of 4):
+# 2.8e-5 at step 7, then a jump to 6.3e-4 at step 8 that stays (7.1e-4, 8.9e-4): one
+# rounding-decided choice (a ReLU or max-pool tie) flips, it does not keep growing.
+EXACT_STEPS, DRIFT = 7, 2e-3
 # The BatchNorm modes trained on 8 replicas, per model. Synchronized and ghost BN are
 # checked on 8 replicas on mnist_net and on 2 on resnet9 (both models on 2): resnet9 on
 # 8 replicas is the module's costliest run (on a busy machine, 10 steps with synchronized

@@ -93,13 +93,16 @@ def test_import_adds_under_three_seconds_to_tensorflow():
 
 def test_no_usable_temp_folder_is_one_sentence_from_import():
     """Every folder `tempfile` tries unusable, even to root: $TMPDIR and $TMP missing,
-    $TEMP read-only (/proc/sys), and /tmp and /var/tmp (also the current folder) read-only
-    in a mount namespace of the test's own; /usr/tmp does not exist here. Was: a bare
+    $TEMP read-only (/proc/sys), and /tmp and /var/tmp (also the current folder) remounted
+    read-only in a mount namespace of the test's own; /usr/tmp does not exist here. Was: a bare
     FileNotFoundError from inside `import tensorflow`."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         skip_or_fail_without_namespaces("needs root and unshare for a mount namespace")
-    mounts = "mount -t tmpfs -o ro,size=4k none /tmp && mount -t tmpfs -o ro,size=4k none " \
-        f"/var/tmp && cd /tmp && exec {sys.executable} -c 'import fenwicks'"
+    # Read-only in place (a bind mount remounted ro), not hidden: a clone of this
+    # repository under /tmp (CI's) must stay importable.
+    mounts = " && ".join(f"mount --bind {d} {d} && mount -o remount,ro,bind {d}"
+                         for d in ("/tmp", "/var/tmp")) + \
+        f" && cd /tmp && exec {sys.executable} -c 'import fenwicks'"
     env = python_env({"TMPDIR": "/nonexistent/a", "TEMP": "/proc/sys",
                       "TMP": "/nonexistent/c"})
     proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", mounts],
