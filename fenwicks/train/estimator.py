@@ -562,7 +562,7 @@ class Estimator:
 
         Raises:
             ValueError: `export_dir` holds files Fenwicks did not write.
-            fw.train.tf.export.ExportError: the disk or storage failed.
+            fw.train.ExportError: the disk or storage failed.
 
         Example:
             >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/m'))
