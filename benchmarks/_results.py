@@ -30,20 +30,11 @@ def add_option(parser: argparse.ArgumentParser) -> None:
                              "to benchmarks/results/<script>.json (replacing it)")
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict[str, Any]:
     """Where the figures were measured: OS, CPU model and count, Python, TensorFlow."""
-    info: dict[str, Any] = {"platform": platform.platform(), "cpu": _cpu_model(),
+    from fenwicks import accel  # here, not at import: scripts set TF_CPP_* first
+
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu": accel.cpu_name(),
                             "cpu_count": os.cpu_count(), "python": platform.python_version()}
     tf = sys.modules.get("tensorflow")
     if tf is not None:

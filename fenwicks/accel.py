@@ -52,7 +52,7 @@ logger = logging.getLogger("fenwicks")
 # What a user calls; the detection steps below are public for tests and diagnostics.
 __all__ = [
     "DEVICE_ENV", "ENGINE_ENV", "ENGINES", "KINDS", "PRECISIONS", "Accelerator",
-    "AcceleratorError", "AcceleratorWarning", "EngineError", "configure", "current",
+    "AcceleratorError", "AcceleratorWarning", "EngineError", "configure", "cpu_name", "current",
     "engine", "engine_choice", "is_initialized", "parse_device",
 ]
 
@@ -337,6 +337,25 @@ _DETECTORS = {"tf": lambda request: detect(request, TFProbe()),
               "jax": lambda request: detect_jax(request, _JaxProbe())}
 
 
+def cpu_name() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``), else what `platform` says.
+
+    Example:
+        >>> fw.accel.cpu_name()
+        'AMD EPYC'
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def is_initialized() -> bool:
     """True once `current()` has run (devices are then fixed for the process)."""
     return _current is not None
@@ -475,16 +494,7 @@ class _HostProbe:
             return None
 
     def cpu_name(self) -> str:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        import platform
-
-        return platform.processor() or platform.machine()
+        return cpu_name()
 
 
 class TFProbe(_HostProbe):

@@ -135,7 +135,7 @@ def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
 def _source_of_other_engine(source: str, engine: str) -> str | None:
     """`source` (a work_dir or one checkpoint) if it is another engine's, else None."""
     for reader in _others(engine):
-        source = getattr(reader, "work_dir_of", lambda s: s)(source.rstrip("/"))
+        source = reader.work_dir_of(source)
         if reader.is_checkpoint(source):
             return source
     if _reader(engine).is_checkpoint(source):

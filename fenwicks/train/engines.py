@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 # Keras's backend -> the module whose ``ENGINE`` implements `Engine` for it.
 _ENGINES = {"tensorflow": "fenwicks.train.tf.engine", "jax": "fenwicks.train.jax.engine"}
 # Engine -> its reader of its own checkpoints into `cross_engine.SavedWeights`, importable
-# on any engine (``NAME``, ``TITLE``, ``latest``, ``is_checkpoint``, ``read``).
+# on any engine (``NAME``, ``TITLE``, ``latest``, ``work_dir_of``, ``is_checkpoint``,
+# ``read``).
 READERS = {"tf": "fenwicks.train.tf.weights", "jax": "fenwicks.train.jax.weights"}
 
 

@@ -569,11 +569,11 @@ class Estimator:
             >>> loaded.serve(X[:5])['predictions']
         """
         export_dir = path_arg("export_dir", export_dir)
-        export_dirs.check(export_dir)
+        existed = export_dirs.check(export_dir)  # a folder of the user's: before any work
         spec = self._state.spec
         self._reload_if_stale()
         return export_dirs.write(export_dir, lambda folder: self._engine.export_saved_model(
-            spec, self._state.features_spec, folder))
+            spec, self._state.features_spec, folder), existed=existed)
 
     def train_and_evaluate(self, train_input_fn: InputFn, eval_input_fn: InputFn,
                            epochs: int | None = None, max_steps: int | None = None,

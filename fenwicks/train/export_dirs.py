@@ -38,15 +38,21 @@ class ExportError(OSError):
 
 
 def write(export_dir: str, write_saved_model: Callable[[str], object],
-          extra_files: Mapping[str, str] | None = None) -> str:
+          extra_files: Mapping[str, str] | None = None, *,
+          existed: bool | None = None) -> str:
     """Writes an export to `export_dir` with `write_saved_model(folder)`, whole or not at
     all, after checking that `export_dir` is new, empty or an earlier export of ours.
+
+    Args:
+        existed: what `check(export_dir)` returned, if the caller checked already
+            (before its own work); None checks here.
 
     Raises:
         ValueError: `export_dir` holds files Fenwicks did not write (before any work).
         ExportError: the writer or storage failed; the previous export is untouched.
     """
-    existed = check(export_dir)
+    if existed is None:
+        existed = check(export_dir)
     staging = _staging_name(export_dir)
     try:
         _deadline.run(write_saved_model, staging, what="SavedModel export", path=export_dir)

@@ -928,7 +928,6 @@ class TPUEstimator:
                        "as one serving_default signature")
         est = self._estimator(self._built_for or "predict")
         spec = est.parts.state.spec  # raises the "built on first use" error before any call
-        export_dirs.check(export_dir_base)
         features_spec = est.parts.state.features_spec["features"]
         serving = dataclasses.replace(spec, model=_Serving(spec.model))
         return export_dirs.write(export_dir_base, lambda folder: export.export_saved_model(

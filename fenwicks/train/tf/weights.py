@@ -34,6 +34,11 @@ def latest(work_dir: str) -> str | None:
     return found
 
 
+def work_dir_of(source: str) -> str:
+    """`source` as given: a work_dir or a ``ckpt-<step>`` prefix names itself."""
+    return source.rstrip("/")
+
+
 def is_checkpoint(source: str) -> bool:
     """Whether `source` is one of this engine's checkpoints (a ``ckpt-<step>`` prefix)."""
     return bool(_deadline.run(tf.io.gfile.exists, source + ".index", what="exists",
