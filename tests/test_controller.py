@@ -71,11 +71,11 @@ def test_the_last_checkpoint_is_written_while_the_call_closes_unless_callbacks_f
     """Without callbacks, the end-of-train write starts before the summaries flush and
     `train` returns once it is complete; with one, on_train_end may change the weights
     (restore_best_weights), so the write waits until after it."""
-    from fenwicks.train.tf import checkpointer as checkpointer_lib
+    from fenwicks.train import run_format
     from tests import _estimator_helpers as helpers
 
     events = []
-    original = {name: getattr(checkpointer_lib.AsyncCheckpointer, name)
+    original = {name: getattr(run_format.RunCheckpointer, name)
                 for name in ("save", "save_and_wait")}
 
     def spy(name):
@@ -85,7 +85,7 @@ def test_the_last_checkpoint_is_written_while_the_call_closes_unless_callbacks_f
         return method
 
     for name in original:
-        monkeypatch.setattr(checkpointer_lib.AsyncCheckpointer, name, spy(name))
+        monkeypatch.setattr(run_format.RunCheckpointer, name, spy(name))
     close = progress.TrainSummaries.close
     monkeypatch.setattr(progress.TrainSummaries, "close",
                         lambda self: (events.append(("close",)), close(self))[1])
@@ -99,8 +99,8 @@ def test_the_last_checkpoint_is_written_while_the_call_closes_unless_callbacks_f
                                      trn_bs=8, verbose=False, save_every_secs=None)
     est.train(helpers.train_input(x, y), steps=6)
     assert events == [("save", 6), ("close",), ("save_and_wait", 6)]
-    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-6")
+    assert run_format.latest(str(tmp_path / "run")).endswith("checkpoints/6")
     events.clear()
     est.train(helpers.train_input(x, y), steps=6, callbacks=[Ended()])
     assert events == [("close",), ("on_train_end",), ("save_and_wait", 12)]
-    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-12")
+    assert run_format.latest(str(tmp_path / "run")).endswith("checkpoints/12")

@@ -326,7 +326,7 @@ class Estimator:
         self._engine.check_labels(self._state.spec, self._acc, probe.dataset)
         position = self._state.input_position
         input_record.check(self.config.work_dir, self.config.train_batch_size, position,
-                           write=self._state.is_chief)
+                           self._state.restored_record)
         return self._inputs.train_iterator(input_fn, position)
 
     def _build_for(self, input_fn: InputFn, mode: str) -> None:
