@@ -42,12 +42,11 @@ import base64
 import hashlib
 import os
 import posixpath
-import shutil
 import sys
 import tempfile
 from typing import Any
 
-from fenwicks import _deadline, gcs
+from fenwicks import _deadline, _removal, gcs
 from fenwicks._deadline import StorageTimeoutError
 from fenwicks._text import first_line
 from fenwicks.archives import unzip
@@ -464,10 +463,7 @@ def _clean(path: str) -> str:
         if not gfile.isdir(path):
             raise ValueError(f"path={path!r} is a file, not a directory; delete it "
                              "yourself or choose another path")
-        if is_gcs(path):
-            gfile.rmtree(path)
-        else:
-            shutil.rmtree(path)  # unlike a generic rmtree, never follows symlinks inside
+        _removal.remove_tree(path)  # never follows symlinks inside
     gfile.makedirs(path)
     return path
 
