@@ -28,7 +28,7 @@ which `fw.accel`'s engine selection sets, `fenwicks._engine`). A third engine is
 folder implementing `Engine` and a checkpoint reader, plus its name in `_ENGINES`,
 `READERS` and engine selection (`fenwicks._engine`).
 
-Example:
+Examples:
     >>> engine = fenwicks.train.engines.current()
     >>> engine.name
     'tf'
