@@ -53,8 +53,8 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 
 import fenwicks as fw  # noqa: E402
-from fenwicks.train.tf import trainer as tf_trainer  # noqa: E402 - the loops it times
 from benchmarks import _results  # noqa: E402
+from fenwicks.train.tf import trainer as tf_trainer  # noqa: E402 - the loops it times
 
 MODELS = {  # name: (builder, input shape); widths reduced so a CPU run takes minutes
     "resnet9_c16": (lambda: fw.models.resnet9(c=16), (32, 32, 3)),

@@ -9,9 +9,10 @@ checkpoint needs of the engine: ``tree()`` gathers the state to host arrays, ``s
 scatters them back.
 
 Checkpoints (`NumpyCheckpointer`) are ``<work_dir>/reference/ckpt-<step>``, one ``.npz``
-archive each (what another engine reads of them: `weights`), written to a temporary name and renamed (a killed write leaves no
-checkpoint), on a local work_dir. Everything else (the lock, summary writers, the reload
-after a NaN, following a work_dir that changed) is the shared `RunState`'s.
+archive each (what another engine reads of them: `weights`), written to a temporary name
+and renamed (a killed write leaves no checkpoint), on a local work_dir. Everything else
+(the lock, summary writers, the reload after a NaN, following a work_dir that changed) is
+the shared `RunState`'s.
 """
 
 from __future__ import annotations
