@@ -22,15 +22,18 @@ Params = dict[str, np.ndarray]  # {'kernel': [d, k], 'bias': [k]}
 
 
 def linear_model_func(features: int, outputs: int = 1, learning_rate: Any = 0.1,
-                      reduction: str = "mean") -> Any:
+                      reduction: str = "mean",
+                      kernel_initializer: Any = "glorot_uniform") -> Any:
     """A model function the reference engine trains: linear regression of `outputs`
-    targets on `features` inputs, SGD at `learning_rate` (a float or a Keras schedule).
+    targets on `features` inputs, SGD at `learning_rate` (a float or a Keras schedule);
+    ``kernel_initializer='zeros'`` starts from known weights (the bias starts at 0).
 
     Example:
         >>> model_func = linear_model_func(4, learning_rate=0.05)
     """
     def build() -> keras.Model:
-        return keras.Sequential([keras.Input((features,)), keras.layers.Dense(outputs)])
+        return keras.Sequential([keras.Input((features,)), keras.layers.Dense(
+            outputs, kernel_initializer=kernel_initializer)])
 
     return model_funcs.get_reg_model_func(
         build, lambda: keras.optimizers.SGD(learning_rate), reduction=reduction)

@@ -66,8 +66,9 @@ class ReferenceTrainer:
             if weights is not None:
                 raise ValueError("the reference engine trains without sample weights; "
                                  "yield (features, labels) pairs")
-            loss, gradient = linear.loss_and_gradient(
-                params, features, labels, self._global_batch_size, spec.reduction)
+            with np.errstate(all="ignore"):  # a non-finite loss is the news, below
+                loss, gradient = linear.loss_and_gradient(
+                    params, features, labels, self._global_batch_size, spec.reduction)
             losses.append(loss)
             if not np.isfinite(loss):
                 break  # the state stays that of the step before
