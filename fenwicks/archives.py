@@ -79,7 +79,7 @@ def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
             member whose data cannot be read. Nothing is left in ``dest_dir`` then.
         OSError: more to unpack than the disk under ``dest_dir`` has free.
 
-    Example:
+    Examples:
         >>> fw.io.unzip(['./train.7z', './test.7z'], './data')
         >>> fw.io.unzip('./imagenet.tar', './data', max_bytes=200 * 2**30)
     """

@@ -140,7 +140,7 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
         ValueError: for ``X`` and ``y`` of different lengths or non-integer labels.
         FileExistsError: if ``fn`` was written before and ``overwrite`` is False.
 
-    Example:
+    Examples:
         >>> fw.data.numpy_tfrecord('gs://bucket/cifar/train', X_train, y_train, num_shards=16)
         >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128)
     """
@@ -206,7 +206,7 @@ def files_tfrecord(fn: str, paths: Sequence[str], labels: Sequence[int], num_sha
     Returns:
         The paths written.
 
-    Example:
+    Examples:
         >>> fw.data.files_tfrecord('/tmp/pets/train', image_paths, class_ids, num_shards=8)
     """
     paths = list(paths)

@@ -20,15 +20,17 @@ LR finder's batches      distributed iterator                 global NumPy batch
 `check_input`'s reader   `TFInputManager.read_steps`          `JaxInputManager.read_steps`
 `profile_steps`          TensorFlow's profiler                ``jax.profiler``
 `check_tpu_ready`        `tpu_steps` (XLA, as TPUStrategy)    `tpu_steps` (lowered for 'tpu')
-TPUEstimator `model_fn`  `_model_fn` (TF1 graph in Keras)     refused in one sentence
+TPUEstimator `model_fn`  `tpu_estimator` (TF1 graph in Keras) refused in one sentence
 =======================  ===================================  ===================================
 
 The engine is Keras's backend (Keras fixes it when first imported: ``KERAS_BACKEND``,
 which `fw.accel`'s engine selection sets, `fenwicks._engine`). A third engine is one new
-folder implementing `Engine` and a checkpoint reader, plus its name in `_ENGINES`,
-`READERS` and engine selection (`fenwicks._engine`).
+folder implementing `Engine`, plus its one entry in `REGISTRY`. The reference engine
+(`fenwicks.train.reference`: a linear model trained by NumPy gradient steps, for the
+tests of the shared code) is such an entry: it runs under whichever backend Keras has,
+so it is never chosen by the backend, only by name (`use`).
 
-Example:
+Examples:
     >>> engine = fenwicks.train.engines.current()
     >>> engine.name
     'tf'
@@ -36,8 +38,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import keras
@@ -52,12 +56,41 @@ if TYPE_CHECKING:
     from fenwicks.train.run_state import RunState
     from fenwicks.train.runner import Trainer
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """One engine's entry in `REGISTRY`.
+
+    Attributes:
+        name: the engine's name (`Engine.name`).
+        module: the module whose ``ENGINE`` implements `Engine`.
+        keras_backend: the Keras backend that means this engine; None for an engine
+            that runs under any backend (chosen by name only, `use`).
+        reader: the module reading this engine's checkpoints into
+            `cross_engine.SavedWeights`, importable on any engine (``NAME``, ``TITLE``,
+            ``latest``, ``work_dir_of``, ``is_checkpoint``, ``read``); None if another
+            engine cannot read them.
+    """
+
+    name: str
+    module: str
+    keras_backend: str | None = None
+    reader: str | None = None
+
+
+REGISTRY = {entry.name: entry for entry in (
+    Registration("tf", "fenwicks.train.tf.engine", "tensorflow", "fenwicks.train.tf.weights"),
+    Registration("jax", "fenwicks.train.jax.engine", "jax", "fenwicks.train.jax.weights"),
+    Registration("reference", "fenwicks.train.reference.engine", None,
+                 "fenwicks.train.reference.weights"),
+)}
 # Keras's backend -> the module whose ``ENGINE`` implements `Engine` for it.
-_ENGINES = {"tensorflow": "fenwicks.train.tf.engine", "jax": "fenwicks.train.jax.engine"}
-# Engine -> its reader of its own checkpoints into `cross_engine.SavedWeights`, importable
-# on any engine (``NAME``, ``TITLE``, ``latest``, ``work_dir_of``, ``is_checkpoint``,
-# ``read``).
-READERS = {"tf": "fenwicks.train.tf.weights", "jax": "fenwicks.train.jax.weights"}
+_ENGINES = {entry.keras_backend: entry.module for entry in REGISTRY.values()
+            if entry.keras_backend}
+# Engine -> its checkpoint reader (`Registration.reader`).
+READERS = {entry.name: entry.reader for entry in REGISTRY.values() if entry.reader}
+_chosen: list[str] = []  # engines chosen by name (`use`), innermost last
 
 
 class Profiler(Protocol):
@@ -120,11 +153,13 @@ class Engine(Protocol):
 
 
 def current() -> Engine:
-    """The engine of Keras's backend, for estimators made now.
+    """The engine of Keras's backend, for estimators made now (or the one `use` chose).
 
     Raises:
         ValueError: Keras runs on a backend no engine implements.
     """
+    if _chosen:
+        return importlib.import_module(REGISTRY[_chosen[-1]].module).ENGINE
     backend = keras.backend.backend()
     if backend not in _ENGINES:
         raise ValueError(f"Keras runs on {backend!r}; Fenwicks' engines run on "
@@ -132,3 +167,33 @@ def current() -> Engine:
                          "before importing Keras")
     return importlib.import_module(_ENGINES[backend]).ENGINE
 
+
+
+@contextlib.contextmanager
+def use(name: str) -> Iterator[Engine]:
+    """Estimators (and `find_lr`, `check_input`, ...) made inside run on engine `name`.
+
+    For an engine that runs under any Keras backend, the reference engine
+    (`fenwicks.train.reference`); the tf and jax engines are Keras's backend, which is
+    fixed when Keras is imported, so only the running one can be used.
+
+    Raises:
+        ValueError: `name` is no engine, or an engine of another Keras backend.
+
+    Example:
+        >>> with fenwicks.train.engines.use("reference"):
+        ...     est = fw.train.get_tpu_estimator(10, model_func, work_dir, trn_bs=8)
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"engine={name!r} is not an engine Fenwicks has; the engines are "
+                         f"{sorted(REGISTRY)}")
+    backend = REGISTRY[name].keras_backend
+    if backend is not None and backend != keras.backend.backend():
+        raise ValueError(f"engine={name!r} runs Keras on {backend!r}, and this process's "
+                         f"Keras runs on {keras.backend.backend()!r} (fixed when Keras was "
+                         f"imported): start a new process with FENWICKS_ENGINE={name}")
+    _chosen.append(name)
+    try:
+        yield importlib.import_module(REGISTRY[name].module).ENGINE
+    finally:
+        _chosen.pop()

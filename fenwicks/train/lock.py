@@ -60,7 +60,7 @@ class WorkDirNotWritableError(PermissionError):
 class WorkDirLock:
     """The lock of one work_dir; `acquire` before writing checkpoints, `release` after.
 
-    Example:
+    Examples:
         >>> lock = WorkDirLock('/tmp/run')
         >>> lock.acquire(); ...; lock.release()
     """

@@ -133,7 +133,7 @@ def snapshot(tree: Any) -> Any:
     The copies are dispatched asynchronously, ordered before any later step that
     donates the arrays' buffers.
 
-    Example:
+    Examples:
         >>> frozen = snapshot(state.tree())   # returns at once
         >>> values = block(state.values(), ...)   # donates the buffers snapshotted
         >>> to_host(frozen)                   # the values at the snapshot
@@ -217,7 +217,7 @@ class OrbaxCheckpointer(Checkpointer):
     Raises:
         ValueError: a ``gs://`` work_dir with several JAX processes.
 
-    Example:
+    Examples:
         >>> checkpointer = OrbaxCheckpointer('gs://my-bucket/work/run', state.tree,
         ...                                  state.set_tree, state.paths, 3, True,
         ...                                  mesh.replicated())
@@ -596,7 +596,7 @@ class StagedBucket:
 def complete_steps(remote: str) -> list[int]:
     """Steps of a ``gs://.../orbax`` directory whose upload was committed, oldest first.
 
-    Example:
+    Examples:
         >>> complete_steps('gs://my-bucket/work/run/orbax')
         [300, 400]
     """
@@ -636,7 +636,7 @@ def local_copy(source: str) -> Iterator[str]:
     Raises:
         ValueError: `source` names a step directory whose upload was not completed.
 
-    Example:
+    Examples:
         >>> with local_copy('gs://my-bucket/work/pretrain') as path:
         ...     path   # '/tmp/fenwicks-warm-start-xxxx/400'
     """

@@ -54,7 +54,7 @@ class SyncCheckpointer(Checkpointer):
             (`checkpoints.expected_shapes`): a TPU reached over the network cannot write
             local files. Defaults to None: a local temp dir.
 
-    Example:
+    Examples:
         >>> variable = tf.Variable([1.0, 2.0])
         >>> checkpointer = SyncCheckpointer(tf.train.Checkpoint(v=variable), '/tmp/run')
         >>> checkpointer.save(10)
@@ -216,7 +216,7 @@ class AsyncCheckpointer(SyncCheckpointer):
         UnsupportedAsyncCheckpointError: an object under `root` saves state that is not
             a variable, which cannot be copied (`create` falls back to synchronous).
 
-    Example:
+    Examples:
         >>> checkpointer = AsyncCheckpointer(root, '/tmp/run')
         >>> checkpointer.save(10)   # returns once the variables are copied
         >>> checkpointer.wait()     # ckpt-10 is complete (or its error is raised here)
@@ -270,7 +270,7 @@ class WorkerCheckpointer(SyncCheckpointer):
         root, directory, keep, probe_dir: as for `SyncCheckpointer`.
         task_id: this worker's task id in the cluster.
 
-    Example:
+    Examples:
         >>> checkpointer = WorkerCheckpointer(root, work_dir, task_id=1)
     """
 
@@ -309,7 +309,7 @@ def create(root: tf.train.Checkpoint, directory: str, *, keep: int = 3,
     Returns:
         A `WorkerCheckpointer`, `AsyncCheckpointer` or `SyncCheckpointer`.
 
-    Example:
+    Examples:
         >>> checkpointer = create(root, work_dir, keep=3, asynchronous=True)
     """
     if worker_id is not None:

@@ -109,7 +109,7 @@ def make_checkpoint(model: keras.Model, optimizer: Any, global_step: tf.Variable
 def check_coverage(root: Any, variables: Iterable[Any]) -> None:
     """Raises `CheckpointCoverageError` naming each of `variables` that `root` misses.
 
-    Example:
+    Examples:
         >>> check_coverage(tf.train.Checkpoint(model=model), model.variables)
     """
     reached = _reachable(root)
@@ -340,7 +340,7 @@ def restore_latest(root: tf.train.Checkpoint, work_dir: str,
 def diagnose(prefix: str) -> str:
     """Which file of checkpoint `prefix` is missing, empty or cut short, in words.
 
-    Example:
+    Examples:
         >>> diagnose('/run/ckpt-10')
         '/run/ckpt-10.data-00000-of-00001 is missing'
     """
@@ -532,7 +532,7 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
     Returns:
         ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths.
 
-    Example:
+    Examples:
         >>> report = warm_start(model, 'gs://bucket/pretrain/work')
     """
     prefix = resolve(source)
@@ -567,7 +567,7 @@ def read(root: tf.train.Checkpoint, prefix: str, work_dir: str | None = None,
     caller that falls back past damaged checkpoints still can; an unreachable bucket
     does not look like damage.
 
-    Example:
+    Examples:
         >>> read(root, 'gs://bucket/work/ckpt-400', 'gs://bucket/work')
     """
     try:
