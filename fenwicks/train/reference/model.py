@@ -96,8 +96,7 @@ def loss_and_gradient(params: Params, features: np.ndarray, labels: np.ndarray,
 
 
 def learning_rate(optimizer: Any, step: int) -> float:
-    """The optimizer's learning rate at global step `step` (a schedule is evaluated)."""
-    rate = optimizer._learning_rate  # the float variable, or the schedule
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        return float(keras.ops.convert_to_numpy(rate(step)))
-    return float(keras.ops.convert_to_numpy(rate))
+    """The optimizer's learning rate at global step `step`: Keras evaluates a schedule
+    at the optimizer's ``iterations``, which are set to `step` first."""
+    optimizer.iterations.assign(step)
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
