@@ -142,7 +142,7 @@ def _importable(name: str) -> bool:
 def tpu_host_evidence(env: Mapping[str, str], facts: HostFacts) -> list[str]:
     """What shows that this machine is a TPU host, in words; empty if nothing does.
 
-    Example:
+    Examples:
         >>> tpu_host_evidence({"ISTPUVM": "1"}, HostFacts({"libtpu": "0.0.17"}))
         ['ISTPUVM=1', 'libtpu 0.0.17 is installed']
     """
@@ -194,7 +194,7 @@ def choose_engine(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
         EngineError: for a FENWICKS_ENGINE or KERAS_BACKEND Fenwicks cannot run on, or a
             JAX engine asked for without JAX installed.
 
-    Example:
+    Examples:
         >>> choose_engine({"FENWICKS_ENGINE": "jax"}, HostFacts({"jax": "0.7.2"})).engine
         'jax'
     """
@@ -316,7 +316,7 @@ def force_cpu_devices(env: MutableMapping[str, str], replicas: int | None) -> No
     JAX creates its devices, so this must run before; `fw.accel` also tells an already
     imported jax about the platform.
 
-    Example:
+    Examples:
         >>> env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
         >>> force_cpu_devices(env, 8); env["XLA_FLAGS"]
         '--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8'

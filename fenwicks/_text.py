@@ -31,7 +31,7 @@ def first_line(err: BaseException | str, limit: int = MESSAGE_LIMIT) -> str:
     Returns:
         The line, or the exception's type name when its message is empty.
 
-    Example:
+    Examples:
         >>> first_line(OSError("disk full\\n  at write()"))
         'disk full'
         >>> first_line(KeyError())

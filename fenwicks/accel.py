@@ -148,7 +148,7 @@ def parse_device(value: str) -> tuple[str, int | None]:
     Raises:
         ValueError: if the spec is malformed.
 
-    Example:
+    Examples:
         >>> parse_device('cpu:8')
         ('cpu', 8)
     """
@@ -184,7 +184,7 @@ def configure(device: str = "auto", replicas: int | None = None,
         AcceleratorError: if the accelerator was already initialised differently, or
             `engine` is not the one Keras runs on.
 
-    Example:
+    Examples:
         >>> fw.accel.configure(device='cpu', replicas=8)   # 8 TPU-like replicas on a CPU
     """
     global _request
@@ -284,7 +284,7 @@ def engine() -> str:
     """``'tf'`` or ``'jax'``: the engine Keras runs on in this process, chosen at ``import
     fenwicks`` (``FENWICKS_ENGINE``, ``KERAS_BACKEND``, else by the machine).
 
-    Example:
+    Examples:
         >>> fw.accel.engine()      # on Colab's GPU runtime; 'jax' on Kaggle's TPU image
         'tf'
     """
@@ -317,7 +317,7 @@ def _jax_backends_initialised() -> bool:
 def current() -> Accelerator:
     """Returns the accelerator, detecting it on first call.
 
-    Example:
+    Examples:
         >>> acc = fw.accel.current()
         >>> acc.kind, acc.num_replicas, acc.engine
         ('cpu', 1, 'tf')
@@ -340,7 +340,7 @@ _DETECTORS = {"tf": lambda request: detect(request, TFProbe()),
 def cpu_name() -> str:
     """The host CPU's model name (``/proc/cpuinfo``), else what `platform` says.
 
-    Example:
+    Examples:
         >>> fw.accel.cpu_name()
         'AMD EPYC'
     """
@@ -385,7 +385,7 @@ def libtpu_present() -> bool:
 
     Needs no TensorFlow; ``import fenwicks`` uses it to name the ``tpu`` extra.
 
-    Example:
+    Examples:
         >>> fw.accel.libtpu_present()
         False
     """
@@ -399,7 +399,7 @@ def tpu_host_evidence() -> list[str]:
     installed libtpu, ``ISTPUVM``, ``TPU_ACCELERATOR_TYPE``, ``TPU_PROCESS_ADDRESSES``,
     ``COLAB_TPU_ADDR``, ``/dev/accel*`` or ``/dev/vfio/<N>``. Needs no TensorFlow or JAX.
 
-    Example:
+    Examples:
         >>> fw.accel.tpu_host_evidence()        # on Kaggle's TPU image
         ['ISTPUVM=1', 'TPU_PROCESS_ADDRESSES=local', 'libtpu 0.0.17 is installed', ...]
     """
@@ -410,7 +410,7 @@ def nvidia_device_evidence() -> str | None:
     """What shows an NVIDIA GPU on this machine, or None: a driver entry, a device file, or
     ``nvidia-smi -L`` listing a GPU. Needs no TensorFlow.
 
-    Example:
+    Examples:
         >>> fw.accel.nvidia_device_evidence()      # on a Colab T4 runtime
         'nvidia-smi lists GPU 0: Tesla T4 (UUID: GPU-...)'
     """
@@ -947,7 +947,7 @@ def state_for_tests(current: Accelerator | None = None,
 
     Devices TensorFlow or JAX already set up stay set up: only Fenwicks' record changes.
 
-    Example:
+    Examples:
         >>> with fw.accel.state_for_tests(fake_tpu):
         ...     assert fw.io.default_root() == 'gs://bucket/fenwicks'
     """

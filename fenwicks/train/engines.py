@@ -20,7 +20,7 @@ LR finder's batches      distributed iterator                 global NumPy batch
 `check_input`'s reader   `TFInputManager.read_steps`          `JaxInputManager.read_steps`
 `profile_steps`          TensorFlow's profiler                ``jax.profiler``
 `check_tpu_ready`        `tpu_steps` (XLA, as TPUStrategy)    `tpu_steps` (lowered for 'tpu')
-TPUEstimator `model_fn`  `_model_fn` (TF1 graph in Keras)     refused in one sentence
+TPUEstimator `model_fn`  `tpu_estimator` (TF1 graph in Keras) refused in one sentence
 =======================  ===================================  ===================================
 
 The engine is Keras's backend (Keras fixes it when first imported: ``KERAS_BACKEND``,
@@ -30,7 +30,7 @@ folder implementing `Engine`, plus its one entry in `REGISTRY`. The reference en
 tests of the shared code) is such an entry: it runs under whichever backend Keras has,
 so it is never chosen by the backend, only by name (`use`).
 
-Example:
+Examples:
     >>> engine = fenwicks.train.engines.current()
     >>> engine.name
     'tf'

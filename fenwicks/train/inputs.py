@@ -44,7 +44,7 @@ def make_params(mode: str, global_batch: int, num_replicas: int, *, seed: int | 
 
     ``params['batch_size']`` is the per-replica batch size.
 
-    Example:
+    Examples:
         >>> make_params("train", 512, 8, seed=1, precision="bfloat16", steps_per_epoch=97)
         {'batch_size': 64, 'global_batch_size': 512, ...}
     """
@@ -74,7 +74,7 @@ def unpack(element: Any) -> tuple[Any, Any, Any]:
     ``(features, labels, sample_weight)``; what is absent comes back as None. The same
     function unpacks element specs. (`keras.utils.unpack_x_y_sample_weight`.)
 
-    Example:
+    Examples:
         >>> unpack((x, y))
         (x, y, None)
     """
@@ -257,7 +257,7 @@ class InputManager(abc.ABC):
     how it reads (`fenwicks.train.tf.inputs.TFInputManager`: ``tf.distribute``
     iterators; `fenwicks.train.jax.inputs.JaxInputManager`: NumPy batches for the mesh).
 
-    Example:
+    Examples:
         >>> manager = engines.current().InputManager(config, fw.accel.current())
         >>> probe = manager.probe(train_input_fn, "train")  # checked before any compile
         >>> iterator = manager.train_iterator(train_input_fn, start_step=0)
@@ -385,7 +385,7 @@ def discard(holder: list[Any]) -> None:
     `holder` must hold the only references: the caller keeps the list, not the
     iterators (hence a list).
 
-    Example:
+    Examples:
         >>> holder = [iter(strategy.distribute_datasets_from_function(dataset_fn))]
         >>> loop(holder[0])
         >>> discard(holder)          # returns at once; holder == []

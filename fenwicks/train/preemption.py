@@ -82,7 +82,7 @@ class Interrupted(KeyboardInterrupt):
         saved: True if `checkpoint` holds `step`; False if the steps since it were not
             saved (a second Ctrl-C, or saving takes long): they are only in memory.
 
-    Example:
+    Examples:
         >>> try:
         ...     est.train(train_fn, max_steps=10_000)
         ... except fw.train.Interrupted as stop:
@@ -114,7 +114,7 @@ def keeps_ctrl_c(method: Callable[..., Any]) -> Callable[..., Any]:
     `train`, whose watcher owns SIGINT), a handler notes the signal; if `method` then
     returns normally, the `KeyboardInterrupt` is raised on its way out.
 
-    Example:
+    Examples:
         >>> class Estimator:
         ...     @keeps_ctrl_c
         ...     def evaluate(self, input_fn): ...
@@ -236,7 +236,7 @@ class HostFlag:
     engine's one-step blocks in `benchmarks/jax_engine.py`, under load), where this is
     an attribute.
 
-    Example:
+    Examples:
         >>> if watcher.host_flag.numpy(): ...   # stop after the block in progress
     """
 
@@ -265,7 +265,7 @@ class PreemptionWatcher:
         forward: the wakeup fd that was set before this watcher's (an event loop's),
             which gets every signal byte too; -1 for none.
 
-    Example:
+    Examples:
         >>> with PreemptionWatcher() as watcher:
         ...     losses = loop(iterator, num_steps)   # reads watcher.flag before each step
         ...     if watcher.requested or watcher.interrupted: ...

@@ -55,7 +55,7 @@ class AgreedStop:
     Args:
         flag: the `PreemptionWatcher`'s `host_flag` (``numpy()`` -> bool).
 
-    Example:
+    Examples:
         >>> trainer = JaxTrainer(state, 512, 100, stop=AgreedStop(watcher.host_flag))
     """
 

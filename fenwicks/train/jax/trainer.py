@@ -63,7 +63,7 @@ class JaxTrainer:
             returns after the block in progress. Defaults to None.
         block_steps: force the block length (benchmarks). Defaults to None.
 
-    Example:
+    Examples:
         >>> trainer = JaxTrainer(state, 512, 100)
         >>> trainer.train(batches, 100).losses    # 100 per-step losses
     """

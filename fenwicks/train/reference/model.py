@@ -15,6 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from fenwicks import _tf_internals
 from fenwicks.train import model_func as model_funcs
 from fenwicks.train.model_func import ModelSpec
 
@@ -96,7 +97,8 @@ def loss_and_gradient(params: Params, features: np.ndarray, labels: np.ndarray,
 
 
 def learning_rate(optimizer: Any, step: int) -> float:
-    """The optimizer's learning rate at global step `step`: Keras evaluates a schedule
-    at the optimizer's ``iterations``, which are set to `step` first."""
-    optimizer.iterations.assign(step)
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    """The optimizer's learning rate at global step `step` (a schedule is evaluated)."""
+    rate = _tf_internals.keras_learning_rate_setting(optimizer)  # a variable or a schedule
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return float(keras.ops.convert_to_numpy(rate(step)))
+    return float(keras.ops.convert_to_numpy(rate))

@@ -26,6 +26,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from fenwicks import _removal
 from fenwicks.train import building, cross_engine
 from fenwicks.train.checkpointing import (
     Checkpointer,
@@ -121,7 +122,7 @@ class NumpyCheckpointer(Checkpointer):
             os.replace(temporary, path)
         except OSError as err:
             if os.path.exists(temporary):
-                os.remove(temporary)
+                _removal.remove_file(temporary)
             raise CheckpointWriteError(
                 f"could not write checkpoint {path}: {err}. The previous checkpoint "
                 f"({self.last_good or 'none'}) is intact: free space or fix the folder's "
@@ -129,7 +130,7 @@ class NumpyCheckpointer(Checkpointer):
         self._good = self._fingerprint(path)
         self._last_save_secs = time.monotonic() - started
         for old in self._steps_on_disk()[:-self._keep]:
-            os.remove(self._path(old))
+            _removal.remove_file(self._path(old))
 
     def restore(self, path: str | None = None) -> str | None:
         if path is None:
