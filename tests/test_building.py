@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import building
+from fenwicks.train import building, engines
 from fenwicks.train.model_func import ModelSpec
 
 
@@ -98,15 +98,15 @@ def test_inference_leaves_the_training_random_state_as_it_was():
 
 def test_check_labels_runs_the_loss_eagerly_on_a_few_examples():
     spec = _clf_spec(_dense())
-    strategy = fw.accel.current().strategy
+    engine = engines.current()
     x = np.zeros((5, 4), np.float32)
     good = tf.data.Dataset.from_tensor_slices((x, np.array([0, 1, 2, 0, 1]))).batch(5)
-    building.check_labels(spec, strategy, good)
+    building.check_labels(engine, spec, good)
     one_hot = tf.data.Dataset.from_tensor_slices((x, np.eye(3, dtype=np.float32)[
         [0, 1, 2, 0, 1]])).batch(5)
     with pytest.raises(ValueError, match=r"labels have shape \[5, 3\], one-hot .* model's 3 "
                                          r"outputs, but the loss takes class indices"):
-        building.check_labels(spec, strategy, one_hot)
+        building.check_labels(engine, spec, one_hot)
     out_of_range = tf.data.Dataset.from_tensor_slices((x, np.array([0, 1, 7, 0, 1]))).batch(5)
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="7"):
-        building.check_labels(spec, strategy, out_of_range)
+        building.check_labels(engine, spec, out_of_range)

@@ -4,6 +4,10 @@
 Beside it, `fenwicks.train.jax` implements the same roles on JAX; `fenwicks.train.engines`
 chooses one. The modules:
 
+- `devices.py`: what TensorFlow can reach, and the ``tf.distribute`` strategy this engine
+  makes for it and holds (`strategy`, public as ``fw.train.tf.strategy()``).
+- `backend.py`: Keras-on-TensorFlow facts for the layers and optimizers (the gradient
+  all-reduce, per-replica variable updates).
 - `state.py`: `RunState`, model, optimizer and step counters, restored from work_dir.
 - `inputs.py`: `InputManager`, input_fn to distributed iterators, the resume position
   and exact-evaluation padding.
@@ -15,3 +19,5 @@ chooses one. The modules:
 - `tpu_ready.py`: `check_tpu_ready`, XLA compilation of the real steps.
 - `_model_fn.py`, `assignment_map.py`: TPUEstimator's TF1 ``model_fn`` and warm-start maps.
 """
+
+from fenwicks.train.tf.devices import strategy  # noqa: E402, F401  (public: fw.train.tf.strategy)
