@@ -71,6 +71,9 @@ READERS = {"tf": "fenwicks.train.tf.weights", "jax": "fenwicks.train.jax.weights
 class Profiler(Protocol):
     """The engine's profiler, for `train(profile_steps=...)` (`profiling.ProfileWindow`)."""
 
+    # What `start` and `stop` raise when the profiler cannot (training goes on).
+    errors: tuple[type[BaseException], ...]
+
     def start(self, logdir: str) -> None: ...
 
     def stop(self) -> None: ...

@@ -22,6 +22,8 @@ from fenwicks.train.options import EstimatorConfig
 class _Profiler:
     """JAX's profiler: its trace shows the jitted steps on each device."""
 
+    errors = (RuntimeError,)  # e.g. a trace already running
+
     @staticmethod
     def start(logdir: str) -> None:
         jax.profiler.start_trace(logdir)

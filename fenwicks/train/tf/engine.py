@@ -21,6 +21,8 @@ from fenwicks.train.tf.trainer import Trainer
 class _Profiler:
     """TensorFlow's profiler: its trace shows the steps and the tf.data pipeline."""
 
+    errors = (tf.errors.OpError, RuntimeError)  # e.g. another profiler already running
+
     @staticmethod
     def start(logdir: str) -> None:
         tf.profiler.experimental.start(logdir)
