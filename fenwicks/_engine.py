@@ -55,16 +55,21 @@ class EngineEntry:
     """One engine: what Fenwicks needs to know to choose it and find its parts.
 
     Attributes:
-        name: what ``FENWICKS_ENGINE`` says (``'tf'``, ``'jax'``).
-        keras_backend: the Keras backend it runs Keras on.
+        name: the engine's name (`Engine.name`; ``FENWICKS_ENGINE`` for an engine of its
+            own Keras backend).
+        keras_backend: the Keras backend that means this engine; None for an engine that
+            runs under any backend (chosen by name only, `fenwicks.train.engines.use`).
         module: the module whose ``ENGINE`` implements `fenwicks.train.engines.Engine`.
         devices: its device detector: ``detect_devices(request) -> Accelerator`` and
-            ``describe_distribution() -> str`` (for `fw.info`).
+            ``describe_distribution() -> str`` (for `fw.info`); None without a backend.
         facts: its backend facts for the layers and optimizers below `fenwicks.train`:
             ``is_symbolic``, ``data_parallel_replicas``, ``SYNCS_BATCHNORM``,
-            ``LASTING_BACKEND_VARIABLES``, ``sum_gradients``, ``update_each``.
-        reader: its reader of its own checkpoints (`fenwicks.train.cross_engine`),
-            importable on any engine; None if it writes none.
+            ``LASTING_BACKEND_VARIABLES``, ``sum_gradients``, ``update_each``; None
+            without a backend.
+        reader: the module reading this engine's checkpoints into
+            `cross_engine.SavedWeights`, importable on any engine (``NAME``, ``TITLE``,
+            ``latest``, ``work_dir_of``, ``is_checkpoint``, ``read``); None if another
+            engine cannot read them.
         libraries: its own libraries beyond TensorFlow and Keras (`fw.info` rows).
         splits_cpu_by_flags: whether ``FENWICKS_DEVICE=cpu:N`` must be set as flags before
             the engine's library makes its devices (JAX's ``XLA_FLAGS``), rather than as
@@ -72,10 +77,10 @@ class EngineEntry:
     """
 
     name: str
-    keras_backend: str
+    keras_backend: str | None
     module: str
-    devices: str
-    facts: str
+    devices: str | None
+    facts: str | None
     reader: str | None
     libraries: tuple[str, ...] = ()
     splits_cpu_by_flags: bool = False
@@ -89,9 +94,14 @@ REGISTRY = {entry.name: entry for entry in (
                 devices="fenwicks.train.jax.devices", facts="fenwicks.train.jax.backend",
                 reader="fenwicks.train.jax.weights", libraries=("jax",),
                 splits_cpu_by_flags=True),
+    # NumPy gradient steps for the tests of the shared code, under any Keras backend.
+    EngineEntry("reference", None, module="fenwicks.train.reference.engine", devices=None,
+                facts=None, reader="fenwicks.train.reference.weights"),
 )}
-ENGINES = tuple(REGISTRY)
-KERAS_BACKEND = {name: entry.keras_backend for name, entry in REGISTRY.items()}
+# The engines of a Keras backend: what FENWICKS_ENGINE chooses from.
+KERAS_BACKEND = {name: entry.keras_backend for name, entry in REGISTRY.items()
+                 if entry.keras_backend}
+ENGINES = tuple(KERAS_BACKEND)
 # Environment variables a TPU VM image sets: Kaggle's TPU image sets ISTPUVM=1 and
 # TPU_PROCESS_ADDRESSES=local (Kaggle/docker-python, tpu/Dockerfile); Cloud TPU VMs set
 # TPU_ACCELERATOR_TYPE; Colab's TPU runtimes set COLAB_TPU_ADDR.
@@ -188,7 +198,7 @@ def _importable(name: str) -> bool:
 def tpu_host_evidence(env: Mapping[str, str], facts: HostFacts) -> list[str]:
     """What shows that this machine is a TPU host, in words; empty if nothing does.
 
-    Example:
+    Examples:
         >>> tpu_host_evidence({"ISTPUVM": "1"}, HostFacts({"libtpu": "0.0.17"}))
         ['ISTPUVM=1', 'libtpu 0.0.17 is installed']
     """
@@ -234,7 +244,7 @@ def choose_engine(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
         EngineError: for a FENWICKS_ENGINE or KERAS_BACKEND Fenwicks cannot run on, or a
             JAX engine asked for without JAX installed.
 
-    Example:
+    Examples:
         >>> choose_engine({"FENWICKS_ENGINE": "jax"}, HostFacts({"jax": "0.7.2"})).engine
         'jax'
     """
@@ -356,7 +366,7 @@ def force_cpu_devices(env: MutableMapping[str, str], replicas: int | None) -> No
     JAX creates its devices, so this must run before; `fw.accel` also tells an already
     imported jax about the platform.
 
-    Example:
+    Examples:
         >>> env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
         >>> force_cpu_devices(env, 8); env["XLA_FLAGS"]
         '--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8'
@@ -371,14 +381,14 @@ def force_cpu_devices(env: MutableMapping[str, str], replicas: int | None) -> No
 # ----------------------------------------------------------- finding an engine's parts
 
 
+def devices_module(name: str) -> ModuleType:
+    """Engine `name`'s device module (`EngineEntry.devices`); `name` is one of `ENGINES`."""
+    return importlib.import_module(str(REGISTRY[name].devices))
+
+
 def detector(name: str) -> Callable[[Any], Any]:
     """Engine `name`'s device detector, ``detect_devices(request) -> Accelerator``."""
-    return importlib.import_module(REGISTRY[name].devices).detect_devices
-
-
-def devices_module(name: str) -> ModuleType:
-    """Engine `name`'s device module (`EngineEntry.devices`)."""
-    return importlib.import_module(REGISTRY[name].devices)
+    return devices_module(name).detect_devices
 
 
 def entry_for_backend(keras_backend: str) -> EngineEntry | None:
@@ -404,4 +414,4 @@ def backend_facts() -> ModuleType:
         raise ValueError(f"Keras runs on {backend!r}; Fenwicks' engines run on "
                          f"{sorted(KERAS_BACKEND.values())}: set KERAS_BACKEND (or "
                          f"{ENGINE_ENV}) before importing Keras")
-    return importlib.import_module(entry.facts)
+    return importlib.import_module(str(entry.facts))

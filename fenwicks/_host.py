@@ -31,7 +31,7 @@ def libtpu_present() -> bool:
 
     Needs no TensorFlow; ``import fenwicks`` uses it to name the ``tpu`` extra.
 
-    Example:
+    Examples:
         >>> fw.accel.libtpu_present()
         False
     """
@@ -45,7 +45,7 @@ def tpu_host_evidence() -> list[str]:
     installed libtpu, ``ISTPUVM``, ``TPU_ACCELERATOR_TYPE``, ``TPU_PROCESS_ADDRESSES``,
     ``COLAB_TPU_ADDR``, ``/dev/accel*`` or ``/dev/vfio/<N>``. Needs no TensorFlow or JAX.
 
-    Example:
+    Examples:
         >>> fw.accel.tpu_host_evidence()        # on Kaggle's TPU image
         ['ISTPUVM=1', 'TPU_PROCESS_ADDRESSES=local', 'libtpu 0.0.17 is installed', ...]
     """
@@ -56,7 +56,7 @@ def nvidia_device_evidence() -> str | None:
     """What shows an NVIDIA GPU on this machine, or None: a driver entry, a device file, or
     ``nvidia-smi -L`` listing a GPU. Needs no TensorFlow.
 
-    Example:
+    Examples:
         >>> fw.accel.nvidia_device_evidence()      # on a Colab T4 runtime
         'nvidia-smi lists GPU 0: Tesla T4 (UUID: GPU-...)'
     """
@@ -147,7 +147,7 @@ class HostProbe:
 def cpu_name() -> str:
     """The host CPU's model name (``/proc/cpuinfo``), else what `platform` says.
 
-    Example:
+    Examples:
         >>> fw.accel.cpu_name()
         'AMD EPYC'
     """

@@ -23,7 +23,7 @@ def auto_precision(kind: str, capabilities: Iterable[Sequence[int] | None] = ())
     ``'float16'`` on GPUs whose `capabilities` (compute capability per GPU, None where
     unknown) are all >= 7.0, else ``'float32'``.
 
-    Example:
+    Examples:
         >>> auto_precision("gpu", [(7, 5)]), auto_precision("gpu", [(6, 0)])
         ('float16', 'float32')
     """
@@ -39,7 +39,7 @@ def auto_precision(kind: str, capabilities: Iterable[Sequence[int] | None] = ())
 def keras_policy(precision: str) -> str:
     """The Keras dtype policy name for `precision` (``'mixed_bfloat16'``, ``'float32'``).
 
-    Example:
+    Examples:
         >>> keras_policy("bfloat16")
         'mixed_bfloat16'
     """

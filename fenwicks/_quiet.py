@@ -28,7 +28,7 @@ def is_command_line(argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
     """Whether this process is Fenwicks' command line: ``python -m fenwicks ...`` (while
     runpy imports the package, ``sys.argv[0]`` is ``'-m'``) or the ``fenwicks`` script.
 
-    Example:
+    Examples:
         >>> is_command_line(["-m", "info"], ["python", "-m", "fenwicks", "info"])
         True
         >>> is_command_line(["train.py"], ["python", "train.py"])

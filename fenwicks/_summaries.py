@@ -24,7 +24,7 @@ def scalar_writer(writer: Any) -> Callable[..., None]:
     number of training loops in one compiled call (one trace: the lengths are dynamic),
     for `fenwicks.train.progress.TrainSummaries`.
 
-    Example:
+    Examples:
         >>> write = scalar_writer(tf.summary.create_file_writer('/tmp/run/train'))
         >>> write(steps, values, rate_steps, rates)
     """

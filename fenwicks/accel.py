@@ -164,7 +164,7 @@ def parse_device(value: str) -> tuple[str, int | None]:
     Raises:
         ValueError: if the spec is malformed.
 
-    Example:
+    Examples:
         >>> parse_device('cpu:8')
         ('cpu', 8)
     """
@@ -200,7 +200,7 @@ def configure(device: str = "auto", replicas: int | None = None,
         AcceleratorError: if the accelerator was already initialised differently, or
             `engine` is not the one Keras runs on.
 
-    Example:
+    Examples:
         >>> fw.accel.configure(device='cpu', replicas=8)   # 8 TPU-like replicas on a CPU
     """
     global _request
@@ -300,7 +300,7 @@ def engine() -> str:
     """``'tf'`` or ``'jax'``: the engine Keras runs on in this process, chosen at ``import
     fenwicks`` (``FENWICKS_ENGINE``, ``KERAS_BACKEND``, else by the machine).
 
-    Example:
+    Examples:
         >>> fw.accel.engine()      # on Colab's GPU runtime; 'jax' on Kaggle's TPU image
         'tf'
     """
@@ -333,7 +333,7 @@ def _jax_backends_initialised() -> bool:
 def current() -> Accelerator:
     """Returns the accelerator, detecting it on first call.
 
-    Example:
+    Examples:
         >>> acc = fw.accel.current()
         >>> acc.kind, acc.num_replicas, acc.engine
         ('cpu', 1, 'tf')
@@ -355,7 +355,7 @@ def distribution() -> str:
     engine's strategy (``'MirroredStrategy'``), or the jax engine's mesh. Detects the
     devices if needed.
 
-    Example:
+    Examples:
         >>> fw.accel.distribution()
         'OneDeviceStrategy'
     """
@@ -457,7 +457,7 @@ def state_for_tests(current: Accelerator | None = None,
 
     Devices TensorFlow or JAX already set up stay set up: only Fenwicks' record changes.
 
-    Example:
+    Examples:
         >>> with fw.accel.state_for_tests(fake_tpu):
         ...     assert fw.io.default_root() == 'gs://bucket/fenwicks'
     """

@@ -42,12 +42,11 @@ import base64
 import hashlib
 import os
 import posixpath
-import shutil
 import sys
 import tempfile
 from typing import Any
 
-from fenwicks import _deadline, gcs
+from fenwicks import _deadline, _removal, gcs
 from fenwicks._deadline import StorageTimeoutError
 from fenwicks._text import first_line
 from fenwicks.archives import unzip
@@ -99,7 +98,7 @@ def default_root() -> str:
     Raises:
         ValueError: on a remote TPU with no bucket configured, or a local FENWICKS_ROOT.
 
-    Example:
+    Examples:
         >>> fw.io.default_root()
         '/root/fenwicks'
     """
@@ -141,7 +140,7 @@ def get_project_dirs(root_dir: str | None, project: str) -> tuple[str, str]:
             over the network, or no bucket configured for one.
         fw.gcs.GCSCredentialsError: a ``gs://`` root without credentials.
 
-    Example:
+    Examples:
         >>> data_dir, work_dir = fw.io.get_project_dirs('gs://my-bucket', 'cifar10')
         >>> data_dir, work_dir
         ('gs://my-bucket/data/cifar10', 'gs://my-bucket/work/cifar10')
@@ -200,7 +199,7 @@ def _reachable(root: str, remote: bool, name: str) -> str:
 def is_gcs(path: str | os.PathLike) -> bool:
     """True for a ``gs://`` path.
 
-    Example:
+    Examples:
         >>> fw.io.is_gcs('gs://bucket/x'), fw.io.is_gcs('/tmp/x')
         (True, False)
     """
@@ -210,7 +209,7 @@ def is_gcs(path: str | os.PathLike) -> bool:
 def join(path: str, *parts: str) -> str:
     """Joins path parts with ``/`` for ``gs://`` and the OS separator otherwise.
 
-    Example:
+    Examples:
         >>> fw.io.join('gs://bucket', 'data', 'mnist')
         'gs://bucket/data/mnist'
     """
@@ -273,7 +272,7 @@ def check_bucket(path: str) -> str:
         BucketNotFoundError: the bucket does not exist; names it and the fix.
         StorageTimeoutError: storage did not answer within the deadline.
 
-    Example:
+    Examples:
         >>> fw.io.check_bucket('gs://my-bucket/work/cifar10')
         'gs://my-bucket/work/cifar10'
     """
@@ -301,7 +300,7 @@ def check_bucket(path: str) -> str:
 def exists(path: str) -> bool:
     """True if `path` (a local or ``gs://`` file or directory) exists.
 
-    Example:
+    Examples:
         >>> fw.io.exists('gs://my-bucket/data/cifar10/train.tfrec')
         True
     """
@@ -312,7 +311,7 @@ def exists(path: str) -> bool:
 def makedirs(path: str) -> str:
     """Creates directory `path` and its parents if missing; returns `path`.
 
-    Example:
+    Examples:
         >>> fw.io.makedirs('/tmp/fenwicks/work')
         '/tmp/fenwicks/work'
     """
@@ -324,7 +323,7 @@ def makedirs(path: str) -> str:
 def glob(pattern: str) -> list[str]:
     """Paths matching `pattern` (``*``, ``?``, ``[...]``), sorted.
 
-    Example:
+    Examples:
         >>> fw.io.glob('gs://my-bucket/data/cifar10/*.tfrec')
         ['gs://my-bucket/data/cifar10/train-0.tfrec', 'gs://my-bucket/data/cifar10/train-1.tfrec']
     """
@@ -340,7 +339,7 @@ def listdir(path: str) -> list[str]:
     Raises:
         FileNotFoundError: if `path` is not a directory.
 
-    Example:
+    Examples:
         >>> fw.io.listdir('gs://my-bucket/data')
         ['cifar10', 'mnist']
     """
@@ -369,7 +368,7 @@ def copy(src: str, dst: str, overwrite: bool = False) -> list[str]:
         FileNotFoundError: if `src` does not exist.
         FileExistsError: if a target exists and `overwrite` is False.
 
-    Example:
+    Examples:
         >>> fw.io.copy('/content/model.keras', 'gs://my-bucket/work/model.keras')
         ['gs://my-bucket/work/model.keras']
     """
@@ -438,7 +437,7 @@ def create_clean_dir(path: str, *, force: bool = False) -> str:
     Raises:
         ValueError: for a refused path or a path that is a file; nothing is deleted.
 
-    Example:
+    Examples:
         >>> data_dir, work_dir = fw.io.get_project_dirs('gs://my-bucket', 'cifar10')
         >>> fw.io.create_clean_dir(work_dir)
         'gs://my-bucket/work/cifar10'
@@ -464,10 +463,7 @@ def _clean(path: str) -> str:
         if not gfile.isdir(path):
             raise ValueError(f"path={path!r} is a file, not a directory; delete it "
                              "yourself or choose another path")
-        if is_gcs(path):
-            gfile.rmtree(path)
-        else:
-            shutil.rmtree(path)  # unlike a generic rmtree, never follows symlinks inside
+        _removal.remove_tree(path)  # never follows symlinks inside
     gfile.makedirs(path)
     return path
 
@@ -590,7 +586,7 @@ def upload(local_path: str, remote_dir: str, *, workers: int = 16,
         ValueError: `local_path` is a ``gs://`` path, or `workers` < 1.
         FileNotFoundError: `local_path` does not exist.
 
-    Example:
+    Examples:
         >>> fw.io.upload('/content/cifar10', 'gs://my-bucket/data')
         ['gs://my-bucket/data/cifar10/test.tfrec', 'gs://my-bucket/data/cifar10/train.tfrec']
         >>> fw.io.upload('/content/cifar10', 'gs://my-bucket/data')
@@ -624,7 +620,7 @@ def download(remote_path: str, local_dir: str, *, workers: int = 16,
         ValueError: `local_dir` is a ``gs://`` path, or `workers` < 1.
         FileNotFoundError: `remote_path` does not exist.
 
-    Example:
+    Examples:
         >>> fw.io.download('gs://my-bucket/work/cifar10/export', '/content')
         ['/content/export/saved_model.pb', ...]
     """
@@ -652,7 +648,7 @@ def stage(local_path: str, project: str, root_dir: str | None = None) -> str:
     Returns:
         The path to hand to the input pipeline.
 
-    Example:
+    Examples:
         >>> fw.io.stage('/content/digits.tfrec', 'digits')   # on a Colab TPU node
         'gs://my-bucket/data/digits/digits.tfrec'
     """
@@ -822,7 +818,7 @@ def upload_to_gcs(local_path: str, gcs_path: str) -> list[str]:
     Returns:
         The paths written (empty if ``gcs_path`` already existed).
 
-    Example:
+    Examples:
         >>> fw.io.upload_to_gcs('./data/train.tfrec', 'gs://bucket/data/train.tfrec')
     """
     if exists(gcs_path):

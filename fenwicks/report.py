@@ -60,7 +60,7 @@ def info() -> None:
     replicas, precision and the storage root, then a WARNING row for each TPU or GPU
     present but unusable (the original error, the fix and what was chosen instead).
 
-    Example:
+    Examples:
         >>> fw.info()
         python               3.11.7
         tensorflow           2.21.0

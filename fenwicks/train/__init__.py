@@ -8,7 +8,10 @@ engines, in this folder:
 
 - `options.py`: `EstimatorConfig`, the typed, frozen, validated options.
 - `estimator.py`: `Estimator`, the facade: builds the model from the input's probe and
-  hands the parts to each other; `tpu_estimator.py`: TPUEstimator's front door.
+  hands the parts to each other. TPUEstimator's front door (`TPUEstimator`, `RunConfig`,
+  ...) is TF1 code and lives with the tf engine, in `tf/`: its names are imported when
+  first used (`__getattr__` below), and on an engine that refuses a TF1 model_fn (jax),
+  ``fw.train.TPUEstimator(...)`` says so before any of that code is imported.
 - `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions;
   it builds each `train` call's one ordered action list (`default_actions`) and holds
   its `SavePolicy` (`save_policy.py`: when to save).
@@ -24,6 +27,9 @@ engines, in this folder:
   ``tf.function``, `jax/` on ``jax.sharding``, ``jax.jit`` and orbax. `cross_engine.py`:
   one engine's checkpoints read on the other (evaluate, predict and warm start).
 """
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401
 from fenwicks.train.checkpointing import (  # noqa: E402, F401  (public names)
@@ -94,16 +100,6 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     one_cycle_momentum,
     piecewise_linear,
 )
-from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
-    EstimatorSpec,
-    InputPipelineConfig,
-    ModeKeys,
-    RunConfig,
-    TPUConfig,
-    TPUEstimator,
-    TPUEstimatorSpec,
-    WarmStartSettings,
-)
 from fenwicks.train.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401
 
 # The public names, as the API reference lists them.
@@ -123,3 +119,57 @@ __all__ = [
     "TPUEstimator", "TPUEstimatorSpec", "TPUReadiness", "train_and_evaluate",
     "WarmStartSettings", "Warmup", "WorkDirLockedError", "WorkDirNotWritableError",
 ]
+
+# TPUEstimator's names: module -> names, imported on first use (PEP 562).
+_TF1_NAMES = {
+    "fenwicks.train.tf.tf1_config": ("EstimatorSpec", "InputPipelineConfig", "ModeKeys",
+                                     "RunConfig", "TPUConfig", "TPUEstimatorSpec",
+                                     "WarmStartSettings"),
+    "fenwicks.train.tf.tpu_estimator": ("TPUEstimator",),
+}
+_TF1_MODULE = {name: module for module, names in _TF1_NAMES.items() for name in names}
+
+if TYPE_CHECKING:  # for type checkers and the API reference, which read imports
+    from fenwicks.train.tf.tf1_config import (  # noqa: F401
+        EstimatorSpec,
+        InputPipelineConfig,
+        ModeKeys,
+        RunConfig,
+        TPUConfig,
+        TPUEstimatorSpec,
+        WarmStartSettings,
+    )
+    from fenwicks.train.tf.tpu_estimator import TPUEstimator  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    """TPUEstimator's names, imported when first used. ``TPUEstimator`` asks the engine
+    first: one that cannot run a TF1 model_fn (jax) gets a class that refuses in one
+    sentence at construction, and no TF1 code is imported."""
+    module = _TF1_MODULE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fenwicks.train' has no attribute {name!r}")
+    if name == "TPUEstimator":
+        from fenwicks.train import engines
+
+        refusal = engines.current().tf1_model_fn_refusal()
+        if refusal:
+            return _refused_tpu_estimator(refusal)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TF1_MODULE))
+
+
+def _refused_tpu_estimator(refusal: str) -> type:
+    class TPUEstimator:
+        """fw.train.TPUEstimator on an engine that cannot run a TF1 model_fn: its
+        constructor raises the engine's one-sentence refusal."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise ValueError(refusal)
+
+    return TPUEstimator

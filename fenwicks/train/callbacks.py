@@ -93,7 +93,7 @@ class EpochLog(keras.callbacks.Callback):
     action list has it just before the user's callbacks (`controller.default_actions`).
     Only the chief writes it (the other workers of a multi-worker run write no files).
 
-    Example:
+    Examples:
         >>> EpochLog(work_dir, lambda: est.global_step).on_epoch_end(0, {'val_loss': 0.5})
     """
 
@@ -136,7 +136,7 @@ class EarlyStopping(_Replaying, keras.callbacks.EarlyStopping):
     has seen (earlier processes' weights are gone); to keep the best model across
     resumes, add `BestExporter`.
 
-    Example:
+    Examples:
         >>> est.train_and_evaluate(train_fn, eval_fn, epochs=50,
         ...                        callbacks=[fw.train.EarlyStopping(patience=3)])
     """
@@ -169,7 +169,7 @@ class BestExporter(_Replaying):
         mode: ``'min'``, ``'max'`` or ``'auto'`` (max for accuracy-like names).
             Defaults to ``'auto'``.
 
-    Example:
+    Examples:
         >>> best = fw.train.BestExporter(work_dir + '/best', monitor='val_accuracy')
         >>> est.train_and_evaluate(train_fn, eval_fn, epochs=30, callbacks=[best])
     """

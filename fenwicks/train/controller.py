@@ -161,7 +161,7 @@ class Controller:
         record: the `History` to append per-step losses, rates and learning rates to.
         engine: the `fenwicks.train.engines.Engine` whose trainer runs the compiled loop.
 
-    Example:
+    Examples:
         >>> controller = Controller(config, state, est.history, engines.current())
         >>> with controller.run(iterator, 1000, user_callbacks) as run:
         ...     run.train(run.target)

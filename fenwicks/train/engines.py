@@ -30,15 +30,19 @@ TPUEstimator `model_fn`  `_model_fn` (TF1 graph in Keras)     refused in one sen
 
 The engine is Keras's backend (Keras fixes it when first imported: ``KERAS_BACKEND``,
 which `fw.accel`'s engine selection sets, `fenwicks._engine`). A third engine is one new
-folder implementing `Engine`, its device detector, backend facts and checkpoint reader,
-plus one entry in `fenwicks._engine.REGISTRY`.
+folder implementing `Engine` (with, for an engine of its own Keras backend, its device
+detector and backend facts) and a checkpoint reader, plus its one entry in
+`fenwicks._engine.REGISTRY`. The reference engine (`fenwicks.train.reference`: a linear
+model trained by NumPy gradient steps, for the tests of the shared code) is such an
+entry: it runs under whichever backend Keras has, so it is never chosen by the backend,
+only by name (`use`).
 
 Every count the shared code uses comes from the engine: `get_tpu_estimator` asks
 `Engine.num_replicas`, `num_processes` and `precision` once and keeps the answers in the
 `EstimatorConfig`, which the input params, exact evaluation, out-of-memory halving,
 `check_input`, `check_tpu_ready` and the TPUEstimator read; `find_lr` asks the engine too.
 
-Example:
+Examples:
     >>> engine = fenwicks.train.engines.current()
     >>> engine.name
     'tf'
@@ -46,8 +50,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import keras
@@ -62,10 +67,11 @@ if TYPE_CHECKING:
     from fenwicks.train.run_state import RunState
     from fenwicks.train.runner import Trainer
 
-# Engine -> its reader of its own checkpoints into `cross_engine.SavedWeights`, importable
-# on any engine (``NAME``, ``TITLE``, ``latest``, ``work_dir_of``, ``is_checkpoint``,
-# ``read``).
-READERS = {"tf": "fenwicks.train.tf.weights", "jax": "fenwicks.train.jax.weights"}
+# Every engine, one entry each (`fenwicks._engine.EngineEntry`).
+REGISTRY = _engine.REGISTRY
+# Engine -> its checkpoint reader (`EngineEntry.reader`).
+READERS = {entry.name: entry.reader for entry in REGISTRY.values() if entry.reader}
+_chosen: list[str] = []  # engines chosen by name (`use`), innermost last
 
 
 class Profiler(Protocol):
@@ -147,11 +153,13 @@ class Engine(Protocol):
 
 
 def current() -> Engine:
-    """The engine of Keras's backend, for estimators made now.
+    """The engine of Keras's backend, for estimators made now (or the one `use` chose).
 
     Raises:
         ValueError: Keras runs on a backend no engine implements.
     """
+    if _chosen:
+        return importlib.import_module(REGISTRY[_chosen[-1]].module).ENGINE
     backend = keras.backend.backend()
     entry = _engine.entry_for_backend(backend)
     if entry is None:
@@ -160,3 +168,32 @@ def current() -> Engine:
                          "FENWICKS_ENGINE) before importing Keras")
     return importlib.import_module(entry.module).ENGINE
 
+
+@contextlib.contextmanager
+def use(name: str) -> Iterator[Engine]:
+    """Estimators (and `find_lr`, `check_input`, ...) made inside run on engine `name`.
+
+    For an engine that runs under any Keras backend, the reference engine
+    (`fenwicks.train.reference`); the tf and jax engines are Keras's backend, which is
+    fixed when Keras is imported, so only the running one can be used.
+
+    Raises:
+        ValueError: `name` is no engine, or an engine of another Keras backend.
+
+    Examples:
+        >>> with fenwicks.train.engines.use("reference"):
+        ...     est = fw.train.get_tpu_estimator(10, model_func, work_dir, trn_bs=8)
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"engine={name!r} is not an engine Fenwicks has; the engines are "
+                         f"{sorted(REGISTRY)}")
+    backend = REGISTRY[name].keras_backend
+    if backend is not None and backend != keras.backend.backend():
+        raise ValueError(f"engine={name!r} runs Keras on {backend!r}, and this process's "
+                         f"Keras runs on {keras.backend.backend()!r} (fixed when Keras was "
+                         f"imported): start a new process with FENWICKS_ENGINE={name}")
+    _chosen.append(name)
+    try:
+        yield importlib.import_module(REGISTRY[name].module).ENGINE
+    finally:
+        _chosen.pop()

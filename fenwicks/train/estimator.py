@@ -119,7 +119,7 @@ def get_tpu_estimator(steps_per_epoch: int | None = None, model_func: ModelFunc 
     Raises:
         ValueError: for a batch size not divisible by the replicas, or a bad argument.
 
-    Example:
+    Examples:
         >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=512,
         ...                                  val_bs=10000, seed=1)
         >>> fw.train.get_tpu_estimator(model_func=model_func, work_dir=work_dir,
@@ -214,7 +214,7 @@ class Estimator:
         history: a `History` of this object's training and evaluations.
         warm_start_report: ``{'loaded': [...], 'not_loaded': [...]}`` after a warm start.
 
-    Example:
+    Examples:
         >>> with fw.train.get_tpu_estimator(100, model_func, work_dir) as est:
         ...     est.train(train_fn, steps=1000)
     """
@@ -283,7 +283,7 @@ class Estimator:
         A documented test hook: the parts' own attributes are Fenwicks-internal and may
         change between releases; models, counters and results have public properties.
 
-        Example:
+        Examples:
             >>> est.parts.state.checkpointer.latest   # the newest complete checkpoint
         """
         return EstimatorParts(self._state, self._inputs, self._evaluator)
@@ -391,7 +391,7 @@ class Estimator:
             CheckpointWriteError: a checkpoint could not be written (disk full, storage);
                 the previous one is intact.
 
-        Example:
+        Examples:
             >>> est.train(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
             ...           max_steps=1000, callbacks=[keras.callbacks.CSVLogger('log.csv')])
             >>> est.train(train_fn, steps=300, profile_steps=(200, 220))  # a profile
@@ -459,7 +459,7 @@ class Estimator:
         Raises:
             ValueError: bad arguments, or an input that fails `train`'s checks or runs out.
 
-        Example:
+        Examples:
             >>> est.train(train_fn, steps=500)
             >>> print(est.check_input(train_fn))
             input delivers 41,200 ex/s, training consumed 3,100 ex/s (13.29x): not input-bound
@@ -496,7 +496,7 @@ class Estimator:
         A work_dir without a checkpoint gives a warning: the model was never trained. A
         read-only work_dir is fine (TensorBoard summaries are skipped with a warning).
 
-        Example:
+        Examples:
             >>> est.evaluate(lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
             ...                                              training=False))
             {'loss': 0.31, 'accuracy': 0.912, 'global_step': 1000, 'num_examples': 10000}
@@ -533,7 +533,7 @@ class Estimator:
 
         A work_dir without a checkpoint gives a warning: the model was never trained.
 
-        Example:
+        Examples:
             >>> probs = est.predict(lambda params: fw.data.numpy_ds(X, None,
             ...                     params['batch_size'], training=False))
         """
@@ -565,7 +565,7 @@ class Estimator:
             ValueError: `export_dir` holds files Fenwicks did not write.
             fw.train.ExportError: the disk or storage failed.
 
-        Example:
+        Examples:
             >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/m'))
             >>> loaded.serve(X[:5])['predictions']
         """
@@ -595,7 +595,7 @@ class Estimator:
         Returns:
             `History` with per-step losses and one entry per evaluation.
 
-        Example:
+        Examples:
             >>> history = est.train_and_evaluate(train_fn, eval_fn, epochs=10,
             ...                                  callbacks=[fw.train.EarlyStopping()])
             >>> plt.plot(*history.metric('accuracy'))
@@ -638,7 +638,7 @@ def train_and_evaluate(estimator: Estimator, train_input_fn: InputFn,
                        callbacks: Callbacks = None) -> History:
     """Function form of `Estimator.train_and_evaluate`.
 
-    Example:
+    Examples:
         >>> history = fw.train.train_and_evaluate(est, train_fn, eval_fn, epochs=10)
     """
     return estimator.train_and_evaluate(train_input_fn, eval_input_fn, epochs=epochs,

@@ -28,7 +28,7 @@ class Evaluator(abc.ABC):
     an out-of-memory error, the result. Each engine subclasses it with its compiled
     steps (`_eval_totals`, `_predictions`).
 
-    Example:
+    Examples:
         >>> evaluator = engines.current().Evaluator(config, acc, state, input_manager)
         >>> evaluator.evaluate(eval_input_fn)   # {'loss', 'accuracy', ...}
     """

@@ -17,14 +17,13 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf  # tf.io.gfile: local and gs:// alike (storage, not training)
 
-from fenwicks import _deadline
+from fenwicks import _deadline, _removal
 from fenwicks._text import first_line
 
 MARKER = "fenwicks_export.json"
@@ -141,15 +140,15 @@ def _swap_in(staging: str, target: str) -> None:
             os.rename(target, old)
         os.rename(staging, target)
         if old:
-            shutil.rmtree(old)
+            _removal.remove_tree(old)
         return
     new = _relative_files(staging)
     for name in sorted(new, key=lambda n: n == MARKER):
         tf.io.gfile.makedirs(f"{target}/{name}".rsplit("/", 1)[0])
         tf.io.gfile.copy(f"{staging}/{name}", f"{target}/{name}", overwrite=True)
     for name in _relative_files(target) - new:
-        tf.io.gfile.remove(f"{target}/{name}")
-    tf.io.gfile.rmtree(staging)
+        _removal.remove_file(f"{target}/{name}")
+    _removal.remove_tree(staging)
 
 
 def _relative_files(directory: str) -> set[str]:
@@ -169,4 +168,4 @@ def _marker_text() -> str:
 def _remove_quietly(folder: str) -> None:
     with contextlib.suppress(tf.errors.OpError, OSError):
         if tf.io.gfile.exists(folder):
-            tf.io.gfile.rmtree(folder)
+            _removal.remove_tree(folder)

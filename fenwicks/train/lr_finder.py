@@ -39,7 +39,7 @@ from fenwicks.train.schedules import Schedule
 class ExponentialSweep(Schedule):
     """``start_lr * (end_lr / start_lr) ** (step / (num_steps - 1))``: the LR range test.
 
-    Example:
+    Examples:
         >>> ExponentialSweep(1e-4, 1.0, 5)(2)
         0.01
     """
@@ -178,7 +178,7 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
         ValueError: for bad arguments, a model_func that does not return a ModelSpec, or
             an input_fn whose batches do not match ``params['batch_size']``.
 
-    Example:
+    Examples:
         >>> result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
         >>> opt_func = fw.train.sgd_optimizer(fw.train.one_cycle_lr(result.suggestion, ...))
     """

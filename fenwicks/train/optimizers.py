@@ -98,7 +98,7 @@ def _reject_keras_arguments(where: str, kwargs: dict[str, Any], spellings: dict[
 def exclusion_patterns(exclude_from_wd: str | Iterable[str] | None) -> tuple[str, ...]:
     """Normalises `exclude_from_wd` to a tuple of regular expressions.
 
-    Example:
+    Examples:
         >>> exclusion_patterns('bn_and_bias') == BN_AND_BIAS
         True
     """
@@ -216,7 +216,7 @@ class _DecayMixin:
     def applies_weight_decay(self, variable: Any) -> bool:
         """Whether `variable`, one the optimizer was built with, gets weight decay.
 
-        Example:
+        Examples:
             >>> opt.build(model.trainable_variables)
             >>> [v.path for v in model.trainable_variables if opt.applies_weight_decay(v)]
         """
@@ -334,7 +334,7 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
         **keras_kwargs: refused with the Fenwicks spelling (``weight_decay`` is ``wd``,
             ``momentum`` is ``mom``, ``global_clipnorm`` is ``clip_norm``).
 
-    Example:
+    Examples:
         >>> opt = fw.train.SGD(fw.train.piecewise_linear([0, 5, 24], [0, 0.4, 0]), wd=5e-4)
     """
 
@@ -399,7 +399,7 @@ class AdamW(_DecayMixin, keras.optimizers.Adam):
         **keras_kwargs: refused with the Fenwicks spelling (``weight_decay`` is ``wd``,
             ``beta_1`` is ``beta1``, ``global_clipnorm`` is ``clip_norm``).
 
-    Example:
+    Examples:
         >>> opt = fw.train.AdamW(1e-3, wd=1e-2, exclude_from_wd='bn_and_bias')
     """
 
@@ -455,7 +455,7 @@ def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: boo
         ValueError: for a negative or non-finite hyperparameter, now rather than later,
             and for a Keras-spelled argument (``weight_decay=5e-4``: use ``wd=5e-4``).
 
-    Example:
+    Examples:
         >>> lr_func = fw.train.piecewise_linear([0, 5 * spe, 24 * spe], [0, 0.4, 0])
         >>> # DavidNet with reduction='sum': lr per example, decay per batch of 512
         >>> opt_func = fw.train.sgd_optimizer(lr_func / 512, wd=5e-4 * 512)
@@ -493,7 +493,7 @@ def adam_optimizer(lr_func: Any, wd: float | None = None, beta1: float = 0.9,
     Raises:
         ValueError: for an out-of-range hyperparameter or a Keras-spelled argument.
 
-    Example:
+    Examples:
         >>> opt_func = fw.train.adam_optimizer(1e-3, wd=1e-2, exclude_from_wd='bn_and_bias')
     """
     _reject_keras_arguments("fw.train.adam_optimizer", keras_kwargs,

@@ -29,7 +29,7 @@ class EstimatorConfig:
     Raises:
         ValueError: an option out of range, named as `get_tpu_estimator`'s argument.
 
-    Example:
+    Examples:
         >>> config = EstimatorConfig(steps_per_epoch=100, work_dir='/tmp/run',
         ...                          train_batch_size=512, eval_batch_size=512,
         ...                          predict_batch_size=512, steps_per_loop=100,

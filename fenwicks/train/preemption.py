@@ -83,7 +83,7 @@ class Interrupted(KeyboardInterrupt):
         saved: True if `checkpoint` holds `step`; False if the steps since it were not
             saved (a second Ctrl-C, or saving takes long): they are only in memory.
 
-    Example:
+    Examples:
         >>> try:
         ...     est.train(train_fn, max_steps=10_000)
         ... except fw.train.Interrupted as stop:
@@ -115,7 +115,7 @@ def keeps_ctrl_c(method: Callable[..., Any]) -> Callable[..., Any]:
     `train`, whose watcher owns SIGINT), a handler notes the signal; if `method` then
     returns normally, the `KeyboardInterrupt` is raised on its way out.
 
-    Example:
+    Examples:
         >>> class Estimator:
         ...     @keeps_ctrl_c
         ...     def evaluate(self, input_fn): ...
@@ -237,7 +237,7 @@ class HostFlag:
     engine's one-step blocks in `benchmarks/jax_engine.py`, under load), where this is
     an attribute.
 
-    Example:
+    Examples:
         >>> if watcher.flag.numpy(): ...   # stop after the block in progress
     """
 
@@ -266,7 +266,7 @@ class PreemptionWatcher:
         forward: the wakeup fd that was set before this watcher's (an event loop's),
             which gets every signal byte too; -1 for none.
 
-    Example:
+    Examples:
         >>> watcher = PreemptionWatcher()
         >>> watcher.follow(stop_variable)   # a variable a compiled loop reads
         >>> with watcher:
@@ -320,7 +320,7 @@ class PreemptionWatcher:
         """Sets `variable` (anything with ``assign(bool)``: an engine's variable that its
         compiled loop reads) whenever the flag changes, from now on.
 
-        Example:
+        Examples:
             >>> watcher.follow(stop)   # stop.assign(True) at SIGTERM or Ctrl-C
         """
         variable.assign(self.requested or self.interrupted)

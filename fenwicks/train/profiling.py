@@ -27,7 +27,7 @@ logger = logging.getLogger("fenwicks")
 def check_profile_steps(profile_steps: Any) -> tuple[int, int] | None:
     """``(a, b)`` as ints with ``0 <= a < b``, or None; else a ValueError naming it.
 
-    Example:
+    Examples:
         >>> check_profile_steps((10, 20))
         (10, 20)
     """
@@ -65,7 +65,7 @@ class ProfileWindow:
             with that run's scalars).
         profiler: the engine's (`fenwicks.train.engines.Profiler`).
 
-    Example:
+    Examples:
         >>> with ProfileWindow((20, 30), work_dir + '/train', engine.profiler) as window:
         ...     steps = min(steps_per_loop, window.steps_to_boundary(step))
         ...     window.update(step)   # before and after each loop

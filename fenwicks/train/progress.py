@@ -37,7 +37,7 @@ class TrainSummaries(Action):
         every_secs: how often the loops' scalars are written during a `train` call.
             Defaults to `SUMMARY_SECS`.
 
-    Example:
+    Examples:
         >>> summaries = TrainSummaries(tf.summary.create_file_writer(work_dir + '/train'))
         >>> summaries(trainer.train(iterator, 100))
         >>> summaries.close()     # written (and flushed) by now
@@ -85,7 +85,7 @@ class ProgressBar(Action):
         start: the global step training starts at.
         target: the global step it stops at.
 
-    Example:
+    Examples:
         >>> bar = ProgressBar(0, 1000)
         >>> bar(trainer.train(iterator, 100))
     """

@@ -58,7 +58,7 @@ class RunState(abc.ABC):
         config: the estimator's `EstimatorConfig`.
         accelerator: where the variables live (`fw.accel.current()`).
 
-    Example:
+    Examples:
         >>> state = engines.current().RunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.latest_checkpoint

@@ -29,7 +29,7 @@ from fenwicks.train.jax import mesh, steps
 class JaxEvaluator(Evaluator):
     """`Evaluator` whose steps are jitted JAX functions over the mesh.
 
-    Example:
+    Examples:
         >>> evaluator = JaxEvaluator(config, fw.accel.current(), state, input_manager)
         >>> evaluator.evaluate(eval_input_fn, None)   # {'loss', 'accuracy', ...}
     """

@@ -22,7 +22,7 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
     Raises:
         ValueError: the model cannot be converted (jax2tf), naming what to use instead.
 
-    Example:
+    Examples:
         >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))
         >>> loaded.serve(x)['predictions']
     """

@@ -72,7 +72,7 @@ class TrainBatches:
         replicas: per-replica batches a step takes (this process's).
         max_steps_per_read: most steps one read holds. Defaults to 1.
 
-    Example:
+    Examples:
         >>> batches = TrainBatches(dataset, replicas=8, max_steps_per_read=10)
         >>> block = batches.take(21)   # up to 21 global batches (fewer if it ran out)
     """
@@ -116,7 +116,7 @@ def steps_per_read(spec: Any, replicas: int, most: int) -> int:
     `most`; one unless every component has a static shape and a numeric dtype (only
     batches of one shape can be read together).
 
-    Example:
+    Examples:
         >>> spec = (tf.TensorSpec([16, 28, 28, 1]), tf.TensorSpec([16], tf.int32))
         >>> steps_per_read(spec, replicas=8, most=10)
         10

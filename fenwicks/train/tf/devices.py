@@ -52,7 +52,7 @@ def strategy() -> Any:
         AcceleratorError: the accelerator was not detected by this engine (a test's
             `fw.accel.state_for_tests`, or the jax engine).
 
-    Example:
+    Examples:
         >>> strategy = fw.train.tf.strategy()
         >>> strategy.num_replicas_in_sync
         8

@@ -21,7 +21,7 @@ from fenwicks.train.tf import devices, loops
 class TFEvaluator(Evaluator):
     """`Evaluator` whose steps are ``tf.function`` loops under the strategy.
 
-    Example:
+    Examples:
         >>> evaluator = TFEvaluator(config, fw.accel.current(), state, input_manager)
         >>> evaluator.evaluate(eval_input_fn, None)   # {'loss', 'accuracy', ...}
     """

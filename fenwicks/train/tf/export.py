@@ -23,7 +23,7 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
     Returns:
         `export_dir`.
 
-    Example:
+    Examples:
         >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))
         >>> loaded.serve(x)['predictions']
     """

@@ -54,7 +54,7 @@ def _drain_fn(strategy: tf.distribute.Strategy) -> Any:
 class TFInputManager(InputManager):
     """`InputManager` whose iterators and datasets are the strategy's distributed ones.
 
-    Example:
+    Examples:
         >>> manager = TFInputManager(config, fw.accel.current())
         >>> probe = manager.probe(train_input_fn, "train")  # checked before any compile
         >>> iterator = manager.train_iterator(train_input_fn, start_step=0)

@@ -25,7 +25,7 @@ from fenwicks.train.tf import checkpoints, devices
 class TFRunState(RunState):
     """`RunState` with ``tf.Variable`` counters and TensorFlow checkpoints.
 
-    Example:
+    Examples:
         >>> state = TFRunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.latest_checkpoint
