@@ -692,18 +692,18 @@ def _tf1_recall_at_k(labels, logits, k):
 
 
 def test_recall_at_k_breaks_ties_as_tf1(tmp_path):
-    from fenwicks.train.tf import _model_fn as mf
+    from fenwicks.train.tf import tf1_metrics
 
     rng = np.random.default_rng(4)
     logits = rng.integers(0, 3, size=(64, 10)).astype(np.float32)  # many ties
     logits[:16] = 0.0  # a collapsed model: all equal
     labels = rng.integers(0, 10, 64)
     for k in (1, 5):
-        term = mf.V1_METRICS["recall_at_k"](tf.constant(labels), tf.constant(logits), k)[0]
+        term = tf1_metrics.V1_METRICS["recall_at_k"](tf.constant(labels), tf.constant(logits), k)[0]
         value = np.sum(term.numerator) / np.sum(term.denominator)
         assert value == pytest.approx(_tf1_recall_at_k(labels, logits, k), abs=1e-7)
     # On the collapsed rows TF1 counts labels 0..k-1 only (in_top_k counted all 10).
-    collapsed = mf.V1_METRICS["recall_at_k"](tf.constant(labels[:16]),
+    collapsed = tf1_metrics.V1_METRICS["recall_at_k"](tf.constant(labels[:16]),
                                              tf.constant(logits[:16]), 5)[0]
     assert np.mean(collapsed.numerator) == pytest.approx(np.mean(labels[:16] < 5))
 
@@ -760,9 +760,9 @@ def _ignored_arguments_model_fn(features, labels, mode, params):
 
 def test_ignored_arguments_warn_once_naming_themselves_and_int_features_export(
         tmp_path, caplog, monkeypatch):
-    from fenwicks.train import tpu_estimator
+    from fenwicks.train.tf import tf1_config
 
-    tpu_estimator.reset_warnings()
+    tf1_config.reset_warnings()
     rng = np.random.default_rng(8)
     features = {"ids_as_float": rng.normal(size=(12, 1)).astype(np.float32),
                 "ids": rng.integers(0, 3, 12).astype(np.int32)}  # integer, as BERT's ids
@@ -958,6 +958,43 @@ def test_the_jax_engine_refuses_at_construction_naming_the_way_out(tmp_path):
     assert not os.listdir(tmp_path)  # refused before any work
 
 
+# The front door's TF1 modules (issue 54, item 5): none is imported on the jax engine.
+TF1_MODULES = ("fenwicks.train.tf.tpu_estimator", "fenwicks.train.tf.model_fn_runner",
+               "fenwicks.train.tf._model_fn", "fenwicks.train.tf.tf1_metrics",
+               "fenwicks.train.tf.tf1_optimizers", "fenwicks.train.tf.tf1_variables",
+               "fenwicks.train.tf.input_fns", "fenwicks.train.tf.assignment_map")
+
+
+@pytest.mark.slow  # a process on the jax engine
+def test_the_jax_refusal_comes_before_any_tf1_code_is_imported(tmp_path):
+    """Issue 54, item 5: fw.train.TPUEstimator on the jax engine raises the engine's
+    sentence, and no module of the TF1 front door is in sys.modules, before or after."""
+    out = run_json(f"""
+        import json, sys
+        import fenwicks as fw
+
+        def model_fn(features, labels, mode, params):
+            raise AssertionError("never called")
+
+        before = sorted(m for m in sys.modules if m in {TF1_MODULES!r})
+        config = fw.train.RunConfig(tpu_config=fw.train.TPUConfig(iterations_per_loop=4))
+        try:
+            fw.train.TPUEstimator(model_fn, model_dir={str(tmp_path)!r}, config=config)
+            error = None
+        except ValueError as err:
+            error = str(err)
+        after = sorted(m for m in sys.modules if m in {TF1_MODULES!r})
+        from fenwicks.train.jax import engine
+        print(json.dumps({{"engine": fw.accel.engine(), "error": error, "before": before,
+                          "after": after, "sentence": engine.ENGINE.tf1_model_fn_refusal()}}))
+    """, env={"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None, "FENWICKS_ENGINE": None,
+              "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert out["engine"] == "jax"
+    assert out["error"] == out["sentence"] and "cannot run inside JAX" in out["error"]
+    assert out["before"] == [] and out["after"] == []
+    assert not os.listdir(tmp_path)
+
+
 # ------------------------------------- BERT's optimization.create_optimizer, as written
 
 
@@ -1021,9 +1058,9 @@ def test_bert_create_optimizer_as_written_makes_its_updates(tmp_path):
 
 def test_a_tpu_host_on_the_tf_engine_warns_it_trains_on_the_cpu(tmp_path, caplog,
                                                                 monkeypatch):
-    from fenwicks.train import tpu_estimator
+    from fenwicks.train.tf import tf1_config
 
-    tpu_estimator.reset_warnings()
+    tf1_config.reset_warnings()
     # The Kaggle TPU image's marks, on a process whose TensorFlow found only the CPU.
     monkeypatch.setattr(fw.accel, "tpu_host_evidence",
                         lambda: ["ISTPUVM=1", "TPU_PROCESS_ADDRESSES=local"])

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from fenwicks import _removal
 from fenwicks.data._checks import check_features, check_labels
 
 logger = logging.getLogger("fenwicks")
@@ -95,13 +96,12 @@ def write_records(fn: str, records: Iterable[bytes], num_shards: int = 1,
         count = _write_round_robin(temps, records)
     except BaseException:
         for temp in temps:
-            if tf.io.gfile.exists(temp):
-                tf.io.gfile.remove(temp)
+            _removal.remove_file(temp)
         raise
     for temp, path in zip(temps, paths, strict=True):
         tf.io.gfile.rename(temp, path, overwrite=True)
     for stale in set(previous) - set(paths):  # shards of an earlier, different shard count
-        tf.io.gfile.remove(stale)
+        _removal.remove_file(stale)
     logger.info("fenwicks: wrote %d records to %d file(s) at %s", count, len(paths), fn)
     return paths
 

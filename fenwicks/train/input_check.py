@@ -33,6 +33,7 @@ from fenwicks import _tf_internals, accel
 from fenwicks._checks import positive_int
 from fenwicks.train import engines, inputs
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.runner import InputExhaustedError
 
 logger = logging.getLogger("fenwicks")
 
@@ -239,7 +240,7 @@ def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: a
         start = time.perf_counter()
         examples = drain(iterator, num_batches)
         seconds = time.perf_counter() - start
-    except tf.errors.OutOfRangeError as err:
+    except (tf.errors.OutOfRangeError, InputExhaustedError) as err:
         raise ValueError(
             f"the training input ran out of data within {warmup_batches + num_batches} "
             "steps; end the input_fn's dataset with .repeat(), or lower num_batches")from err

@@ -67,18 +67,16 @@ import functools
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
-from fenwicks import _deadline
+from fenwicks import _deadline, _removal
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (
@@ -293,7 +291,7 @@ class OrbaxCheckpointer(Checkpointer):
         started = time.monotonic()
         try:
             if step in self._manager.all_steps():  # force: this step's weights changed
-                self._manager.delete(step)
+                _removal.remove_orbax_step(self._manager, step)
             write = functools.partial(self._write, step, snapshot(self._collect()),
                                       self._describe())
         except Exception as err:
@@ -529,7 +527,7 @@ class StagedBucket:
         self.remote, self.keep = remote, keep
         self.scratch = tempfile.mkdtemp(prefix="fenwicks-orbax-")
         # Removed by `close`, or when this object goes (an estimator never closed).
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.scratch, True)
+        self._cleanup = _removal.remove_tree_at_exit(self, self.scratch)
         # Steps whose local copy is known to equal the bucket's: {step: fingerprint}.
         self._copies: dict[int, tuple] = {}
 
@@ -559,12 +557,12 @@ class StagedBucket:
         if self._copies.get(step) == fingerprint and len(fingerprint) > 1 \
                 and os.path.isdir(local):
             return
-        shutil.rmtree(local, ignore_errors=True)
+        _removal.remove_tree(local, ignore_errors=True)
         source = f"{self.remote}/{step}"
         try:
             fw_io.download(source, self.scratch, progress=False)
         except Exception as err:
-            shutil.rmtree(local, ignore_errors=True)  # never restore a partial copy
+            _removal.remove_tree(local, ignore_errors=True)  # never restore a partial copy
             raise CheckpointDownloadError(source, err) from err
         self._copies = {step: fingerprint}
 
@@ -621,12 +619,8 @@ def _write_text(path: str, text: str) -> None:
 
 def _remove_step(path: str) -> None:
     """Marker first: a step half removed is never taken for a checkpoint."""
-    import tensorflow as tf
-
-    marker = f"{path}/{COMMIT_FILE}"
-    if tf.io.gfile.exists(marker):
-        tf.io.gfile.remove(marker)
-    tf.io.gfile.rmtree(path)
+    _removal.remove_file(f"{path}/{COMMIT_FILE}")
+    _removal.remove_tree(path)
 
 
 @contextlib.contextmanager
@@ -664,7 +658,7 @@ def local_copy(source: str) -> Iterator[str]:
             yield source
             return
         step = steps[-1]
-    with tempfile.TemporaryDirectory(prefix="fenwicks-warm-start-") as scratch:
+    with _removal.temporary_dir(prefix="fenwicks-warm-start-") as scratch:
         try:
             fw_io.download(f"{remote}/{step}", scratch, progress=False)
         except Exception as err:

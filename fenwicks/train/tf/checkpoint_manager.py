@@ -30,7 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from fenwicks import _tf_internals
+from fenwicks import _removal, _tf_internals
 
 
 class ObjectGraph:
@@ -278,10 +278,7 @@ def _remove_checkpoint_files(prefix: str) -> None:
     """Removes checkpoint `prefix`'s index and data files (those that exist)."""
     for pattern in (prefix + ".index", prefix + ".data-?????-of-?????"):
         for path in _matching(pattern):
-            try:
-                tf.io.gfile.remove(path)
-            except tf.errors.NotFoundError:  # removed meanwhile: the aim all the same
-                pass
+            _removal.remove_file(path)  # removed meanwhile: the aim all the same
 
 
 def _matching(pattern: str) -> list[str]:

@@ -31,6 +31,7 @@ import time
 
 import tensorflow as tf
 
+from fenwicks import _removal
 from fenwicks.train.checkpointing import Checkpointer
 from fenwicks.train.tf import async_checkpoints, checkpoint_manager, checkpoints
 
@@ -281,7 +282,7 @@ class WorkerCheckpointer(SyncCheckpointer):
     def _write(self, step: int, background: bool = True) -> None:
         started = time.monotonic()
         tf.train.CheckpointManager(self._root, self.scratch_dir, 1).save(step)
-        tf.io.gfile.rmtree(self.scratch_dir)
+        _removal.remove_tree(self.scratch_dir)
         # The chief wrote the same step meanwhile: that is the run's checkpoint.
         self._written(f"{self.directory}/ckpt-{step}", None, time.monotonic() - started)
 

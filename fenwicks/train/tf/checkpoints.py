@@ -35,7 +35,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks import _deadline, _tf_internals
+from fenwicks import _deadline, _removal, _tf_internals
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (  # noqa: F401  (their home: shared)
     CheckpointCorruptError,
@@ -178,12 +178,12 @@ def expected_shapes(root: tf.train.Checkpoint,
 def _write_probe(root: tf.train.Checkpoint,
                  scratch_dir: str | None) -> dict[str, tuple[int, ...]]:
     if scratch_dir is None:
-        with tempfile.TemporaryDirectory() as tmp:
+        with _removal.temporary_dir() as tmp:
             return _shapes(root.write(os.path.join(tmp, "probe")))
     try:
         return _shapes(root.write(scratch_dir + "/probe"))
     finally:
-        tf.io.gfile.rmtree(scratch_dir)
+        _removal.remove_tree(scratch_dir)
 
 
 def check_compatible(root: tf.train.Checkpoint, prefix: str, work_dir: str,
@@ -478,10 +478,10 @@ def _remove_partial(path: str) -> None:
 def _remove_quietly(path: str) -> None:
     try:
         if tf.io.gfile.isdir(path):
-            tf.io.gfile.rmtree(path)
+            _removal.remove_tree(path)
         else:
-            tf.io.gfile.remove(path)
-    except tf.errors.OpError as err:
+            _removal.remove_file(path)
+    except (tf.errors.OpError, OSError) as err:
         logger.warning("fenwicks: could not remove the partial %s: %s", path, first_line(err))
 
 

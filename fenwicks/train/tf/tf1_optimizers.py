@@ -1,0 +1,159 @@
+"""TF1 optimizers in a model_fn, as Keras optimizers the engine steps.
+
+``GradientDescentOptimizer``, ``MomentumOptimizer`` and ``AdamOptimizer`` become their
+Keras counterparts (`convert_v1_optimizer`); a TF1 optimizer subclass with its own
+``apply_gradients`` (BERT's ``AdamWeightDecayOptimizer``) runs that code as a Keras
+optimizer's update (`V1OptimizerAdapter`).
+
+Examples:
+    >>> sgd = convert_v1_optimizer(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9))
+    >>> float(sgd.momentum), type(sgd).__name__
+    (0.9, 'SGD')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from fenwicks import _tf_internals
+from fenwicks.train.tf.tf1_config import ModelFnError
+from fenwicks.train.tf.tf1_variables import V1View, patched
+
+
+@dataclasses.dataclass
+class V1Minimize:
+    """What ``optimizer.minimize(loss, global_step)`` asked for."""
+
+    optimizer: Any
+    learning_rate: Any
+
+
+def _unwrap(optimizer: Any) -> Any:
+    # A CrossShardOptimizer all-reduces gradients: Fenwicks always does.
+    return _tf_internals.unwrap_cross_shard(optimizer)
+
+
+def convert_v1_optimizer(optimizer: Any, clip_norm: float | None = None
+                         ) -> keras.optimizers.Optimizer:
+    """The Keras 3 optimizer that makes the same updates as a `tf.compat.v1` one.
+
+    GradientDescent is exactly SGD, and Adam is Keras's Adam (both use TF1's
+    epsilon-hat form). Momentum matches exactly at a constant learning rate; under a
+    schedule TF1 scaled the accumulated gradients by the current rate, Keras the new one.
+    A TF1 optimizer subclass with its own ``apply_gradients`` (BERT's
+    AdamWeightDecayOptimizer) runs that code itself (`V1OptimizerAdapter`), after
+    ``tf.clip_by_global_norm``'s clipping (`clip_norm`) if the model_fn asked for it.
+
+    Raises:
+        ModelFnError: for another optimizer class, naming the Keras one to pass instead.
+    """
+    optimizer = _unwrap(optimizer)
+    name = type(optimizer).__name__
+    if custom_apply(optimizer):
+        return V1OptimizerAdapter(optimizer, global_clipnorm=clip_norm)
+    lr = _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
+    start = float(lr) if isinstance(lr, (int, float)) else 0.0  # a tensor: set per step
+    if name == "GradientDescentOptimizer":
+        return keras.optimizers.SGD(start)
+    if name == "MomentumOptimizer":
+        arg = functools.partial(_tf_internals.v1_optimizer_arg, optimizer)
+        return keras.optimizers.SGD(start, momentum=float(arg("momentum")),
+                                    nesterov=bool(arg("use_nesterov")))
+    if name == "AdamOptimizer":
+        arg = functools.partial(_tf_internals.v1_optimizer_arg, optimizer)
+        return keras.optimizers.Adam(start, beta_1=float(arg("beta1")),
+                                     beta_2=float(arg("beta2")), epsilon=float(arg("epsilon")))
+    raise ModelFnError(
+        f"tf.compat.v1.train.{name}.minimize cannot run in TensorFlow 2, and Fenwicks "
+        "converts only GradientDescentOptimizer, MomentumOptimizer and AdamOptimizer. "
+        "Pass a Keras optimizer instead: TPUEstimatorSpec(mode, loss=loss, "
+        "optimizer=keras.optimizers.RMSprop(...)) (or an fw.train optimizer function)")
+
+
+def custom_apply(optimizer: Any) -> bool:
+    """True for a TF1 optimizer subclass that writes its own update (apply_gradients)."""
+    base = tf.compat.v1.train.Optimizer.apply_gradients
+    method = type(optimizer).apply_gradients
+    return method is not base and type(optimizer).__module__.split(".")[0] != "tensorflow"
+
+
+_LR_ATTRIBUTES = ("learning_rate", "_learning_rate", "_lr", "lr")
+
+
+def _lr_attribute(optimizer: Any) -> str:
+    for name in _LR_ATTRIBUTES:
+        if name in vars(optimizer):
+            return name
+    raise ModelFnError(
+        f"{type(optimizer).__name__} keeps no learning rate Fenwicks can find (one of "
+        f"{', '.join(_LR_ATTRIBUTES)}): give the spec a Keras optimizer instead: "
+        "TPUEstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.AdamW(...))")
+
+
+def v1_learning_rate(optimizer: Any) -> Any:
+    """The learning rate a TF1 optimizer was made with (a number, or a tensor computed
+    from the global step in the model_fn)."""
+    optimizer = _unwrap(optimizer)
+    if custom_apply(optimizer):
+        return getattr(optimizer, _lr_attribute(optimizer))
+    return _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
+
+
+class V1OptimizerAdapter(keras.optimizers.Optimizer):
+    """Runs a TF1 optimizer's own ``apply_gradients`` as a Keras optimizer's update, one
+    variable at a time, so the engine's distribution, loss scaling and checkpoints apply.
+
+    The slots it asks for with ``tf.compat.v1.get_variable`` become this optimizer's
+    variables (found by running its ``apply_gradients`` once on a throwaway graph), the
+    variable reaches it with its TF1 name (weight-decay exclusions match names), and its
+    learning rate is the engine's, set every step from the model_fn's schedule.
+    """
+
+    def __init__(self, v1_optimizer: Any, **kwargs: Any) -> None:
+        super().__init__(learning_rate=0.0, name=type(v1_optimizer).__name__, **kwargs)
+        self._v1 = v1_optimizer
+        self._v1_lr = _lr_attribute(v1_optimizer)
+        self._v1_slots: list[list[Any]] = []
+
+    def build(self, variables: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        for variable in variables:
+            slots = []
+            for index, (shape, dtype, initializer) in enumerate(self._slot_requests(variable)):
+                slots.append(self.add_variable(
+                    shape=shape, dtype=dtype, initializer=initializer or "zeros",
+                    name=f"{variable.name}_v1_slot{index}"))
+            self._v1_slots.append(slots)
+
+    def _slot_requests(self, variable: Any) -> list[tuple[Any, Any, Any]]:
+        requests: list[tuple[Any, Any, Any]] = []
+
+        def get_variable(name: str, shape: Any = None, dtype: Any = None,
+                         initializer: Any = None, **unused: Any) -> Any:
+            dtype = tf.as_dtype(dtype or tf.float32)
+            requests.append((tuple(tf.TensorShape(shape).as_list()), dtype.name, initializer))
+            return tf.compat.v1.Variable(tf.zeros(shape, dtype), trainable=False)
+
+        name = getattr(variable, "fenwicks_v1_name", None) or variable.path
+        with tf.Graph().as_default():  # only the get_variable calls matter here
+            param = tf.compat.v1.Variable(tf.zeros(variable.shape, variable.dtype), name=name)
+            with patched(tf.compat.v1, "get_variable", get_variable), \
+                    patched(self._v1, self._v1_lr, tf.constant(0.0)):
+                type(self._v1).apply_gradients(self._v1, [(tf.zeros_like(param), param)])
+        return requests
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        index = self._get_variable_index(variable)
+        slots = iter(self._v1_slots[index])
+        model_variable = self._trainable_variables[index]  # `variable` may be its replica's
+        name = getattr(model_variable, "fenwicks_v1_name", None) or model_variable.path
+        with patched(tf.compat.v1, "get_variable", lambda *a, **k: next(slots)), \
+                patched(self._v1, self._v1_lr, tf.cast(learning_rate, variable.dtype)):
+            type(self._v1).apply_gradients(self._v1, [(gradient, V1View(variable, name))])
