@@ -60,7 +60,7 @@ def input_context(num_pipelines: int, pipeline_id: int,
     pipelines (hosts), this one `pipeline_id`, `num_replicas` replicas in all. Every
     engine's input_fns get it, so engines make it here, not from TensorFlow themselves.
 
-    Example:
+    Examples:
         >>> input_context(1, 0, 8).get_per_replica_batch_size(512)
         64
     """
