@@ -32,6 +32,7 @@ from fenwicks.train.tf.tf1_config import (
     check_spec,
     warn_once,
 )
+from fenwicks.train.tf.tf1_gradients import gradient_surrogate
 from fenwicks.train.tf.tf1_metrics import MetricTerm, example_losses
 from fenwicks.train.tf.tf1_optimizers import V1OptimizerAdapter, convert_v1_optimizer
 
@@ -138,7 +139,7 @@ class Runner:
         labels = inputs.get("labels", inputs.get("predict_labels")) if known else None
         record = mf.CallRecord()
         self.replay.start(mode)
-        with mf.tf1_scope(self.replay, record, self._global_step):
+        with mf.tf1_scope(self.replay, record, self._global_step, self.front.num_replicas):
             spec = check_spec(mf.call_user(
                 self.front.model_fn, features, labels, mode,
                 self.front.model_fn_params(mode, _static_rows(features)), self.front.config),
@@ -150,6 +151,12 @@ class Runner:
         out: dict[str, Any] = {}
         if mode != ModeKeys.PREDICT:
             out["loss"] = self._per_example_loss(spec.loss, features, mode, record)
+        if mode == ModeKeys.TRAIN and record.applied is not None:
+            # What the model_fn gave apply_gradients is what trains (tf1_gradients).
+            out["loss"] = gradient_surrogate(
+                out["loss"], record.applied,
+                [v for v in self.replay.variables() if v.trainable],
+                self.front.train_batch_size, self.front.num_replicas)
         if terms:
             out["metrics"] = {}
             for name, term in terms.items():
@@ -285,7 +292,7 @@ class Runner:
             return optimizer
         minimize = record.minimize if record is not None else None
         if minimize is not None:
-            optimizer = convert_v1_optimizer(minimize.optimizer, record.clip_norm)
+            optimizer = convert_v1_optimizer(minimize.optimizer)
             self.v1_learning_rate = not isinstance(minimize.learning_rate, (int, float))
             return optimizer
         if built_for == "train":
