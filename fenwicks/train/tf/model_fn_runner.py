@@ -101,6 +101,23 @@ def _per_row(values: tf.Tensor, features: Any) -> tf.Tensor:
     return tf.broadcast_to(values, [_rows(features)])
 
 
+SCAFFOLD_INIT_FN = (
+    "scaffold_fn returned tf.compat.v1.train.Scaffold({field}=...), which TF1 ran in its "
+    "session before the first step and which has no session to run in here, so it would "
+    "silently never run: warm-start with tf.compat.v1.train.init_from_checkpoint(ckpt, "
+    "assignment_map) inside scaffold_fn (BERT's way), or with TPUEstimator("
+    "warm_start_from=ckpt), and return tf.compat.v1.train.Scaffold() or nothing")
+
+
+def _check_scaffold(scaffold: Any) -> None:
+    """A Scaffold whose init_fn or init_op would never run is refused in one sentence."""
+    if not isinstance(scaffold, tf.compat.v1.train.Scaffold):
+        return
+    for field in ("init_fn", "init_op", "local_init_op", "ready_op", "saver"):
+        if getattr(scaffold, field, None) is not None:
+            raise ModelFnError(SCAFFOLD_INIT_FN.format(field=field))
+
+
 def _zeros(spec: Any, batch: int) -> Any:
     return tf.nest.map_structure(
         lambda s: tf.zeros([batch] + s.shape.as_list()[1:], s.dtype), spec)
@@ -145,7 +162,7 @@ class Runner:
                 self.front.model_fn_params(mode, _static_rows(features)), self.front.config),
                 mode)
             if spec.scaffold_fn is not None:
-                mf.call_in_scope(spec.scaffold_fn)
+                _check_scaffold(mf.call_in_scope(spec.scaffold_fn))
             terms = self._metric_terms(spec) if mode == ModeKeys.EVAL else {}
         self.seen[mode] = (spec, record, list(terms))
         out: dict[str, Any] = {}
