@@ -318,3 +318,13 @@ def jax_backend_errors() -> dict[str, str]:
     from jax._src import xla_bridge
 
     return dict(getattr(xla_bridge, "_backend_errors", {}) or {})
+
+
+def keras_learning_rate_setting(optimizer: Any) -> Any:
+    """A Keras optimizer's learning rate as given: a float variable or a schedule.
+
+    Keras's public ``optimizer.learning_rate`` evaluates a schedule at the optimizer's own
+    ``iterations``; an engine that keeps the step itself (the reference engine) needs the
+    schedule, to evaluate it at the run's global step.
+    """
+    return optimizer._learning_rate

@@ -37,6 +37,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
+from fenwicks import _removal
+
 # Kaggle's whole working disk (/kaggle/working) is 20 GiB; a bigger real archive is
 # unpacked with max_bytes= raised (or None) by someone who knows its size.
 DEFAULT_MAX_BYTES = 20 * 2**30
@@ -77,7 +79,7 @@ def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
             member whose data cannot be read. Nothing is left in ``dest_dir`` then.
         OSError: more to unpack than the disk under ``dest_dir`` has free.
 
-    Example:
+    Examples:
         >>> fw.io.unzip(['./train.7z', './test.7z'], './data')
         >>> fw.io.unzip('./imagenet.tar', './data', max_bytes=200 * 2**30)
     """
@@ -238,12 +240,11 @@ def _staging(dest: str) -> Iterator[str]:
     try:
         yield staging
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _removal.remove_tree(staging, ignore_errors=True)
         for folder in made:  # the deepest first; only folders still empty
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+            _removal.remove_empty_dir(folder)
         raise
-    shutil.rmtree(staging, ignore_errors=True)  # empty once its contents moved
+    _removal.remove_tree(staging, ignore_errors=True)  # empty once its contents moved
 
 
 def _move_into_place(archives: list[_Archive], staging: str, dest: str) -> list[str]:

@@ -28,7 +28,7 @@ def gray2rgb(x: Any, normalize: bool = False) -> np.ndarray:
     Returns:
         The RGB array (float if ``normalize``).
 
-    Example:
+    Examples:
         >>> fw.plt.show_batch(eval_input_func, converter=fw.image.gray2rgb)
     """
     x = np.asarray(x)
@@ -53,7 +53,7 @@ def check_rgb(data_dir: str, file_ext: str = "jpg", fix: bool = True) -> list[st
     Returns:
         The paths of the images that were not RGB.
 
-    Example:
+    Examples:
         >>> fw.image.check_rgb('./data/train', file_ext='png')
         []
     """
@@ -94,7 +94,7 @@ def compute_mean_std(fn_data: str, n_data: int | None = None,
         ``(mean [3], std [3], h, w)``: the sample standard deviation over all pixels,
         and the size of the last image read.
 
-    Example:
+    Examples:
         >>> mean, std, img_size, _ = fw.image.compute_mean_std(train_fn, n_train)
         >>> tfms = [fw.transform.tfm_standard_scaler(mean, std)]
     """

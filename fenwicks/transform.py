@@ -66,7 +66,7 @@ def seeded(seed: tf.Tensor) -> Iterator[None]:
     Args:
         seed: an int64 (or int32) tensor of shape ``[2]``, different for each element.
 
-    Example:
+    Examples:
         >>> def fn(i, x):
         ...     with fw.transform.seeded(tf.stack([i, 42])):
         ...         return fw.transform.random_flip(x)
@@ -119,7 +119,7 @@ def random_pad_crop(x: tf.Tensor, pad: int, mode: str = "CONSTANT") -> tf.Tensor
     Returns:
         A tensor of the shape and dtype of ``x``.
 
-    Example:
+    Examples:
         >>> fw.transform.random_pad_crop(tf.zeros([32, 32, 3]), 4).shape
         TensorShape([32, 32, 3])
     """
@@ -171,7 +171,7 @@ def random_flip(x: tf.Tensor) -> tf.Tensor:
     Returns:
         A tensor of the shape and dtype of ``x``.
 
-    Example:
+    Examples:
         >>> flipped = fw.transform.random_flip(images)   # images: [B, H, W, C]
     """
     x = _image_or_batch(x)
@@ -203,7 +203,7 @@ def cutout(x: tf.Tensor, h: int, w: int, fill: float = 0) -> tf.Tensor:
     Returns:
         A tensor of the shape and dtype of ``x``.
 
-    Example:
+    Examples:
         >>> x = fw.transform.cutout(x, 8, 8)
     """
     h, w = _non_negative_int("h", h), _non_negative_int("w", w)
@@ -245,7 +245,7 @@ def random_crop_resize(x: tf.Tensor, size: int | Sequence[int],
     Returns:
         float32 images of spatial size ``size`` (bilinear interpolation).
 
-    Example:
+    Examples:
         >>> fw.transform.random_crop_resize(tf.zeros([64, 48, 3]), 32).shape
         TensorShape([32, 32, 3])
     """
@@ -292,7 +292,7 @@ def _per_channel(value, x: tf.Tensor) -> tf.Tensor:
 def standard_scaler(x: tf.Tensor, mean, std) -> tf.Tensor:
     """Returns ``(x - mean) / std`` in float32; ``mean`` and ``std`` broadcast (per channel).
 
-    Example:
+    Examples:
         >>> x = fw.transform.standard_scaler(x, [125.3, 123.0, 113.9], [63.0, 62.1, 66.7])
     """
     x = tf.convert_to_tensor(x)
@@ -303,7 +303,7 @@ def standard_scaler(x: tf.Tensor, mean, std) -> tf.Tensor:
 def reverse_standard_scaler(x: tf.Tensor, mean, std) -> tf.Tensor:
     """Undoes `standard_scaler`: returns ``x * std + mean`` in float32.
 
-    Example:
+    Examples:
         >>> pixels = fw.transform.reverse_standard_scaler(x, mean, std)
     """
     x = tf.convert_to_tensor(x)
@@ -318,7 +318,7 @@ def tfm_standard_scaler(mean, std) -> Callable[[tf.Tensor], tf.Tensor]:
 def tfm_reverse_standard_scaler(mean, std) -> Callable[[tf.Tensor], tf.Tensor]:
     """`reverse_standard_scaler` with ``mean`` and ``std`` bound, e.g. to plot images.
 
-    Example:
+    Examples:
         >>> show = fw.transform.tfm_reverse_standard_scaler(mean, std)
         >>> pixels = show(x_batch)
     """
@@ -338,7 +338,7 @@ def tfm_cutout(h: int, w: int, fill: float = 0) -> Callable[[tf.Tensor], tf.Tens
 def compose(*transforms: Callable[[tf.Tensor], tf.Tensor]) -> Callable[[tf.Tensor], tf.Tensor]:
     """Chains transforms left to right.
 
-    Example:
+    Examples:
         >>> augment = fw.transform.compose(fw.transform.tfm_pad_crop(4),
         ...                                fw.transform.random_flip)
     """
@@ -361,7 +361,7 @@ def tfm_random_flip(flip_vert: bool = False) -> Callable[[tf.Tensor], tf.Tensor]
     With ``flip_vert`` every one of the 8 symmetries of a square is equally likely
     (satellite or microscope images have no "up"); images must then be square.
 
-    Example:
+    Examples:
         >>> tfms = [fw.transform.tfm_random_flip(flip_vert=True)]
     """
     if not flip_vert:
@@ -372,7 +372,7 @@ def tfm_random_flip(flip_vert: bool = False) -> Callable[[tf.Tensor], tf.Tensor]
 def random_rotate_90(x: tf.Tensor) -> tf.Tensor:
     """Rotates one square image ``[H, H, C]`` by 0, 90, 180 or 270 degrees, uniformly.
 
-    Example:
+    Examples:
         >>> fw.transform.random_rotate_90(tf.zeros([8, 8, 3])).shape
         TensorShape([8, 8, 3])
     """
@@ -390,7 +390,7 @@ def tfm_set_shape(h: int | None = None, w: int | None = None,
     A decoded JPEG has an unknown height and width; models and TPUs need them known.
     The shape is checked when the data flows: a record of another size is an error.
 
-    Example:
+    Examples:
         >>> tfms = [fw.transform.tfm_set_shape(32, 32)]
     """
     shape = [_optional_size("h", h), _optional_size("w", w), _optional_size("c", c)]
@@ -408,7 +408,7 @@ def _optional_size(name: str, value) -> int | None:
 def tfm_resize(h: int, w: int) -> Callable[[tf.Tensor], tf.Tensor]:
     """Resizes an image to ``h`` x ``w`` (bilinear, aspect not kept), float32 out.
 
-    Example:
+    Examples:
         >>> fw.transform.tfm_resize(4, 6)(tf.zeros([8, 8, 3])).shape
         TensorShape([4, 6, 3])
     """
@@ -435,7 +435,7 @@ def random_rotate_zoom(x: tf.Tensor, max_rotate: float = 10.0, max_zoom: float =
     Returns:
         The float32 image, same shape.
 
-    Example:
+    Examples:
         >>> y = fw.transform.random_rotate_zoom(tf.random.uniform([32, 32, 3]))
     """
     if max_zoom < 1 or not 0 <= p <= 1:
@@ -465,7 +465,7 @@ def random_lighting(x: tf.Tensor, max_lighting: float = 0.2, p: float = 0.75) ->
     ``[1 - max_lighting, 1 / (1 - max_lighting)]``), each with probability ``p``;
     for images in ``[0, 1]``, clipped back to it.
 
-    Example:
+    Examples:
         >>> y = fw.transform.random_lighting(tf.random.uniform([32, 32, 3]))
     """
     if not 0 <= max_lighting < 1 or not 0 <= p <= 1:
@@ -527,7 +527,7 @@ def get_fastai_transforms(h: int, w: int, training: bool,
     Returns:
         A list of single-image transforms, applied in order.
 
-    Example:
+    Examples:
         >>> tfms = fw.transform.get_fastai_transforms(224, 224, training=True)
         >>> parser = fw.data.get_tfexample_image_parser(tfms)
     """

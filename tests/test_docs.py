@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import itertools
 import json
 import os
 import re
@@ -161,3 +162,60 @@ def test_the_readme_commands_match_ci_and_the_extras():
     assert re.search(r'"notebooks": \[[^\]]*"jupyterlab', setup_py)
     assert re.search(r'"docs": \[[^\]]*"mkdocs-material[^\]]*"mkdocstrings\[python\]', setup_py)
     assert len(readme.splitlines()) <= 250
+
+
+HEADING = re.compile(r'<h[1-6] id="(fenwicks\.[\w.]+)" class="doc doc-heading"')
+PROMPT = '<span class="gp">&gt;&gt;&gt; </span>'  # a >>> prompt, highlighted as pycon
+
+
+def _api_pages(site_dir: str) -> dict[str, str]:
+    pages = {}
+    for path in sorted(glob.glob(os.path.join(site_dir, "api", "**", "*.html"),
+                                 recursive=True)):
+        with open(path, encoding="utf-8") as f:
+            pages[os.path.relpath(path, site_dir)] = f.read()
+    return pages
+
+
+def _documented_sections(page: str) -> dict[str, str]:
+    """Each object's part of an API page: from its heading to the next object's."""
+    starts = [(m.start(), m[1]) for m in HEADING.finditer(page)] + [(len(page), "")]
+    return {name: page[start:end] for (start, name), (end, _) in itertools.pairwise(starts)}
+
+
+def _has_examples(name: str) -> bool:
+    """Whether the object shown as `name` has a docstring ``Examples:`` section (an alias,
+    ``EstimatorSpec = TPUEstimatorSpec``, is shown as an assignment, its docstring under
+    its own name)."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):  # the longest importable module, then attributes
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr, None)
+        if getattr(obj, "__name__", parts[-1]) != parts[-1]:
+            return False
+        doc = getattr(obj, "__doc__", None) if obj is not None else None
+        return bool(doc) and re.search(r"^\s*Examples:\s*$", doc, re.M) is not None
+    return False
+
+
+def test_every_docstring_example_is_a_highlighted_code_block(site):
+    """The ``>>>`` lines of a docstring are a highlighted Python block on the API pages,
+    not text that Markdown reads as blockquotes nested three deep (an ``Example:``
+    section, singular, is an admonition griffe leaves to Markdown)."""
+    pages = _api_pages(site)
+    nested = {path: page.count("<blockquote>") for path, page in pages.items()
+              if re.search(r"<blockquote>\s*<blockquote>", page)}
+    assert nested == {}, f"docstring prompts read as nested blockquotes on {nested}"
+    shown, missing = 0, []
+    for path, page in pages.items():
+        for name, section in _documented_sections(page).items():
+            if _has_examples(name):
+                shown += 1
+                if PROMPT not in section or '<div class="highlight">' not in section:
+                    missing.append(f"{path}: {name}")
+    assert missing == [], f"examples not rendered as code: {missing}"
+    assert shown >= 100, shown  # the examples were found at all (142 when written)

@@ -112,7 +112,7 @@ def tfds_builder(name: str, data_dir: str | None = None, download: bool = True):
         DatasetUnavailableError: within seconds, if the dataset is not in ``data_dir``
             and cannot be downloaded (no network, or ``download=False``).
 
-    Example:
+    Examples:
         >>> builder = fw.data.tfds_builder('mnist', data_dir='gs://my-bucket/tfds')
         >>> builder.info.splits['train'].num_examples
         60000
@@ -150,7 +150,7 @@ def tfds_load(name: str, split: Any = None, data_dir: str | None = None,
     Raises:
         DatasetUnavailableError: as in `tfds_builder`.
 
-    Example:
+    Examples:
         >>> ds = fw.data.tfds_load('mnist', split='train', as_supervised=True)
     """
     return tfds_builder(name, data_dir, download).as_dataset(split=split, **as_dataset_kwargs)
@@ -191,7 +191,7 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True, *,
     Returns:
         A `tf.data.Dataset` of ``(image, label)`` batches (labels int64 as tfds gives them).
 
-    Example:
+    Examples:
         >>> ds = fw.data.tfds_ds('cifar10', 'train', 128, data_dir='gs://bucket/tfds')
     """
     options = check_record_shuffle(PipelineOptions(

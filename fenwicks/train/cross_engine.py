@@ -32,7 +32,7 @@ step trained here. A resume also promises exactness (optimizer slots, input posi
 random state), which across engines holds only to the kernels' rounding. A warm start
 into a new work_dir keeps both runs intact and costs one argument.
 
-Example:
+Examples:
     >>> # a work_dir trained on a Kaggle TPU (JAX engine), on a Colab GPU (TF engine):
     >>> est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, '/content/run')
     >>> est.evaluate(eval_fn)            # the JAX engine's weights, by path
@@ -110,7 +110,7 @@ def title(engine: str) -> str:
 def any_engines_latest(work_dir: str) -> str | None:
     """The newest checkpoint in `work_dir` of any engine, or None.
 
-    Example:
+    Examples:
         >>> any_engines_latest('/root/fenwicks/work/demo')
         '/root/fenwicks/work/demo/ckpt-252'
     """
@@ -121,7 +121,7 @@ def any_engines_latest(work_dir: str) -> str | None:
 def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
     """Another engine's newest checkpoint in `work_dir`, if it holds none of `engine`'s.
 
-    Example:
+    Examples:
         >>> other_engines_checkpoint('/kaggle/working/run', 'tf')
         '/kaggle/working/run/orbax/1000'
     """
@@ -161,7 +161,7 @@ def read(checkpoint: str) -> SavedWeights:
     Raises:
         ImportError: an orbax checkpoint and no orbax-checkpoint installed.
 
-    Example:
+    Examples:
         >>> saved = read('/kaggle/working/run/orbax/1000')
         >>> saved.engine, saved.step, saved.paths[0]
         ('jax', 1000, 'mnist_net/conv_bn/conv2d/kernel')
@@ -201,7 +201,7 @@ def match(variables: Sequence[Any], saved: SavedWeights) -> dict[int, int]:
     suffix order), then by position when names leave a variable out and `saved` is in
     model order with the same count and shapes. Only pairs of equal shape are returned.
 
-    Example:
+    Examples:
         >>> match(model.variables, read('/run/ckpt-100'))
         {0: 3, 1: 0, ...}
     """
@@ -268,7 +268,7 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
             the checkpoint has model variables the model lacks. Nothing was loaded.
         ImportError: the checkpoint is orbax's and orbax-checkpoint is not installed.
 
-    Example:
+    Examples:
         >>> restore_for_reading(model, '/kaggle/input/run', 'tf').step
         1000
     """
@@ -315,7 +315,7 @@ def refuse_training(work_dir: str, engine: str) -> None:
     """Raises `CrossEngineTrainingError` if `work_dir` holds only the other engine's
     checkpoints (see the module's docstring for why training does not continue them).
 
-    Example:
+    Examples:
         >>> refuse_training('/content/run', 'tf')   # a JAX engine's work_dir
         CrossEngineTrainingError: work_dir='/content/run' holds the JAX engine's ...
     """
@@ -345,7 +345,7 @@ def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | N
         ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths; None if
         `source` is not the other engine's (the engine's own warm start reads it).
 
-    Example:
+    Examples:
         >>> warm_start(model, '/kaggle/input/tpu-run', 'tf')['not_loaded']
         []
     """

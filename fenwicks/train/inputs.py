@@ -44,7 +44,7 @@ def make_params(mode: str, global_batch: int, num_replicas: int, *, seed: int | 
 
     ``params['batch_size']`` is the per-replica batch size.
 
-    Example:
+    Examples:
         >>> make_params("train", 512, 8, seed=1, precision="bfloat16", steps_per_epoch=97)
         {'batch_size': 64, 'global_batch_size': 512, ...}
     """
@@ -54,6 +54,19 @@ def make_params(mode: str, global_batch: int, num_replicas: int, *, seed: int | 
             "input_context": input_context}
 
 
+def input_context(num_pipelines: int, pipeline_id: int,
+                  num_replicas: int) -> tf.distribute.InputContext:
+    """tf.data's ``InputContext`` for ``params['input_context']``: `num_pipelines` input
+    pipelines (hosts), this one `pipeline_id`, `num_replicas` replicas in all. Every
+    engine's input_fns get it, so engines make it here, not from TensorFlow themselves.
+
+    Example:
+        >>> input_context(1, 0, 8).get_per_replica_batch_size(512)
+        64
+    """
+    return tf.distribute.InputContext(num_pipelines, pipeline_id, num_replicas)
+
+
 def unpack(element: Any) -> tuple[Any, Any, Any]:
     """``(features, labels, sample_weight)`` of a dataset element, by Keras's convention.
 
@@ -61,7 +74,7 @@ def unpack(element: Any) -> tuple[Any, Any, Any]:
     ``(features, labels, sample_weight)``; what is absent comes back as None. The same
     function unpacks element specs. (`keras.utils.unpack_x_y_sample_weight`.)
 
-    Example:
+    Examples:
         >>> unpack((x, y))
         (x, y, None)
     """
@@ -244,7 +257,7 @@ class InputManager(abc.ABC):
     how it reads (`fenwicks.train.tf.inputs.TFInputManager`: ``tf.distribute``
     iterators; `fenwicks.train.jax.inputs.JaxInputManager`: NumPy batches for the mesh).
 
-    Example:
+    Examples:
         >>> manager = engines.current().InputManager(config, fw.accel.current())
         >>> probe = manager.probe(train_input_fn, "train")  # checked before any compile
         >>> iterator = manager.train_iterator(train_input_fn, start_step=0)
@@ -258,7 +271,8 @@ class InputManager(abc.ABC):
 
     @property
     def num_replicas(self) -> int:
-        return self._acc.num_replicas
+        """The engine's replicas (`EstimatorConfig.num_replicas`)."""
+        return self.config.num_replicas
 
     def params(self, mode: str, global_batch: int, context: Any = None) -> dict:
         return make_params(
@@ -282,7 +296,7 @@ class InputManager(abc.ABC):
             return last  # probed just before (the estimator, then the evaluator)
         what = MODE_NOUNS[mode]
         params = self.params(mode, global_batch,
-                             tf.distribute.InputContext(1, 0, self.num_replicas))
+                             input_context(1, 0, self.num_replicas))
         batch_size = params["batch_size"]
         dataset = call_input_fn(input_fn, params, what)
         if mode == "train":
@@ -330,8 +344,9 @@ class InputManager(abc.ABC):
 
     @property
     def num_hosts(self) -> int:
-        """Hosts reading their own share of each global batch, as this one does."""
-        return self._acc.num_workers
+        """Hosts reading their own share of each global batch, as this one does (the
+        engine's processes, `EstimatorConfig.num_processes`)."""
+        return self.config.num_processes
 
     @abc.abstractmethod
     def read_steps(self, iterator: Any, num_steps: int) -> int:
@@ -339,7 +354,7 @@ class InputManager(abc.ABC):
         (for `check_input`); returns this host's examples read.
 
         Raises:
-            tf.errors.OutOfRangeError: the input ran out.
+            tf.errors.OutOfRangeError or `runner.InputExhaustedError`: the input ran out.
         """
 
     def release(self) -> None:
@@ -372,7 +387,7 @@ def discard(holder: list[Any]) -> None:
     `holder` must hold the only references: the caller keeps the list, not the
     iterators (hence a list).
 
-    Example:
+    Examples:
         >>> holder = [iter(strategy.distribute_datasets_from_function(dataset_fn))]
         >>> loop(holder[0])
         >>> discard(holder)          # returns at once; holder == []

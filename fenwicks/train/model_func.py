@@ -79,7 +79,7 @@ class ModelSpec:
         reduction: ``'mean'`` (sum of per-example losses / global batch size) or
             ``'sum'`` (global sum). Either way the update is the same on 1 or 8 replicas.
 
-    Example:
+    Examples:
         >>> spec = ModelSpec(model, keras.optimizers.SGD(0.1),
         ...                  loss_fn=squared_error, metric_fns={'mae': absolute_error})
     """
@@ -115,7 +115,7 @@ class ModelSpec:
         Returns:
             ``{'loss': [B], <metric>: [B], ...}`` in `metric_fns` order, float32.
 
-        Example:
+        Examples:
             >>> spec.example_values(labels, spec.model(features, training=False))
             {'loss': <[B] float32>, 'accuracy': <[B] float32>}
         """
@@ -131,7 +131,7 @@ def float32_outputs(outputs: Any) -> Any:
 
     Mixed-precision models may emit bfloat16/float16; losses are computed in float32.
 
-    Example:
+    Examples:
         >>> float32_outputs({'cls': bfloat16_logits, 'id': int_ids})   # ids stay ints
     """
     def cast(value: Any) -> Any:
@@ -150,7 +150,7 @@ def _concrete(values: Any) -> np.ndarray | None:
     Tracing is a `tf.function` on TensorFlow and `jax.jit` on JAX: their values exist
     only when the compiled step runs.
     """
-    if _engine.is_symbolic(values):
+    if _engine.backend_facts().is_symbolic(values):
         return None
     return keras.ops.convert_to_numpy(values)
 
@@ -208,7 +208,7 @@ def sparse_softmax_cross_entropy(labels: Any, outputs: Any, from_logits: bool = 
     Returns:
         ``[B]`` float32 losses.
 
-    Example:
+    Examples:
         >>> sparse_softmax_cross_entropy([0], [[2.0, 0.0]])   # log(1 + e^-2) = 0.127
     """
     ops = keras.ops
@@ -235,7 +235,7 @@ def sparse_softmax_cross_entropy(labels: Any, outputs: Any, from_logits: bool = 
 def accuracy(labels: Any, outputs: Any) -> Any:
     """Per-example accuracy (1.0 if argmax of `outputs` equals the label, else 0.0).
 
-    Example:
+    Examples:
         >>> accuracy([1, 0], [[0.1, 0.9], [0.2, 0.8]])   # [1.0, 0.0]
     """
     outputs = keras.ops.convert_to_tensor(outputs)
@@ -266,7 +266,7 @@ def _float32_pair(labels: Any, outputs: Any) -> tuple[Any, Any]:
 def squared_error(labels: Any, outputs: Any) -> Any:
     """Per-example mean squared error over the non-batch axes, float32, shape ``[B]``.
 
-    Example:
+    Examples:
         >>> squared_error([[1.0, 2.0]], [[0.0, 0.0]])   # [(1 + 4) / 2] = [2.5]
     """
     labels, outputs = _float32_pair(labels, outputs)
@@ -328,7 +328,7 @@ def get_model_func(build_nn: Callable[..., keras.Model], opt_func: Callable[[], 
     Returns:
         ``model_func(params) -> ModelSpec``.
 
-    Example:
+    Examples:
         >>> model_func = get_model_func(build_nn, opt_func, squared_error)
     """
     if reduction not in REDUCTIONS:
@@ -361,7 +361,7 @@ def get_clf_model_func(build_nn: Callable[..., keras.Model], opt_func: Callable[
     Returns:
         ``model_func(params) -> ModelSpec``.
 
-    Example:
+    Examples:
         >>> model_func = fw.train.get_clf_model_func(build_nn, opt_func, reduction='mean')
         >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=128)
     """
@@ -398,7 +398,7 @@ def get_reg_model_func(build_nn: Callable[..., keras.Model], opt_func: Callable[
     Returns:
         ``model_func(params) -> ModelSpec``; `evaluate` reports ``'mse'`` and ``'mae'``.
 
-    Example:
+    Examples:
         >>> model_func = fw.train.get_reg_model_func(build_nn, lambda: keras.optimizers.Adam())
     """
     return get_model_func(build_nn, opt_func, squared_error,

@@ -58,7 +58,7 @@ class RunState(abc.ABC):
         config: the estimator's `EstimatorConfig`.
         accelerator: where the variables live (`fw.accel.current()`).
 
-    Example:
+    Examples:
         >>> state = engines.current().RunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.latest_checkpoint
@@ -176,7 +176,7 @@ class RunState(abc.ABC):
         Returns:
             ``'restored'``, ``'reset'``, or None if nothing changed.
         """
-        if not self.built or self._acc.num_workers > 1:
+        if not self.built or self.config.num_processes > 1:
             return None
         checkpointer = self._checkpointer
         if checkpointer.last_good is None and self._other_engine_moved_on():

@@ -60,7 +60,7 @@ class JaxRunState(RunState):
     A work_dir the TensorFlow engine trained is read for `evaluate` and `predict` (model
     variables by name, `cross_engine`); `train` there is refused (`RunState.locked`).
 
-    Example:
+    Examples:
         >>> state = JaxRunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.save()

@@ -13,7 +13,6 @@ that does not split over the devices.
 from __future__ import annotations
 
 import os
-import re
 import traceback
 from typing import Any
 
@@ -21,6 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
+from fenwicks._text import first_line
 from fenwicks.train import building
 from fenwicks.train.inputs import unpack
 from fenwicks.train.jax import mesh, steps
@@ -88,25 +88,16 @@ def _lower(mode: str, function: Any, args: tuple) -> None:
     except _DATA_DEPENDENT as err:
         raise NotTPUReadyError(
             f"the {what(mode)} step has a tensor of data-dependent size{_where(err)}: "
-            f"{_first_line(err)}; a TPU (and jax.jit) compiles fixed shapes. Keep shapes "
+            f"{first_line(err)}; a TPU (and jax.jit) compiles fixed shapes. Keep shapes "
             "fixed: a mask (keras.ops.where) instead of boolean indexing, or a fixed "
             "size (jnp.nonzero(..., size=N))") from None
     except NotImplementedError as err:
         raise NotTPUReadyError(
             f"the {what(mode)} step uses an operation the TPU cannot run{_where(err)}: "
-            f"{_first_line(err)}; compute it in the input_fn or with other ops") from None
+            f"{first_line(err)}; compute it in the input_fn or with other ops") from None
     except (TypeError, ValueError) as err:
         raise NotTPUReadyError(f"the {what(mode)} step does not compile for a TPU"
-                               f"{_where(err)}: {_first_line(err)}") from None
-
-
-def _first_line(err: BaseException) -> str:
-    """The error's own first line. Keras wraps an error raised inside a layer's call in
-    "Exception encountered when calling ..." (in bold: ANSI codes), the original line
-    inside: that one names the shape (``got bool[16,64]``)."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(err).splitlines()]
-    own = [line for line in lines if line and "Exception encountered when calling" not in line]
-    return own[0] if own else type(err).__name__
+                               f"{_where(err)}: {first_line(err)}") from None
 
 
 def _where(err: BaseException) -> str:
