@@ -168,7 +168,7 @@ def estimator_run(build, x, y, batch, spl):
 
 def fit_run(build, x, y, batch, spl):
     """Returns run(n): Keras fit for n steps with steps_per_execution = spl."""
-    strategy = fw.accel.current().strategy
+    strategy = fw.train.tf.strategy()
     with strategy.scope():
         model = build()
         model.compile(keras.optimizers.SGD(LR),
@@ -181,7 +181,7 @@ def fit_run(build, x, y, batch, spl):
 
 def hand_written_run(build, x, y, batch, spl):
     """Returns run(n): a minimal compiled loop of spl steps per call."""
-    strategy = fw.accel.current().strategy
+    strategy = fw.train.tf.strategy()
     with strategy.scope():
         model, optimizer = build(), keras.optimizers.SGD(LR)
         optimizer.build(model.trainable_variables)

@@ -271,7 +271,8 @@ class InputManager(abc.ABC):
 
     @property
     def num_replicas(self) -> int:
-        return self._acc.num_replicas
+        """The engine's replicas (`EstimatorConfig.num_replicas`)."""
+        return self.config.num_replicas
 
     def params(self, mode: str, global_batch: int, context: Any = None) -> dict:
         return make_params(
@@ -343,8 +344,9 @@ class InputManager(abc.ABC):
 
     @property
     def num_hosts(self) -> int:
-        """Hosts reading their own share of each global batch, as this one does."""
-        return self._acc.num_workers
+        """Hosts reading their own share of each global batch, as this one does (the
+        engine's processes, `EstimatorConfig.num_processes`)."""
+        return self.config.num_processes
 
     @abc.abstractmethod
     def read_steps(self, iterator: Any, num_steps: int) -> int:

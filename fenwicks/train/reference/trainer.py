@@ -25,7 +25,7 @@ class ReferenceTrainer:
     Args:
         state: the built state; its counters advance by the steps run.
         global_batch_size: examples per step.
-        stop: a flag with ``numpy()`` (`PreemptionWatcher.host_flag`), or None.
+        stop: a flag with ``numpy()`` (`PreemptionWatcher.flag`), or None.
 
     Example:
         >>> trainer = ReferenceTrainer(state, 8)
