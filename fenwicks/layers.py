@@ -109,7 +109,7 @@ def current_batch_replicas() -> int:
     value = _BATCH_REPLICAS.get()
     if value is not None:
         return value
-    return _engine.data_parallel_replicas() or 1
+    return _engine.backend_facts().data_parallel_replicas() or 1
 
 
 def _plain_ints(value: Any) -> Any:
@@ -201,7 +201,7 @@ class BatchNorm(keras.layers.BatchNormalization):
         # on JAX the statistics of the global batch under jit are the synchronized ones.
         super().__init__(momentum=momentum, epsilon=epsilon,
                          synchronized=self.mode == "sync"
-                         and _engine.synchronized_batchnorm_in_keras(), **kwargs)
+                         and _engine.backend_facts().SYNCS_BATCHNORM, **kwargs)
         if isinstance(self.mode, int) and self.axis not in (-1,):
             raise ValueError(f"axis={self.axis} is not supported with ghost BatchNorm "
                              f"(mode={self.mode}); use channels-last inputs and axis=-1")

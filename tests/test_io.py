@@ -22,7 +22,7 @@ from tests.conftest import run_json
 def accelerator(monkeypatch, accel_state):
     """Sets the cached accelerator: `accelerator(remote=True)` fakes a TPU node."""
     def set_accelerator(remote: bool = False) -> Accelerator:
-        acc = Accelerator("tpu" if remote else "cpu", None, 8 if remote else 1,
+        acc = Accelerator("tpu" if remote else "cpu", 8 if remote else 1,
                           "bfloat16" if remote else "float32", is_remote=remote)
         accel_state(acc)
         return acc
@@ -443,7 +443,7 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
         r["after_clean"] = fw.io.glob(base + "/run*") + fw.io.glob(base + "/run*/*")
         r["dirs"] = fw.io.get_project_dirs(base, "proj")
         r["dirs_exist"] = [fw.io.exists(d) for d in r["dirs"]]
-        fw.accel._current = Accelerator("tpu", None, 8, "bfloat16", is_remote=True)
+        fw.accel._current = Accelerator("tpu", 8, "bfloat16", is_remote=True)
         r["staged"] = fw.io.stage(up + "/sub/b.bin", "staged", root_dir=base)
         r["staged_exists"] = fw.io.exists(r["staged"])
         # data/staged/ holds TensorFlow's folder marker object: not a file to fetch.

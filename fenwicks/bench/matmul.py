@@ -264,8 +264,21 @@ def make_plan(device: str | None, n: int | None, dtype: str, repeats: int | None
         peak = None if one is None else one * replicas
     label = acc.kind + (f" x{replicas}" if replicas > 1 else "") + (
         " (sim)" if acc.simulated else "")
-    call = _tf_call("", acc.strategy, n, dtype, repeats, jit_compile)
+    call = _tf_call("", _strategy(acc), n, dtype, repeats, jit_compile)
     return _Plan(label, acc.kind, dtype, n, repeats, replicas, peak, acc.simulated, call)
+
+
+def _strategy(acc: Any) -> Any:
+    """Every replica's device: the tf engine's strategy (`fw.train.tf.strategy`); on the
+    jax engine, where JAX holds the accelerator and there is no strategy, TensorFlow's
+    default (one device)."""
+    if acc.engine == "tf":
+        from fenwicks.train.tf import devices
+
+        return devices.strategy()
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
 
 
 def matmul_flops(device: str | None = None, n: int | None = None, dtype: str = "float32",

@@ -15,20 +15,32 @@ input manager            `inputs.TFInputManager`              `inputs.JaxInputMa
 trainer                  `trainer.Trainer` (`loops`)          `trainer.JaxTrainer` (`steps`)
 evaluator                `evaluation.TFEvaluator`             `evaluation.JaxEvaluator`
 exporter                 `export` (tf.saved_model)            `export` (jax2tf)
-label check              `building.check_labels` (eager)      ``jax.eval_shape`` of the loss
-LR finder's batches      distributed iterator                 global NumPy batches
+devices, distribution    `devices` (the strategy it holds)    `devices` (a mesh, no strategy)
+replicas, processes      the strategy's, the cluster's        ``jax.device_count``, processes
+stop flag                a variable following the watcher     the watcher's host bool
+XLA device rule          none on logical CPUs                 none
+label check (outputs,    eager, under the strategy            ``jax.eval_shape``
+  loss)
+LR finder's batches      distributed iterator                 this process's NumPy batches
 `check_input`'s reader   `TFInputManager.read_steps`          `JaxInputManager.read_steps`
 `profile_steps`          TensorFlow's profiler                ``jax.profiler``
 `check_tpu_ready`        `tpu_steps` (XLA, as TPUStrategy)    `tpu_steps` (lowered for 'tpu')
-TPUEstimator `model_fn`  `tpu_estimator` (TF1 graph in Keras) refused in one sentence
+TPUEstimator `model_fn`  `_model_fn` (TF1 graph in Keras)     refused in one sentence
 =======================  ===================================  ===================================
 
 The engine is Keras's backend (Keras fixes it when first imported: ``KERAS_BACKEND``,
 which `fw.accel`'s engine selection sets, `fenwicks._engine`). A third engine is one new
-folder implementing `Engine`, plus its one entry in `REGISTRY`. The reference engine
-(`fenwicks.train.reference`: a linear model trained by NumPy gradient steps, for the
-tests of the shared code) is such an entry: it runs under whichever backend Keras has,
-so it is never chosen by the backend, only by name (`use`).
+folder implementing `Engine` (with, for an engine of its own Keras backend, its device
+detector and backend facts) and a checkpoint reader, plus its one entry in
+`fenwicks._engine.REGISTRY`. The reference engine (`fenwicks.train.reference`: a linear
+model trained by NumPy gradient steps, for the tests of the shared code) is such an
+entry: it runs under whichever backend Keras has, so it is never chosen by the backend,
+only by name (`use`).
+
+Every count the shared code uses comes from the engine: `get_tpu_estimator` asks
+`Engine.num_replicas`, `num_processes` and `precision` once and keeps the answers in the
+`EstimatorConfig`, which the input params, exact evaluation, out-of-memory halving,
+`check_input`, `check_tpu_ready` and the TPUEstimator read; `find_lr` asks the engine too.
 
 Examples:
     >>> engine = fenwicks.train.engines.current()
@@ -39,14 +51,13 @@ Examples:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import keras
 
-from fenwicks import accel
+from fenwicks import _engine, accel
 
 if TYPE_CHECKING:
     from fenwicks.train.evaluation import Evaluator
@@ -56,45 +67,18 @@ if TYPE_CHECKING:
     from fenwicks.train.run_state import RunState
     from fenwicks.train.runner import Trainer
 
-
-
-@dataclasses.dataclass(frozen=True)
-class Registration:
-    """One engine's entry in `REGISTRY`.
-
-    Attributes:
-        name: the engine's name (`Engine.name`).
-        module: the module whose ``ENGINE`` implements `Engine`.
-        keras_backend: the Keras backend that means this engine; None for an engine
-            that runs under any backend (chosen by name only, `use`).
-        reader: the module reading this engine's checkpoints into
-            `cross_engine.SavedWeights`, importable on any engine (``NAME``, ``TITLE``,
-            ``latest``, ``work_dir_of``, ``is_checkpoint``, ``read``); None if another
-            engine cannot read them.
-    """
-
-    name: str
-    module: str
-    keras_backend: str | None = None
-    reader: str | None = None
-
-
-REGISTRY = {entry.name: entry for entry in (
-    Registration("tf", "fenwicks.train.tf.engine", "tensorflow", "fenwicks.train.tf.weights"),
-    Registration("jax", "fenwicks.train.jax.engine", "jax", "fenwicks.train.jax.weights"),
-    Registration("reference", "fenwicks.train.reference.engine", None,
-                 "fenwicks.train.reference.weights"),
-)}
-# Keras's backend -> the module whose ``ENGINE`` implements `Engine` for it.
-_ENGINES = {entry.keras_backend: entry.module for entry in REGISTRY.values()
-            if entry.keras_backend}
-# Engine -> its checkpoint reader (`Registration.reader`).
+# Every engine, one entry each (`fenwicks._engine.EngineEntry`).
+REGISTRY = _engine.REGISTRY
+# Engine -> its checkpoint reader (`EngineEntry.reader`).
 READERS = {entry.name: entry.reader for entry in REGISTRY.values() if entry.reader}
 _chosen: list[str] = []  # engines chosen by name (`use`), innermost last
 
 
 class Profiler(Protocol):
     """The engine's profiler, for `train(profile_steps=...)` (`profiling.ProfileWindow`)."""
+
+    # What `start` and `stop` raise when the profiler cannot (training goes on).
+    errors: tuple[type[BaseException], ...]
 
     def start(self, logdir: str) -> None: ...
 
@@ -105,38 +89,54 @@ class Engine(Protocol):
     """One engine's roles (the table above). Classes are the role's type; the rest are
     plain functions (static methods of the engine's class)."""
 
-    name: str  # 'tf' or 'jax': the checkpoint formats of `cross_engine`
+    name: str  # 'tf', 'jax' or 'reference': its `REGISTRY` entry, its checkpoints' format
     RunState: type[RunState]
     InputManager: type[InputManager]
     Evaluator: type[Evaluator]
     profiler: Profiler
+    # The errors `loss` raises for labels that do not fit the model's outputs.
+    label_errors: tuple[type[BaseException], ...]
 
     def num_replicas(self, acc: accel.Accelerator) -> int:
-        """Replicas sharing each global batch on this engine."""
+        """Replicas sharing each global batch on this engine, over every process."""
+
+    def num_processes(self, acc: accel.Accelerator) -> int:
+        """Processes (hosts) of the run, each feeding its own replicas."""
 
     def precision(self, acc: accel.Accelerator) -> str:
         """What ``precision='auto'`` means on this engine's device."""
 
-    def trainer(self, strategy: Any, config: EstimatorConfig, state: RunState,
-                watcher: Any) -> Trainer:
-        """The compiled inner loop over `state`, stopping when `watcher` asks."""
+    def jit_compile_refusal(self, acc: accel.Accelerator) -> str | None:
+        """Why ``jit_compile=True`` cannot run on `acc` here ('on 8 logical CPU replicas
+        (...)'), or None."""
 
-    def check_labels(self, spec: ModelSpec, acc: accel.Accelerator, dataset: Any) -> None:
-        """Raises ValueError if the labels of `dataset`'s first batch do not fit the model."""
+    def trainer(self, config: EstimatorConfig, state: RunState, watcher: Any) -> Trainer:
+        """The compiled inner loop over `state`, stopping when `watcher` asks
+        (`preemption.PreemptionWatcher`: its host `flag`, or a variable it `follow`s)."""
+
+    def build(self, model_func: Callable, params: dict, precision: str,
+              features_spec: Any) -> tuple[ModelSpec, Any]:
+        """A fresh model and optimizer where this engine's steps use them (`find_lr`)."""
+
+    def model_outputs(self, spec: ModelSpec, features: Any) -> Any:
+        """The model's outputs for a few examples (shapes at least), float32 where
+        floating, without changing the model's state: the label check's first half."""
+
+    def loss(self, spec: ModelSpec, labels: Any, outputs: Any) -> None:
+        """The loss of `outputs` against `labels` as this engine's steps compute it;
+        raises one of `label_errors` when the labels do not fit."""
 
     def export_saved_model(self, spec: ModelSpec, features_spec: Any,
                            export_dir: str) -> str:
         """Writes a SavedModel serving `spec`'s predictions into (empty) `export_dir`."""
 
-    def sweep_batches(self, acc: accel.Accelerator, input_fn: Callable,
-                      params: Callable[[Any], dict],
+    def sweep_batches(self, input_fn: Callable, params: Callable[[Any], dict],
                       num_steps: int) -> tuple[Any, Callable[[], None], Any]:
         """`find_lr`'s batches of `num_steps` steps: ``(what its trainer reads, a call
         that lets go of it, the per-replica element spec)``; ``params(input_context)``
         gives the input_fn's params."""
 
-    def sweep_trainer(self, acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,
-                      batch_size: int) -> Trainer:
+    def sweep_trainer(self, spec: ModelSpec, optimizer: Any, batch_size: int) -> Trainer:
         """`find_lr`'s trainer: the estimator's loop, one step per call, no work_dir."""
 
     def build_for_tpu_check(self, model_func: Callable, params: dict, precision: str,
@@ -161,12 +161,12 @@ def current() -> Engine:
     if _chosen:
         return importlib.import_module(REGISTRY[_chosen[-1]].module).ENGINE
     backend = keras.backend.backend()
-    if backend not in _ENGINES:
+    entry = _engine.entry_for_backend(backend)
+    if entry is None:
         raise ValueError(f"Keras runs on {backend!r}; Fenwicks' engines run on "
-                         f"{sorted(_ENGINES)}: set KERAS_BACKEND (or FENWICKS_ENGINE) "
-                         "before importing Keras")
-    return importlib.import_module(_ENGINES[backend]).ENGINE
-
+                         f"{sorted(_engine.KERAS_BACKEND.values())}: set KERAS_BACKEND (or "
+                         "FENWICKS_ENGINE) before importing Keras")
+    return importlib.import_module(entry.module).ENGINE
 
 
 @contextlib.contextmanager
@@ -180,7 +180,7 @@ def use(name: str) -> Iterator[Engine]:
     Raises:
         ValueError: `name` is no engine, or an engine of another Keras backend.
 
-    Example:
+    Examples:
         >>> with fenwicks.train.engines.use("reference"):
         ...     est = fw.train.get_tpu_estimator(10, model_func, work_dir, trn_bs=8)
     """

@@ -1,4 +1,4 @@
-"""The estimator: train, evaluate, predict and export one model on `fw.accel`'s strategy.
+"""The estimator: train, evaluate, predict and export one model on the engine's devices.
 
     model_func = fw.train.get_clf_model_func(build_nn, opt_func)
     est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=512)
@@ -7,7 +7,8 @@
     print(est.check_input(train_input_func))             # can the input keep up?
 
 One `Estimator` owns one model, built lazily on first use (it needs the input's shapes)
-inside the strategy's scope and under the precision policy. All state that the next step
+where the engine's steps use it (the tf engine: in its strategy's scope) and under the
+precision policy. All state that the next step
 depends on lives in ``work_dir``'s checkpoints, so a new estimator there continues the run.
 
 The estimator is a facade over small parts, as Orbit separates its controller from its
@@ -146,24 +147,25 @@ def get_tpu_estimator(steps_per_epoch: int | None = None, model_func: ModelFunc 
         else pred_bs,
         steps_per_loop=steps_per_epoch if steps_per_loop is None else steps_per_loop,
         precision=engine.precision(acc) if precision == "auto" else precision, seed=seed,
-        warm_start_from=warm_start_from, jit_compile=_jit_compile(jit_compile, acc),
+        warm_start_from=warm_start_from,
+        jit_compile=_jit_compile(jit_compile, acc, engine.jit_compile_refusal(acc)),
         save_every_secs=save_every_secs, save_every_loops=save_every_loops,
         keep_checkpoints=keep_checkpoints, verbose=verbose,
-        async_checkpoints=async_checkpoints, num_replicas=engine.num_replicas(acc))
+        async_checkpoints=async_checkpoints, num_replicas=engine.num_replicas(acc),
+        num_processes=engine.num_processes(acc))
     return Estimator(model_func, config, acc)
 
 
-def _jit_compile(jit_compile: bool | None, acc: accel.Accelerator) -> bool:
-    """None means: on a TPU (which compiles everything anyway), else not."""
+def _jit_compile(jit_compile: bool | None, acc: accel.Accelerator,
+                 refusal: str | None) -> bool:
+    """None means: on a TPU (which compiles everything anyway), else not; True where the
+    engine cannot compile with XLA (`refusal`, `Engine.jit_compile_refusal`) is a warning
+    and False."""
     if jit_compile is None:
         return acc.kind == "tpu"
     jit_compile = boolean("jit_compile", jit_compile)
-    if jit_compile and acc.kind == "cpu" and acc.num_replicas > 1:
-        # XLA cannot reach variables on the other logical CPU devices ("Trying to access
-        # resource ... located in device CPU:1 from device CPU:0"); 1 replica is fine.
-        logger.warning("fenwicks: jit_compile is ignored on %d logical CPU replicas (XLA "
-                       "does not support variables spread over logical CPU devices)",
-                       acc.num_replicas)
+    if jit_compile and refusal:
+        logger.warning("fenwicks: jit_compile is ignored %s", refusal)
         return False
     return jit_compile
 
@@ -323,7 +325,7 @@ class Estimator:
             return iterator
         probe = self._inputs.probe(input_fn, "train")
         self._state.build(probe.features_spec, probe.params)
-        self._engine.check_labels(self._state.spec, self._acc, probe.dataset)
+        building.check_labels(self._engine, self._state.spec, probe.dataset)
         position = self._state.input_position
         input_record.check(self.config.work_dir, self.config.train_batch_size, position,
                            write=self._state.is_chief)
@@ -337,7 +339,7 @@ class Estimator:
                           self._inputs.params(mode, self.config.train_batch_size))
         building.check_same_features(self._state.features_spec, probe.features_spec, mode)
         if mode == "eval" and input_fn not in self._checked:
-            self._engine.check_labels(self._state.spec, self._acc, probe.dataset)
+            building.check_labels(self._engine, self._state.spec, probe.dataset)
             with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
                 self._checked.add(input_fn)
 
@@ -424,8 +426,7 @@ class Estimator:
                                               self._engine)
             self._last_train_loops = slice(len(self.history.examples_per_sec), None)
             callbacks_lib.attach(callbacks, self, epochs_to(target, self.config.steps_per_epoch))
-            with self._controller.run(self._acc.strategy, iterator, target, callbacks,
-                                      profile_steps) as run:
+            with self._controller.run(iterator, target, callbacks, profile_steps) as run:
                 yield run
 
     def check_input(self, input_fn: InputFn, num_batches: int = 100,

@@ -60,7 +60,7 @@ def input_context(num_pipelines: int, pipeline_id: int,
     pipelines (hosts), this one `pipeline_id`, `num_replicas` replicas in all. Every
     engine's input_fns get it, so engines make it here, not from TensorFlow themselves.
 
-    Example:
+    Examples:
         >>> input_context(1, 0, 8).get_per_replica_batch_size(512)
         64
     """
@@ -286,7 +286,8 @@ class InputManager(abc.ABC):
 
     @property
     def num_replicas(self) -> int:
-        return self._acc.num_replicas
+        """The engine's replicas (`EstimatorConfig.num_replicas`)."""
+        return self.config.num_replicas
 
     def params(self, mode: str, global_batch: int, context: Any = None) -> dict:
         return make_params(
@@ -358,8 +359,9 @@ class InputManager(abc.ABC):
 
     @property
     def num_hosts(self) -> int:
-        """Hosts reading their own share of each global batch, as this one does."""
-        return self._acc.num_workers
+        """Hosts reading their own share of each global batch, as this one does (the
+        engine's processes, `EstimatorConfig.num_processes`)."""
+        return self.config.num_processes
 
     @abc.abstractmethod
     def read_steps(self, iterator: Any, num_steps: int) -> int:

@@ -150,7 +150,7 @@ def _concrete(values: Any) -> np.ndarray | None:
     Tracing is a `tf.function` on TensorFlow and `jax.jit` on JAX: their values exist
     only when the compiled step runs.
     """
-    if _engine.is_symbolic(values):
+    if _engine.backend_facts().is_symbolic(values):
         return None
     return keras.ops.convert_to_numpy(values)
 

@@ -19,11 +19,12 @@ Both are Keras optimizer subclasses written against public hooks only: `build` m
 slots, `update_step` updates one variable (decay included, so it acts once per step on
 the variable itself), and `apply` runs a step. `apply` is ours because Keras's runs its
 clipping (``clipnorm``, ``global_clipnorm``) on each replica's partial gradient *before*
-its all-reduce and offers no hook between the all-reduce and the updates. On TensorFlow
-`apply` all-reduces with `tf.distribute.ReplicaContext.all_reduce`, clips the global
-gradient (``clip_norm``), and updates each variable once with
-`tf.distribute.StrategyExtended.update`. On JAX the gradients are global already (the step
-is one `jax.jit` over the global batch), so `apply` clips and updates; Keras's
+its all-reduce and offers no hook between the all-reduce and the updates. `apply` sums the
+gradients over the replicas, clips the global gradient (``clip_norm``) and updates each
+variable once, asking the engine's backend facts how (``sum_gradients`` and
+``update_each``, `fenwicks._engine.backend_facts`): on TensorFlow an all-reduce in the
+replica context and `StrategyExtended.update`; on JAX the gradients are global already
+(the step is one `jax.jit` over the global batch), so `apply` clips and updates; Keras's
 `stateless_apply` runs it as it is, so the JAX engine's step uses these optimizers
 unchanged. The update rules are written in `keras.ops`, the same on both engines.
 Keras-spelled arguments (``weight_decay``, ``beta_1``, ``global_clipnorm``, ``use_ema``,
@@ -32,7 +33,6 @@ Keras-spelled arguments (``weight_decay``, ``beta_1``, ``global_clipnorm``, ``us
 
 from __future__ import annotations
 
-import functools
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -152,14 +152,9 @@ def _path(variable: Any) -> str:
     return getattr(variable, "path", variable.name)
 
 
-def _per_replica_gradients() -> bool:
-    """Whether replicas compute their own gradients (``tf.distribute``): the optimizer
-    then all-reduces them and updates each replica's copy of a variable."""
-    return _engine.per_replica_gradients()
-
-
 def _backend_variable(variable: Any) -> Any:
-    """The `tf.Variable` (distributed under a strategy) behind a `keras.Variable`."""
+    """The backend's variable behind a `keras.Variable` (a `tf.Variable`, distributed
+    under a strategy, on TensorFlow; JAX's current array, on JAX)."""
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
@@ -177,7 +172,7 @@ class _VariableIndex:
         self.positions: dict[int, int] = {}
         for index, variable in enumerate(variables):
             self.positions[id(variable)] = index
-            if _per_replica_gradients():
+            if _engine.backend_facts().LASTING_BACKEND_VARIABLES:
                 self.positions[id(_backend_variable(variable))] = index
 
 
@@ -255,14 +250,15 @@ class _DecayMixin:
         if len(pairs) < len(variables):
             missing = [_path(v) for g, v in zip(grads, variables, strict=True) if g is None]
             warnings.warn(f"no gradient for {missing}; they are not updated", stacklevel=2)
-        grads = self._global_gradients([g for g, _ in pairs])
+        facts = _engine.backend_facts()
+        grads = self._global_gradients(facts.sum_gradients([g for g, _ in pairs]))
         learning_rate = self.learning_rate  # at this step, before iterations moves
-        if _per_replica_gradients():
-            self._update_all_replicas(grads, [v for _, v in pairs], learning_rate)
-        else:
-            for grad, (_, variable) in zip(grads, pairs, strict=True):
-                self._update_one(variable, grad, learning_rate, self._index_of(variable),
-                                 getattr(variable, "constraint", None))
+
+        def update(variable: Any, copy: Any, grad: Any) -> None:
+            self._update_one(copy, grad, learning_rate, self._index_of(variable),
+                             getattr(variable, "constraint", None))
+
+        facts.update_each([v for _, v in pairs], grads, update)
         self.iterations.assign_add(1)
 
     def _variables_of(self, trainable_variables: Sequence[Any] | None) -> list[Any]:
@@ -277,29 +273,9 @@ class _DecayMixin:
                              "first")
         return list(self._built_with.variables)
 
-    def _update_all_replicas(self, grads: list[Any], variables: list[Any],
-                             learning_rate: Any) -> None:
-        import tensorflow as tf  # the TensorFlow engine's path only
-
-        extended = tf.distribute.get_strategy().extended
-        for grad, variable in zip(grads, variables, strict=True):
-            update = functools.partial(self._update_one, index=self._index_of(variable),
-                                       constraint=getattr(variable, "constraint", None))
-            extended.update(_backend_variable(variable), update, args=(grad, learning_rate),
-                            group=False)
-
     def _global_gradients(self, grads: list[Any]) -> list[Any]:
-        if not _per_replica_gradients():  # under jax.jit the gradients are global already
-            return grads if self.clip_norm is None else _clip_by_global_norm(
-                grads, self.clip_norm)
-        import tensorflow as tf  # the TensorFlow engine's path only
-
-        context = tf.distribute.get_replica_context()
-        if context is not None:  # None: cross-replica context, gradients already global
-            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        if self.clip_norm is not None:
-            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
-        return list(grads)
+        """The summed gradients, clipped to `clip_norm` by their global norm."""
+        return grads if self.clip_norm is None else _clip_by_global_norm(grads, self.clip_norm)
 
     def _update_one(self, variable: Any, gradient: Any, learning_rate: Any, index: int,
                     constraint: Callable[[Any], Any] | None) -> None:
@@ -321,10 +297,12 @@ class _DecayMixin:
 
 def _clip_by_global_norm(grads: list[Any], clip_norm: float) -> list[Any]:
     """`tf.clip_by_global_norm` in keras.ops: scale every gradient by
-    ``clip_norm / max(global_norm, clip_norm)`` (a NaN norm makes every value NaN)."""
+    ``clip_norm / max(global_norm, clip_norm)`` (an infinite or NaN norm makes every
+    value NaN, as TensorFlow's does)."""
     norm = keras.ops.sqrt(sum(keras.ops.sum(keras.ops.square(
         keras.ops.cast(g, "float32"))) for g in grads))
     scale = clip_norm * keras.ops.minimum(1.0 / norm, 1.0 / clip_norm)
+    scale = keras.ops.where(keras.ops.isfinite(norm), scale, float("nan"))
     return [g * keras.ops.cast(scale, g.dtype) for g in grads]
 
 

@@ -176,7 +176,7 @@ class RunState(abc.ABC):
         Returns:
             ``'restored'``, ``'reset'``, or None if nothing changed.
         """
-        if not self.built or self._acc.num_workers > 1:
+        if not self.built or self.config.num_processes > 1:
             return None
         checkpointer = self._checkpointer
         if checkpointer.last_good is None and self._other_engine_moved_on():

@@ -134,10 +134,6 @@ class JaxInputManager(InputManager):
     """`InputManager` whose iterators yield NumPy global batches (see the module doc)."""
 
     @property
-    def num_replicas(self) -> int:
-        return self.config.num_replicas  # the mesh's devices, not TensorFlow's replicas
-
-    @property
     def _local_replicas(self) -> int:
         """Per-replica batches this process reads per step (all of them on one host)."""
         return self.num_replicas // mesh.num_processes()
@@ -155,10 +151,6 @@ class JaxInputManager(InputManager):
         if self._train is not None:
             batches, self._train = self._train[1], None
             batches.release()
-
-    @property
-    def num_hosts(self) -> int:
-        return mesh.num_processes()
 
     def read_steps(self, iterator: TrainBatches, num_steps: int) -> int:
         """NumPy batches from the pipeline, copied to the devices (waited for)."""

@@ -1,6 +1,6 @@
 """The reference engine's roles, as `fenwicks.train.engines` asks for them.
 
-Registered in `fenwicks.train.engines.REGISTRY` as ``'reference'``, with no Keras
+Registered in `fenwicks._engine.REGISTRY` as ``'reference'``, with no Keras
 backend of its own: it runs under whichever backend Keras has, chosen by name with
 ``engines.use('reference')``. `REPLICAS` sets how many replicas it splits each global
 batch over (as one process of R devices would: R per-replica batches a step), 1 unless
@@ -27,6 +27,8 @@ _NOT_HERE = ("the reference engine (fenwicks.train.reference, for the tests of t
 class _Profiler:
     """No device to trace: the profile window's start and stop are recorded only."""
 
+    errors = ()  # recording cannot fail
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, str | None]] = []
 
@@ -46,53 +48,68 @@ class ReferenceEngine:
     Evaluator = ReferenceEvaluator
     profiler = _Profiler()
     REPLICAS = 1
+    # What `loss` raises for labels that do not fit the outputs.
+    label_errors = (ValueError,)
 
     @classmethod
     def num_replicas(cls, acc: accel.Accelerator) -> int:
         return cls.REPLICAS
 
     @staticmethod
+    def num_processes(acc: accel.Accelerator) -> int:
+        return 1  # one process feeds every replica
+
+    @staticmethod
     def precision(acc: accel.Accelerator) -> str:
         return "float32"  # NumPy steps in float32 on any device
 
     @staticmethod
-    def trainer(strategy: Any, config: EstimatorConfig, state: ReferenceRunState,
-                watcher: Any) -> ReferenceTrainer:
-        """Looks for a stop before each step, on the host (the watcher's `HostFlag`)."""
-        return ReferenceTrainer(state, config.train_batch_size, watcher.host_flag)
+    def jit_compile_refusal(acc: accel.Accelerator) -> str | None:
+        return None  # nothing is compiled: jit_compile changes nothing here
 
     @staticmethod
-    def check_labels(spec: ModelSpec, acc: accel.Accelerator, dataset: Any) -> None:
-        """Runs the spec's loss on the first batch's outputs (NumPy), so a label that
-        does not fit the model is a ValueError before training."""
+    def trainer(config: EstimatorConfig, state: ReferenceRunState,
+                watcher: Any) -> ReferenceTrainer:
+        """Looks for a stop before each step, on the host (the watcher's `HostFlag`)."""
+        return ReferenceTrainer(state, config.train_batch_size, watcher.flag)
+
+    @staticmethod
+    def build(model_func: Callable, params: dict, precision: str,
+              features_spec: Any) -> Any:
+        raise NotImplementedError(_NOT_HERE.format(what="run find_lr"))
+
+    @staticmethod
+    def model_outputs(spec: ModelSpec, features: Any) -> Any:
+        """The linear model's outputs for `features` (NumPy)."""
+        from fenwicks.train.reference import model as linear
+
+        return linear.forward(linear.params_of(spec.model), features)
+
+    @staticmethod
+    def loss(spec: ModelSpec, labels: Any, outputs: Any) -> None:
+        """The spec's loss on `outputs` (NumPy): a label that does not fit the model is
+        a ValueError before training."""
         import keras
         import numpy as np
 
-        from fenwicks.train.inputs import unpack
-        from fenwicks.train.reference import model as linear
-
-        for element in dataset.take(1).as_numpy_iterator():
-            features, labels, _ = unpack(element)
-            outputs = linear.forward(linear.params_of(spec.model), features)
-            if np.size(labels) != outputs.size:
-                raise ValueError(
-                    f"the labels have shape {list(np.shape(labels))} and the model's "
-                    f"outputs {list(outputs.shape)}: a regression label has one value per "
-                    "output; check the labels or the Dense layer's units")
-            keras.ops.convert_to_numpy(spec.loss_fn(labels, outputs))
+        if np.size(labels) != outputs.size:
+            raise ValueError(
+                f"the labels have shape {list(np.shape(labels))} and the model's "
+                f"outputs {list(outputs.shape)}: a regression label has one value per "
+                "output; check the labels or the Dense layer's units")
+        keras.ops.convert_to_numpy(spec.loss_fn(labels, outputs))
 
     @staticmethod
     def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> str:
         raise NotImplementedError(_NOT_HERE.format(what="export SavedModels"))
 
     @staticmethod
-    def sweep_batches(acc: accel.Accelerator, input_fn: Callable,
-                      params: Callable[[Any], dict], num_steps: int) -> Any:
+    def sweep_batches(input_fn: Callable, params: Callable[[Any], dict],
+                      num_steps: int) -> Any:
         raise NotImplementedError(_NOT_HERE.format(what="run find_lr"))
 
     @staticmethod
-    def sweep_trainer(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,
-                      batch_size: int) -> Any:
+    def sweep_trainer(spec: ModelSpec, optimizer: Any, batch_size: int) -> Any:
         raise NotImplementedError(_NOT_HERE.format(what="run find_lr"))
 
     @staticmethod

@@ -25,9 +25,9 @@ class ReferenceTrainer:
     Args:
         state: the built state; its counters advance by the steps run.
         global_batch_size: examples per step.
-        stop: a flag with ``numpy()`` (`PreemptionWatcher.host_flag`), or None.
+        stop: a flag with ``numpy()`` (`PreemptionWatcher.flag`), or None.
 
-    Example:
+    Examples:
         >>> trainer = ReferenceTrainer(state, 8)
         >>> trainer.train(batches, 10).losses    # 10 per-step losses
     """
@@ -80,7 +80,7 @@ class ReferenceTrainer:
         tree["counters"] = {"global_step": np.int64(start + len(losses)),
                             "input_steps": np.int64(state.input_steps_taken + len(losses))}
         state.set_tree(tree)
-        state.optimizer.iterations.assign(step)
+        state.optimizer.iterations.assign(step)  # as a real optimizer would count them
         if exhausted:
             raise InputExhaustedError(state.global_step)
         seconds = time.perf_counter() - began

@@ -4,6 +4,10 @@
 Beside it, `fenwicks.train.jax` implements the same roles on JAX; `fenwicks.train.engines`
 chooses one. The modules:
 
+- `devices.py`: what TensorFlow can reach, and the ``tf.distribute`` strategy this engine
+  makes for it and holds (`strategy`, public as ``fw.train.tf.strategy()``).
+- `backend.py`: Keras-on-TensorFlow facts for the layers and optimizers (the gradient
+  all-reduce, per-replica variable updates).
 - `state.py`: `RunState`, model, optimizer and step counters, restored from work_dir.
 - `inputs.py`: `InputManager`, input_fn to distributed iterators, the resume position
   and exact-evaluation padding.
@@ -20,3 +24,5 @@ chooses one. The modules:
   patched), `tf1_metrics.py`, `tf1_optimizers.py`, `tf1_variables.py` (the TF1 names'
   stand-ins), `assignment_map.py` (warm-start maps by TF1 name).
 """
+
+from fenwicks.train.tf.devices import strategy  # noqa: E402, F401  (public: fw.train.tf.strategy)

@@ -32,6 +32,7 @@ from fenwicks.train.tf.tf1_config import (
     check_spec,
     warn_once,
 )
+from fenwicks.train.tf.tf1_gradients import gradient_surrogate
 from fenwicks.train.tf.tf1_metrics import MetricTerm, example_losses
 from fenwicks.train.tf.tf1_optimizers import V1OptimizerAdapter, convert_v1_optimizer
 
@@ -100,6 +101,23 @@ def _per_row(values: tf.Tensor, features: Any) -> tf.Tensor:
     return tf.broadcast_to(values, [_rows(features)])
 
 
+SCAFFOLD_INIT_FN = (
+    "scaffold_fn returned tf.compat.v1.train.Scaffold({field}=...), which TF1 ran in its "
+    "session before the first step and which has no session to run in here, so it would "
+    "silently never run: warm-start with tf.compat.v1.train.init_from_checkpoint(ckpt, "
+    "assignment_map) inside scaffold_fn (BERT's way), or with TPUEstimator("
+    "warm_start_from=ckpt), and return tf.compat.v1.train.Scaffold() or nothing")
+
+
+def _check_scaffold(scaffold: Any) -> None:
+    """A Scaffold whose init_fn or init_op would never run is refused in one sentence."""
+    if not isinstance(scaffold, tf.compat.v1.train.Scaffold):
+        return
+    for field in ("init_fn", "init_op", "local_init_op", "ready_op", "saver"):
+        if getattr(scaffold, field, None) is not None:
+            raise ModelFnError(SCAFFOLD_INIT_FN.format(field=field))
+
+
 def _zeros(spec: Any, batch: int) -> Any:
     return tf.nest.map_structure(
         lambda s: tf.zeros([batch] + s.shape.as_list()[1:], s.dtype), spec)
@@ -138,18 +156,24 @@ class Runner:
         labels = inputs.get("labels", inputs.get("predict_labels")) if known else None
         record = mf.CallRecord()
         self.replay.start(mode)
-        with mf.tf1_scope(self.replay, record, self._global_step):
+        with mf.tf1_scope(self.replay, record, self._global_step, self.front.num_replicas):
             spec = check_spec(mf.call_user(
                 self.front.model_fn, features, labels, mode,
                 self.front.model_fn_params(mode, _static_rows(features)), self.front.config),
                 mode)
             if spec.scaffold_fn is not None:
-                mf.call_in_scope(spec.scaffold_fn)
+                _check_scaffold(mf.call_in_scope(spec.scaffold_fn))
             terms = self._metric_terms(spec) if mode == ModeKeys.EVAL else {}
         self.seen[mode] = (spec, record, list(terms))
         out: dict[str, Any] = {}
         if mode != ModeKeys.PREDICT:
             out["loss"] = self._per_example_loss(spec.loss, features, mode, record)
+        if mode == ModeKeys.TRAIN and record.applied is not None:
+            # What the model_fn gave apply_gradients is what trains (tf1_gradients).
+            out["loss"] = gradient_surrogate(
+                out["loss"], record.applied,
+                [v for v in self.replay.variables() if v.trainable],
+                self.front.train_batch_size, self.front.num_replicas)
         if terms:
             out["metrics"] = {}
             for name, term in terms.items():
@@ -285,7 +309,7 @@ class Runner:
             return optimizer
         minimize = record.minimize if record is not None else None
         if minimize is not None:
-            optimizer = convert_v1_optimizer(minimize.optimizer, record.clip_norm)
+            optimizer = convert_v1_optimizer(minimize.optimizer)
             self.v1_learning_rate = not isinstance(minimize.learning_rate, (int, float))
             return optimizer
         if built_for == "train":

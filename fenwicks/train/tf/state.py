@@ -19,7 +19,7 @@ from fenwicks.train import building, cross_engine
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.run_state import RunState
 from fenwicks.train.tf import checkpointer as checkpointer_lib
-from fenwicks.train.tf import checkpoints
+from fenwicks.train.tf import checkpoints, devices
 
 
 class TFRunState(RunState):
@@ -37,7 +37,7 @@ class TFRunState(RunState):
     def __init__(self, model_func: building.ModelFunc, config: EstimatorConfig,
                  accelerator: accel.Accelerator) -> None:
         super().__init__(model_func, config, accelerator)
-        self._strategy = accelerator.strategy
+        self._strategy = devices.strategy()
 
     @property
     def global_step(self) -> int:
@@ -92,7 +92,7 @@ class TFRunState(RunState):
         # A TPU reached over the network cannot write local files: its probe goes to gs://.
         return checkpointer_lib.create(
             self._root, self.config.work_dir, keep=self.config.keep_checkpoints,
-            asynchronous=self.config.async_checkpoints, workers=self._acc.num_workers,
+            asynchronous=self.config.async_checkpoints, workers=self.config.num_processes,
             worker_id=None if self.is_chief else self._strategy.cluster_resolver.task_id,
             probe_dir=self.config.work_dir + "/.probe" if self._acc.is_remote else None)
 

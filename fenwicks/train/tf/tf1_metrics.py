@@ -216,3 +216,25 @@ def example_losses(loss: tf.Tensor, recorded: dict[Any, tf.Tensor],
             return _example_means(tf.cast(values, tf.float32))
         return None
     return None
+
+
+def recording_keras_loss(original: Callable[..., Any], record: Any) -> Callable[..., Any]:
+    """`keras.losses.Loss.__call__` in a model_fn: a mean-reduced, unweighted Keras loss
+    object also records its per-example values, as `recording_loss` does for TF1's."""
+
+    def __call__(self: keras.losses.Loss, y_true: Any, y_pred: Any,  # noqa: N807
+                 sample_weight: Any = None) -> Any:
+        scalar = original(self, y_true, y_pred, sample_weight)
+        mean = self.reduction in ("sum_over_batch_size", "mean")
+        if sample_weight is None and mean and tf.is_symbolic_tensor(scalar):
+            def cast(values: Any) -> Any:
+                return tf.nest.map_structure(
+                    lambda v: tf.cast(tf.convert_to_tensor(v), self.dtype), values)
+            per_example = _example_means(tf.cast(self.call(cast(y_true), cast(y_pred)),
+                                                 tf.float32))
+            if per_example is not None:
+                record.losses[scalar.ref()] = per_example
+        return scalar
+
+    return __call__
+

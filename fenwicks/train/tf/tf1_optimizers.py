@@ -38,16 +38,15 @@ def _unwrap(optimizer: Any) -> Any:
     return _tf_internals.unwrap_cross_shard(optimizer)
 
 
-def convert_v1_optimizer(optimizer: Any, clip_norm: float | None = None
-                         ) -> keras.optimizers.Optimizer:
+def convert_v1_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
     """The Keras 3 optimizer that makes the same updates as a `tf.compat.v1` one.
 
     GradientDescent is exactly SGD, and Adam is Keras's Adam (both use TF1's
     epsilon-hat form). Momentum matches exactly at a constant learning rate; under a
     schedule TF1 scaled the accumulated gradients by the current rate, Keras the new one.
     A TF1 optimizer subclass with its own ``apply_gradients`` (BERT's
-    AdamWeightDecayOptimizer) runs that code itself (`V1OptimizerAdapter`), after
-    ``tf.clip_by_global_norm``'s clipping (`clip_norm`) if the model_fn asked for it.
+    AdamWeightDecayOptimizer) runs that code itself (`V1OptimizerAdapter`). The gradients
+    each is given are the model_fn's own (`fenwicks.train.tf.tf1_gradients`).
 
     Raises:
         ModelFnError: for another optimizer class, naming the Keras one to pass instead.
@@ -55,7 +54,7 @@ def convert_v1_optimizer(optimizer: Any, clip_norm: float | None = None
     optimizer = _unwrap(optimizer)
     name = type(optimizer).__name__
     if custom_apply(optimizer):
-        return V1OptimizerAdapter(optimizer, global_clipnorm=clip_norm)
+        return V1OptimizerAdapter(optimizer)
     lr = _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
     start = float(lr) if isinstance(lr, (int, float)) else 0.0  # a tensor: set per step
     if name == "GradientDescentOptimizer":
@@ -115,9 +114,14 @@ class V1OptimizerAdapter(keras.optimizers.Optimizer):
     """
 
     def __init__(self, v1_optimizer: Any, **kwargs: Any) -> None:
-        super().__init__(learning_rate=0.0, name=type(v1_optimizer).__name__, **kwargs)
+        lr_name = _lr_attribute(v1_optimizer)
+        rate = getattr(v1_optimizer, lr_name)
+        # A Python number is the rate of every step; a tensor (a schedule of the global
+        # step) is set before each step by the model_fn runner.
+        start = float(rate) if isinstance(rate, (int, float)) else 0.0
+        super().__init__(learning_rate=start, name=type(v1_optimizer).__name__, **kwargs)
         self._v1 = v1_optimizer
-        self._v1_lr = _lr_attribute(v1_optimizer)
+        self._v1_lr = lr_name
         self._v1_slots: list[list[Any]] = []
 
     def build(self, variables: list[Any]) -> None:

@@ -88,8 +88,11 @@ class TPUEstimator:
         train_batch_size: global training batch size. Defaults to 128.
         eval_batch_size: global evaluation batch size. Defaults to `train_batch_size`.
         predict_batch_size: global prediction batch size. Defaults to `eval_batch_size`.
-        warm_start_from: a checkpoint or directory (every variable whose checkpoint name
-            and shape match), or `WarmStartSettings` (by variable name, with renames).
+        warm_start_from: a checkpoint or directory, or `WarmStartSettings` (by variable
+            name, with renames). A TF1 (name-based) checkpoint warm-starts every trainable
+            variable by its TF1 name, as TF1's did; a variable whose shape differs raises;
+            an object-based one (Fenwicks' own) loads every variable whose checkpoint
+            name and shape match. A path holding no checkpoint is refused at once.
         labels_key: for inputs whose features dict holds the labels (BERT's
             ``'label_ids'``): the model_fn gets ``features[labels_key]`` as ``labels``
             (the key stays in the features). Defaults to None.
@@ -138,7 +141,7 @@ class TPUEstimator:
         self.eval_batch_size = eval_batch_size or self.train_batch_size
         self.predict_batch_size = predict_batch_size or self.eval_batch_size
         self.labels_key = labels_key
-        self.warm_start_from = warm_start_from
+        self.warm_start_from = _warm_start_settings(warm_start_from)
         self.warm_start_report: dict[str, list[str]] | None = None
         self.element_specs: dict[str, Any] = {}
         self._steps_per_epoch = steps_per_epoch
@@ -260,8 +263,10 @@ class TPUEstimator:
             report["not_loaded"] += part["not_loaded"]
         if sources:
             self.warm_start_report = report
-            logger.info("fenwicks: warm start loaded %d variable(s), not %s",
-                        len(report["loaded"]), report["not_loaded"] or "none")
+            # TF1 raised for a variable missing from the checkpoint: say which were not.
+            log = logger.warning if report["not_loaded"] else logger.info
+            log("fenwicks: warm start loaded %d variable(s), not %s (not in the "
+                "checkpoint)", len(report["loaded"]), report["not_loaded"] or "none")
 
     def _wrapped(self, input_fn: Callable[..., Any], mode: str) -> Callable[[dict], Any]:
         return input_fns.engine_input_fn(self, input_fn, mode)
@@ -383,6 +388,24 @@ class TPUEstimator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _warm_start_settings(warm: str | WarmStartSettings | None
+                         ) -> str | WarmStartSettings | None:
+    """``warm_start_from`` as it is applied. A TF1 (name-based) checkpoint given as a path
+    warm-starts every trainable variable by its TF1 name, as TF1's did (a
+    `WarmStartSettings` of all); an object-based one (Fenwicks' own, TensorFlow 2's) is
+    the engine's warm start of the whole model. A path with no checkpoint is refused."""
+    if warm is None:
+        return None
+    if isinstance(warm, WarmStartSettings):
+        assignment_map.checkpoint_path(warm.ckpt_to_initialize_from,
+                                       "WarmStartSettings(ckpt_to_initialize_from)")
+        return warm
+    if not isinstance(warm, str):
+        raise ValueError(f"warm_start_from={warm!r} must be a checkpoint path or "
+                         "fw.train.WarmStartSettings(...)")
+    return WarmStartSettings(warm) if assignment_map.is_name_based(warm) else warm
 
 
 def _no_hooks(hooks: Any, listeners: Any) -> None:
