@@ -238,7 +238,9 @@ def report(epochs: int | None = None, batch_size: int | None = None,
         epochs: see `train_demo`. Defaults to 12.
         batch_size: see `train_demo`. Defaults to 64.
         work_dir: see `train_demo`. Defaults to ``<storage root>/work/demo``.
-        fresh: delete the previous run in ``work_dir`` first. Defaults to False (resume).
+        fresh: delete the previous run in ``work_dir`` first: only Fenwicks' own files
+            (`fw.io.create_clean_dir` without ``force``); a folder holding others is
+            refused, naming one. Defaults to False (resume).
 
     Returns:
         The `DemoResult`.
@@ -260,8 +262,8 @@ def report(epochs: int | None = None, batch_size: int | None = None,
     print(f"accelerator      {acc.kind} x{acc.num_replicas}, {acc.precision}", flush=True)
     work_dir = default_work_dir() if work_dir is None else work_dir
     step = None if fresh else checkpoint_step(work_dir)
-    if fresh:  # --work-dir outside the storage roots: emptied only if it holds a run
-        io.create_clean_dir(work_dir, force=checkpoint_step(work_dir) is not None)
+    if fresh:  # only the previous run's own files: a folder with others is refused
+        io.create_clean_dir(work_dir)
         print(f"starting fresh in {work_dir} (--fresh: the previous run there was deleted)")
     elif step is None:
         print(f"starting fresh in {work_dir}")

@@ -48,7 +48,7 @@ def test_a_k_fold_loop_that_cleans_the_work_dir_trains_each_fold_from_scratch(
     work = str(tmp_path / "kfold")
     est, steps = _estimator(work), []
     for fold in range(2):  # the original Fenwicks' loop: clean, train, evaluate
-        fw.io.create_clean_dir(work, force=True)
+        fw.io.create_clean_dir(work)  # only the run's own files in it: no force needed
         with caplog.at_level(logging.WARNING, logger="fenwicks"):
             est.train(_fold_input(x, y, fold), steps=10)
         steps.append(est.global_step)

@@ -18,8 +18,8 @@ engines, in this folder:
 - `actions.py`, `conditions.py`, `progress.py`, `history.py`, `preemption.py`: the
   entries of that list and the conditions that trigger them; `callbacks.py`: Keras
   callbacks (`EarlyStopping`, `BestExporter`, `EpochLog`); `lock.py`: the work_dir lock.
-- `export_dirs.py`: which folders an export may replace; `input_record.py`: the batch
-  size a run's input position counts in.
+- `export_dirs.py`: versioned exports, written whole, never replacing anything;
+  `input_record.py`: the batch size a run's input position counts in.
 - `model_func.py`, `optimizers.py`, `schedules.py`, `building.py`: what the user builds a
   run from; `lr_finder.py`, `input_check.py`, `profiling.py`: tools around a run.
 - `engines.py`: the engine seam. Each engine folder implements the roles (state, inputs,
@@ -51,7 +51,7 @@ from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     get_tpu_estimator,
     train_and_evaluate,
 )
-from fenwicks.train.export_dirs import ExportError  # noqa: E402, F401  (public name)
+from fenwicks.train.export_dirs import ExportError, latest_export  # noqa: E402, F401  (public names)
 from fenwicks.train.input_check import InputVerdict  # noqa: E402, F401  (public name)
 from fenwicks.train.lock import (  # noqa: E402, F401  (public names)
     WorkDirLockedError,
@@ -111,7 +111,8 @@ __all__ = [
     "Estimator", "EstimatorConfig", "EstimatorSpec", "exp_decay_lr", "ExpDecay",
     "ExponentialSweep", "ExportError", "find_lr", "FunctionSchedule", "get_clf_model_func",
     "get_model_func", "get_reg_model_func", "get_tpu_estimator", "History", "InputVerdict",
-    "Interrupted", "Join", "linear_decay", "linear_warmup", "LinearDecay", "LRFinderResult",
+    "Interrupted", "Join", "latest_export", "linear_decay", "linear_warmup", "LinearDecay",
+    "LRFinderResult",
     "ModeKeys", "ModelSpec", "NonFiniteLossError", "NotTPUReadyError", "one_cycle_lr",
     "one_cycle_momentum", "piecewise_linear", "PiecewiseLinear", "Preempted",
     "ProbeWriteError", "RunConfig", "Scaled", "Schedule", "SGD", "sgd_optimizer",

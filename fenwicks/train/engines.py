@@ -87,7 +87,7 @@ class Engine(Protocol):
     """One engine's roles (the table above). Classes are the role's type; the rest are
     plain functions (static methods of the engine's class)."""
 
-    name: str  # 'tf' or 'jax': the checkpoint formats of `cross_engine`
+    name: str  # 'tf', 'jax' or 'reference': its `REGISTRY` entry, its checkpoints' format
     RunState: type[RunState]
     InputManager: type[InputManager]
     Evaluator: type[Evaluator]

@@ -546,35 +546,42 @@ class Estimator:
 
     # ---------------------------------------------------------------- export, loops of loops
 
-    def export_saved_model(self, export_dir: str) -> str:
+    def export_saved_model(self, export_dir_base: str) -> str:
         """Writes a SavedModel whose ``serving_default`` signature gives predictions.
 
-        The export replaces only an earlier export of Fenwicks' (marked by
-        ``fenwicks_export.json``) or an empty folder, and only once it is complete: a
-        folder holding other files is refused before any work, and a failed export
-        leaves the previous one as it was.
+        Each export is a new version folder ``<export_dir_base>/<version>`` (the Unix
+        time, or one more than the newest version there), as TF Serving expects. It
+        appears only when complete; nothing already in `export_dir_base` is replaced or
+        deleted. `fw.train.latest_export` finds the newest.
 
         Args:
-            export_dir: local directory (str or `pathlib.Path`) or gs:// URL.
+            export_dir_base: local directory (str or `pathlib.Path`) or gs:// URL.
 
         Returns:
-            `export_dir`; reload with ``tf.saved_model.load(export_dir)`` and call
+            The new version folder; reload with ``tf.saved_model.load(path)`` and call
             ``.serve(features)`` or ``.signatures['serving_default'](x=features)``.
 
         Raises:
-            ValueError: `export_dir` holds files Fenwicks did not write.
+            ValueError: `export_dir_base` is a file or lies under one.
             fw.train.ExportError: the disk or storage failed.
 
         Examples:
-            >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/m'))
-            >>> loaded.serve(X[:5])['predictions']
+            >>> path = est.export_saved_model('/tmp/m')
+            >>> path
+            '/tmp/m/1764340000'
+            >>> tf.saved_model.load(path).serve(X[:5])['predictions']
         """
-        export_dir = path_arg("export_dir", export_dir)
-        existed = export_dirs.check(export_dir)  # a folder of the user's: before any work
+        export_dir_base = path_arg("export_dir_base", export_dir_base)
+        export_dirs.check_base(export_dir_base)  # a file in the way: before any work
+        return export_dirs.write(export_dir_base, self._saved_model_writer())
+
+    def _saved_model_writer(self) -> Callable[[str], object]:
+        """The engine's SavedModel writer for this model: ``write(folder)`` writes into
+        an existing `folder` (`export_saved_model` and `BestExporter` version it)."""
         spec = self._state.spec
         self._reload_if_stale()
-        return export_dirs.write(export_dir, lambda folder: self._engine.export_saved_model(
-            spec, self._state.features_spec, folder), existed=existed)
+        return lambda folder: self._engine.export_saved_model(
+            spec, self._state.features_spec, folder)
 
     def train_and_evaluate(self, train_input_fn: InputFn, eval_input_fn: InputFn,
                            epochs: int | None = None, max_steps: int | None = None,

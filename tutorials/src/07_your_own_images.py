@@ -168,7 +168,9 @@ fw.plt.plot_history(history)
 #
 # `export_saved_model` writes a SavedModel with a `serving_default` signature that takes a
 # batch of images, prepared exactly like the validation batches (float32 in [0, 1]), and
-# returns class probabilities. TensorFlow Serving, TFLite converters and plain
+# returns class probabilities. Each export is a new version folder, `export/<version>`, as
+# TensorFlow Serving expects; the call returns its path, and `fw.train.latest_export`
+# finds the newest later. TensorFlow Serving, TFLite converters and plain
 # `tf.saved_model.load` all read it; nothing of Fenwicks is needed to use it.
 
 # %%

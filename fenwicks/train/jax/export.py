@@ -23,7 +23,7 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         ValueError: the model cannot be converted (jax2tf), naming what to use instead.
 
     Examples:
-        >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))
+        >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))  # .../<version>
         >>> loaded.serve(x)['predictions']
     """
     signature = tf.nest.map_structure(

@@ -80,7 +80,7 @@ class ReferenceTrainer:
         tree["counters"] = {"global_step": np.int64(start + len(losses)),
                             "input_steps": np.int64(state.input_steps_taken + len(losses))}
         state.set_tree(tree)
-        state.optimizer.iterations.assign(step)
+        state.optimizer.iterations.assign(step)  # as a real optimizer would count them
         if exhausted:
             raise InputExhaustedError(state.global_step)
         seconds = time.perf_counter() - began
