@@ -230,7 +230,7 @@ def test_loss_5_a_bind_mount_on_the_same_disk_is_refused_and_its_source_kept(tmp
     try:
         assert not os.path.ismount(mount)  # what the check used to rely on
         with pytest.raises(ValueError, match=(
-                rf"path='{mount}/' is a mount point \(a \w+ mount of .*, folder "
+                rf"path='{mount}/' is a mount point \(an? \w+ mount of .*, folder "
                 r"'.*/source' of it\); refusing to delete it \(even with force=True\)")):
             fw.io.create_clean_dir(f"{mount}/", force=True)
         with pytest.raises(ValueError, match=(
