@@ -174,7 +174,7 @@ def test_export_dir_that_is_a_symlink_gets_the_version_in_the_linked_folder(tmp_
     (tmp_path / "link").symlink_to(real)
     with caplog.at_level(logging.INFO, logger="fenwicks"):
         path = export_dirs.write(str(tmp_path / "link"), _writer(b"v1"))
-    assert f"fenwicks: export_dir='{tmp_path}/link' is a symlink to '{real}'; the new " \
+    assert f"fenwicks: export_dir_base='{tmp_path}/link' is a symlink to '{real}'; the new " \
            "version goes into that folder" in [r.getMessage() for r in caplog.records]
     assert (tmp_path / "link").is_symlink()  # the link is still a link
     assert _tree(real)[f"{os.path.basename(path)}/saved_model.pb"] == b"v1"
@@ -193,11 +193,11 @@ def test_export_dir_dot_is_a_version_in_the_current_folder(tmp_path, monkeypatch
 def test_export_dir_that_is_or_lies_under_a_file_is_refused_in_one_sentence(tmp_path):
     (tmp_path / "notes.txt").write_bytes(b"mine")
     calls = []
-    with pytest.raises(ValueError, match=rf"export_dir='{tmp_path}/notes.txt' is a file; "
+    with pytest.raises(ValueError, match=rf"export_dir_base='{tmp_path}/notes.txt' is a file; "
                                          r"exports go to version folders inside a folder\. "
                                          rf"Pass a folder, e\.g\. {tmp_path}/notes.txt_export"):
         export_dirs.write(str(tmp_path / "notes.txt"), calls.append)
-    with pytest.raises(ValueError, match=rf"export_dir='{tmp_path}/notes.txt/model' lies "
+    with pytest.raises(ValueError, match=rf"export_dir_base='{tmp_path}/notes.txt/model' lies "
                                          rf"under '{tmp_path}/notes.txt', which is a file, so "
                                          "no folder can be made there"):
         export_dirs.check_base(str(tmp_path / "notes.txt" / "model"))
