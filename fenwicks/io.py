@@ -32,8 +32,7 @@ or timed-out connection), then fail:
   attempt (``FENWICKS_GCS_REQUEST_TIMEOUT``). ``GCS_*`` variables the user set win.
 * Every ``gs://`` call of Fenwicks' own (these functions, checkpoints, the work_dir
   lock, summaries) ends within 90 s (``FENWICKS_GCS_DEADLINE``) with
-  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults
-  (see ``fenwicks/_deadline.py``).
+  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ features end to end in `test_engine_contract.py` and the flagship tests.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 import signal
@@ -23,9 +24,11 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import cross_engine, engines
+from fenwicks import _engine
+from fenwicks.train import cross_engine, engines, progress
 from fenwicks.train.reference import engine as reference_engine
 from fenwicks.train.reference import model as linear
+from fenwicks.train.reference import state as reference_state
 from fenwicks.train.reference import weights
 
 FOLDER = os.path.dirname(reference_engine.__file__)
@@ -126,7 +129,7 @@ def test_it_is_registered_like_the_real_engines_and_chosen_by_name():
     assert (entry.module, entry.keras_backend, entry.reader) == (
         "fenwicks.train.reference.engine", None, "fenwicks.train.reference.weights")
     assert {"tf", "jax"} <= set(engines.REGISTRY)
-    assert engines.READERS["reference"] == entry.reader
+    assert _engine.readers()["reference"] == entry.reader  # cross_engine's readers
     assert engines.current().name == "tf"
     with engines.use("reference") as engine:
         assert engine is engines.current() and engine.name == "reference"
@@ -467,12 +470,93 @@ def test_sample_weights_give_the_weighted_mean_and_bad_data_is_named(tmp_path, r
         est.evaluate(eval_input(bad, ey))
 
 
-def test_an_untrained_model_is_evaluated_with_a_warning(tmp_path, reference, caplog):
+def test_evaluating_or_predicting_an_untrained_model_warns_naming_the_work_dir(
+        tmp_path, reference, caplog):
+    # Moved from test_bad_inputs.py (an mnist_net estimator compiled to check a warning).
     x, y = data()
-    result = make(tmp_path).evaluate(eval_input(x, y))
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        result = make(tmp_path / "empty").evaluate(eval_input(x, y))
+        make(tmp_path / "empty").predict(eval_input(x))
     assert result["global_step"] == 0
     assert result["loss"] == pytest.approx(np.mean(y ** 2), rel=1e-5)  # zero weights
-    assert "never trained" in caplog.text
+    assert caplog.text.count("a model that was never trained") == 2
+    assert str(tmp_path / "empty") in caplog.text
+    caplog.clear()
+    trained = make(tmp_path / "run")
+    trained.train(train_input(x, y), steps=1)
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        trained.evaluate(eval_input(x, y))
+        make(tmp_path / "run").evaluate(eval_input(x, y))  # restored: trained too
+    assert "never trained" not in caplog.text
+
+
+def test_features_of_another_shape_than_the_models_are_refused(tmp_path, reference):
+    # Moved from test_work_dir.py (mnist_net is fully convolutional: built for 8x8 digits
+    # it also ran on 9x9 ones); the check is the estimator's, before any engine step.
+    x, y = data()
+    est = make(tmp_path)
+    est.train(train_input(x, y), steps=2)
+    wider = np.pad(x, ((0, 0), (0, 1)))
+    with pytest.raises(ValueError, match=r"the predict input_fn gives features of shape "
+                                         r"\(4,\) per example, but this estimator's "
+                                         r"model was built for \(3,\)"):
+        est.predict(eval_input(wider))
+    with pytest.raises(ValueError, match=r"the eval input_fn gives features of shape "
+                                         r"\(4,\)"):
+        est.evaluate(eval_input(wider, y))
+    assert est.predict(eval_input(x)).shape == (len(x), 1)
+
+
+def test_a_malformed_line_in_the_epoch_log_names_the_file_and_line(tmp_path, reference):
+    # Moved from test_work_dir.py (the flagship mnist_net trained for two epochs).
+    x, y = data()
+    est = make(tmp_path, steps_per_epoch=2)
+    est.train_and_evaluate(train_input(x, y), eval_input(x, y), max_steps=4)
+    log = tmp_path / "epochs.jsonl"
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2  # one entry per evaluated epoch
+    log.write_text(lines[0] + "\n" + lines[1][:-5] + "\n")  # the second line cut short
+    with pytest.raises(ValueError, match=rf"{log}, line 2, is not an epoch entry "
+                                         r"\(JSONDecodeError.*fix or delete that line"):
+        fw.train.history.read_epochs(str(tmp_path), 10**6)
+
+
+def test_the_last_checkpoint_is_written_while_the_call_closes_unless_callbacks_follow(
+        tmp_path, reference, monkeypatch):
+    """Moved from test_controller.py (an estimator compiled to watch the save order).
+    Without callbacks, the end-of-train write starts before the summaries flush and
+    `train` returns once it is complete; with one, on_train_end may change the weights
+    (restore_best_weights), so the write waits until after it."""
+    events = []
+    checkpointer = reference_state.NumpyCheckpointer
+    original = {name: getattr(checkpointer, name) for name in ("save", "save_and_wait")}
+
+    def spy(name):
+        def method(self, step, *, force=False):
+            events.append((name, step))
+            return original[name](self, step, force=force)
+        return method
+
+    for name in original:
+        monkeypatch.setattr(checkpointer, name, spy(name))
+    close = progress.TrainSummaries.close
+    monkeypatch.setattr(progress.TrainSummaries, "close",
+                        lambda self: (events.append(("close",)), close(self))[1])
+
+    class Ended(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            events.append(("on_train_end",))
+
+    x, y = data()
+    est = make(tmp_path, save_every_secs=None)
+    est.train(train_input(x, y), steps=6)
+    # The base save_and_wait is save (already done: skipped inside), then wait.
+    assert events == [("save", 6), ("close",), ("save_and_wait", 6), ("save", 6)]
+    assert saved_steps(tmp_path) == [6]
+    events.clear()
+    est.train(train_input(x, y), steps=6, callbacks=[Ended()])
+    assert events == [("close",), ("on_train_end",), ("save_and_wait", 12), ("save", 12)]
+    assert saved_steps(tmp_path) == [6, 12]
 
 
 # --------------------------------------------------------------------------- work_dir
