@@ -254,6 +254,34 @@ def _replaying_new(replay: Replay, base: type) -> Any:
     return __new__
 
 
+# tf.compat.v1.layers functions and the Keras layer each became.
+V1_LAYERS = {"dense": "Dense", "conv1d": "Conv1D", "conv2d": "Conv2D", "conv3d": "Conv3D",
+             "conv2d_transpose": "Conv2DTranspose", "separable_conv2d": "SeparableConv2D",
+             "max_pooling1d": "MaxPooling1D", "max_pooling2d": "MaxPooling2D",
+             "average_pooling1d": "AveragePooling1D", "average_pooling2d": "AveragePooling2D",
+             "dropout": "Dropout", "batch_normalization": "BatchNormalization",
+             "flatten": "Flatten"}
+
+
+class V1Layers:
+    """``tf.compat.v1.layers`` in a model_fn: Keras 3 removed its functions, and Keras's
+    own error does not say what replaces them; this one names the Keras layer."""
+
+    def __init__(self, original: Any) -> None:
+        self._original = original
+
+    def __getattr__(self, name: str) -> Any:
+        if name in V1_LAYERS:
+            def removed(*args: Any, **kwargs: Any) -> Any:
+                raise ModelFnError(
+                    f"model_fn called tf.compat.v1.layers.{name}, which Keras 3 removed: "
+                    f"call keras.layers.{V1_LAYERS[name]}(...)(inputs) instead, with the "
+                    "same arguments (the inputs go to the call; name= keeps the TF1 "
+                    "variable names, under tf.compat.v1.variable_scope too)")
+            return removed
+        return getattr(self._original, name)
+
+
 @dataclasses.dataclass
 class CallRecord:
     """What one model_fn call asked for beside its spec."""
@@ -292,6 +320,7 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
     patches += [(v1.metrics, name, metrics.unsupported_metric(name))
                 for name in metrics.UNSUPPORTED_METRICS if hasattr(v1.metrics, name)]
     patches += [(base, "__new__", _replaying_new(replay, base)) for base in _RECORDED_BASES]
+    patches.append((v1, "layers", V1Layers(v1.layers)))
     with contextlib.ExitStack() as stack:
         stack.enter_context(_tf_internals.fresh_variable_scope_counts())
         # A Keras loss object's value is its replica's batch mean, as tf.compat.v1.losses'.
@@ -314,6 +343,14 @@ def call_user(model_fn: Callable[..., Any], features: Any, labels: Any, mode: st
                            "(and usually labels, mode, params)")
     if "labels" not in names and labels is not None and mode != "infer":
         raise ModelFnError("model_fn takes no labels, but the input_fn gives labels")
+    extra = [name for name, p in names.items() if name not in given
+             and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if extra:
+        raise ModelFnError(
+            f"model_fn{inspect.signature(model_fn)} requires {', '.join(extra)}, which "
+            "TPUEstimator does not pass (it passes features, labels, mode, params and "
+            f"config, by name): give it a default or bind it first, "
+            f"functools.partial(model_fn, {extra[0]}=...)")
     return model_fn(**kwargs)
 
 

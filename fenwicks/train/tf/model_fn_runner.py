@@ -34,7 +34,11 @@ from fenwicks.train.tf.tf1_config import (
 )
 from fenwicks.train.tf.tf1_gradients import gradient_surrogate
 from fenwicks.train.tf.tf1_metrics import MetricTerm, example_losses
-from fenwicks.train.tf.tf1_optimizers import V1OptimizerAdapter, convert_v1_optimizer
+from fenwicks.train.tf.tf1_optimizers import (
+    V1OptimizerAdapter,
+    V1SlotsOnly,
+    convert_v1_optimizer,
+)
 
 logger = logging.getLogger("fenwicks")
 
@@ -136,6 +140,7 @@ class Runner:
         self.seen: dict[str, tuple[TPUEstimatorSpec, mf.CallRecord, list[str]]] = {}
         self.v1_learning_rate = False
         self.eager: dict[bool, Any] = {}  # the net's eager calls, as graph functions
+        self.predict_error: Exception | None = None  # the PREDICT first call's, if it failed
 
     def _global_step(self) -> tf.Tensor:
         if self.optimizer is None:
@@ -240,6 +245,7 @@ class Runner:
         # estimator's fresh initialisation does: nothing of the last build is handed back.
         self.replay, self.seen, self.optimizer, self.eager = mf.Replay(), {}, None, {}
         self.v1_learning_rate, self.metric_names = False, []
+        self.predict_error = None
         spec = self.front.element_specs[built_for]
         features_spec = spec[0] if isinstance(spec, tuple) else spec
         self._first_calls(features_spec, built_for)
@@ -284,16 +290,19 @@ class Runner:
                 # A new function per call (only a first call may create variables); a
                 # partial, not a lambda: TensorFlow counts a lambda's traces as retracing.
                 tf.function(functools.partial(self.run, mode=mode), autograph=False)(call)
-            except Exception:  # noqa: BLE001 - reported if predict is ever called
-                if built_for == "predict" and mode == ModeKeys.TRAIN:
-                    # No labels to train on: the optimizer recorded in model_dir is used.
-                    logger.debug("fenwicks: model_fn's TRAIN needs labels", exc_info=True)
+            except Exception as error:  # noqa: BLE001 - reported if predict is ever called
+                if built_for != "train" and mode == ModeKeys.TRAIN:
+                    # Evaluating or predicting only (BERT's --do_eval alone: its TRAIN
+                    # needs num_train_steps): TPUEstimator never called TRAIN there, and
+                    # the optimizer recorded in model_dir gives the checkpoint's slots.
+                    logger.debug("fenwicks: model_fn's TRAIN fails", exc_info=True)
                     continue
                 if mode != ModeKeys.PREDICT or built_for == "predict":
                     raise
                 # TPUEstimator called the model_fn in PREDICT only for predict, and some
-                # model_fns (squeezenet's) fail there: a later predict says why.
+                # model_fns (squeezenet's) fail there: predict() raises this error.
                 logger.debug("fenwicks: model_fn fails in PREDICT mode", exc_info=True)
+                self.predict_error = error
         for variable, value in snapshot:
             variable.assign(value)
 
@@ -331,7 +340,10 @@ def record_optimizer(model_dir: str, optimizer: Any) -> None:
     import json
 
     if isinstance(optimizer, V1OptimizerAdapter):
-        return  # it runs a TF1 object's code: only the model_fn's TRAIN call makes it
+        # It runs a TF1 object's code, which only the model_fn's TRAIN call makes: its
+        # slots' shapes are recorded when it is built, for V1SlotsOnly to make again.
+        optimizer.on_build = functools.partial(_record_v1_slots, model_dir)
+        return
     try:
         config = keras.optimizers.serialize(optimizer)
         text = json.dumps(config, default=lambda value: None)
@@ -342,6 +354,14 @@ def record_optimizer(model_dir: str, optimizer: Any) -> None:
         f.write(text)
 
 
+def _record_v1_slots(model_dir: str, slots: list[list[tuple[list[int], str]]]) -> None:
+    import json
+
+    tf.io.gfile.makedirs(model_dir)
+    with tf.io.gfile.GFile(f"{model_dir}/{_OPTIMIZER_RECORD}", "w") as f:
+        f.write(json.dumps({"fenwicks_v1_slots": slots}))
+
+
 def recorded_optimizer(model_dir: str) -> Any:
     import json
 
@@ -350,6 +370,8 @@ def recorded_optimizer(model_dir: str) -> Any:
         return None
     with tf.io.gfile.GFile(path) as f:
         config = json.loads(f.read())
+    if "fenwicks_v1_slots" in config:  # a TF1 optimizer subclass's (BERT's)
+        return V1SlotsOnly(config["fenwicks_v1_slots"])
     try:
         optimizer = keras.optimizers.deserialize(config)
     except Exception:  # noqa: BLE001 - any failure means: not rebuilt, said below

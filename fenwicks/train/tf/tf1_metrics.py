@@ -24,7 +24,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks.train.tf.tf1_config import ModelFnError
+from fenwicks.train.tf.tf1_config import ModelFnError, warn_once
 
 # --------------------------------------------------------------------------- metric terms
 
@@ -73,6 +73,18 @@ def _accuracy(labels, predictions, weights=None, *args, **kwargs):
 
 
 def _mean(values, weights=None, *args, **kwargs):
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank == 0 and weights is None:
+        # tf.metrics.mean(tf.reduce_mean(per_example)): TF1 weighted each batch's mean
+        # alike, so a padded last batch counted its padding rows; the graph shows the
+        # per-example values, which make it exact.
+        per_example = example_losses(values, {}, None)
+        if per_example is not None:
+            return _pair(_per_example(per_example, None))
+        warn_once("metric_mean_scalar", "eval_metrics' tf.compat.v1.metrics.mean of a "
+                  "scalar whose per-example values Fenwicks cannot see counts a padded "
+                  "last batch at that batch's mean, so it is not exact: pass the "
+                  "per-example [batch] values (tf.compat.v1.metrics.mean(per_example))")
     return _pair(_per_example(values, weights))
 
 

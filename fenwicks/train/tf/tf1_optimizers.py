@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -123,18 +125,26 @@ class V1OptimizerAdapter(keras.optimizers.Optimizer):
         self._v1 = v1_optimizer
         self._v1_lr = lr_name
         self._v1_slots: list[list[Any]] = []
+        # Called with the slots' [shape, dtype] per variable once built (the model_fn
+        # runner records them, for evaluating or predicting only: `V1SlotsOnly`).
+        self.on_build: Callable[[list[list[tuple[list[int], str]]]], None] | None = None
 
     def build(self, variables: list[Any]) -> None:
         if self.built:
             return
         super().build(variables)
+        specs = []
         for variable in variables:
-            slots = []
+            slots, spec = [], []
             for index, (shape, dtype, initializer) in enumerate(self._slot_requests(variable)):
                 slots.append(self.add_variable(
                     shape=shape, dtype=dtype, initializer=initializer or "zeros",
                     name=f"{variable.name}_v1_slot{index}"))
+                spec.append((list(shape), dtype))
             self._v1_slots.append(slots)
+            specs.append(spec)
+        if self.on_build is not None:
+            self.on_build(specs)
 
     def _slot_requests(self, variable: Any) -> list[tuple[Any, Any, Any]]:
         requests: list[tuple[Any, Any, Any]] = []
@@ -161,3 +171,38 @@ class V1OptimizerAdapter(keras.optimizers.Optimizer):
         with patched(tf.compat.v1, "get_variable", lambda *a, **k: next(slots)), \
                 patched(self._v1, self._v1_lr, tf.cast(learning_rate, variable.dtype)):
             type(self._v1).apply_gradients(self._v1, [(gradient, V1View(variable, name))])
+
+
+class V1SlotsOnly(keras.optimizers.Optimizer):
+    """The variables a `V1OptimizerAdapter` made (its slots, by shape and dtype), made
+    again for a TPUEstimator that only evaluates or predicts, whose model_fn cannot make
+    the TF1 optimizer (BERT's ``--do_eval`` alone: ``num_train_steps`` is None): the
+    trained checkpoint's slots then have somewhere to go. It never steps.
+    """
+
+    def __init__(self, slots: list[list[tuple[list[int], str]]], **kwargs: Any) -> None:
+        super().__init__(learning_rate=0.0, name="v1_slots", **kwargs)
+        # A string: a list attribute would be tracked, a node the checkpoint lacks.
+        self._slot_specs = json.dumps(slots)
+        self._v1_slots: list[list[Any]] = []  # as the adapter's: the same checkpoint graph
+
+    def build(self, variables: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        specs = json.loads(self._slot_specs)
+        if len(variables) != len(specs):
+            raise ModelFnError(
+                f"the model has {len(variables)} trainable variables and the TF1 optimizer "
+                f"recorded in model_dir had slots for {len(specs)}: evaluate or predict "
+                "with the model_fn the model_dir was trained with")
+        for variable, spec in zip(variables, specs, strict=True):
+            self._v1_slots.append([
+                self.add_variable(shape=tuple(shape), dtype=dtype, initializer="zeros",
+                                  name=f"{variable.name}_v1_slot{index}")
+                for index, (shape, dtype) in enumerate(spec)])
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        raise ModelFnError("V1SlotsOnly holds a TF1 optimizer's slots for evaluating and "
+                           "predicting; training needs the model_fn's own optimizer")
+

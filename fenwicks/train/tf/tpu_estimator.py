@@ -135,6 +135,10 @@ class TPUEstimator:
         if "batch_size" in params:
             raise ValueError(f"params['batch_size']={params['batch_size']!r}: give "
                              "train_batch_size= (global), as TPUEstimator required")
+        for key in sorted(set(params) & set(_RESERVED_PARAMS)):
+            raise ValueError(f"params[{key!r}]={params[key]!r}: Fenwicks sets "
+                             f"params[{key!r}] itself ({_RESERVED_PARAMS[key]}), which "
+                             "would replace yours: rename your key")
         self.params = params
         self.use_tpu = bool(use_tpu)
         self.train_batch_size = 128 if train_batch_size is None else train_batch_size
@@ -323,9 +327,18 @@ class TPUEstimator:
         """
         _no_hooks(hooks, None)
         _no_checkpoint_path(checkpoint_path)
+        est = self._estimator("predict")
+        if self.runner is not None and self.runner.predict_error is not None:
+            # The estimator was built for training, and the model_fn failed in PREDICT.
+            raise self.runner.predict_error
         predictions = tf.nest.map_structure(  # plain arrays, as TPUEstimator yielded
             lambda a: np.asarray(a).view(np.ndarray),
-            self._estimator("predict").predict(self._wrapped(input_fn, "predict")))
+            est.predict(self._wrapped(input_fn, "predict")))
+        if not isinstance(predictions, dict) and predict_keys is not None:
+            raise ValueError(f"predict_keys={list(predict_keys)}: the model_fn's predictions "
+                             "are one tensor, not a dict, and TF1's predict refused "
+                             "predict_keys there too: drop predict_keys, or return "
+                             "predictions={'name': tensor, ...}")
         if isinstance(predictions, dict) and predict_keys is not None:
             missing = set(predict_keys) - set(predictions)
             if missing:
@@ -389,6 +402,15 @@ class TPUEstimator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# The params keys the front door sets for every input_fn and model_fn, and what they say
+# (batch_size and num_shards: see __init__ and _check_shards).
+_RESERVED_PARAMS = {"global_batch_size": "the mode's global batch size",
+                    "num_replicas": "the replica count", "seed": "RunConfig.tf_random_seed",
+                    "mode": "the engine's mode", "precision": "the compute precision",
+                    "steps_per_epoch": "steps per epoch",
+                    "input_context": "tf.distribute's InputContext"}
 
 
 def _warm_start_settings(warm: str | WarmStartSettings | None
