@@ -12,6 +12,7 @@ features end to end in `test_engine_contract.py` and the flagship tests.
 
 from __future__ import annotations
 
+import csv
 import glob
 import logging
 import os
@@ -263,11 +264,14 @@ class Recorder(keras.callbacks.Callback):
 
 
 def test_callbacks_are_called_as_fit_calls_them_with_the_runs_numbers(tmp_path, reference):
+    # Moved here from test_callbacks.py's one-replica mnist_net run (LambdaCallback and
+    # CSVLogger over two epochs): the call order, params and logs are the shared code's.
     x, y = data()
     recorder = Recorder()
+    log_path = tmp_path / "log.csv"
     est = make(tmp_path, steps_per_epoch=4, steps_per_loop=3)
     est.train_and_evaluate(train_input(x, y), eval_input(x, y), epochs=2,
-                           callbacks=[recorder])
+                           callbacks=[recorder, keras.callbacks.CSVLogger(str(log_path))])
     _, _, losses = numpy_sgd(x, y, 8)
     calls = recorder.calls
     assert calls[0] == ("train_begin", {"epochs": 2, "steps": 4, "verbose": 0})
@@ -287,9 +291,16 @@ def test_callbacks_are_called_as_fit_calls_them_with_the_runs_numbers(tmp_path, 
     assert [e["global_step"] for e in est.history.evals] == [4, 8]
     # The epoch log in work_dir, one line per epoch.
     assert [e["epoch"] for e in fw.train.history.read_epochs(str(tmp_path), 8)] == [0, 1]
+    # CSVLogger wrote one row per epoch with the same numbers.
+    with open(log_path) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    for row, (_, _, logs) in zip(rows, epoch_ends, strict=True):
+        assert {k: pytest.approx(float(row[k])) for k in logs} == logs
 
 
 def test_stop_training_is_honoured_at_the_next_loop_boundary(tmp_path, reference):
+    # Moved here from test_callbacks.py's one-replica mnist_net run.
     x, y = data()
     est = make(tmp_path, steps_per_epoch=100, steps_per_loop=5)
     est.train(train_input(x, y), steps=50, callbacks=[Recorder(stop_after_batch=10)])
