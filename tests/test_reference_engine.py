@@ -63,6 +63,7 @@ def numpy_sgd(x: np.ndarray, y: np.ndarray, steps: int, lr: float = LR, start: i
     """Plain NumPy: `steps` steps of SGD on the mean squared error of ``x @ w + b``,
     global batches of BATCH consecutive examples from batch `start` on (the input
     repeats); from zero weights unless given. Returns (w, b, losses)."""
+    rate = lr if callable(lr) else (lambda step: lr)
     w = np.zeros((FEATURES, 1), np.float64) if w is None else w.astype(np.float64)
     b = np.zeros(1, np.float64) if b is None else b.astype(np.float64)
     per_pass = len(x) // BATCH
@@ -72,8 +73,8 @@ def numpy_sgd(x: np.ndarray, y: np.ndarray, steps: int, lr: float = LR, start: i
         xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
         err = xb @ w + b - yb
         losses.append(float(np.mean(err ** 2)))
-        w = w - lr * 2 * xb.T @ err / BATCH
-        b = b - lr * 2 * err.sum(axis=0) / BATCH
+        w = w - rate(step) * 2 * xb.T @ err / BATCH
+        b = b - rate(step) * 2 * err.sum(axis=0) / BATCH
     return w, b, losses
 
 
@@ -186,6 +187,22 @@ def test_steps_are_sgd_on_the_global_batch_and_history_records_them(tmp_path, re
     assert [rate for _, rate in history.learning_rates] == pytest.approx([LR] * 5)
     assert [step for step, _ in history.examples_per_sec] == [3, 4, 7, 8, 10]
     assert all(rate > 0 for _, rate in history.examples_per_sec)
+
+
+def test_a_learning_rate_schedule_is_read_at_each_global_step_across_a_resume(tmp_path,
+                                                                          reference):
+    x, y = data()
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([2, 5], [0.1, 0.05, 0.01])
+    rate = lambda step: 0.1 if step <= 2 else 0.05 if step <= 5 else 0.01  # noqa: E731
+    make(tmp_path, lr=schedule, steps_per_loop=3).train(train_input(x, y), steps=4)
+    est = make(tmp_path, lr=schedule, steps_per_loop=3)  # the step from the checkpoint
+    est.train(train_input(x, y), steps=5)
+    w, b, _ = numpy_sgd(x, y, 9, lr=rate)
+    assert_weights(est, w, b)
+    # The rate after each loop (3 steps, cut at the epoch's end, step 8): at the step
+    # the next loop starts from.
+    assert est.history.learning_rates == [(step, pytest.approx(0.01)) for step in (7, 8, 9)]
+    assert int(np.asarray(est.optimizer.iterations)) == 9
 
 
 def test_a_resumed_run_continues_the_input_where_it_stood(tmp_path, reference, replicas):
