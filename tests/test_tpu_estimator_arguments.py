@@ -64,6 +64,7 @@ def test_the_defaults_warn_nothing(tmp_path, caplog):
     assert not [r for r in caplog.records if "has no effect and is ignored" in r.getMessage()]
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_tf_summary_in_a_model_fn_is_refused_in_one_sentence(tmp_path):
     x = np.random.default_rng(1).normal(size=(8, 3)).astype(np.float32)
     est = fw.train.TPUEstimator(_model_fn, model_dir=str(tmp_path), train_batch_size=8,
