@@ -399,7 +399,11 @@ _SLOW_ELSEWHERE = {f"tests/test_estimator.py::test_{name}" for name in (
     "running_out_of_training_data_keeps_the_steps_done")} | {
     # Over ~1 s of a quiet machine (5.5 s and more in a fast-subset run 5.5 times slower
     # than quiet, 2026-11-28): real models compiled, checkpoints written and read.
+    # The in-process JAX checkpoint tests: the first of them imports JAX and orbax
+    # into the TensorFlow process (seconds), whichever it is.
     "tests/test_jax_checkpoints.py::test_a_truncated_data_file_falls_back_to_the_older_step",
+    "tests/test_jax_checkpoints.py::test_a_garbled_metadata_file_falls_back_to_the_older_step",
+    "tests/test_jax_checkpoints.py::test_no_readable_step_and_another_models_step_are_named",
     "tests/test_work_dir.py::test_a_checkpoint_state_file_pointing_outside_the_work_dir_"
     "is_refused",
     "tests/test_work_dir.py::test_work_dir_export_dir_and_warm_start_accept_paths_and_"

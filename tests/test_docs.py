@@ -92,7 +92,7 @@ def test_every_page_of_docs_is_in_the_navigation_and_every_entry_exists():
             assert f"::: fenwicks.{module_name}\n" in f.read()
     # The build needs no network: no plugin that fetches (social cards, privacy).
     assert [p if isinstance(p, str) else next(iter(p)) for p in config["plugins"]] == \
-        ["search", "mkdocstrings"]
+        ["search", "mkdocs-jupyter", "mkdocstrings"]
 
 
 def test_no_dated_measurement_outside_the_generated_tables():
@@ -159,8 +159,9 @@ def test_the_readme_commands_match_ci_and_the_extras():
     assert "\npip install -e '.[cpu,notebooks]' && jupyter lab tutorials/\n" in readme
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
         setup_py = f.read()
-    assert re.search(r'"notebooks": \[[^\]]*"jupyterlab', setup_py)
-    assert re.search(r'"docs": \[[^\]]*"mkdocs-material[^\]]*"mkdocstrings\[python\]', setup_py)
+    assert re.search(r'"notebooks": \[[^\]]*"jupyterlab[^\]]*"ipywidgets', setup_py)
+    assert re.search(r'"docs": \[[^\]]*"mkdocs-material[^\]]*"mkdocstrings\[python\]'
+                     r'[^\]]*"mkdocs-jupyter', setup_py)
     assert len(readme.splitlines()) <= 250
 
 

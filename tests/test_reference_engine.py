@@ -12,6 +12,7 @@ features end to end in `test_engine_contract.py` and the flagship tests.
 
 from __future__ import annotations
 
+import csv
 import glob
 import logging
 import os
@@ -63,6 +64,7 @@ def numpy_sgd(x: np.ndarray, y: np.ndarray, steps: int, lr: float = LR, start: i
     """Plain NumPy: `steps` steps of SGD on the mean squared error of ``x @ w + b``,
     global batches of BATCH consecutive examples from batch `start` on (the input
     repeats); from zero weights unless given. Returns (w, b, losses)."""
+    rate = lr if callable(lr) else (lambda step: lr)
     w = np.zeros((FEATURES, 1), np.float64) if w is None else w.astype(np.float64)
     b = np.zeros(1, np.float64) if b is None else b.astype(np.float64)
     per_pass = len(x) // BATCH
@@ -72,8 +74,8 @@ def numpy_sgd(x: np.ndarray, y: np.ndarray, steps: int, lr: float = LR, start: i
         xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
         err = xb @ w + b - yb
         losses.append(float(np.mean(err ** 2)))
-        w = w - lr * 2 * xb.T @ err / BATCH
-        b = b - lr * 2 * err.sum(axis=0) / BATCH
+        w = w - rate(step) * 2 * xb.T @ err / BATCH
+        b = b - rate(step) * 2 * err.sum(axis=0) / BATCH
     return w, b, losses
 
 
@@ -188,6 +190,22 @@ def test_steps_are_sgd_on_the_global_batch_and_history_records_them(tmp_path, re
     assert all(rate > 0 for _, rate in history.examples_per_sec)
 
 
+def test_a_learning_rate_schedule_is_read_at_each_global_step_across_a_resume(tmp_path,
+                                                                          reference):
+    x, y = data()
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([2, 5], [0.1, 0.05, 0.01])
+    rate = lambda step: 0.1 if step <= 2 else 0.05 if step <= 5 else 0.01  # noqa: E731
+    make(tmp_path, lr=schedule, steps_per_loop=3).train(train_input(x, y), steps=4)
+    est = make(tmp_path, lr=schedule, steps_per_loop=3)  # the step from the checkpoint
+    est.train(train_input(x, y), steps=5)
+    w, b, _ = numpy_sgd(x, y, 9, lr=rate)
+    assert_weights(est, w, b)
+    # The rate after each loop (3 steps, cut at the epoch's end, step 8): at the step
+    # the next loop starts from.
+    assert est.history.learning_rates == [(step, pytest.approx(0.01)) for step in (7, 8, 9)]
+    assert int(np.asarray(est.optimizer.iterations)) == 9
+
+
 def test_a_resumed_run_continues_the_input_where_it_stood(tmp_path, reference, replicas):
     x, y = data()
     first = make(tmp_path, steps_per_loop=4)
@@ -264,11 +282,14 @@ class Recorder(keras.callbacks.Callback):
 
 
 def test_callbacks_are_called_as_fit_calls_them_with_the_runs_numbers(tmp_path, reference):
+    # Moved here from test_callbacks.py's one-replica mnist_net run (LambdaCallback and
+    # CSVLogger over two epochs): the call order, params and logs are the shared code's.
     x, y = data()
     recorder = Recorder()
+    log_path = tmp_path / "log.csv"
     est = make(tmp_path, steps_per_epoch=4, steps_per_loop=3)
     est.train_and_evaluate(train_input(x, y), eval_input(x, y), epochs=2,
-                           callbacks=[recorder])
+                           callbacks=[recorder, keras.callbacks.CSVLogger(str(log_path))])
     _, _, losses = numpy_sgd(x, y, 8)
     calls = recorder.calls
     assert calls[0] == ("train_begin", {"epochs": 2, "steps": 4, "verbose": 0})
@@ -288,9 +309,16 @@ def test_callbacks_are_called_as_fit_calls_them_with_the_runs_numbers(tmp_path, 
     assert [e["global_step"] for e in est.history.evals] == [4, 8]
     # The epoch log in work_dir, one line per epoch.
     assert [e["epoch"] for e in fw.train.history.read_epochs(str(tmp_path), 8)] == [0, 1]
+    # CSVLogger wrote one row per epoch with the same numbers.
+    with open(log_path) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    for row, (_, _, logs) in zip(rows, epoch_ends, strict=True):
+        assert {k: pytest.approx(float(row[k])) for k in logs} == logs
 
 
 def test_stop_training_is_honoured_at_the_next_loop_boundary(tmp_path, reference):
+    # Moved here from test_callbacks.py's one-replica mnist_net run.
     x, y = data()
     est = make(tmp_path, steps_per_epoch=100, steps_per_loop=5)
     est.train(train_input(x, y), steps=50, callbacks=[Recorder(stop_after_batch=10)])

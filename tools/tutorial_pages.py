@@ -8,7 +8,7 @@ Each notebook of ``tutorials/`` runs in a Jupyter kernel of this interpreter wit
 folder and ``TFDS_DATA_DIR`` at small stand-ins for MNIST and CIFAR-10 built by tfds's own
 builders (tests/test_tutorials.py's: no download; MNIST's stand-in digits are
 scikit-learn's 8x8 digits, scaled up). Every page says so above its first cell. The wall
-time of each run is written to ``docs/tutorials/smoke_seconds.json``.
+time of each run is written to ``tutorials/smoke_seconds.json``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def _stand_in_datasets(root: str) -> None:
     images = np.pad(images, ((0, 0), (2, 2), (2, 2)))[..., None]  # 24x24 -> 28x28
 
     class DigitsAsMnist(test_tutorials.LocalMnist, skip_registration=True):
+        name = "mnist"
+
         def _generate_local(self, n):
             offset = 0 if n == test_tutorials.TFDS_EXAMPLES["train"] else 1000
             for i in range(n):
@@ -99,7 +101,7 @@ def main(argv: list[str]) -> int:
     names = sorted(n for n in os.listdir(TUTORIALS) if n.endswith(".ipynb")
                    and (not argv or n[:2] in argv))
     cpu = f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()}"
-    times_path = os.path.join(PAGES, "smoke_seconds.json")
+    times_path = os.path.join(TUTORIALS, "smoke_seconds.json")
     times = json.load(open(times_path, encoding="utf-8")) if os.path.exists(times_path) else {}
     with tempfile.TemporaryDirectory() as data_dir:
         _stand_in_datasets(data_dir)

@@ -377,7 +377,8 @@ class TPUEstimator:
 
     def export_saved_model(self, export_dir_base: str,
                            serving_input_receiver_fn: Any = None, **unused: Any) -> str:
-        """Writes a SavedModel of the PREDICT-mode predictions to `export_dir_base`; its
+        """Writes a SavedModel of the PREDICT-mode predictions into a new version folder
+        ``<export_dir_base>/<version>``, as TPUEstimator does, and returns its path; its
         ``serve(features)`` takes a batch of features as the predict input_fn yields them.
         ``serving_input_receiver_fn`` and the other TPUEstimator keywords are accepted
         with a warning, once, that they have no effect.
