@@ -579,7 +579,8 @@ def _mount_table() -> dict[str, str]:
         point, root = _unescape_mount(fields[4]), _unescape_mount(fields[3])
         kind, source = fields[dash + 1], _unescape_mount(fields[dash + 2])
         bind = f", folder {root!r} of it" if root != "/" else ""
-        table[point] = f"a {kind} mount of {source}{bind}"
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        table[point] = f"{article} {kind} mount of {source}{bind}"
     return table
 
 
