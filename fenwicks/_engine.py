@@ -391,6 +391,12 @@ def detector(name: str) -> Callable[[Any], Any]:
     return devices_module(name).detect_devices
 
 
+def readers() -> dict[str, str]:
+    """Engine name -> the module reading its checkpoints (`EngineEntry.reader`), for
+    every engine whose checkpoints another engine can read."""
+    return {name: entry.reader for name, entry in REGISTRY.items() if entry.reader}
+
+
 def entry_for_backend(keras_backend: str) -> EngineEntry | None:
     """The engine that runs Keras on `keras_backend`, or None."""
     for entry in REGISTRY.values():

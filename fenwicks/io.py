@@ -32,8 +32,7 @@ or timed-out connection), then fail:
   attempt (``FENWICKS_GCS_REQUEST_TIMEOUT``). ``GCS_*`` variables the user set win.
 * Every ``gs://`` call of Fenwicks' own (these functions, checkpoints, the work_dir
   lock, summaries) ends within 90 s (``FENWICKS_GCS_DEADLINE``) with
-  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults
-  (see ``fenwicks/_deadline.py``).
+  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults.
 """
 
 from __future__ import annotations
@@ -580,7 +579,8 @@ def _mount_table() -> dict[str, str]:
         point, root = _unescape_mount(fields[4]), _unescape_mount(fields[3])
         kind, source = fields[dash + 1], _unescape_mount(fields[dash + 2])
         bind = f", folder {root!r} of it" if root != "/" else ""
-        table[point] = f"a {kind} mount of {source}{bind}"
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        table[point] = f"{article} {kind} mount of {source}{bind}"
     return table
 
 

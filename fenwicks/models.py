@@ -1,8 +1,9 @@
 """Ready-made networks built from `fw.layers`.
 
 Every builder returns a built `keras.Model` (weights exist, `count_params()` works) whose
-output is float32 whatever the global mixed-precision policy. Call a builder inside
-`strategy.scope()` (the estimator does) so the variables are distributed.
+output is float32 whatever the global mixed-precision policy. The estimator calls a
+builder where its engine's variables live (on the tf engine inside its strategy's
+scope, `fw.train.tf.strategy()`), so the variables are distributed.
 
     build_nn = lambda: fw.models.resnet9(n_classes=10, bn=64)
     model_func = fw.train.get_clf_model_func(build_nn, opt_func)

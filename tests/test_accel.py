@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import socket
 import textwrap
 
 import pytest
 
+import fenwicks as fw
 from fenwicks import _engine, _tpu_diagnosis, accel
 from fenwicks.train.jax import devices as jax_devices
 from fenwicks.train.tf import devices as tf_devices
@@ -633,3 +635,52 @@ def test_the_jax_engine_without_orbax_is_named_at_import():
            "XLA_FLAGS": None}
     hidden = run_json(_ENGINE_PROBE.format(prelude=_NO_ORBAX), env=env, fresh=True)
     assert hidden == {"error": "EngineError", "message": NO_ORBAX}
+
+
+# ----------------------------------------------------- the strategy is the tf engine's
+
+
+def test_an_accelerator_has_no_strategy_and_says_where_it_went():
+    acc = accel.Accelerator("cpu", 1, "float32")
+    with pytest.raises(AttributeError, match=(
+            r"fw.accel.current\(\).strategy is gone: the Accelerator describes devices only "
+            r"\(kind, count, memory, precision\), and the tf.distribute strategy belongs to "
+            r"the tf engine: use fw.train.tf.strategy\(\)")):
+        acc.strategy  # noqa: B018
+
+
+def test_the_tf_engine_keeps_the_strategy_it_made_for_its_devices(accel_state):
+    acc = tf_devices.detect_devices(AUTO, FakeProbe(gpus=[V100, V100]), env={})
+    assert (acc.kind, acc.num_replicas) == ("gpu", 2)
+    accel_state(acc)
+    made = fw.train.tf.strategy()
+    assert isinstance(made, FakeStrategy) and made.num_replicas_in_sync == 2
+    assert accel.distribution() == "FakeStrategy"  # fw.info()'s strategy row
+    from fenwicks.train import engines
+
+    assert engines.current().num_replicas(acc) == 2  # the engine reads its strategy
+
+
+def test_an_accelerator_the_tf_engine_did_not_detect_has_no_strategy(accel_state):
+    accel_state(accel.Accelerator("tpu", 8, "bfloat16"))  # a test's fake, set by hand
+    with pytest.raises(accel.AcceleratorError, match=(
+            r"no tf.distribute strategy was made for the accelerator in use \(tpu, tf "
+            r"engine, set by a test\): TensorFlow's engine makes it when it detects the "
+            r"devices")):
+        fw.train.tf.strategy()
+    assert accel.distribution() == "none (the accelerator was not detected by the tf engine)"
+
+
+def test_jit_compile_on_logical_cpu_replicas_is_the_tf_engines_refusal(accel_state, tmp_path,
+                                                                        caplog):
+    acc = tf_devices.detect_devices(accel.Request("cpu", 8), FakeProbe(), env={})
+    accel_state(acc)
+    model_func = fw.train.get_clf_model_func(
+        lambda: fw.models.mnist_net(c=4, input_shape=(8, 8, 1)),
+        fw.train.sgd_optimizer(0.1))
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        est = fw.train.get_tpu_estimator(10, model_func, str(tmp_path), trn_bs=16,
+                                         jit_compile=True)
+    assert est.config.jit_compile is False and est.num_replicas == 8
+    assert ("fenwicks: jit_compile is ignored on 8 logical CPU replicas (XLA does not "
+            "support variables spread over logical CPU devices)") in caplog.text

@@ -92,7 +92,7 @@ def test_every_page_of_docs_is_in_the_navigation_and_every_entry_exists():
             assert f"::: fenwicks.{module_name}\n" in f.read()
     # The build needs no network: no plugin that fetches (social cards, privacy).
     assert [p if isinstance(p, str) else next(iter(p)) for p in config["plugins"]] == \
-        ["search", "mkdocstrings"]
+        ["search", "mkdocs-jupyter", "mkdocstrings"]
 
 
 def test_no_dated_measurement_outside_the_generated_tables():
@@ -159,8 +159,9 @@ def test_the_readme_commands_match_ci_and_the_extras():
     assert "\npip install -e '.[cpu,notebooks]' && jupyter lab tutorials/\n" in readme
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
         setup_py = f.read()
-    assert re.search(r'"notebooks": \[[^\]]*"jupyterlab', setup_py)
-    assert re.search(r'"docs": \[[^\]]*"mkdocs-material[^\]]*"mkdocstrings\[python\]', setup_py)
+    assert re.search(r'"notebooks": \[[^\]]*"jupyterlab[^\]]*"ipywidgets', setup_py)
+    assert re.search(r'"docs": \[[^\]]*"mkdocs-material[^\]]*"mkdocstrings\[python\]'
+                     r'[^\]]*"mkdocs-jupyter', setup_py)
     assert len(readme.splitlines()) <= 250
 
 
@@ -219,3 +220,24 @@ def test_every_docstring_example_is_a_highlighted_code_block(site):
                     missing.append(f"{path}: {name}")
     assert missing == [], f"examples not rendered as code: {missing}"
     assert shown >= 100, shown  # the examples were found at all (142 when written)
+
+
+def test_fw_train_is_split_by_what_users_call_first(site):
+    """The estimator's page opens with get_tpu_estimator, Estimator and its config; every
+    public name of fw.train is on exactly one of its pages; no API page lists files."""
+    with open(os.path.join(site, "api", "train", "estimator", "index.html"),
+              encoding="utf-8") as f:
+        first = [m[1] for m in HEADING.finditer(f.read())
+                 if m[1].count(".") == 2][:3]  # fenwicks.train.X, not its members
+    assert first == ["fenwicks.train.get_tpu_estimator", "fenwicks.train.Estimator",
+                     "fenwicks.train.EstimatorConfig"]
+    import fenwicks.train
+
+    shown = []
+    for page in ("estimator", "optimizers", "callbacks", "tpu_estimator", "errors"):
+        with open(os.path.join(DOCS, "api", "train", f"{page}.md"), encoding="utf-8") as f:
+            shown += re.findall(r"^::: fenwicks\.train\.(\w+)$", f.read(), re.M)
+    assert sorted(shown) == sorted(fenwicks.train.__all__)
+    files = {path: re.findall(r"<code>[\w/]+\.py</code>", page)
+             for path, page in _api_pages(site).items()}
+    assert {path: names for path, names in files.items() if names} == {}

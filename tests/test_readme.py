@@ -104,3 +104,31 @@ def test_every_python_block_runs_in_order_as_written(tmp_path):
     assert 2 <= out["lr_steps"] <= 30 and out["suggestion"] is not None
     # find_lr showed its progress against the 30 steps it expected.
     assert re.search(rf"find_lr: .*\b{out['lr_steps']}/30\b", proc.stderr)
+
+
+# The guide pages whose code runs as written on its own: every name it uses, it defines.
+SELF_CONTAINED = ("docs/estimator.md",)
+
+
+def _undefined_names(code: str) -> set[str]:
+    """The names `code` reads that it neither assigns, imports nor finds in builtins."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, "<page>", "exec")
+    defined = {s.get_name() for s in top.get_symbols()
+               if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    used = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    stack = list(top.get_children())
+    while stack:  # functions and lambdas: the names they read from the page
+        table = stack.pop()
+        used |= {s.get_name() for s in table.get_symbols()
+                 if s.is_referenced() and s.is_global()}
+        stack += table.get_children()
+    return used - defined - set(dir(builtins))
+
+
+@pytest.mark.parametrize("name", SELF_CONTAINED)
+def test_a_guide_page_defines_what_its_code_uses(name):
+    assert _undefined_names("\n".join(_blocks(name))) == set()
+    assert _undefined_names("x = y + 1\nf = lambda p: z(p)") == {"y", "z"}  # the checker

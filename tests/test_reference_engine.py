@@ -25,6 +25,7 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
+from fenwicks import _engine
 from fenwicks.train import cross_engine, engines, progress
 from fenwicks.train.reference import engine as reference_engine
 from fenwicks.train.reference import model as linear
@@ -130,7 +131,7 @@ def test_it_is_registered_like_the_real_engines_and_chosen_by_name():
     assert (entry.module, entry.keras_backend, entry.reader) == (
         "fenwicks.train.reference.engine", None, "fenwicks.train.reference.weights")
     assert {"tf", "jax"} <= set(engines.REGISTRY)
-    assert engines.READERS["reference"] == entry.reader
+    assert _engine.readers()["reference"] == entry.reader  # cross_engine's readers
     assert engines.current().name == "tf"
     with engines.use("reference") as engine:
         assert engine is engines.current() and engine.name == "reference"

@@ -5,7 +5,8 @@ Each engine reads only its own format, into one neutral form, `SavedWeights` (mo
 variables by Keras path, and the step): `fenwicks.train.tf.weights` (TensorFlow's
 ``<work_dir>/ckpt-<step>``) and `fenwicks.train.jax.weights` (orbax's
 ``<work_dir>/orbax/<step>``). Any engine then loads any other's weights by path: N
-engines need N readers (`engines.READERS`), not one per pair.
+engines need N readers (each registry entry's ``reader``, `fenwicks._engine.readers`), not
+one per pair.
 
 Only model variables cross (weights, BatchNorm statistics, seed-generator states) and
 the global step; the optimizer's slots and the input position do not.
@@ -52,8 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from fenwicks import _deadline
-from fenwicks.train import engines
+from fenwicks import _deadline, _engine
 from fenwicks.train.checkpointing import step_of
 
 logger = logging.getLogger("fenwicks")
@@ -95,11 +95,11 @@ class SavedWeights:
 
 
 def _reader(engine: str) -> Any:
-    return importlib.import_module(engines.READERS[engine])
+    return importlib.import_module(_engine.readers()[engine])
 
 
 def _others(engine: str) -> list[Any]:
-    return [_reader(name) for name in engines.READERS if name != engine]
+    return [_reader(name) for name in _engine.readers() if name != engine]
 
 
 def title(engine: str) -> str:
@@ -114,7 +114,7 @@ def any_engines_latest(work_dir: str) -> str | None:
         >>> any_engines_latest('/root/fenwicks/work/demo')
         '/root/fenwicks/work/demo/ckpt-252'
     """
-    found = [found for name in engines.READERS if (found := _reader(name).latest(work_dir))]
+    found = [found for name in _engine.readers() if (found := _reader(name).latest(work_dir))]
     return max(found, key=step_of, default=None)
 
 
@@ -145,7 +145,7 @@ def _source_of_other_engine(source: str, engine: str) -> str | None:
 
 def _owner(checkpoint: str) -> Any:
     """The reader of the engine that wrote `checkpoint`."""
-    for name in engines.READERS:
+    for name in _engine.readers():
         if _reader(name).is_checkpoint(checkpoint):
             return _reader(name)
     raise ValueError(f"{checkpoint!r} is no engine's checkpoint (a TensorFlow "

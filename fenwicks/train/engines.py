@@ -69,8 +69,6 @@ if TYPE_CHECKING:
 
 # Every engine, one entry each (`fenwicks._engine.EngineEntry`).
 REGISTRY = _engine.REGISTRY
-# Engine -> its checkpoint reader (`EngineEntry.reader`).
-READERS = {entry.name: entry.reader for entry in REGISTRY.values() if entry.reader}
 _chosen: list[str] = []  # engines chosen by name (`use`), innermost last
 
 

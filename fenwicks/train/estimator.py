@@ -573,9 +573,9 @@ class Estimator:
         """
         export_dir_base = path_arg("export_dir_base", export_dir_base)
         export_dirs.check_base(export_dir_base)  # a file in the way: before any work
-        return export_dirs.write(export_dir_base, self._saved_model_writer())
+        return export_dirs.write(export_dir_base, self.saved_model_writer())
 
-    def _saved_model_writer(self) -> Callable[[str], object]:
+    def saved_model_writer(self) -> Callable[[str], object]:
         """The engine's SavedModel writer for this model: ``write(folder)`` writes into
         an existing `folder` (`export_saved_model` and `BestExporter` version it)."""
         spec = self._state.spec

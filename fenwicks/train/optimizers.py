@@ -1,8 +1,9 @@
 """Optimizers with weight decay applied to the variables, after the cross-replica all-reduce.
 
 `sgd_optimizer` and `adam_optimizer` return an ``opt_func``: a zero-argument callable that
-builds a fresh Keras 3 optimizer. The estimator calls it inside `strategy.scope()` (and
-wraps the result in `keras.optimizers.LossScaleOptimizer` for float16).
+builds a fresh Keras 3 optimizer. The estimator's engine calls it where its variables
+live (the tf engine: inside its strategy's scope) and wraps the result in
+`keras.optimizers.LossScaleOptimizer` for float16.
 
 * `SGD`: PyTorch SGD semantics. Weight decay is coupled L2 (``g + wd * w``) added to the
   all-reduced gradient before momentum; the velocity is not scaled by the learning rate,

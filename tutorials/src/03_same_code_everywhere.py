@@ -8,7 +8,7 @@
 # | | TPU (v2/v3-8) | GPU | CPU |
 # |---|---|---|---|
 # | replicas | 8 cores | 1 per GPU | 1 (or `cpu:N` logical devices) |
-# | strategy | `TPUStrategy` | `MirroredStrategy` | default / `MirroredStrategy` |
+# | strategy (TensorFlow engine) | `TPUStrategy` | `MirroredStrategy` | `OneDeviceStrategy` / `MirroredStrategy` |
 # | precision (`'auto'`) | bfloat16 | float16 + loss scaling (compute capability >= 7) | float32 |
 # | storage | `gs://` only (TPU node), local on a TPU VM | local | local |
 # | BatchNorm statistics | per core: 1/8 of the batch | the whole batch | the whole batch |
@@ -18,7 +18,9 @@
 # ## Two engines, one code
 #
 # Underneath, Keras runs on one of two engines. **TensorFlow** (`tf.distribute`
-# strategies, as in the table) is the default. **JAX** (`jax.sharding`: one mesh over every
+# strategies, as in the table; code of your own that needs one gets it from
+# `fw.train.tf.strategy()`, while `fw.accel.current()` describes the devices only) is the
+# default. **JAX** (`jax.sharding`: one mesh over every
 # device, the global batch split across it) is what the 2026 Kaggle and Colab TPU images
 # reach their TPUs with, so Fenwicks picks it there by itself; `FENWICKS_ENGINE=jax` (or
 # `KERAS_BACKEND=jax`), set before `import fenwicks`, picks it anywhere. What changes in

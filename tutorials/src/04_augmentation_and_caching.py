@@ -41,7 +41,8 @@ import tensorflow as tf
 import fenwicks as fw
 
 data_dir, work_dir = fw.io.get_project_dirs(None, PROJECT)
-fw.io.create_clean_dir(work_dir)
+fw.io.create_clean_dir(work_dir)  # deletes only what an earlier run of Fenwicks wrote
+cache_dir = fw.io.create_clean_dir(work_dir + '_cache', force=True)  # tf.data's cache files
 
 # %% [markdown]
 # ## The data, as TFRecords
@@ -106,7 +107,7 @@ for name, examples_per_s in speed.items():
 # usually enough for the short runs of these tutorials.
 
 # %%
-cache_file = os.path.join(work_dir, 'augmented')
+cache_file = os.path.join(cache_dir, 'augmented')
 pre_augmented = lambda: fw.data.tfrecord_ds(
     train_fn + '*', parser, BATCH_SIZE, batch_transform=augment, seed=SEED,
     augmented_epochs=AUGMENTED_EPOCHS, cache=cache_file)

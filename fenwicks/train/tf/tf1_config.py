@@ -265,7 +265,9 @@ def check_spec(spec: Any, mode: str) -> TPUEstimatorSpec:
     if mode != ModeKeys.PREDICT and spec.loss is None:
         raise ModelFnError(f"model_fn gave no loss in mode {mode!r}")
     if mode == ModeKeys.PREDICT and spec.predictions is None:
-        raise ModelFnError("model_fn gave no predictions in mode 'infer' (PREDICT)")
+        raise ModelFnError("model_fn gave no predictions in mode 'infer' (PREDICT): "
+                           "return TPUEstimatorSpec(mode, predictions=...) when "
+                           "mode == ModeKeys.PREDICT")
     if spec.eval_metric_ops is not None:
         raise ModelFnError("eval_metric_ops is TF1's graph form; give "
                               "eval_metrics=(metric_fn, tensors)")

@@ -88,8 +88,11 @@ class TPUEstimator:
         train_batch_size: global training batch size. Defaults to 128.
         eval_batch_size: global evaluation batch size. Defaults to `train_batch_size`.
         predict_batch_size: global prediction batch size. Defaults to `eval_batch_size`.
-        warm_start_from: a checkpoint or directory (every variable whose checkpoint name
-            and shape match), or `WarmStartSettings` (by variable name, with renames).
+        warm_start_from: a checkpoint or directory, or `WarmStartSettings` (by variable
+            name, with renames). A TF1 (name-based) checkpoint warm-starts every trainable
+            variable by its TF1 name, as TF1's did; a variable whose shape differs raises;
+            an object-based one (Fenwicks' own) loads every variable whose checkpoint
+            name and shape match. A path holding no checkpoint is refused at once.
         labels_key: for inputs whose features dict holds the labels (BERT's
             ``'label_ids'``): the model_fn gets ``features[labels_key]`` as ``labels``
             (the key stays in the features). Defaults to None.
@@ -132,13 +135,17 @@ class TPUEstimator:
         if "batch_size" in params:
             raise ValueError(f"params['batch_size']={params['batch_size']!r}: give "
                              "train_batch_size= (global), as TPUEstimator required")
+        for key in sorted(set(params) & set(_RESERVED_PARAMS)):
+            raise ValueError(f"params[{key!r}]={params[key]!r}: Fenwicks sets "
+                             f"params[{key!r}] itself ({_RESERVED_PARAMS[key]}), which "
+                             "would replace yours: rename your key")
         self.params = params
         self.use_tpu = bool(use_tpu)
         self.train_batch_size = 128 if train_batch_size is None else train_batch_size
         self.eval_batch_size = eval_batch_size or self.train_batch_size
         self.predict_batch_size = predict_batch_size or self.eval_batch_size
         self.labels_key = labels_key
-        self.warm_start_from = warm_start_from
+        self.warm_start_from = _warm_start_settings(warm_start_from)
         self.warm_start_report: dict[str, list[str]] | None = None
         self.element_specs: dict[str, Any] = {}
         self._steps_per_epoch = steps_per_epoch
@@ -260,8 +267,10 @@ class TPUEstimator:
             report["not_loaded"] += part["not_loaded"]
         if sources:
             self.warm_start_report = report
-            logger.info("fenwicks: warm start loaded %d variable(s), not %s",
-                        len(report["loaded"]), report["not_loaded"] or "none")
+            # TF1 raised for a variable missing from the checkpoint: say which were not.
+            log = logger.warning if report["not_loaded"] else logger.info
+            log("fenwicks: warm start loaded %d variable(s), not %s (not in the "
+                "checkpoint)", len(report["loaded"]), report["not_loaded"] or "none")
 
     def _wrapped(self, input_fn: Callable[..., Any], mode: str) -> Callable[[dict], Any]:
         return input_fns.engine_input_fn(self, input_fn, mode)
@@ -318,9 +327,18 @@ class TPUEstimator:
         """
         _no_hooks(hooks, None)
         _no_checkpoint_path(checkpoint_path)
+        est = self._estimator("predict")
+        if self.runner is not None and self.runner.predict_error is not None:
+            # The estimator was built for training, and the model_fn failed in PREDICT.
+            raise self.runner.predict_error
         predictions = tf.nest.map_structure(  # plain arrays, as TPUEstimator yielded
             lambda a: np.asarray(a).view(np.ndarray),
-            self._estimator("predict").predict(self._wrapped(input_fn, "predict")))
+            est.predict(self._wrapped(input_fn, "predict")))
+        if not isinstance(predictions, dict) and predict_keys is not None:
+            raise ValueError(f"predict_keys={list(predict_keys)}: the model_fn's predictions "
+                             "are one tensor, not a dict, and TF1's predict refused "
+                             "predict_keys there too: drop predict_keys, or return "
+                             "predictions={'name': tensor, ...}")
         if isinstance(predictions, dict) and predict_keys is not None:
             missing = set(predict_keys) - set(predictions)
             if missing:
@@ -337,7 +355,8 @@ class TPUEstimator:
 
     def export_saved_model(self, export_dir_base: str,
                            serving_input_receiver_fn: Any = None, **unused: Any) -> str:
-        """Writes a SavedModel of the PREDICT-mode predictions to `export_dir_base`; its
+        """Writes a SavedModel of the PREDICT-mode predictions into a new version folder
+        ``<export_dir_base>/<version>``, as TPUEstimator does, and returns its path; its
         ``serve(features)`` takes a batch of features as the predict input_fn yields them.
         ``serving_input_receiver_fn`` and the other TPUEstimator keywords are accepted
         with a warning, once, that they have no effect.
@@ -383,6 +402,33 @@ class TPUEstimator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# The params keys the front door sets for every input_fn and model_fn, and what they say
+# (batch_size and num_shards: see __init__ and _check_shards).
+_RESERVED_PARAMS = {"global_batch_size": "the mode's global batch size",
+                    "num_replicas": "the replica count", "seed": "RunConfig.tf_random_seed",
+                    "mode": "the engine's mode", "precision": "the compute precision",
+                    "steps_per_epoch": "steps per epoch",
+                    "input_context": "tf.distribute's InputContext"}
+
+
+def _warm_start_settings(warm: str | WarmStartSettings | None
+                         ) -> str | WarmStartSettings | None:
+    """``warm_start_from`` as it is applied. A TF1 (name-based) checkpoint given as a path
+    warm-starts every trainable variable by its TF1 name, as TF1's did (a
+    `WarmStartSettings` of all); an object-based one (Fenwicks' own, TensorFlow 2's) is
+    the engine's warm start of the whole model. A path with no checkpoint is refused."""
+    if warm is None:
+        return None
+    if isinstance(warm, WarmStartSettings):
+        assignment_map.checkpoint_path(warm.ckpt_to_initialize_from,
+                                       "WarmStartSettings(ckpt_to_initialize_from)")
+        return warm
+    if not isinstance(warm, str):
+        raise ValueError(f"warm_start_from={warm!r} must be a checkpoint path or "
+                         "fw.train.WarmStartSettings(...)")
+    return WarmStartSettings(warm) if assignment_map.is_name_based(warm) else warm
 
 
 def _no_hooks(hooks: Any, listeners: Any) -> None:
