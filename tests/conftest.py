@@ -498,10 +498,11 @@ def pytest_collection_modifyitems(config, items):
 
 # The modules over ~20 s of one worker, longest first (measured with -n 2), so that the
 # workers finish together. The JAX engine's and the TPUEstimator front door's joined in
-# session 7 (left out, they started last and ran on alone). storage_faults, which mostly
+# session 7 (left out, they started last and ran on alone); the benchmarks' smoke runs
+# (one worker, their child processes one after the other) in session 8. storage_faults, which mostly
 # waits on deadlines, runs beside test_flagship's two busy processes.
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
-    "test_jax_engine", "test_flagship", "test_storage_faults",
+    "test_jax_engine", "test_benchmark_scripts", "test_flagship", "test_storage_faults",
     "test_jax_gcs", "test_jax_multihost", "test_faults",
     "test_tutorials", "test_callbacks", "test_estimator", "test_tpu_estimator",
     "test_blocks_jax", "test_resume_position", "test_state", "test_work_dir",
