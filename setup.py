@@ -50,9 +50,12 @@ setup(
         "tpu": [f"tensorflow-cpu{TF_RANGE}", "jax>=0.7", "orbax-checkpoint>=0.11"],
         "demo": ["scikit-learn>=1.2"],
         # The tutorials on your own machine: jupyter lab tutorials/
-        "notebooks": ["jupyterlab>=4", "ipykernel>=6", "scikit-learn>=1.2"],
-        # The documentation site (mkdocs.yml): mkdocs build --strict, mkdocs serve.
-        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
+        # ipywidgets: tqdm's progress bars in a notebook (without it: "IProgress not found").
+        "notebooks": ["jupyterlab>=4", "ipykernel>=6", "ipywidgets>=8", "scikit-learn>=1.2"],
+        # The documentation site (mkdocs.yml): mkdocs build --strict, mkdocs serve; the
+        # tutorials are pages of it (mkdocs-jupyter).
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26",
+                 "mkdocs-jupyter>=0.25"],
         # The JAX engine (KERAS_BACKEND=jax): jax for the devices, orbax for checkpoints.
         # On a TPU, JAX comes with the image (or pip install 'jax[tpu]').
         "jax": ["jax>=0.7", "orbax-checkpoint>=0.11"],

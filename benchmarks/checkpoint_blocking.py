@@ -46,11 +46,12 @@ STEPS_TARGET = 0.10  # steps/s with a save every loop vs without saves
 MODES = ("no saves", "sync", "async")
 
 
-def _estimator(work_dir: str, mode: str, steps_per_loop: int, batch_size: int):
+def _estimator(work_dir: str, mode: str, steps_per_loop: int, batch_size: int,
+               width: int = 64):
     import fenwicks as fw
 
     opt_func = fw.train.sgd_optimizer(0.01, mom=0.9, wd=5e-4)
-    model_func = fw.train.get_clf_model_func(lambda: fw.models.resnet9(c=64), opt_func)
+    model_func = fw.train.get_clf_model_func(lambda: fw.models.resnet9(c=width), opt_func)
     return fw.train.get_tpu_estimator(
         100, model_func, work_dir, trn_bs=batch_size, steps_per_loop=steps_per_loop,
         save_every_loops=None if mode == "no saves" else 1, save_every_secs=None,
@@ -75,7 +76,7 @@ def _blocked_seconds() -> tuple[list[float], object]:
 
 
 def measure(work_root: str, loops: int, steps_per_loop: int, batch_size: int,
-            repeats: int) -> list[dict]:
+            repeats: int, width: int = 64) -> list[dict]:
     """One row per mode: saves, blocked seconds per save, steps/s (the best of `repeats`
     timed `train` calls: other processes on the machine only ever slow a run down)."""
     import fenwicks as fw
@@ -85,7 +86,7 @@ def measure(work_root: str, loops: int, steps_per_loop: int, batch_size: int,
     y = rng.integers(0, 10, batch_size * 8).astype(np.int32)
     train_fn = lambda params: fw.data.numpy_ds(x, y, params["batch_size"], seed=1)  # noqa: E731
     estimators = {mode: _estimator(f"{work_root}/{mode.replace(' ', '-')}", mode,
-                                   steps_per_loop, batch_size) for mode in MODES}
+                                   steps_per_loop, batch_size, width) for mode in MODES}
     for est in estimators.values():
         est.train(train_fn, steps=steps_per_loop)  # compiles, and the first checkpoint
     blocked: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -141,7 +142,8 @@ def _on_gcs(args: argparse.Namespace) -> dict:
                        emulator.url("bench", f"run-{os.getpid()}"), "--loops",
                        str(args.loops), "--repeats", str(args.repeats),
                        "--steps-per-loop", str(args.steps_per_loop),
-                       "--batch-size", str(args.batch_size), "--latency", str(args.latency)]
+                       "--batch-size", str(args.batch_size), "--latency", str(args.latency),
+                       "--width", str(args.width)]
             done = subprocess.run(["ip", "netns", "exec", emulator.namespace, *command],
                                   env={**os.environ, **emulator.env}, cwd=ROOT,
                                   capture_output=True, text=True, check=False)
@@ -159,6 +161,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps-per-loop", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--width", type=int, default=64,
+                        help="resnet9's c (64: full width; smaller for a smoke run)")
     parser.add_argument("--latency", type=float, default=0.0,
                         help="seconds added to every gs:// request")
     parser.add_argument("--inside", help=argparse.SUPPRESS)  # the gs:// run, in the netns
@@ -170,14 +174,14 @@ def main(argv: list[str]) -> int:
 
             _fault_proxy.set_rules([{"fault": "delay", "seconds": args.latency}])
         rows = measure(args.inside, args.loops, args.steps_per_loop, args.batch_size,
-                       args.repeats)
+                       args.repeats, args.width)
         print(json.dumps(rows))
         return 0
     results = []
     if args.storage in ("both", "local"):
         with tempfile.TemporaryDirectory() as tmp:
             rows = measure(tmp, args.loops, args.steps_per_loop, args.batch_size,
-                           args.repeats)
+                           args.repeats, args.width)
         results.append(report("local disk", rows))
     if args.storage in ("both", "gs"):
         label = "gs:// (emulator" + (f", +{args.latency:g} s per request)"

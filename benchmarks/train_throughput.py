@@ -21,7 +21,8 @@ at most 5%).
 With ``--control``, each trial also runs a second hand-written loop (``hand2``: its own
 model and optimizer, the same data and code as ``hand``) right after ``hand``, and each
 row prints hand2/hand: two identical loops, so anything but 1.000 is what this machine's
-noise does to a ratio in this run, the resolution of the est/hand beside it.
+noise does to a ratio in this run, the resolution of the est/hand beside it; the
+evaluation gets a second drop-remainder input the same way (drop2/drop).
 
     python benchmarks/train_throughput.py                 # both replica counts
     python benchmarks/train_throughput.py --steps 20      # quicker, noisier
@@ -53,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import fenwicks as fw  # noqa: E402
 from benchmarks import _results  # noqa: E402
+from fenwicks.train.tf import trainer as tf_trainer  # noqa: E402 - the loops it times
 
 MODELS = {  # name: (builder, input shape); widths reduced so a CPU run takes minutes
     "resnet9_c16": (lambda: fw.models.resnet9(c=16), (32, 32, 3)),
@@ -115,7 +117,7 @@ class LoopClock:
     def __init__(self) -> None:
         self.loops: list[tuple[int, float, float]] = []  # (train call, began, seconds)
         self.calls: list[float] = []  # wall seconds of each timed train call
-        original = self.original = fw.train.tf.trainer.Trainer.train
+        original = self.original = tf_trainer.Trainer.train
 
         def train(trainer, iterator, num_steps):
             began = time.perf_counter()
@@ -123,7 +125,7 @@ class LoopClock:
             self.loops.append((len(self.calls), began, output.seconds))
             return output
 
-        fw.train.tf.trainer.Trainer.train = train  # this benchmark process only
+        tf_trainer.Trainer.train = train  # this benchmark process only
 
     def timed(self, call):
         def run(n):
@@ -166,7 +168,7 @@ def estimator_run(build, x, y, batch, spl):
 
 def fit_run(build, x, y, batch, spl):
     """Returns run(n): Keras fit for n steps with steps_per_execution = spl."""
-    strategy = fw.accel.current().strategy
+    strategy = fw.train.tf.strategy()
     with strategy.scope():
         model = build()
         model.compile(keras.optimizers.SGD(LR),
@@ -179,7 +181,7 @@ def fit_run(build, x, y, batch, spl):
 
 def hand_written_run(build, x, y, batch, spl):
     """Returns run(n): a minimal compiled loop of spl steps per call."""
-    strategy = fw.accel.current().strategy
+    strategy = fw.train.tf.strategy()
     with strategy.scope():
         model, optimizer = build(), keras.optimizers.SGD(LR)
         optimizer.build(model.trainable_variables)
@@ -209,8 +211,11 @@ def hand_written_run(build, x, y, batch, spl):
     return run
 
 
-def time_evaluation(build, x, y, batch, trials) -> dict[str, float]:
-    """Exact evaluation vs the same compiled loop on a dataset that drops the remainder."""
+def time_evaluation(build, x, y, batch, trials, control=False) -> dict[str, float]:
+    """Exact evaluation vs the same compiled loop on a dataset that drops the remainder
+    (examples/s of each: the best trial, and under ``median`` the median trials); with
+    `control`, a second drop-remainder input (``drop2``, the same function) beside them:
+    drop2/drop is this run's noise on the exact/drop ratio."""
     model_func = fw.train.get_clf_model_func(build, lambda: keras.optimizers.SGD(LR))
     est = fw.train.get_tpu_estimator(1, model_func, tempfile.mkdtemp(), trn_bs=batch,
                                      val_bs=batch, verbose=False)
@@ -221,15 +226,24 @@ def time_evaluation(build, x, y, batch, trials) -> dict[str, float]:
 
     variants = {"exact": (input_fn(False), len(x)),
                 "drop": (input_fn(True), len(x) // batch * batch)}
+    if control:
+        variants["drop2"] = (input_fn(True), len(x) // batch * batch)
     for fn, _ in variants.values():
         est.evaluate(fn)  # compile, and the one-off eager input check
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(trials):  # interleaved, so load changes hit both alike
-        for name, (fn, _) in variants.items():
+    for trial in range(trials):  # interleaved, order alternating: load hits all alike
+        for name, (fn, _) in (reversed if trial % 2 else iter)(list(variants.items())):
             start = time.perf_counter()
             est.evaluate(fn)
             times[name].append(time.perf_counter() - start)
-    return {name: seen / min(times[name]) for name, (_, seen) in variants.items()}
+    rates: dict = {name: seen / min(times[name]) for name, (_, seen) in variants.items()}
+    rates["median"] = {name: seen / statistics.median(times[name])
+                       for name, (_, seen) in variants.items()}
+    per_example = {name: [t / seen for t in times[name]] for name, (_, seen) in
+                   variants.items()}  # seconds per example, trial by trial
+    rates["paired"] = {name: _paired(per_example[name], per_example["drop"])
+                       for name in variants if name != "drop"}
+    return rates
 
 
 def child(args: argparse.Namespace) -> dict:
@@ -245,11 +259,11 @@ def child(args: argparse.Namespace) -> dict:
         runs["fit"] = fit_run(*setup)
         results[name] = time_trials(runs, args.steps, args.batch, args.trials)
         results[name].update(clock.overhead_ms())
-        fw.train.tf.trainer.Trainer.train = clock.original
+        tf_trainer.Trainer.train = clock.original
         if fw.accel.current().num_replicas == 1:
             eval_x, eval_y = _data(shape, args.eval_examples)
             results[name]["eval"] = time_evaluation(build, eval_x, eval_y, args.eval_batch,
-                                                    args.trials)
+                                                    args.trials, args.control)
     return results
 
 
@@ -284,9 +298,17 @@ def _print_table(all_results: dict[str, dict]) -> None:
         for name, r in results.items():
             if "eval" in r:
                 e = r["eval"]
+                m = e["median"]
+                p = e["paired"]
                 print(f"exact eval {name}: {e['exact']:.1f} ex/s vs drop-remainder "
                       f"{e['drop']:.1f} ex/s; exact/drop = {e['exact'] / e['drop']:.3f} "
-                      "(target >= 0.95)")
+                      f"({m['exact'] / m['drop']:.3f} of the median trials, "
+                      f"{p['exact']:.3f} paired; target >= 0.95)")
+                if "drop2" in e:
+                    print(f"control, exact eval {name}: drop2/drop "
+                          f"{e['drop2'] / e['drop']:.3f} ({m['drop2'] / m['drop']:.3f} of "
+                          f"the median trials, {p['drop2']:.3f} paired), two identical "
+                          "inputs: this run's noise")
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="checkpoints and TensorBoard logs, local or gs://; a run there "
                            "is resumed (default: <storage root>/work/demo)")
     demo.add_argument("--fresh", action="store_true",
-                      help="delete the previous run in the work dir and start over")
+                      help="delete the previous run in the work dir (only Fenwicks' own "
+                           "files; a folder holding others is refused) and start over")
     bench = commands.add_parser("bench", parents=[debug],
                                 help="matmul TFLOPS on CPU and accelerators")
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -73,7 +73,7 @@ class StorageTimeoutError(TimeoutError):
 def deadline_secs() -> float:
     """Seconds one storage operation may take (``FENWICKS_GCS_DEADLINE``, default 90).
 
-    Example:
+    Examples:
         >>> deadline_secs()
         90.0
     """
@@ -84,7 +84,7 @@ def cleanup_secs() -> float:
     """Seconds a clean-up call after a failure may take (``FENWICKS_GCS_CLEANUP_DEADLINE``,
     default `CLEANUP_SECS`): a test hook, so an outage test need not wait 10 s for it.
 
-    Example:
+    Examples:
         >>> cleanup_secs()
         10.0
     """
@@ -106,7 +106,7 @@ def _positive_env(name: str, default: float) -> float:
 def tensorflow_settings() -> dict[str, str]:
     """The TensorFlow GCS variables Fenwicks sets by default (see the module doc).
 
-    Example:
+    Examples:
         >>> tensorflow_settings()['GCS_RETRY_CONFIG_MAX_RETRIES']
         '6'
     """
@@ -127,7 +127,7 @@ def configure_tensorflow() -> bool:
     Then TensorFlow keeps the defaults it read (unless the user had set them): the first
     ``gs://`` call says so, once (`warn_if_tensorflow_came_first`).
 
-    Example:
+    Examples:
         >>> configure_tensorflow()   # at `import fenwicks`, before TensorFlow
         True
     """
@@ -198,7 +198,7 @@ def run(fn: Callable[..., T], *args: Any, what: str, path: str | None,
     Raises:
         StorageTimeoutError: not finished within `deadline_secs()`.
 
-    Example:
+    Examples:
         >>> run(tf.io.gfile.exists, 'gs://b/x', what='exists', path='gs://b/x')
         False
     """

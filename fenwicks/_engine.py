@@ -25,24 +25,83 @@ or jax) and says so in one line; under 1 or 2 a different backend is an error.
 pick a third backend) and, on the JAX engine, turns ``FENWICKS_DEVICE=cpu:N`` into
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before JAX creates its devices.
 
-This module imports nothing of Fenwicks.
+Each engine is one `EngineEntry` in `REGISTRY`: its name, Keras backend, the modules of
+its roles, device detector and backend facts, and its checkpoint reader. Everything else
+that knows the engines reads this table. This module imports nothing of Fenwicks: the
+entries name modules, which `detector`, `backend_facts` and `fenwicks.train.engines`
+import on first use.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import importlib
 import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from importlib import metadata
+from types import ModuleType
+from typing import Any
 
 ENGINE_ENV = "FENWICKS_ENGINE"
 DEVICE_ENV = "FENWICKS_DEVICE"
-ENGINES = ("tf", "jax")
-KERAS_BACKEND = {"tf": "tensorflow", "jax": "jax"}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineEntry:
+    """One engine: what Fenwicks needs to know to choose it and find its parts.
+
+    Attributes:
+        name: the engine's name (`Engine.name`; ``FENWICKS_ENGINE`` for an engine of its
+            own Keras backend).
+        keras_backend: the Keras backend that means this engine; None for an engine that
+            runs under any backend (chosen by name only, `fenwicks.train.engines.use`).
+        module: the module whose ``ENGINE`` implements `fenwicks.train.engines.Engine`.
+        devices: its device detector: ``detect_devices(request) -> Accelerator`` and
+            ``describe_distribution() -> str`` (for `fw.info`); None without a backend.
+        facts: its backend facts for the layers and optimizers below `fenwicks.train`:
+            ``is_symbolic``, ``data_parallel_replicas``, ``SYNCS_BATCHNORM``,
+            ``LASTING_BACKEND_VARIABLES``, ``sum_gradients``, ``update_each``; None
+            without a backend.
+        reader: the module reading this engine's checkpoints into
+            `cross_engine.SavedWeights`, importable on any engine (``NAME``, ``TITLE``,
+            ``latest``, ``work_dir_of``, ``is_checkpoint``, ``read``); None if another
+            engine cannot read them.
+        libraries: its own libraries beyond TensorFlow and Keras (`fw.info` rows).
+        splits_cpu_by_flags: whether ``FENWICKS_DEVICE=cpu:N`` must be set as flags before
+            the engine's library makes its devices (JAX's ``XLA_FLAGS``), rather than as
+            logical devices.
+    """
+
+    name: str
+    keras_backend: str | None
+    module: str
+    devices: str | None
+    facts: str | None
+    reader: str | None
+    libraries: tuple[str, ...] = ()
+    splits_cpu_by_flags: bool = False
+
+
+REGISTRY = {entry.name: entry for entry in (
+    EngineEntry("tf", "tensorflow", module="fenwicks.train.tf.engine",
+                devices="fenwicks.train.tf.devices", facts="fenwicks.train.tf.backend",
+                reader="fenwicks.train.tf.weights"),
+    EngineEntry("jax", "jax", module="fenwicks.train.jax.engine",
+                devices="fenwicks.train.jax.devices", facts="fenwicks.train.jax.backend",
+                reader="fenwicks.train.jax.weights", libraries=("jax",),
+                splits_cpu_by_flags=True),
+    # NumPy gradient steps for the tests of the shared code, under any Keras backend.
+    EngineEntry("reference", None, module="fenwicks.train.reference.engine", devices=None,
+                facts=None, reader="fenwicks.train.reference.weights"),
+)}
+# The engines of a Keras backend: what FENWICKS_ENGINE chooses from.
+KERAS_BACKEND = {name: entry.keras_backend for name, entry in REGISTRY.items()
+                 if entry.keras_backend}
+ENGINES = tuple(KERAS_BACKEND)
 # Environment variables a TPU VM image sets: Kaggle's TPU image sets ISTPUVM=1 and
 # TPU_PROCESS_ADDRESSES=local (Kaggle/docker-python, tpu/Dockerfile); Cloud TPU VMs set
 # TPU_ACCELERATOR_TYPE; Colab's TPU runtimes set COLAB_TPU_ADDR.
@@ -56,9 +115,6 @@ LIBTPU_FILES = ("/lib/libtpu.so", "/usr/lib/libtpu.so", "/usr/local/lib/libtpu.s
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly",
                     "tf-nightly-cpu", "tf-nightly-tpu", "tensorflow-intel", "tensorflow-macos")
 TPU_TF_DISTRIBUTIONS = ("tensorflow-tpu", "tf-nightly-tpu")
-_LIBRARIES = {"tf": (), "jax": ("jax",)}
-_STRATEGY_NOTES = {"tf": "", "jax": " (TensorFlow's default; JAX places the replicas)"}
-_SPLITS_CPU_BY_FLAGS = {"tf": False, "jax": True}
 _WATCHED = (*TF_DISTRIBUTIONS, "jax", "jaxlib", "libtpu", "libtpu-nightly")
 _XLA_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
@@ -142,7 +198,7 @@ def _importable(name: str) -> bool:
 def tpu_host_evidence(env: Mapping[str, str], facts: HostFacts) -> list[str]:
     """What shows that this machine is a TPU host, in words; empty if nothing does.
 
-    Example:
+    Examples:
         >>> tpu_host_evidence({"ISTPUVM": "1"}, HostFacts({"libtpu": "0.0.17"}))
         ['ISTPUVM=1', 'libtpu 0.0.17 is installed']
     """
@@ -173,18 +229,12 @@ class EngineChoice:
     @property
     def libraries(self) -> tuple[str, ...]:
         """The engine's own libraries beyond TensorFlow and Keras (`fw.info` rows)."""
-        return _LIBRARIES[self.engine]
-
-    @property
-    def strategy_note(self) -> str:
-        """What the ``tf.distribute`` strategy means on this engine (`fw.info`)."""
-        return _STRATEGY_NOTES[self.engine]
+        return REGISTRY[self.engine].libraries
 
     @property
     def splits_cpu_by_flags(self) -> bool:
-        """Whether ``FENWICKS_DEVICE=cpu:N`` must be set as flags before the engine's
-        library makes its devices (JAX's XLA_FLAGS), rather than as logical devices."""
-        return _SPLITS_CPU_BY_FLAGS[self.engine]
+        """See `EngineEntry.splits_cpu_by_flags`."""
+        return REGISTRY[self.engine].splits_cpu_by_flags
 
 
 def choose_engine(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
@@ -194,7 +244,7 @@ def choose_engine(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
         EngineError: for a FENWICKS_ENGINE or KERAS_BACKEND Fenwicks cannot run on, or a
             JAX engine asked for without JAX installed.
 
-    Example:
+    Examples:
         >>> choose_engine({"FENWICKS_ENGINE": "jax"}, HostFacts({"jax": "0.7.2"})).engine
         'jax'
     """
@@ -316,7 +366,7 @@ def force_cpu_devices(env: MutableMapping[str, str], replicas: int | None) -> No
     JAX creates its devices, so this must run before; `fw.accel` also tells an already
     imported jax about the platform.
 
-    Example:
+    Examples:
         >>> env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
         >>> force_cpu_devices(env, 8); env["XLA_FLAGS"]
         '--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=8'
@@ -328,70 +378,46 @@ def force_cpu_devices(env: MutableMapping[str, str], replicas: int | None) -> No
     env["JAX_PLATFORMS"] = "cpu"
 
 
-# ----------------------------------------------------------- what differs below the engines
-#
-# A few facts of Keras's backend that the layers, optimizers and loss checks need (they
-# sit below `fenwicks.train`, so they cannot ask `fenwicks.train.engines`). Each is one
-# function per backend, looked up by Keras's backend: the only place those modules learn
-# which backend runs. Keras is imported lazily: this module is read before Keras is.
+# ----------------------------------------------------------- finding an engine's parts
 
 
-def _backend() -> str:
-    import keras
-
-    return keras.backend.backend()
-
-
-def _tf_is_symbolic(value: object) -> bool:
-    import tensorflow as tf
-
-    return not tf.executing_eagerly()
+def devices_module(name: str) -> ModuleType:
+    """Engine `name`'s device module (`EngineEntry.devices`); `name` is one of `ENGINES`."""
+    return importlib.import_module(str(REGISTRY[name].devices))
 
 
-def _jax_is_symbolic(value: object) -> bool:
-    import jax
+def detector(name: str) -> Callable[[Any], Any]:
+    """Engine `name`'s device detector, ``detect_devices(request) -> Accelerator``."""
+    return devices_module(name).detect_devices
 
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value))
+
+def readers() -> dict[str, str]:
+    """Engine name -> the module reading its checkpoints (`EngineEntry.reader`), for
+    every engine whose checkpoints another engine can read."""
+    return {name: entry.reader for name, entry in REGISTRY.items() if entry.reader}
 
 
-def _jax_data_parallel_replicas() -> int | None:
-    import keras
-
-    distribution = keras.distribution.distribution()
-    if isinstance(distribution, keras.distribution.DataParallel):
-        mesh = distribution.device_mesh
-        return int(mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)])
+def entry_for_backend(keras_backend: str) -> EngineEntry | None:
+    """The engine that runs Keras on `keras_backend`, or None."""
+    for entry in REGISTRY.values():
+        if entry.keras_backend == keras_backend:
+            return entry
     return None
 
 
-_IS_SYMBOLIC = {"tensorflow": _tf_is_symbolic, "jax": _jax_is_symbolic}
-_DATA_PARALLEL_REPLICAS = {"tensorflow": lambda: None, "jax": _jax_data_parallel_replicas}
-# tf.distribute runs a step once per replica: each sees its own gradients, which the
-# optimizer all-reduces. Under jax.jit the step sees the global batch: gradients are
-# global already.
-_PER_REPLICA_GRADIENTS = {"tensorflow": True, "jax": False}
-_KERAS_SYNCS_BATCHNORM = {"tensorflow": True, "jax": False}
+def backend_facts() -> ModuleType:
+    """The facts of the Keras backend running now that the layers, optimizers and loss
+    checks need (they sit below `fenwicks.train`): the registry entry's ``facts`` module.
 
+    Raises:
+        ValueError: Keras runs on a backend no engine implements.
+    """
+    import keras  # imported lazily: this module is read before Keras is
 
-def is_symbolic(value: object) -> bool:
-    """Whether `value` belongs to a step being compiled (a ``tf.function`` graph, a
-    ``jax.jit`` tracer): it has no number to check yet."""
-    return _IS_SYMBOLIC.get(_backend(), lambda value: False)(value)
-
-
-def data_parallel_replicas() -> int | None:
-    """The batch axis's devices of a ``keras.distribution.DataParallel`` that splits the
-    batch a layer sees (Keras's own ``fit`` on JAX); None where there is none."""
-    return _DATA_PARALLEL_REPLICAS.get(_backend(), lambda: None)()
-
-
-def per_replica_gradients() -> bool:
-    """Whether each replica computes its own gradients, which the optimizer then sums
-    over replicas (``tf.distribute``); False where a step's gradients are global."""
-    return _PER_REPLICA_GRADIENTS.get(_backend(), False)
-
-
-def synchronized_batchnorm_in_keras() -> bool:
-    """Whether Keras's BatchNormalization syncs replicas itself (``synchronized=True``,
-    TensorFlow only; under ``jax.jit`` the global batch's statistics are the synced)."""
-    return _KERAS_SYNCS_BATCHNORM.get(_backend(), False)
+    backend = keras.backend.backend()
+    entry = entry_for_backend(backend)
+    if entry is None:
+        raise ValueError(f"Keras runs on {backend!r}; Fenwicks' engines run on "
+                         f"{sorted(KERAS_BACKEND.values())}: set KERAS_BACKEND (or "
+                         f"{ENGINE_ENV}) before importing Keras")
+    return importlib.import_module(str(entry.facts))

@@ -57,7 +57,7 @@ def require_tensorflow() -> None:
 
     A TensorFlow newer than the tested range imports with a warning.
 
-    Example:
+    Examples:
         >>> require_tensorflow()      # silent where TensorFlow 2.20 or 2.21 is installed
     """
     if importlib.util.find_spec("tensorflow") is None:
@@ -85,7 +85,7 @@ def require_temp_dir() -> None:
     TensorFlow's import (absl's logging) asks `tempfile.gettempdir`, which otherwise
     fails deep inside it with a bare ``FileNotFoundError``.
 
-    Example:
+    Examples:
         >>> require_temp_dir()      # silent where /tmp (or $TMPDIR) is writable
     """
     try:

@@ -211,7 +211,8 @@ def worker_address(server: Any) -> str:
 
 def v1_optimizer_arg(optimizer: Any, name: str) -> Any:
     """A constructor argument of a `tf.compat.v1.train` optimizer: ``learning_rate``,
-    ``momentum``, ``use_nesterov``, ``beta1``, ``beta2``, ``epsilon``.
+    ``momentum``, ``use_nesterov``, ``beta1``, ``beta2``, ``epsilon``; CrossShardOptimizer's
+    ``reduction``.
 
     Why private: TF1 optimizers keep their arguments only as ``_<name>`` attributes (no
     ``get_config``); the TPUEstimator front door converts them to Keras optimizers.
@@ -251,6 +252,26 @@ def fresh_variable_scope_counts() -> Iterator[None]:
     finally:
         store.variable_scopes_count.clear()
         store.variable_scopes_count.update(saved)
+
+
+@contextlib.contextmanager
+def keras_losses_per_replica() -> Iterator[None]:
+    """Keras loss objects give their own batch's mean, not divided by the replica count.
+
+    Why private: Keras 3's ``Loss.__call__`` divides its value by ``num_replicas_in_sync``
+    under ``tf.distribute`` (``keras.src.losses.loss.scale_loss_for_distribution``, for
+    Keras's own trainer, which sums the replicas' losses) and has no switch. A TPUEstimator
+    model_fn's loss is its replica's batch mean, as ``tf.compat.v1.losses``' is; the
+    front door restores the division when the model_fn returns.
+    """
+    from keras.src.losses import loss as module
+
+    original = module.scale_loss_for_distribution
+    module.scale_loss_for_distribution = lambda value: value
+    try:
+        yield
+    finally:
+        module.scale_loss_for_distribution = original
 
 
 def keras_base_optimizer() -> type:
@@ -327,3 +348,11 @@ def call_before_thread_pools_shut_down(fn: Any) -> None:
     import threading
 
     threading._register_atexit(fn)
+def keras_learning_rate_setting(optimizer: Any) -> Any:
+    """A Keras optimizer's learning rate as given: a float variable or a schedule.
+
+    Keras's public ``optimizer.learning_rate`` evaluates a schedule at the optimizer's own
+    ``iterations``; an engine that keeps the step itself (the reference engine) needs the
+    schedule, to evaluate it at the run's global step.
+    """
+    return optimizer._learning_rate

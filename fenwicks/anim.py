@@ -19,7 +19,7 @@ def show_input_func(input_func: Callable[[dict], Any], n_img: int = 16,
                     converter: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
     """`fw.plt.show_batch` of an input function's first `n_img` examples.
 
-    Example:
+    Examples:
         >>> fw.anim.show_input_func(eval_input_func, converter=fw.image.gray2rgb)
     """
     return plt.show_batch(input_func, n=n_img, converter=converter, **kwargs)
@@ -29,7 +29,7 @@ def show_dataset(ds: Any, n_img: int = 16, converter: Callable[[Any], Any] | Non
                  **kwargs: Any) -> Any:
     """`fw.plt.show_batch` of a dataset's first `n_img` examples.
 
-    Example:
+    Examples:
         >>> fw.anim.show_dataset(ds)
     """
     return plt.show_batch(ds, n=n_img, converter=converter, **kwargs)
@@ -39,7 +39,7 @@ def show_image_files(paths: Sequence[str], n_img: int = 20, h_inch: float = 2.0,
                      w_inch: float = 2.0, **kwargs: Any) -> Any:
     """`fw.plt.show_image_files`: the first `n_img` image files as a grid.
 
-    Example:
+    Examples:
         >>> fw.anim.show_image_files(paths, h_inch=1, w_inch=1)
     """
     return plt.show_image_files(paths, n_img=n_img, h_inch=h_inch, w_inch=w_inch, **kwargs)

@@ -21,7 +21,7 @@ def setup_gcs(project: str | None = None) -> str:
     Returns:
         Where the credentials came from (``'colab'`` on Colab).
 
-    Example:
+    Examples:
         >>> fw.colab_utils.setup_gcs()
         fenwicks: Google Cloud Storage via Colab (google.colab.auth)
         'colab'
@@ -32,7 +32,7 @@ def setup_gcs(project: str | None = None) -> str:
 def on_colab() -> bool:
     """True inside a Colab runtime (judged without importing ``google.colab``).
 
-    Example:
+    Examples:
         >>> fw.colab_utils.on_colab()
         False
     """

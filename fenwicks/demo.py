@@ -72,7 +72,7 @@ def steady_state(loops: list[tuple[int, float]], start_step: int,
     ``(step at the loop's end, examples/s)`` entries of one `train` call that began at
     `start_step`; all of them if there is only one loop.
 
-    Example:
+    Examples:
         >>> steady_state([(21, 500.0), (42, 1344.0), (63, 1344.0)], 0, 64)
         (42, 2.0)
     """
@@ -135,7 +135,7 @@ def load_digits(seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     Images are float32 ``[N, 8, 8, 1]`` in [0, 1] (the raw pixels are 0..16), labels
     int32. A stratified 75/25 split, so every digit is in both parts in proportion.
 
-    Example:
+    Examples:
         >>> X_train, y_train, X_test, y_test = load_digits()
         >>> X_train.shape, X_test.shape
         ((1347, 8, 8, 1), (450, 8, 8, 1))
@@ -159,7 +159,7 @@ def build_nn(width: int = WIDTH):
     Its global max + average pooling make it independent of the image size: the same
     net trains on 28x28 MNIST (tutorial 1) and on these 8x8 digits.
 
-    Example:
+    Examples:
         >>> build_nn().output.shape
         (None, 10)
     """
@@ -199,7 +199,7 @@ def train_demo(epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH_SIZ
     Returns:
         A `DemoResult`.
 
-    Example:
+    Examples:
         >>> train_demo(epochs=2).accuracy
         0.93
     """
@@ -238,7 +238,9 @@ def report(epochs: int | None = None, batch_size: int | None = None,
         epochs: see `train_demo`. Defaults to 12.
         batch_size: see `train_demo`. Defaults to 64.
         work_dir: see `train_demo`. Defaults to ``<storage root>/work/demo``.
-        fresh: delete the previous run in ``work_dir`` first. Defaults to False (resume).
+        fresh: delete the previous run in ``work_dir`` first: only Fenwicks' own files
+            (`fw.io.create_clean_dir` without ``force``); a folder holding others is
+            refused, naming one. Defaults to False (resume).
 
     Returns:
         The `DemoResult`.
@@ -247,7 +249,7 @@ def report(epochs: int | None = None, batch_size: int | None = None,
         ValueError, NotADirectoryError, ImportError, fw.accel.AcceleratorError: for bad
             arguments or environment, before anything is written or compiled.
 
-    Example:
+    Examples:
         >>> report(epochs=12)   # prints "test accuracy 0.98..." among other lines
     """
     from fenwicks import accel, io
@@ -260,8 +262,8 @@ def report(epochs: int | None = None, batch_size: int | None = None,
     print(f"accelerator      {acc.kind} x{acc.num_replicas}, {acc.precision}", flush=True)
     work_dir = default_work_dir() if work_dir is None else work_dir
     step = None if fresh else checkpoint_step(work_dir)
-    if fresh:  # --work-dir outside the storage roots: emptied only if it holds a run
-        io.create_clean_dir(work_dir, force=checkpoint_step(work_dir) is not None)
+    if fresh:  # only the previous run's own files: a folder with others is refused
+        io.create_clean_dir(work_dir)
         print(f"starting fresh in {work_dir} (--fresh: the previous run there was deleted)")
     elif step is None:
         print(f"starting fresh in {work_dir}")
@@ -298,7 +300,7 @@ def run(epochs: int | None = None, batch_size: int | None = None,
     Returns:
         The process exit status: 0, or 2 after printing what was wrong.
 
-    Example:
+    Examples:
         >>> run(epochs=12)   # prints "test accuracy 0.98..." among other lines
     """
     from fenwicks import accel

@@ -63,7 +63,7 @@ def setup(project: str | None = None) -> str:
         GCSCredentialsError: no credentials could be found or obtained; the message says
             what to do. Raised within seconds: nothing waits on the network.
 
-    Example:
+    Examples:
         >>> fw.gcs.setup()
         fenwicks: Google Cloud Storage via Colab (google.colab.auth), project my-proj
         'colab'
@@ -83,7 +83,7 @@ def setup(project: str | None = None) -> str:
 def environment() -> str:
     """``'colab'``, ``'kaggle'`` or ``'other'``, judged without importing either.
 
-    Example:
+    Examples:
         >>> fw.gcs.environment()
         'other'
     """
@@ -110,7 +110,7 @@ def check_credentials(path: str = "gs://") -> str:
     Raises:
         GCSCredentialsError: if there are none; the message names `path` and the fix.
 
-    Example:
+    Examples:
         >>> fw.gcs.check_credentials('gs://my-bucket/data')
         'application-default'
     """

@@ -28,8 +28,9 @@ def gray2rgb(x: Any, normalize: bool = False) -> np.ndarray:
     Returns:
         The RGB array (float if ``normalize``).
 
-    Example:
-        >>> fw.plt.show_batch(eval_input_func, converter=fw.image.gray2rgb)
+    Examples:
+        >>> fw.image.gray2rgb(np.zeros((28, 28, 1))).shape
+        (28, 28, 3)
     """
     x = np.asarray(x)
     if x.ndim < 2 or x.shape[-1] != 1:
@@ -53,8 +54,12 @@ def check_rgb(data_dir: str, file_ext: str = "jpg", fix: bool = True) -> list[st
     Returns:
         The paths of the images that were not RGB.
 
-    Example:
-        >>> fw.image.check_rgb('./data/train', file_ext='png')
+    Examples:
+        >>> import os
+        >>> os.makedirs('train/cats', exist_ok=True)
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> _ = open('train/cats/0.png', 'wb').write(png)
+        >>> fw.image.check_rgb('train', file_ext='png')       # every image RGB already
         []
     """
     from PIL import Image  # Pillow comes with Keras; imported only when used
@@ -94,7 +99,7 @@ def compute_mean_std(fn_data: str, n_data: int | None = None,
         ``(mean [3], std [3], h, w)``: the sample standard deviation over all pixels,
         and the size of the last image read.
 
-    Example:
+    Examples:
         >>> mean, std, img_size, _ = fw.image.compute_mean_std(train_fn, n_train)
         >>> tfms = [fw.transform.tfm_standard_scaler(mean, std)]
     """

@@ -32,8 +32,7 @@ or timed-out connection), then fail:
   attempt (``FENWICKS_GCS_REQUEST_TIMEOUT``). ``GCS_*`` variables the user set win.
 * Every ``gs://`` call of Fenwicks' own (these functions, checkpoints, the work_dir
   lock, summaries) ends within 90 s (``FENWICKS_GCS_DEADLINE``) with
-  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults
-  (see ``fenwicks/_deadline.py``).
+  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults.
 """
 
 from __future__ import annotations
@@ -42,12 +41,12 @@ import base64
 import hashlib
 import os
 import posixpath
-import shutil
+import re
 import sys
 import tempfile
 from typing import Any
 
-from fenwicks import _deadline, gcs
+from fenwicks import _deadline, _removal, gcs
 from fenwicks._deadline import StorageTimeoutError
 from fenwicks._text import first_line
 from fenwicks.archives import unzip
@@ -69,7 +68,6 @@ _HASH_BLOCK = 1 << 20  # bytes read at a time when hashing local files
 
 
 
-_project_roots: set[str] = set()  # roots given to get_project_dirs in this process
 _buckets_seen: set[str] = set()  # buckets known to exist (a bucket is not deleted lightly)
 
 
@@ -97,19 +95,37 @@ def default_root() -> str:
     ``~/fenwicks``. Detects the accelerator if nothing has yet.
 
     Raises:
-        ValueError: on a remote TPU with no bucket configured, or a local FENWICKS_ROOT.
+        ValueError: on a remote TPU with no bucket configured, or a local FENWICKS_ROOT;
+            a FENWICKS_ROOT of ``/`` or the home folder.
 
-    Example:
+    Examples:
         >>> fw.io.default_root()
         '/root/fenwicks'
     """
     remote = _accelerator_is_remote(detect=True)
     root = os.environ.get(ROOT_ENV)
     if root:
-        return _reachable(root, remote, ROOT_ENV)
+        return _reachable(_check_root_env(root), remote, ROOT_ENV)
     if remote:
         return _bucket_root()
     return _local_default_root()
+
+
+def _check_root_env(root: str) -> str:
+    """Refuses a ``FENWICKS_ROOT`` of ``/`` or the home folder: projects' data and work
+    folders go under the root, so it must be a folder of Fenwicks' own."""
+    if is_gcs(root):
+        return root
+    real = os.path.realpath(os.path.expanduser(root))
+    for name, whole in (("the root of the file system", os.path.sep),
+                        ("the home folder", os.path.realpath(os.path.expanduser("~")))):
+        if real == whole:
+            raise ValueError(
+                f"{ROOT_ENV}={root!r} is {name}; Fenwicks keeps every project's data and "
+                "work folders (checkpoints it may later clean) under that root, so it "
+                f"must be a folder of its own. Set {ROOT_ENV} to e.g. "
+                f"{os.path.join(os.path.expanduser('~'), 'fenwicks')!r}, or unset it")
+    return root
 
 
 def _local_default_root() -> str:
@@ -141,7 +157,7 @@ def get_project_dirs(root_dir: str | None, project: str) -> tuple[str, str]:
             over the network, or no bucket configured for one.
         fw.gcs.GCSCredentialsError: a ``gs://`` root without credentials.
 
-    Example:
+    Examples:
         >>> data_dir, work_dir = fw.io.get_project_dirs('gs://my-bucket', 'cifar10')
         >>> data_dir, work_dir
         ('gs://my-bucket/data/cifar10', 'gs://my-bucket/work/cifar10')
@@ -153,7 +169,6 @@ def get_project_dirs(root_dir: str | None, project: str) -> tuple[str, str]:
         root = _reachable(_check_path(root_dir, "root_dir"), _accelerator_is_remote(False),
                           "root_dir")
     root = _normalise(root)
-    _project_roots.add(root)  # create_clean_dir may empty folders inside it
     data_dir, work_dir = join(root, "data", project), join(root, "work", project)
     makedirs(data_dir)
     makedirs(work_dir)
@@ -200,7 +215,7 @@ def _reachable(root: str, remote: bool, name: str) -> str:
 def is_gcs(path: str | os.PathLike) -> bool:
     """True for a ``gs://`` path.
 
-    Example:
+    Examples:
         >>> fw.io.is_gcs('gs://bucket/x'), fw.io.is_gcs('/tmp/x')
         (True, False)
     """
@@ -210,7 +225,7 @@ def is_gcs(path: str | os.PathLike) -> bool:
 def join(path: str, *parts: str) -> str:
     """Joins path parts with ``/`` for ``gs://`` and the OS separator otherwise.
 
-    Example:
+    Examples:
         >>> fw.io.join('gs://bucket', 'data', 'mnist')
         'gs://bucket/data/mnist'
     """
@@ -273,7 +288,7 @@ def check_bucket(path: str) -> str:
         BucketNotFoundError: the bucket does not exist; names it and the fix.
         StorageTimeoutError: storage did not answer within the deadline.
 
-    Example:
+    Examples:
         >>> fw.io.check_bucket('gs://my-bucket/work/cifar10')
         'gs://my-bucket/work/cifar10'
     """
@@ -301,7 +316,7 @@ def check_bucket(path: str) -> str:
 def exists(path: str) -> bool:
     """True if `path` (a local or ``gs://`` file or directory) exists.
 
-    Example:
+    Examples:
         >>> fw.io.exists('gs://my-bucket/data/cifar10/train.tfrec')
         True
     """
@@ -312,7 +327,7 @@ def exists(path: str) -> bool:
 def makedirs(path: str) -> str:
     """Creates directory `path` and its parents if missing; returns `path`.
 
-    Example:
+    Examples:
         >>> fw.io.makedirs('/tmp/fenwicks/work')
         '/tmp/fenwicks/work'
     """
@@ -324,7 +339,7 @@ def makedirs(path: str) -> str:
 def glob(pattern: str) -> list[str]:
     """Paths matching `pattern` (``*``, ``?``, ``[...]``), sorted.
 
-    Example:
+    Examples:
         >>> fw.io.glob('gs://my-bucket/data/cifar10/*.tfrec')
         ['gs://my-bucket/data/cifar10/train-0.tfrec', 'gs://my-bucket/data/cifar10/train-1.tfrec']
     """
@@ -340,7 +355,7 @@ def listdir(path: str) -> list[str]:
     Raises:
         FileNotFoundError: if `path` is not a directory.
 
-    Example:
+    Examples:
         >>> fw.io.listdir('gs://my-bucket/data')
         ['cifar10', 'mnist']
     """
@@ -417,7 +432,7 @@ def copy(src: str, dst: str, overwrite: bool = False) -> list[str]:
         FileNotFoundError: if `src` does not exist.
         FileExistsError: if a target exists and `overwrite` is False.
 
-    Example:
+    Examples:
         >>> fw.io.copy('/content/model.keras', 'gs://my-bucket/work/model.keras')
         ['gs://my-bucket/work/model.keras']
     """
@@ -463,61 +478,75 @@ def _dirname(path: str) -> str:
 
 
 def create_clean_dir(path: str, *, force: bool = False) -> str:
-    """Makes `path` an empty directory, deleting what is inside it and nothing else.
+    """Makes `path` an empty directory, deleting only what Fenwicks wrote there.
 
-    Only `path` itself is touched: a ``gs://`` sibling sharing its prefix
-    (``run`` vs ``run2``) survives, and a symlink is refused rather than followed.
-
-    Because it deletes, it cleans only folders inside Fenwicks' storage roots: the
-    roots given to `get_project_dirs` in this process (so its ``data_dir`` and
-    ``work_dir``), ``FENWICKS_ROOT``, ``gs://$FENWICKS_BUCKET`` and the machine's
-    default root (`default_root`'s local choice, e.g. ``~/fenwicks``). Another folder
-    needs ``force=True``. Never cleaned, even with `force`: ``/``, a bucket root, system
-    folders (``/tmp``, ``/usr``, ``/etc``, ``/var/tmp``, Python's installation, ...),
-    a mount point, and the home or current directory or any folder holding them.
+    The path is resolved first (``..``, trailing slashes, symlinks in the folders above
+    it); a `path` that is itself a symlink is refused rather than followed. Without
+    `force`, only Fenwicks' own files are deleted: what it writes in a work_dir
+    (checkpoints, run records, TensorBoard event files, the epoch log, the lock) and the
+    files a Fenwicks manifest lists unchanged (its exports). A folder holding anything
+    else is refused, naming the first such file, and nothing is deleted. `force=True`
+    deletes everything inside `path`. Never cleaned, even with `force`: ``/``, a bucket
+    root, system folders (``/tmp``, ``/usr``, ``/etc``, ``/var/tmp``, Python's
+    installation, ...), a mount point of any kind (from the mount table: a bind mount
+    too) or a folder holding one, and the home or current directory or any folder
+    holding them. A ``gs://`` sibling sharing the prefix (``run`` vs ``run2``) survives.
 
     Args:
         path: a local or ``gs://`` directory.
-        force: clean a folder outside the storage roots. Defaults to False.
+        force: also delete files Fenwicks did not write. Defaults to False.
 
     Returns:
         `path`.
 
     Raises:
-        ValueError: for a refused path or a path that is a file; nothing is deleted.
+        ValueError: for a refused path, a folder holding files Fenwicks did not write
+            (without `force`), or a path that is a file; nothing is deleted.
 
-    Example:
+    Examples:
         >>> data_dir, work_dir = fw.io.get_project_dirs('gs://my-bucket', 'cifar10')
-        >>> fw.io.create_clean_dir(work_dir)
+        >>> fw.io.create_clean_dir(work_dir)  # its checkpoints, logs and exports go
         'gs://my-bucket/work/cifar10'
-        >>> fw.io.create_clean_dir('/tmp/scratch', force=True)
+        >>> fw.io.create_clean_dir('/tmp/scratch', force=True)  # everything in it goes
         '/tmp/scratch'
     """
     path = _check_path(path, "path")
     if is_gcs(path):
         _check_cleanable_gcs(path)
+        target = path.rstrip("/")
     else:
-        _check_cleanable_local(path)
-    if not force:
-        _check_inside_roots(path)
+        target = _check_cleanable_local(path)
     _gfile(path)
-    return _call(path, "create_clean_dir", _clean, path)
+    _call(path, "create_clean_dir", _clean, path, target, force)
+    return path
 
 
-def _clean(path: str) -> str:
+def _clean(path: str, target: str, force: bool) -> None:
     import tensorflow as tf
 
     gfile = tf.io.gfile
-    if gfile.exists(path):
-        if not gfile.isdir(path):
+    if gfile.exists(target):
+        if not gfile.isdir(target):
             raise ValueError(f"path={path!r} is a file, not a directory; delete it "
                              "yourself or choose another path")
-        if is_gcs(path):
-            gfile.rmtree(path)
+        if force:
+            _removal.remove_tree(target)  # links inside are removed, never followed
         else:
-            shutil.rmtree(path)  # unlike a generic rmtree, never follows symlinks inside
-    gfile.makedirs(path)
-    return path
+            own, foreign = _removal.classify_work_dir(target)
+            if foreign:
+                raise ValueError(_foreign_message(path, target, foreign))
+            _removal.remove_own_work_files(target, own)
+    gfile.makedirs(target)
+
+
+def _foreign_message(path: str, target: str, foreign: list[str]) -> str:
+    first = f"{target.rstrip('/')}/{foreign[0]}"
+    more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+    return (f"path={path!r} holds {first!r}{more}, which Fenwicks did not write; "
+            "create_clean_dir deletes only Fenwicks' own files (checkpoints, run records, "
+            "event files, exports, the lock), so nothing was deleted. Move that file "
+            f"away, or call fw.io.create_clean_dir({path!r}, force=True) to delete "
+            "everything in the folder")
 
 
 def _check_cleanable_gcs(path: str) -> None:
@@ -530,16 +559,24 @@ def _check_cleanable_gcs(path: str) -> None:
                          "folder to clean")
 
 
-def _check_cleanable_local(path: str) -> None:
-    if os.path.islink(path):
-        raise ValueError(f"path={path!r} is a symlink; create_clean_dir will not empty the "
-                         "directory it points to. Pass the real directory")
-    real = os.path.realpath(path)
+def _check_cleanable_local(path: str) -> str:
+    """The real path of local folder `path` (symlinks, ``..``, trailing slashes
+    resolved), after refusing a symlink and a protected folder."""
+    given = path.rstrip(os.sep) or os.sep
+    while given.endswith(os.sep + ".") and len(given) > 2:  # 'run/.', 'run/./'
+        given = given[:-2].rstrip(os.sep) or os.sep
+    if os.path.islink(given):
+        raise ValueError(
+            f"path={path!r} is a symlink to {os.path.realpath(given)!r}; create_clean_dir "
+            "never empties a folder through a link. Pass the real folder if that is the "
+            "one to clean")
+    real = os.path.realpath(given)
     why = _protected_reason(real)
     if why:
         raise ValueError(f"path={path!r} is {why}; refusing to delete it (even with "
                          "force=True). Pass a dedicated sub-directory such as a work_dir "
                          "of fw.io.get_project_dirs")
+    return real
 
 
 def _protected_reason(real: str) -> str | None:
@@ -556,9 +593,48 @@ def _protected_reason(real: str) -> str | None:
     for tree in _system_trees():
         if os.path.commonpath([real, tree]) == tree:
             return f"inside the system folder {tree!r}"
-    if os.path.ismount(real):
-        return "a mount point (a whole disk)"
+    return _mount_reason(real)
+
+
+def _mount_reason(real: str) -> str | None:
+    """Why `real` is a mount point or holds one, from the mount table (a bind mount on
+    the same filesystem is one too, though `os.path.ismount` says False), or None."""
+    mounts = _mount_table()
+    if real in mounts or os.path.ismount(real):
+        what = mounts.get(real, "a mount point")
+        return f"a mount point ({what})"
+    inside = sorted(m for m in mounts if m.startswith(real.rstrip(os.sep) + os.sep))
+    if inside:
+        return (f"a folder holding the mount point {inside[0]!r} ({mounts[inside[0]]}), "
+                "whose files a clean would delete")
     return None
+
+
+def _mount_table() -> dict[str, str]:
+    """{mount point: 'a <type> mount of <source>'} from ``/proc/self/mountinfo``;
+    empty where there is none (macOS: `os.path.ismount` alone)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    table = {}
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        dash = fields.index("-", 6)
+        point, root = _unescape_mount(fields[4]), _unescape_mount(fields[3])
+        kind, source = fields[dash + 1], _unescape_mount(fields[dash + 2])
+        bind = f", folder {root!r} of it" if root != "/" else ""
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        table[point] = f"{article} {kind} mount of {source}{bind}"
+    return table
+
+
+def _unescape_mount(text: str) -> str:
+    """The kernel writes space, tab, newline and backslash in mountinfo as octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 
 def _system_dirs() -> set[str]:
@@ -580,38 +656,6 @@ def _system_trees() -> set[str]:
     if os.path.isdir(var):  # /var's trees (lib, log, cache...), not its temp folder
         trees |= {os.path.join(var, d) for d in os.listdir(var) if d != "tmp"}
     return trees
-
-
-def _storage_roots() -> list[str]:
-    """The folders `create_clean_dir` cleans inside without ``force``."""
-    roots = sorted(_project_roots)
-    if os.environ.get(ROOT_ENV, "").strip():
-        roots.append(_normalise(_check_path(os.environ[ROOT_ENV], ROOT_ENV)))
-    bucket = os.environ.get(BUCKET_ENV, "").strip().removeprefix(GCS_PREFIX).rstrip("/")
-    if bucket:
-        roots.append(GCS_PREFIX + bucket)
-    roots.append(_normalise(_local_default_root()))
-    return roots
-
-
-def _check_inside_roots(path: str) -> None:
-    roots = _storage_roots()
-    target = _normalise(path) if is_gcs(path) else os.path.realpath(path)
-    for root in roots:
-        if is_gcs(root) != is_gcs(target):
-            continue
-        if is_gcs(root):
-            inside = target.startswith(root.rstrip("/") + "/")
-        else:
-            root = os.path.realpath(root)
-            inside = target != root and os.path.commonpath([target, root]) == root
-        if inside:
-            return
-    raise ValueError(
-        f"path={path!r} is outside Fenwicks' storage roots ({', '.join(roots)}), and "
-        "create_clean_dir deletes everything in it. Pass a folder from "
-        "fw.io.get_project_dirs, set FENWICKS_ROOT, or call "
-        f"fw.io.create_clean_dir({path!r}, force=True) if that folder is yours to empty")
 
 
 # --------------------------------------------------------------------------- transfers
@@ -638,7 +682,7 @@ def upload(local_path: str, remote_dir: str, *, workers: int = 16,
         ValueError: `local_path` is a ``gs://`` path, or `workers` < 1.
         FileNotFoundError: `local_path` does not exist.
 
-    Example:
+    Examples:
         >>> fw.io.upload('/content/cifar10', 'gs://my-bucket/data')
         ['gs://my-bucket/data/cifar10/test.tfrec', 'gs://my-bucket/data/cifar10/train.tfrec']
         >>> fw.io.upload('/content/cifar10', 'gs://my-bucket/data')
@@ -672,7 +716,7 @@ def download(remote_path: str, local_dir: str, *, workers: int = 16,
         ValueError: `local_dir` is a ``gs://`` path, or `workers` < 1.
         FileNotFoundError: `remote_path` does not exist.
 
-    Example:
+    Examples:
         >>> fw.io.download('gs://my-bucket/work/cifar10/export', '/content')
         ['/content/export/saved_model.pb', ...]
     """
@@ -700,7 +744,7 @@ def stage(local_path: str, project: str, root_dir: str | None = None) -> str:
     Returns:
         The path to hand to the input pipeline.
 
-    Example:
+    Examples:
         >>> fw.io.stage('/content/digits.tfrec', 'digits')   # on a Colab TPU node
         'gs://my-bucket/data/digits/digits.tfrec'
     """
@@ -870,7 +914,7 @@ def upload_to_gcs(local_path: str, gcs_path: str) -> list[str]:
     Returns:
         The paths written (empty if ``gcs_path`` already existed).
 
-    Example:
+    Examples:
         >>> fw.io.upload_to_gcs('./data/train.tfrec', 'gs://bucket/data/train.tfrec')
     """
     if exists(gcs_path):

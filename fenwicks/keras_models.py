@@ -97,7 +97,7 @@ def get_model(model_name: str, root_dir: str | None = None, model_dir: str | Non
     Raises:
         ValueError: an unknown ``model_name`` (the known ones are listed).
 
-    Example:
+    Examples:
         >>> base_model = fw.keras_models.get_model('ResNet50')
         >>> base = base_model.model_func()
     """

@@ -53,7 +53,7 @@ BN_MODES = ("replica", "sync")
 def check_bn(bn: Any, name: str = "bn") -> str | int:
     """Validates a BatchNorm mode: ``'replica'``, ``'sync'`` or a group size (int >= 1).
 
-    Example:
+    Examples:
         >>> check_bn(64)
         64
     """
@@ -85,10 +85,16 @@ def batch_replicas(num_replicas: int) -> Iterator[None]:
     Args:
         num_replicas: replicas (devices along the batch axis) sharing the batch.
 
-    Example:
+    Examples:
+        >>> model = fw.models.mnist_net(input_shape=(8, 8, 1), c=4, bn=2)  # ghost BN
+        >>> trainable = [v.value for v in model.trainable_variables]
+        >>> non_trainable = [v.value for v in model.non_trainable_variables]
+        >>> x = np.zeros((8, 8, 8, 1), 'float32')   # the global batch of 8 replicas
         >>> with fw.layers.batch_replicas(8):
         ...     outputs, state = model.stateless_call(trainable, non_trainable, x,
         ...                                           training=True)
+        >>> tuple(outputs.shape)
+        (8, 10)
     """
     token = _BATCH_REPLICAS.set(positive_int("num_replicas", num_replicas))
     try:
@@ -102,14 +108,14 @@ def current_batch_replicas() -> int:
     else the batch axis of a `keras.distribution.DataParallel` distribution on JAX (as
     Keras's own ``fit`` shards the batch), else 1 (the batch is one replica's).
 
-    Example:
+    Examples:
         >>> fw.layers.current_batch_replicas()
         1
     """
     value = _BATCH_REPLICAS.get()
     if value is not None:
         return value
-    return _engine.data_parallel_replicas() or 1
+    return _engine.backend_facts().data_parallel_replicas() or 1
 
 
 def _plain_ints(value: Any) -> Any:
@@ -138,7 +144,7 @@ def init_pytorch(shape: Any, dtype: Any = None) -> Any:
     instance would give them identical ones); `keras.utils.set_random_seed` still makes
     the whole model reproducible.
 
-    Example:
+    Examples:
         >>> layer = keras.layers.Conv2D(64, 3, kernel_initializer=fw.layers.init_pytorch)
     """
     # VarianceScaling uniform has limit sqrt(3 * scale / fan_in): scale 1/3 gives 1/sqrt(fan_in).
@@ -187,7 +193,7 @@ class BatchNorm(keras.layers.BatchNormalization):
     batch), ``'sync'`` is Keras's BatchNorm over that batch, and ``'replica'`` is ghost
     BatchNorm with one group per replica inside `batch_replicas` (else Keras's).
 
-    Example:
+    Examples:
         >>> bn = fw.layers.BatchNorm(mode=64)    # 1 GPU x 512 behaves as 8 TPU cores x 64
     """
 
@@ -201,7 +207,7 @@ class BatchNorm(keras.layers.BatchNormalization):
         # on JAX the statistics of the global batch under jit are the synchronized ones.
         super().__init__(momentum=momentum, epsilon=epsilon,
                          synchronized=self.mode == "sync"
-                         and _engine.synchronized_batchnorm_in_keras(), **kwargs)
+                         and _engine.backend_facts().SYNCS_BATCHNORM, **kwargs)
         if isinstance(self.mode, int) and self.axis not in (-1,):
             raise ValueError(f"axis={self.axis} is not supported with ghost BatchNorm "
                              f"(mode={self.mode}); use channels-last inputs and axis=-1")
@@ -283,7 +289,9 @@ def build_chain(parts: list[keras.layers.Layer], shape: Any) -> Any:
     For composite layers' `build` (built from shapes, so that `from_config` and
     `build_config` restore real weights).
 
-    Example:
+    Examples:
+        >>> conv = keras.layers.Conv2D(64, 3, padding='same')
+        >>> norm = keras.layers.BatchNormalization()
         >>> fw.layers.build_chain([conv, norm], (None, 32, 32, 3))
         (None, 32, 32, 64)
     """
@@ -351,7 +359,7 @@ class ConvBN(_Block):
         bn: BatchNorm mode (``'replica'``, ``'sync'`` or a ghost group size). Defaults to
             ``'replica'``.
 
-    Example:
+    Examples:
         >>> block = fw.layers.ConvBN(64, kernel_size=3, **fw.layers.PYTORCH_PARAMS)
     """
 
@@ -388,7 +396,7 @@ class ConvBlk(_Block):
         convs: number of ConvBN layers. Defaults to `1`.
         kernel_size, kernel_initializer, bn_mom, bn_eps, bn: as for `ConvBN`.
 
-    Example:
+    Examples:
         >>> block = fw.layers.ConvBlk(128, convs=2, bn='sync')
     """
 
@@ -432,7 +440,7 @@ class ConvResBlk(ConvBlk):
         pool, convs, kernel_size, kernel_initializer, bn_mom, bn_eps, bn: as for `ConvBlk`.
         res_convs: ConvBN layers on the residual branch. Defaults to `2`.
 
-    Example:
+    Examples:
         >>> block = fw.layers.ConvResBlk(128, res_convs=2, **fw.layers.PYTORCH_PARAMS)
     """
 
@@ -471,7 +479,7 @@ class DenseBN(_Block):
         drop_rate: dropout rate in [0, 1); 0 means no dropout layer. Defaults to `0.0`.
         bn: BatchNorm mode. Defaults to ``'replica'``.
 
-    Example:
+    Examples:
         >>> block = fw.layers.DenseBN(200, drop_rate=0.5)
     """
 
@@ -513,7 +521,7 @@ class Classifier(keras.layers.Layer):
         use_bias: add a bias. Defaults to `False`.
         **kwargs: Keras layer arguments; pass ``dtype=None`` to follow the global policy.
 
-    Example:
+    Examples:
         >>> head = fw.layers.Classifier(10, weight=0.125)
     """
 
@@ -549,8 +557,8 @@ class Classifier(keras.layers.Layer):
 class GlobalPools2D(keras.layers.Layer):
     """Concatenated global max and global average pooling: [B, H, W, C] -> [B, 2C].
 
-    Example:
-        >>> fw.layers.GlobalPools2D()(keras.ops.ones((2, 4, 4, 3))).shape
+    Examples:
+        >>> tuple(fw.layers.GlobalPools2D()(keras.ops.ones((2, 4, 4, 3))).shape)
         (2, 6)
     """
 
@@ -566,7 +574,7 @@ class GlobalPools2D(keras.layers.Layer):
 class Sequential(keras.Sequential):
     """A Keras Sequential model: start empty, `.add` layers, call it.
 
-    Example:
+    Examples:
         >>> model = fw.Sequential()
         >>> model.add(fw.layers.ConvBN(32))
         >>> model.add(fw.layers.GlobalPools2D())

@@ -1,8 +1,9 @@
 """Ready-made networks built from `fw.layers`.
 
 Every builder returns a built `keras.Model` (weights exist, `count_params()` works) whose
-output is float32 whatever the global mixed-precision policy. Call a builder inside
-`strategy.scope()` (the estimator does) so the variables are distributed.
+output is float32 whatever the global mixed-precision policy. The estimator calls a
+builder where its engine's variables live (on the tf engine inside its strategy's
+scope, `fw.train.tf.strategy()`), so the variables are distributed.
 
     build_nn = lambda: fw.models.resnet9(n_classes=10, bn=64)
     model_func = fw.train.get_clf_model_func(build_nn, opt_func)
@@ -52,10 +53,10 @@ def mnist_net(n_classes: int = 10, c: int = 32, input_shape: Sequence[int] = (28
     Returns:
         A built Keras model mapping [B, H, W, C] images to [B, n_classes] float32 logits.
 
-    Example:
+    Examples:
         >>> model = fw.models.mnist_net()
-        >>> model.output.shape
-        (None, 10)
+        >>> tuple(model(np.zeros((1, 28, 28, 1), 'float32')).shape)
+        (1, 10)
     """
     shape, bn = _image_shape(input_shape, 4), check_bn(bn)
     c, n_classes = positive_int("c", c), positive_int("n_classes", n_classes)
@@ -89,7 +90,7 @@ def resnet9(n_classes: int = 10, c: int = 64, weight: float = 0.125,
     Returns:
         A built Keras model with float32 logits [B, n_classes].
 
-    Example:
+    Examples:
         >>> model = fw.models.resnet9(c=64)    # 6.57M parameters, as in DavidNet
     """
     shape, bn = _image_shape(input_shape, 8), check_bn(bn)
@@ -118,7 +119,7 @@ class ResBlock(keras.layers.Layer):
         strides: stride of the first convolution. Defaults to `1`.
         bn: BatchNorm mode. Defaults to ``'replica'``.
 
-    Example:
+    Examples:
         >>> block = fw.models.ResBlock(128, strides=2)
     """
 
@@ -183,7 +184,7 @@ def resnet(blocks: Sequence[int] = (2, 2, 2, 2), n_classes: int = 10, c: int = 6
     Returns:
         A built Keras model with float32 logits [B, n_classes].
 
-    Example:
+    Examples:
         >>> model = fw.models.resnet((1, 1, 1, 1), n_classes=102, input_shape=(128, 128, 3))
     """
     if not blocks or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
@@ -224,7 +225,7 @@ def rnn_forecaster(input_shape: Sequence[int], horizon: int = 1, units: int = 32
     Returns:
         A built Keras model [B, T, F] -> [B, horizon].
 
-    Example:
+    Examples:
         >>> model = fw.models.rnn_forecaster((120, 14), horizon=12, cell='gru')
     """
     shape = _input_shape(input_shape)

@@ -85,9 +85,10 @@ def plot_lr_func(lr_func: Callable[[Any], Any], total_steps: int,
     Raises:
         ValueError: if `lr_func` is not callable or `total_steps` is not a positive int.
 
-    Example:
+    Examples:
         >>> lr_func = fw.train.one_cycle_lr(0.4, 1000, 200, fw.train.linear_decay())
         >>> fw.plt.plot_lr_func(lr_func, 1000)
+        <Figure size ... with 1 Axes>
     """
     if not callable(lr_func):
         raise ValueError(f"lr_func={lr_func!r} must be a callable step -> learning rate")
@@ -122,8 +123,10 @@ def plot_counts_pie(labels: Iterable[Any], class_names: Sequence[str] | None = N
     Raises:
         ValueError: if `labels` is empty or a label has no entry in `class_names`.
 
-    Example:
+    Examples:
+        >>> y_train = np.array([0, 1, 1, 1])
         >>> fw.plt.plot_counts_pie(y_train, class_names=['cat', 'dog'])
+        <Figure size ... with 1 Axes>
     """
     _check_positive_int("w", w)
     _check_positive_int("h", h)
@@ -180,9 +183,11 @@ def show_batch(data: Any, n: int = 16, converter: Callable[[np.ndarray], Any] | 
     Raises:
         ValueError: for a non-positive `n`, or data of a type it cannot read.
 
-    Example:
+    Examples:
+        >>> X, y = np.random.rand(16, 8, 8, 1), np.arange(16) % 2
         >>> fw.plt.show_batch(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
         ...                   n=8, class_names=['zero', 'one'])
+        <Figure size ... with 8 Axes>
     """
     _check_positive_int("n", n)
     images, labels = _take_examples(data, n, batch_size or n)
@@ -218,7 +223,7 @@ def show_image_files(paths: Sequence[str], n_img: int = 20, h_inch: float = 2.0,
     Returns:
         The figure; one axes per image.
 
-    Example:
+    Examples:
         >>> paths, y, labels = fw.data.data_dir_tfrecord(data_dir, fn, shuffle=True)
         >>> fw.plt.show_image_files(paths, labels=y, class_names=labels)
     """
@@ -385,7 +390,7 @@ def plot_history(history: Any, x: str | None = None):
     Raises:
         ValueError: for an empty history, an unknown `x`, or no loss or metric columns.
 
-    Example:
+    Examples:
         >>> est.train(train_input_func, steps=total_steps)
         >>> fw.plt.plot_history(est.history)
     """
@@ -437,7 +442,7 @@ def plot_lr_find(lrs: Any, losses: Sequence[float] | None = None,
     Raises:
         ValueError: if `lrs` and `losses` differ in length, are empty, or an lr <= 0.
 
-    Example:
+    Examples:
         >>> result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
         >>> fw.plt.plot_lr_find(result)
     """
@@ -514,9 +519,11 @@ def plot_forecast(y_true: Any, y_pred: Any, history: Any = None,
         ValueError: if `y_true` and `y_pred` differ in shape, or `history` or `labels`
             do not match the number of variables.
 
-    Example:
-        >>> preds = np.stack([p['prediction'] for p in est.predict(test_input_func)])
-        >>> fw.plt.plot_forecast(y_test[:200], preds[:200], labels=['temperature'])
+    Examples:
+        >>> y_test = np.sin(np.arange(200) / 10)             # the truth, one variable
+        >>> preds = y_test + np.random.default_rng(0).normal(0, 0.1, 200)
+        >>> fw.plt.plot_forecast(y_test, preds, labels=['temperature'])
+        <Figure size ... with 1 Axes>
     """
     y_true, y_pred = _as_columns(y_true), _as_columns(y_pred)
     if y_true.shape != y_pred.shape:

@@ -37,7 +37,7 @@ def info_rows() -> list[tuple[str, str]]:
         ("engine", f"{acc.engine} (Keras on {keras.backend.backend()}; {choice.reason})"),
         ("accelerator", acc.kind + (" (simulated)" if acc.simulated else "")),
         ("chosen by", acc.reason),
-        ("strategy", type(acc.strategy).__name__ + choice.strategy_note),
+        ("strategy", accel.distribution()),
         ("replicas", str(acc.num_replicas)),
         ("workers", str(acc.num_workers)),
         ("precision", acc.precision),
@@ -60,7 +60,7 @@ def info() -> None:
     replicas, precision and the storage root, then a WARNING row for each TPU or GPU
     present but unusable (the original error, the fix and what was chosen instead).
 
-    Example:
+    Examples:
         >>> fw.info()
         python               3.11.7
         tensorflow           2.21.0

@@ -66,11 +66,14 @@ def seeded(seed: tf.Tensor) -> Iterator[None]:
     Args:
         seed: an int64 (or int32) tensor of shape ``[2]``, different for each element.
 
-    Example:
+    Examples:
         >>> def fn(i, x):
         ...     with fw.transform.seeded(tf.stack([i, 42])):
         ...         return fw.transform.random_flip(x)
+        >>> ds = tf.data.Dataset.from_tensor_slices(tf.zeros([4, 8, 8, 3]))
         >>> ds = ds.enumerate().map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+        >>> [x.shape for x in ds.take(1)]
+        [TensorShape([8, 8, 3])]
     """
     outer = getattr(_state, "scope", None)
     # The counter gives every draw in the traced function its own stream: tracing
@@ -119,7 +122,7 @@ def random_pad_crop(x: tf.Tensor, pad: int, mode: str = "CONSTANT") -> tf.Tensor
     Returns:
         A tensor of the shape and dtype of ``x``.
 
-    Example:
+    Examples:
         >>> fw.transform.random_pad_crop(tf.zeros([32, 32, 3]), 4).shape
         TensorShape([32, 32, 3])
     """
@@ -171,8 +174,11 @@ def random_flip(x: tf.Tensor) -> tf.Tensor:
     Returns:
         A tensor of the shape and dtype of ``x``.
 
-    Example:
-        >>> flipped = fw.transform.random_flip(images)   # images: [B, H, W, C]
+    Examples:
+        >>> images = tf.reshape(tf.range(8.0), [2, 1, 4, 1])   # [B, H, W, C]
+        >>> flipped = fw.transform.random_flip(images)         # each image or its mirror
+        >>> flipped.shape
+        TensorShape([2, 1, 4, 1])
     """
     x = _image_or_batch(x)
     if x.shape.rank == 3:
@@ -203,8 +209,10 @@ def cutout(x: tf.Tensor, h: int, w: int, fill: float = 0) -> tf.Tensor:
     Returns:
         A tensor of the shape and dtype of ``x``.
 
-    Example:
-        >>> x = fw.transform.cutout(x, 8, 8)
+    Examples:
+        >>> x = fw.transform.cutout(tf.ones([2, 32, 32, 3]), 8, 8)
+        >>> bool(tf.reduce_sum(x) < 2 * 32 * 32 * 3)    # an 8x8 hole (clipped at edges)
+        True
     """
     h, w = _non_negative_int("h", h), _non_negative_int("w", w)
     x = _image_or_batch(x)
@@ -245,7 +253,7 @@ def random_crop_resize(x: tf.Tensor, size: int | Sequence[int],
     Returns:
         float32 images of spatial size ``size`` (bilinear interpolation).
 
-    Example:
+    Examples:
         >>> fw.transform.random_crop_resize(tf.zeros([64, 48, 3]), 32).shape
         TensorShape([32, 32, 3])
     """
@@ -292,8 +300,11 @@ def _per_channel(value, x: tf.Tensor) -> tf.Tensor:
 def standard_scaler(x: tf.Tensor, mean, std) -> tf.Tensor:
     """Returns ``(x - mean) / std`` in float32; ``mean`` and ``std`` broadcast (per channel).
 
-    Example:
-        >>> x = fw.transform.standard_scaler(x, [125.3, 123.0, 113.9], [63.0, 62.1, 66.7])
+    Examples:
+        >>> x = tf.fill([1, 2, 2, 3], 125.0)
+        >>> x = fw.transform.standard_scaler(x, [125.0, 123.0, 113.0], [1.0, 2.0, 4.0])
+        >>> x[0, 0, 0].numpy().round(2).tolist()        # (125 - mean) / std per channel
+        [0.0, 1.0, 3.0]
     """
     x = tf.convert_to_tensor(x)
     scale = 1 / _per_channel(std, x)
@@ -303,8 +314,11 @@ def standard_scaler(x: tf.Tensor, mean, std) -> tf.Tensor:
 def reverse_standard_scaler(x: tf.Tensor, mean, std) -> tf.Tensor:
     """Undoes `standard_scaler`: returns ``x * std + mean`` in float32.
 
-    Example:
-        >>> pixels = fw.transform.reverse_standard_scaler(x, mean, std)
+    Examples:
+        >>> x = tf.constant([[0.0, 1.0, 3.0]])
+        >>> fw.transform.reverse_standard_scaler(x, [125.0, 123.0, 113.0],
+        ...                                      [1.0, 2.0, 4.0]).numpy().tolist()
+        [[125.0, 125.0, 125.0]]
     """
     x = tf.convert_to_tensor(x)
     return tf.cast(x, tf.float32) * _per_channel(std, x) + _per_channel(mean, x)
@@ -318,9 +332,11 @@ def tfm_standard_scaler(mean, std) -> Callable[[tf.Tensor], tf.Tensor]:
 def tfm_reverse_standard_scaler(mean, std) -> Callable[[tf.Tensor], tf.Tensor]:
     """`reverse_standard_scaler` with ``mean`` and ``std`` bound, e.g. to plot images.
 
-    Example:
-        >>> show = fw.transform.tfm_reverse_standard_scaler(mean, std)
-        >>> pixels = show(x_batch)
+    Examples:
+        >>> show = fw.transform.tfm_reverse_standard_scaler([125.0, 123.0, 113.0],
+        ...                                                 [1.0, 2.0, 4.0])
+        >>> show(tf.constant([[0.0, 1.0, 3.0]])).numpy().tolist()
+        [[125.0, 125.0, 125.0]]
     """
     return functools.partial(reverse_standard_scaler, mean=mean, std=std)
 
@@ -338,7 +354,7 @@ def tfm_cutout(h: int, w: int, fill: float = 0) -> Callable[[tf.Tensor], tf.Tens
 def compose(*transforms: Callable[[tf.Tensor], tf.Tensor]) -> Callable[[tf.Tensor], tf.Tensor]:
     """Chains transforms left to right.
 
-    Example:
+    Examples:
         >>> augment = fw.transform.compose(fw.transform.tfm_pad_crop(4),
         ...                                fw.transform.random_flip)
     """
@@ -361,7 +377,7 @@ def tfm_random_flip(flip_vert: bool = False) -> Callable[[tf.Tensor], tf.Tensor]
     With ``flip_vert`` every one of the 8 symmetries of a square is equally likely
     (satellite or microscope images have no "up"); images must then be square.
 
-    Example:
+    Examples:
         >>> tfms = [fw.transform.tfm_random_flip(flip_vert=True)]
     """
     if not flip_vert:
@@ -372,7 +388,7 @@ def tfm_random_flip(flip_vert: bool = False) -> Callable[[tf.Tensor], tf.Tensor]
 def random_rotate_90(x: tf.Tensor) -> tf.Tensor:
     """Rotates one square image ``[H, H, C]`` by 0, 90, 180 or 270 degrees, uniformly.
 
-    Example:
+    Examples:
         >>> fw.transform.random_rotate_90(tf.zeros([8, 8, 3])).shape
         TensorShape([8, 8, 3])
     """
@@ -390,7 +406,7 @@ def tfm_set_shape(h: int | None = None, w: int | None = None,
     A decoded JPEG has an unknown height and width; models and TPUs need them known.
     The shape is checked when the data flows: a record of another size is an error.
 
-    Example:
+    Examples:
         >>> tfms = [fw.transform.tfm_set_shape(32, 32)]
     """
     shape = [_optional_size("h", h), _optional_size("w", w), _optional_size("c", c)]
@@ -408,7 +424,7 @@ def _optional_size(name: str, value) -> int | None:
 def tfm_resize(h: int, w: int) -> Callable[[tf.Tensor], tf.Tensor]:
     """Resizes an image to ``h`` x ``w`` (bilinear, aspect not kept), float32 out.
 
-    Example:
+    Examples:
         >>> fw.transform.tfm_resize(4, 6)(tf.zeros([8, 8, 3])).shape
         TensorShape([4, 6, 3])
     """
@@ -435,7 +451,7 @@ def random_rotate_zoom(x: tf.Tensor, max_rotate: float = 10.0, max_zoom: float =
     Returns:
         The float32 image, same shape.
 
-    Example:
+    Examples:
         >>> y = fw.transform.random_rotate_zoom(tf.random.uniform([32, 32, 3]))
     """
     if max_zoom < 1 or not 0 <= p <= 1:
@@ -465,7 +481,7 @@ def random_lighting(x: tf.Tensor, max_lighting: float = 0.2, p: float = 0.75) ->
     ``[1 - max_lighting, 1 / (1 - max_lighting)]``), each with probability ``p``;
     for images in ``[0, 1]``, clipped back to it.
 
-    Example:
+    Examples:
         >>> y = fw.transform.random_lighting(tf.random.uniform([32, 32, 3]))
     """
     if not 0 <= max_lighting < 1 or not 0 <= p <= 1:
@@ -527,7 +543,7 @@ def get_fastai_transforms(h: int, w: int, training: bool,
     Returns:
         A list of single-image transforms, applied in order.
 
-    Example:
+    Examples:
         >>> tfms = fw.transform.get_fastai_transforms(224, 224, training=True)
         >>> parser = fw.data.get_tfexample_image_parser(tfms)
     """

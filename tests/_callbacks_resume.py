@@ -26,8 +26,11 @@ def run(work_dir: str, epochs: str) -> dict[str, Any]:
     est = _callbacks.make_estimator(work_dir)
     est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y),
                            epochs=int(epochs), callbacks=callbacks)
-    best_file = os.path.join(best_dir, "best.json")
-    best = json.load(open(best_file)) if os.path.exists(best_file) else None
+    try:
+        best_file = os.path.join(fw.train.latest_export(best_dir), "best.json")
+        best = json.load(open(best_file))
+    except FileNotFoundError:  # no best exported yet
+        best = None
     return {"step": est.global_step, "best": best}
 
 

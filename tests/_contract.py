@@ -225,7 +225,8 @@ def gcs(root: str) -> dict:
     return {"global_step": est.global_step, "losses": est.history.losses,
             "num_examples": result["num_examples"],
             "served_rows": int(served["predictions"].shape[0]),
-            "export_marker": fw.io.exists(f"{exported}/fenwicks_export.json")}
+            "export_manifest": fw.io.exists(f"{exported}/fenwicks_manifest.json"),
+            "export_is_version": exported.rsplit("/", 1)[1].isdigit()}
 
 
 def service(root: str, records: str, address: str) -> dict:

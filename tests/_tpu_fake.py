@@ -35,13 +35,13 @@ def main(replicas: int) -> None:
     import tensorflow as tf
 
     import fenwicks as fw
-    from fenwicks import accel
+    from fenwicks.train.tf import devices
 
     class Resolver:
         def cluster_spec(self):
             return tf.train.ClusterSpec({})
 
-    class FakeTPUProbe(accel.TFProbe):
+    class FakeTPUProbe(devices.TFProbe):
         def has_libtpu(self) -> bool:
             return True
 
@@ -49,9 +49,9 @@ def main(replicas: int) -> None:
             assert tpu == "local", tpu
             if replicas == 1:
                 return Resolver(), tf.distribute.OneDeviceStrategy("/cpu:0")
-            return Resolver(), accel.TFProbe().cpu_strategy(replicas)
+            return Resolver(), devices.TFProbe().cpu_strategy(replicas)
 
-    accel.TFProbe = FakeTPUProbe
+    devices.TFProbe = FakeTPUProbe
     acc = fw.accel.current()
     rng = np.random.default_rng(0)
     x = rng.random((96, 8, 8, 1), dtype=np.float32)

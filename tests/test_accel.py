@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import socket
 import textwrap
 
 import pytest
 
+import fenwicks as fw
 from fenwicks import _engine, _tpu_diagnosis, accel
+from fenwicks.train.jax import devices as jax_devices
+from fenwicks.train.tf import devices as tf_devices
 from tests.conftest import run_json, run_python, start_process
 
 
@@ -45,7 +49,7 @@ class FakeProbe:
         self.cpu_name_value = cpu_name
         self.tpu_addresses: list[str] = []
         self.cpu_replicas: list[int] = []
-        # An NVIDIA device TensorFlow may not list, and why (see fw.accel._gpu_unusable).
+        # An NVIDIA device TensorFlow may not list, and why (tf/devices.py: _gpu_unusable).
         self.nvidia, self.holders, self.cuda_error = nvidia, list(tpu_holders), cuda_error
         self.build = build or {"is_cuda_build": True, "cuda_version": "12.5.1",
                                "cudnn_version": "9"}
@@ -109,7 +113,7 @@ AUTO = accel.Request()
 
 def test_tpu_vm_comes_first_even_with_gpus_and_tpu_name():
     probe = FakeProbe(libtpu=True, gpus=[V100])
-    acc = accel.detect(AUTO, probe, env={"TPU_NAME": "grpc://10.0.0.2:8470"})
+    acc = tf_devices.detect(AUTO, probe, env={"TPU_NAME": "grpc://10.0.0.2:8470"})
     assert (acc.kind, acc.num_replicas, acc.is_remote) == ("tpu", 8, False)
     assert acc.precision == "bfloat16"
     assert probe.tpu_addresses == ["local"]
@@ -118,7 +122,7 @@ def test_tpu_vm_comes_first_even_with_gpus_and_tpu_name():
 def test_libtpu_without_a_tpu_falls_through_to_cpu_with_a_warning():
     probe = FakeProbe(libtpu=True, tpu_fails=True)
     with pytest.warns(accel.AcceleratorWarning, match="no TPU here"):
-        acc = accel.detect(AUTO, probe, env={})
+        acc = tf_devices.detect(AUTO, probe, env={})
     assert acc.kind == "cpu" and acc.num_replicas == 1 and acc.precision == "float32"
     assert len(acc.warnings) == 1
 
@@ -129,7 +133,7 @@ def test_libtpu_without_a_tpu_falls_through_to_cpu_with_a_warning():
 ])
 def test_tpu_node_is_remote(env, address):
     probe = FakeProbe()
-    acc = accel.detect(AUTO, probe, env=env)
+    acc = tf_devices.detect(AUTO, probe, env=env)
     assert (acc.kind, acc.is_remote, acc.num_replicas) == ("tpu", True, 8)
     assert probe.tpu_addresses == [address]
     assert "TPU node" in acc.reason
@@ -137,26 +141,26 @@ def test_tpu_node_is_remote(env, address):
 
 def test_tpu_node_that_does_not_answer_is_an_error_not_a_fallback():
     with pytest.raises(accel.AcceleratorError, match="TPU_NAME='grpc://bad:1'"):
-        accel.detect(AUTO, FakeProbe(tpu_fails=True), env={"TPU_NAME": "grpc://bad:1"})
+        tf_devices.detect(AUTO, FakeProbe(tpu_fails=True), env={"TPU_NAME": "grpc://bad:1"})
 
 
 def test_multi_worker_from_tf_config():
     tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
                             "task": {"type": "worker", "index": 1}})
-    acc = accel.detect(AUTO, FakeProbe(), env={"TF_CONFIG": tf_config})
+    acc = tf_devices.detect(AUTO, FakeProbe(), env={"TF_CONFIG": tf_config})
     assert (acc.kind, acc.num_workers, acc.num_replicas) == ("cpu", 2, 2)
     assert "worker:1 of 2" in acc.reason
 
 
 def test_single_worker_tf_config_is_not_multi_worker():
     tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1"]}})
-    acc = accel.detect(AUTO, FakeProbe(), env={"TF_CONFIG": tf_config})
+    acc = tf_devices.detect(AUTO, FakeProbe(), env={"TF_CONFIG": tf_config})
     assert acc.num_workers == 1 and acc.kind == "cpu"
 
 
 def test_malformed_tf_config_is_a_clear_error():
     with pytest.raises(accel.AcceleratorError, match="TF_CONFIG is not valid JSON"):
-        accel.detect(AUTO, FakeProbe(), env={"TF_CONFIG": "{worker"})
+        tf_devices.detect(AUTO, FakeProbe(), env={"TF_CONFIG": "{worker"})
 
 
 @pytest.mark.parametrize("gpus,replicas,precision", [
@@ -166,22 +170,22 @@ def test_malformed_tf_config_is_a_clear_error():
     ([V100, P100], 2, "float32"),    # the weakest GPU decides
 ])
 def test_gpus(gpus, replicas, precision):
-    acc = accel.detect(AUTO, FakeProbe(gpus=gpus), env={})
+    acc = tf_devices.detect(AUTO, FakeProbe(gpus=gpus), env={})
     assert (acc.kind, acc.num_replicas, acc.precision) == ("gpu", replicas, precision)
     assert acc.devices == tuple(g["name"] for g in gpus)
     assert acc.memory == tuple(g["memory"] for g in gpus)
 
 
 def test_gpu_replicas_limit_and_excess():
-    acc = accel.detect(accel.Request("gpu", 2), FakeProbe(gpus=[V100] * 4), env={})
+    acc = tf_devices.detect(accel.Request("gpu", 2), FakeProbe(gpus=[V100] * 4), env={})
     assert acc.num_replicas == 2
     with pytest.raises(accel.AcceleratorError, match="replicas=8 GPUs.*only 4"):
-        accel.detect(accel.Request("gpu", 8), FakeProbe(gpus=[V100] * 4), env={})
+        tf_devices.detect(accel.Request("gpu", 8), FakeProbe(gpus=[V100] * 4), env={})
 
 
 def test_cpu_replicas_and_explicit_precision():
     probe = FakeProbe()
-    acc = accel.detect(accel.Request("cpu", 8, "bfloat16"), probe, env={})
+    acc = tf_devices.detect(accel.Request("cpu", 8, "bfloat16"), probe, env={})
     assert (acc.kind, acc.num_replicas, acc.simulated) == ("cpu", 8, True)
     assert acc.precision == "bfloat16" and acc.keras_policy == "mixed_bfloat16"
     assert probe.cpu_replicas == [8]
@@ -191,28 +195,28 @@ def test_cpu_replicas_and_explicit_precision():
 @pytest.mark.parametrize("device", ["tpu", "gpu"])
 def test_absent_accelerator_is_an_error_never_a_silent_fallback(device):
     with pytest.raises(accel.AcceleratorError, match=f"no {device.upper()} was found"):
-        accel.detect(accel.Request(device), FakeProbe(), env={})
+        tf_devices.detect(accel.Request(device), FakeProbe(), env={})
 
 
 def test_requested_gpu_skips_tpu_and_cpu():
     probe = FakeProbe(libtpu=True, gpus=[V100])
-    acc = accel.detect(accel.Request("gpu"), probe, env={"TPU_NAME": "x"})
+    acc = tf_devices.detect(accel.Request("gpu"), probe, env={"TPU_NAME": "x"})
     assert acc.kind == "gpu" and probe.tpu_addresses == []
 
 
 def test_reason_says_who_chose_and_what_was_found(accel_state):
-    assert accel.detect(AUTO, FakeProbe(), env={}).reason == \
+    assert tf_devices.detect(AUTO, FakeProbe(), env={}).reason == \
         "auto-detection: no TPU or GPU was found, so the CPU"
-    assert accel.detect(AUTO, FakeProbe(gpus=[V100, V100]), env={}).reason == \
+    assert tf_devices.detect(AUTO, FakeProbe(gpus=[V100, V100]), env={}).reason == \
         "auto-detection: no TPU answered; TensorFlow sees 2 GPUs, so they train in sync, " \
         "one replica each"
     accel_state()  # not whatever this process already uses
     request = accel.effective_request({"FENWICKS_DEVICE": "cpu:4"})
-    assert accel.detect(request, FakeProbe(), env={}).reason.startswith(
+    assert tf_devices.detect(request, FakeProbe(), env={}).reason.startswith(
         "FENWICKS_DEVICE=cpu:4: the CPU split into 4 logical devices, to simulate 4 replicas")
     accel.configure(device="cpu")
     request = accel.effective_request({})
-    assert accel.detect(request, FakeProbe(), env={}).reason == \
+    assert tf_devices.detect(request, FakeProbe(), env={}).reason == \
         "fw.accel.configure(device='cpu'): the CPU, as asked"
 
 
@@ -252,7 +256,7 @@ def test_configure_rejects_bad_arguments(accel_state, kwargs, message):
 
 
 def test_configure_after_initialisation_is_refused(accel_state):
-    acc = accel.Accelerator("cpu", FakeStrategy(1), 1, "float32")
+    acc = accel.Accelerator("cpu", 1, "float32")
     accel_state(acc)
     with pytest.raises(accel.AcceleratorError, match="already initialised"):
         accel.configure(device="cpu", replicas=8)
@@ -264,14 +268,15 @@ def test_configure_after_initialisation_is_refused(accel_state):
 _REPLICA_SUM = """
 import json, tensorflow as tf, fenwicks as fw
 acc = fw.accel.current()
+strategy = fw.train.tf.strategy()
 @tf.function
 def total():
-    per_replica = acc.strategy.run(lambda: tf.constant(1.5))
-    return acc.strategy.reduce("SUM", per_replica, axis=None)
+    per_replica = strategy.run(lambda: tf.constant(1.5))
+    return strategy.reduce("SUM", per_replica, axis=None)
 print(json.dumps({"kind": acc.kind, "replicas": acc.num_replicas, "simulated": acc.simulated,
-                  "strategy": type(acc.strategy).__name__, "sum": float(total()),
+                  "strategy": type(strategy).__name__, "sum": float(total()),
                   "precision": acc.precision,
-                  "multi_worker": isinstance(acc.strategy,
+                  "multi_worker": isinstance(strategy,
                                              tf.distribute.MultiWorkerMirroredStrategy)}))
 """
 
@@ -506,8 +511,8 @@ class FakeJaxProbe(FakeProbe):
     def gpus(self):
         return [d for d in self._devices if d["platform"] == "gpu"]
 
-    def strategy(self):
-        return FakeStrategy(1)
+    def device_count(self):
+        return len(self._devices) * self.process_count()
 
 
 @pytest.mark.parametrize("probe,kind,replicas,precision", [
@@ -517,22 +522,23 @@ class FakeJaxProbe(FakeProbe):
     (FakeJaxProbe("cpu", 1), "cpu", 1, "float32"),
 ])
 def test_the_jax_engine_describes_jax_devices(probe, kind, replicas, precision):
-    acc = accel.detect_jax(AUTO, probe)
+    acc = jax_devices.detect_jax(AUTO, probe)
     assert (acc.engine, acc.kind, acc.num_replicas, acc.precision) == \
         ("jax", kind, replicas, precision)
-    assert acc.strategy.num_replicas_in_sync == 1  # TensorFlow's default strategy
+    with pytest.raises(AttributeError, match=r"fw.train.tf.strategy\(\)"):
+        acc.strategy  # noqa: B018 - devices only: JAX places the replicas, no strategy
     assert acc.warnings == ()
 
 
 def test_jax_cpu_n_is_simulated_and_a_wrong_count_is_an_error():
     eight = accel.Request("cpu", 8, source="FENWICKS_DEVICE=cpu:8")
-    acc = accel.detect_jax(eight, FakeJaxProbe("cpu", 8))
+    acc = jax_devices.detect_jax(eight, FakeJaxProbe("cpu", 8))
     assert (acc.kind, acc.num_replicas, acc.simulated) == ("cpu", 8, True)
     assert acc.reason.startswith("FENWICKS_DEVICE=cpu:8: the CPU split into 8 JAX devices")
     with pytest.raises(accel.AcceleratorError, match="JAX has 1 device"):
-        accel.detect_jax(eight, FakeJaxProbe("cpu", 1))
+        jax_devices.detect_jax(eight, FakeJaxProbe("cpu", 1))
     with pytest.raises(accel.AcceleratorError, match="its tpu backend failed: UNKNOWN"):
-        accel.detect_jax(accel.Request("tpu"), FakeJaxProbe(errors={"tpu": "UNKNOWN: x"}))
+        jax_devices.detect_jax(accel.Request("tpu"), FakeJaxProbe(errors={"tpu": "UNKNOWN: x"}))
 
 
 # ------------------------------------------------------- the engine in a real new process
@@ -629,3 +635,52 @@ def test_the_jax_engine_without_orbax_is_named_at_import():
            "XLA_FLAGS": None}
     hidden = run_json(_ENGINE_PROBE.format(prelude=_NO_ORBAX), env=env, fresh=True)
     assert hidden == {"error": "EngineError", "message": NO_ORBAX}
+
+
+# ----------------------------------------------------- the strategy is the tf engine's
+
+
+def test_an_accelerator_has_no_strategy_and_says_where_it_went():
+    acc = accel.Accelerator("cpu", 1, "float32")
+    with pytest.raises(AttributeError, match=(
+            r"fw.accel.current\(\).strategy is gone: the Accelerator describes devices only "
+            r"\(kind, count, memory, precision\), and the tf.distribute strategy belongs to "
+            r"the tf engine: use fw.train.tf.strategy\(\)")):
+        acc.strategy  # noqa: B018
+
+
+def test_the_tf_engine_keeps_the_strategy_it_made_for_its_devices(accel_state):
+    acc = tf_devices.detect_devices(AUTO, FakeProbe(gpus=[V100, V100]), env={})
+    assert (acc.kind, acc.num_replicas) == ("gpu", 2)
+    accel_state(acc)
+    made = fw.train.tf.strategy()
+    assert isinstance(made, FakeStrategy) and made.num_replicas_in_sync == 2
+    assert accel.distribution() == "FakeStrategy"  # fw.info()'s strategy row
+    from fenwicks.train import engines
+
+    assert engines.current().num_replicas(acc) == 2  # the engine reads its strategy
+
+
+def test_an_accelerator_the_tf_engine_did_not_detect_has_no_strategy(accel_state):
+    accel_state(accel.Accelerator("tpu", 8, "bfloat16"))  # a test's fake, set by hand
+    with pytest.raises(accel.AcceleratorError, match=(
+            r"no tf.distribute strategy was made for the accelerator in use \(tpu, tf "
+            r"engine, set by a test\): TensorFlow's engine makes it when it detects the "
+            r"devices")):
+        fw.train.tf.strategy()
+    assert accel.distribution() == "none (the accelerator was not detected by the tf engine)"
+
+
+def test_jit_compile_on_logical_cpu_replicas_is_the_tf_engines_refusal(accel_state, tmp_path,
+                                                                        caplog):
+    acc = tf_devices.detect_devices(accel.Request("cpu", 8), FakeProbe(), env={})
+    accel_state(acc)
+    model_func = fw.train.get_clf_model_func(
+        lambda: fw.models.mnist_net(c=4, input_shape=(8, 8, 1)),
+        fw.train.sgd_optimizer(0.1))
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        est = fw.train.get_tpu_estimator(10, model_func, str(tmp_path), trn_bs=16,
+                                         jit_compile=True)
+    assert est.config.jit_compile is False and est.num_replicas == 8
+    assert ("fenwicks: jit_compile is ignored on 8 logical CPU replicas (XLA does not "
+            "support variables spread over logical CPU devices)") in caplog.text

@@ -4,14 +4,17 @@ Tiny Keras models, in-process and eager."""
 
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import building
+from fenwicks.train import building, engines
 from fenwicks.train.model_func import ModelSpec
+from tests.conftest import run_json
 
 
 def _clf_spec(model: keras.Model) -> ModelSpec:
@@ -98,15 +101,48 @@ def test_inference_leaves_the_training_random_state_as_it_was():
 
 def test_check_labels_runs_the_loss_eagerly_on_a_few_examples():
     spec = _clf_spec(_dense())
-    strategy = fw.accel.current().strategy
+    engine = engines.current()
     x = np.zeros((5, 4), np.float32)
     good = tf.data.Dataset.from_tensor_slices((x, np.array([0, 1, 2, 0, 1]))).batch(5)
-    building.check_labels(spec, strategy, good)
+    building.check_labels(engine, spec, good)
     one_hot = tf.data.Dataset.from_tensor_slices((x, np.eye(3, dtype=np.float32)[
         [0, 1, 2, 0, 1]])).batch(5)
     with pytest.raises(ValueError, match=r"labels have shape \[5, 3\], one-hot .* model's 3 "
                                          r"outputs, but the loss takes class indices"):
-        building.check_labels(spec, strategy, one_hot)
+        building.check_labels(engine, spec, one_hot)
     out_of_range = tf.data.Dataset.from_tensor_slices((x, np.array([0, 1, 7, 0, 1]))).batch(5)
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="7"):
-        building.check_labels(spec, strategy, out_of_range)
+        building.check_labels(engine, spec, out_of_range)
+
+
+_ONE_HOT_ON_JAX = """
+import json
+import keras, numpy as np, tensorflow as tf
+import fenwicks as fw
+from fenwicks.train import building, engines
+spec = fw.train.get_clf_model_func(
+    lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]),
+    fw.train.sgd_optimizer(0.1))({})
+x = np.zeros((5, 4), np.float32)
+engine = engines.current()
+building.check_labels(engine, spec, tf.data.Dataset.from_tensor_slices(
+    (x, np.array([0, 1, 2, 0, 1]))).batch(5))
+try:
+    building.check_labels(engine, spec, tf.data.Dataset.from_tensor_slices(
+        (x, np.eye(3, dtype=np.float32)[[0, 1, 2, 0, 1]])).batch(5))
+    error = None
+except ValueError as err:
+    error = str(err)
+print(json.dumps({"engine": engine.name, "error": error}))
+"""
+
+
+def test_the_one_hot_hint_reaches_the_jax_engine():
+    # The label check is written once (building.check_labels); each engine only computes
+    # the outputs and the loss its own way (eagerly, or jax.eval_shape).
+    result = run_json(_ONE_HOT_ON_JAX, env={"KERAS_BACKEND": "jax", "FENWICKS_ENGINE": None,
+                                            "FENWICKS_DEVICE": None})
+    assert result["engine"] == "jax"
+    assert result["error"] is not None and re.search(
+        r"labels have shape \[5, 3\], one-hot .* model's 3 outputs, but the loss takes "
+        r"class indices", result["error"]), result["error"]

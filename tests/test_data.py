@@ -86,7 +86,7 @@ def test_numpy_ds_under_a_four_replica_strategy():
     4 x 3 examples, and the first 24 examples of a seeded run are a permutation."""
     out = run_json("""
         import json, numpy as np, tensorflow as tf, fenwicks as fw
-        strategy = fw.accel.current().strategy
+        strategy = fw.train.tf.strategy()
         xs = np.arange(24, dtype=np.float32)[:, None]; ys = np.arange(24)
         def input_fn(ctx):
             return fw.data.numpy_ds(xs, ys, 3, seed=1, input_context=ctx)

@@ -150,6 +150,7 @@ def test_an_export_on_hanging_storage_names_the_export(storage_hangs, monkeypatc
 
     monkeypatch.setattr(tf.saved_model, "save", storage_hangs)
     monkeypatch.setattr(tf.io.gfile, "exists", lambda path: False)  # a new folder
+    monkeypatch.setattr(tf.io.gfile, "isdir", lambda path: False)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     spec = types.SimpleNamespace(model=model, predict_fn=lambda outputs: outputs)
     with pytest.raises(_deadline.StorageTimeoutError,
@@ -159,4 +160,4 @@ def test_an_export_on_hanging_storage_names_the_export(storage_hangs, monkeypatc
     monkeypatch.setattr(tf.io.gfile, "exists", storage_hangs)  # checking the folder hangs
     with pytest.raises(_deadline.StorageTimeoutError,
                        match="SavedModel export of gs://b/best"):
-        export_dirs.check("gs://b/best")
+        export_dirs.check_base("gs://b/best")

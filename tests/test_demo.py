@@ -23,11 +23,12 @@ def _field(output: str, name: str) -> str:
     return match.group(1).strip()
 
 
-def _demo(tmp_path, *args: str) -> subprocess.CompletedProcess:
+def _demo(tmp_path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """``python -m fenwicks demo *args`` as a user runs it (one replica, storage root
     `tmp_path`); ``.seconds`` is its wall time."""
     return run_process(["-m", "fenwicks", "demo", *args], cwd=tmp_path, timeout=2 * TIME_LIMIT,
-                       env={"FENWICKS_ROOT": str(tmp_path), "FENWICKS_DEVICE": None})
+                       env={"FENWICKS_ROOT": str(tmp_path), "FENWICKS_DEVICE": None},
+                       check=check)
 
 
 @pytest.mark.slow
@@ -155,3 +156,20 @@ def test_the_steady_state_leaves_out_the_first_loop_of_the_call():
     assert demo.steady_state(loops, 0, 64) == (31, pytest.approx(21 * 64 / 1344 + 0.5))
     # A resumed call starts at its checkpoint's step; one loop is all there is to time.
     assert demo.steady_state([(63, 640.0)], 42, 64) == (21, pytest.approx(2.1))
+
+
+def test_loss_7_demo_fresh_keeps_a_users_code_in_the_work_dir(tmp_path):
+    """Loss 7: ``demo --fresh --work-dir D`` where D holds a checkpoint and the user's
+    train.py: --fresh never forces, so the clean is refused, naming the file, and
+    nothing in D is deleted (nor trained: it stops before any work)."""
+    work = tmp_path / "D"
+    work.mkdir()
+    files = {"train.py": b"import fenwicks as fw\n", "checkpoint": b"model_checkpoint_path",
+             "ckpt-21.index": b"index", "ckpt-21.data-00000-of-00001": b"data"}
+    for name, data in files.items():
+        (work / name).write_bytes(data)
+    proc = _demo(tmp_path, "--epochs", "1", "--work-dir", str(work), "--fresh", check=False)
+    assert proc.returncode != 0
+    assert f"path='{work}' holds '{work}/train.py', which Fenwicks did not write; " \
+           "create_clean_dir deletes only Fenwicks' own files" in proc.stderr, proc.stderr
+    assert {p.name: p.read_bytes() for p in work.iterdir()} == files

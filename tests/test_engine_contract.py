@@ -144,7 +144,7 @@ def test_a_gcs_work_dir_trains_resumes_and_exports_on_both(gcs_emulator, engine)
     num_test = len(_contract.digits()[1]) - _contract.NUM_TRAIN
     assert out["global_step"] == 4 and len(out["losses"]) == 2  # 2 resumed + 2
     assert out["num_examples"] == num_test and out["served_rows"] == 5
-    assert out["export_marker"]
+    assert out["export_manifest"] and out["export_is_version"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -5,9 +5,9 @@ here with numpy. In-process, one replica or as many as the session's accelerator
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import types
 
 import keras
 import numpy as np
@@ -127,6 +127,6 @@ def test_a_model_never_trained_is_evaluated_with_a_warning(built, caplog):
 
 def test_predict_refuses_a_multi_worker_run(built):
     _, config = built
-    workers = types.SimpleNamespace(num_workers=2, strategy=None)
+    workers = dataclasses.replace(config, num_processes=2)
     with pytest.raises(ValueError, match="predict runs on one host.*spans 2 workers"):
-        TFEvaluator(config, workers, None, None).check_single_host()
+        TFEvaluator(workers, fw.accel.current(), None, None).check_single_host()

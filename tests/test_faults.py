@@ -521,28 +521,31 @@ def test_a_full_disk_before_train_names_the_lock_file_and_leaves_none(small_disk
 
 def test_a_full_disk_during_export_is_one_line_and_leaves_no_partial_folder(tmp_path,
                                                                            small_disk):
-    """A new export cut short is removed; one replacing an export keeps the old whole."""
+    """A new export cut short is removed (with the folder made for it); one beside an
+    earlier export leaves that one whole."""
     x, y = _flagship.digits("mnist_net")
     est = _estimator(tmp_path / "run")
     est.train(_flagship.train_input(x, y), steps=2)
     previous = small_disk / "previous"
-    est.export_saved_model(str(previous))
-    loaded = tf.saved_model.load(str(previous))  # kept: its variables outlive the call
+    version = est.export_saved_model(str(previous))
+    loaded = tf.saved_model.load(version)  # kept: its variables outlive the call
     want = loaded.serve(x[:5])["predictions"].numpy()
     est.train(_flagship.train_input(x, y), steps=2)  # new weights for the next export
     _fill(small_disk, leave_bytes=16 * 1024)  # room to start an export, not to finish it
     target = small_disk / "export"
     with pytest.raises(fw.train.ExportError,
                        match=rf"could not export the SavedModel to {target}: .*; the "
-                             r"partial folder was removed\. Free space there") as caught:
+                             r"partial version was removed and earlier exports there are "
+                             r"untouched\. Free space there") as caught:
         est.export_saved_model(str(target))
     assert "\n" not in str(caught.value)
     assert not target.exists()
     with pytest.raises(fw.train.ExportError,
-                       match=rf"the previous export in {previous} is untouched"):
+                       match=rf"to {previous}: .*earlier exports there are untouched"):
         est.export_saved_model(str(previous))
     assert sorted(os.listdir(small_disk)) == ["filler", "previous"]
-    reloaded = tf.saved_model.load(str(previous))
+    assert os.listdir(previous) == [os.path.basename(version)]
+    reloaded = tf.saved_model.load(fw.train.latest_export(str(previous)))
     got = reloaded.serve(x[:5])["predictions"].numpy()
     np.testing.assert_array_equal(got, want)
     assert _faults.latest_step(str(tmp_path / "run")) == 4

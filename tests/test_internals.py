@@ -391,7 +391,6 @@ def test_a_hook_before_thread_pools_shut_down_runs_before_they_refuse_work():
     out = run_json("""
 import concurrent.futures, json, sys
 from fenwicks import _tf_internals
-from tests.conftest import run_json
 pool = concurrent.futures.ThreadPoolExecutor(1)
 
 def at_exit():  # still allowed to use a thread pool (orbax's writes do)
@@ -400,3 +399,30 @@ def at_exit():  # still allowed to use a thread pool (orbax's writes do)
 _tf_internals.call_before_thread_pools_shut_down(at_exit)
 """, fresh=True)
     assert out == 42
+def test_keras_losses_per_replica_switches_keras_division_off():
+    import keras
+    from keras.src.losses import loss as module
+
+    loss = keras.losses.MeanSquaredError()
+    y_true, y_pred = tf.constant([[1.0], [3.0]]), tf.constant([[0.0], [0.0]])
+    original = module.scale_loss_for_distribution
+    module.scale_loss_for_distribution = lambda value: value * 8.0  # as 1/8 would be seen
+    try:
+        scaled = float(loss(y_true, y_pred))
+        with _tf_internals.keras_losses_per_replica():
+            plain = float(loss(y_true, y_pred))
+        assert module.scale_loss_for_distribution(1.0) == 8.0  # restored after
+    finally:
+        module.scale_loss_for_distribution = original
+    assert scaled == pytest.approx(40.0), _needs(
+        "keras_losses_per_replica", "keras.src.losses.loss.scale_loss_for_distribution",
+        "Keras loss objects in a TPUEstimator model_fn on several replicas")
+    assert plain == pytest.approx(5.0)
+
+
+def test_cross_shard_reduction_is_read():
+    wrapped = tf.compat.v1.tpu.CrossShardOptimizer(tf.compat.v1.train.GradientDescentOptimizer(
+        0.1), reduction=tf.compat.v1.losses.Reduction.SUM)
+    assert _tf_internals.v1_optimizer_arg(wrapped, "reduction") == "weighted_sum", _needs(
+        "v1_optimizer_arg", "CrossShardOptimizer._reduction",
+        "TPUEstimator's compute_gradients under CrossShardOptimizer")

@@ -22,7 +22,7 @@ from tests.conftest import run_json
 def accelerator(monkeypatch, accel_state):
     """Sets the cached accelerator: `accelerator(remote=True)` fakes a TPU node."""
     def set_accelerator(remote: bool = False) -> Accelerator:
-        acc = Accelerator("tpu" if remote else "cpu", None, 8 if remote else 1,
+        acc = Accelerator("tpu" if remote else "cpu", 8 if remote else 1,
                           "bfloat16" if remote else "float32", is_remote=remote)
         accel_state(acc)
         return acc
@@ -105,9 +105,13 @@ def test_get_project_dirs_rejects_bad_root(accelerator, root_dir):
 # --------------------------------------------------------------------------- create_clean_dir
 
 
-def test_create_clean_dir_empties_only_that_dir(tmp_path, monkeypatch):
-    make_tree(tmp_path, {"run/a": b"1", "run/sub/b": b"2", "run2/c": b"3", "run.txt": b"4"})
-    monkeypatch.setenv("FENWICKS_ROOT", str(tmp_path))
+_RUN = {"run/checkpoint": b"c", "run/ckpt-2.index": b"i", "run/fenwicks_input.json": b"{}",
+        "run/train/events.out.tfevents.1.vm.1.0.v2": b"e", "run/epochs.jsonl": b"{}",
+        "run/orbax/2/_CHECKPOINT_METADATA": b"m"}
+
+
+def test_create_clean_dir_empties_only_that_dir(tmp_path):
+    make_tree(tmp_path, {**_RUN, "run2/c": b"3", "run.txt": b"4"})
     assert fw.io.create_clean_dir(str(tmp_path / "run")) == str(tmp_path / "run")
     assert os.listdir(tmp_path / "run") == []
     assert tree(tmp_path) == {"run2/c": b"3", "run.txt": b"4"}
@@ -126,26 +130,40 @@ def test_create_clean_dir_never_follows_symlinks(tmp_path):
     assert tree(tmp_path) == {"precious/data": b"keep"}
 
 
-def test_create_clean_dir_cleans_inside_the_storage_roots_only(tmp_path, monkeypatch):
-    make_tree(tmp_path, {"mine/notes.txt": b"user", "root/work/p/ckpt": b"c"})
-    monkeypatch.delenv("FENWICKS_ROOT", raising=False)
-    monkeypatch.delenv("FENWICKS_BUCKET", raising=False)
-    with pytest.raises(ValueError, match=r"path=.*mine.*outside Fenwicks' storage roots"
-                                         r".*force=True"):
-        fw.io.create_clean_dir(str(tmp_path / "mine"))
-    with pytest.raises(ValueError, match="outside Fenwicks' storage roots"):
-        fw.io.create_clean_dir(str(tmp_path / "root/work/p"))  # no project dirs yet
-    assert tree(tmp_path) == {"mine/notes.txt": b"user", "root/work/p/ckpt": b"c"}
-    _, work_dir = fw.io.get_project_dirs(str(tmp_path / "root"), "p")
-    assert fw.io.create_clean_dir(work_dir) == work_dir
-    with pytest.raises(ValueError, match="outside Fenwicks' storage roots"):
-        fw.io.create_clean_dir(str(tmp_path / "root"))  # the root itself holds every project
-    fw.io.create_clean_dir(str(tmp_path / "mine"), force=True)
-    assert tree(tmp_path) == {} and os.listdir(tmp_path / "mine") == []
-    monkeypatch.setenv("FENWICKS_ROOT", "gs://some-bucket/fw")
-    for path in ("gs://other-bucket/run", "gs://some-bucket/fwx/run", "gs://some-bucket/fw"):
-        with pytest.raises(ValueError, match="outside Fenwicks' storage roots"):
-            fw.io.create_clean_dir(path)
+def test_create_clean_dir_deletes_only_fenwicks_files_unless_forced(tmp_path):
+    """Without force a folder holding any other file is refused, naming it; nothing
+    is deleted (not even Fenwicks' own files beside it)."""
+    make_tree(tmp_path, {**_RUN, "run/notes/b.txt": b"user", "run/train/mine.csv": b"u"})
+    before = tree(tmp_path)
+    with pytest.raises(ValueError, match=(
+            rf"path='{tmp_path}/run' holds '{tmp_path}/run/notes/b.txt' \(and 1 more\), "
+            r"which Fenwicks did not write; create_clean_dir deletes only Fenwicks' own "
+            r"files .*, so nothing was deleted\. Move that file away, or call "
+            rf"fw.io.create_clean_dir\('{tmp_path}/run', force=True\)")):
+        fw.io.create_clean_dir(str(tmp_path / "run"))
+    assert tree(tmp_path) == before
+    fw.io.create_clean_dir(str(tmp_path / "run"), force=True)
+    assert tree(tmp_path) == {} and os.listdir(tmp_path / "run") == []
+
+
+def test_create_clean_dir_deletes_an_export_its_manifest_proves_and_keeps_others(tmp_path):
+    from fenwicks.train import export_dirs
+
+    def write(folder):
+        with open(os.path.join(folder, "saved_model.pb"), "wb") as f:
+            f.write(b"graph")
+
+    make_tree(tmp_path, _RUN)
+    version = export_dirs.write(str(tmp_path / "run" / "export"), write)
+    fw.io.create_clean_dir(str(tmp_path / "run"))  # all of it Fenwicks': no force
+    assert os.listdir(tmp_path / "run") == []
+    make_tree(tmp_path, _RUN)
+    version = export_dirs.write(str(tmp_path / "run" / "export"), write)
+    with open(os.path.join(version, "saved_model.pb"), "wb") as f:
+        f.write(b"GRAPH")  # changed since it was written: not provably Fenwicks'
+    with pytest.raises(ValueError, match=rf"holds '{version}/saved_model.pb', which "):
+        fw.io.create_clean_dir(str(tmp_path / "run"))
+    assert tree(tmp_path)[os.path.relpath(version, tmp_path) + "/saved_model.pb"] == b"GRAPH"
 
 
 @pytest.mark.parametrize("path", ["/tmp", "/usr", "/etc", "/var/tmp", "/var", "/usr/local/x",
@@ -194,6 +212,80 @@ def test_create_clean_dir_refuses_dangerous_paths(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="path="):
             fw.io.create_clean_dir(path)
     assert tree(tmp_path) == {"home/me/notes": b"n", "work/a/b/c": b"c", "file": b"f"}
+
+
+def _needs_root_to_mount() -> None:
+    if os.geteuid() != 0 and os.environ.get("CI") != "true":
+        pytest.skip("mounting needs root (CI runs as root)")
+
+
+def test_loss_5_a_bind_mount_on_the_same_disk_is_refused_and_its_source_kept(tmp_path):
+    """Loss 5: a bind mount inside the root (same filesystem, so os.path.ismount is
+    False) is a mount point all the same; so is a folder holding one."""
+    _needs_root_to_mount()
+    make_tree(tmp_path, {"source/train.csv": b"id,label\n", "root/work/p/ckpt-1.index": b"c"})
+    mount = tmp_path / "root" / "work" / "p" / "data"
+    mount.mkdir()
+    subprocess.run(["mount", "--bind", str(tmp_path / "source"), str(mount)], check=True)
+    try:
+        assert not os.path.ismount(mount)  # what the check used to rely on
+        with pytest.raises(ValueError, match=(
+                rf"path='{mount}/' is a mount point \(an? \w+ mount of .*, folder "
+                r"'.*/source' of it\); refusing to delete it \(even with force=True\)")):
+            fw.io.create_clean_dir(f"{mount}/", force=True)
+        with pytest.raises(ValueError, match=(
+                rf"path='{mount.parent}' is a folder holding the mount point '{mount}' .*"
+                r"whose files a clean would delete; refusing to delete it")):
+            fw.io.create_clean_dir(str(mount.parent), force=True)
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+    assert tree(tmp_path) == {"source/train.csv": b"id,label\n",
+                              "root/work/p/ckpt-1.index": b"c"}
+
+
+def test_loss_6_a_symlink_with_a_trailing_slash_is_refused_and_its_target_kept(tmp_path):
+    """Loss 6: work/proj -> data/proj, cleaned as 'work/proj/' (and 'work/proj/.')."""
+    make_tree(tmp_path, {"data/proj/train.csv": b"x,y\n", "data/proj/ckpt-1.index": b"c",
+                         "work/other/ckpt-1.index": b"c"})
+    os.symlink(tmp_path / "data" / "proj", tmp_path / "work" / "proj")
+    for given in ("work/proj/", "work/proj//", "work/proj/.", "work/other/../proj/"):
+        path = f"{tmp_path}/{given}"
+        for force in (False, True):
+            with pytest.raises(ValueError, match=(
+                    rf"path='{path}' is a symlink to '{tmp_path}/data/proj'; "
+                    r"create_clean_dir never empties a folder through a link\. Pass the "
+                    "real folder if that is the one to clean")):
+                fw.io.create_clean_dir(path, force=force)
+    assert tree(tmp_path) == {"data/proj/train.csv": b"x,y\n",
+                              "data/proj/ckpt-1.index": b"c",
+                              "work/other/ckpt-1.index": b"c"}
+    # '..' resolved first: 'work/other/..' is 'work', which holds a link: its own
+    # entry, never followed, and not Fenwicks' (no force)
+    with pytest.raises(ValueError, match=rf"holds '{tmp_path}/work/other/ckpt-1.index'"
+                                         r"|holds '.*/work/proj'"):
+        fw.io.create_clean_dir(f"{tmp_path}/work/other/../")
+    assert (tmp_path / "data/proj/train.csv").read_bytes() == b"x,y\n"
+
+
+@pytest.mark.parametrize("root", ["/", "~", "HOME"])
+def test_a_fenwicks_root_of_slash_or_home_is_refused_when_read(root, monkeypatch, tmp_path,
+                                                              accelerator):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "id_ed25519").write_bytes(b"secret")
+    value = str(tmp_path) if root == "HOME" else root
+    monkeypatch.setenv("FENWICKS_ROOT", value)
+    name = "the root of the file system" if root == "/" else "the home folder"
+    with pytest.raises(ValueError, match=rf"FENWICKS_ROOT='{value}' is {name}; Fenwicks "
+                                         r"keeps every project's data and work folders .*"
+                                         r"must be a folder of its own"):
+        fw.io.get_project_dirs(None, "p")
+    # and a clean of ~/.ssh, whatever the root, finds a file Fenwicks did not write
+    with pytest.raises(ValueError, match=r"holds '.*/\.ssh/id_ed25519', which Fenwicks did "
+                                         "not write"):
+        fw.io.create_clean_dir(str(tmp_path / ".ssh"))
+    assert (tmp_path / ".ssh" / "id_ed25519").read_bytes() == b"secret"
+    assert os.listdir(tmp_path) == [".ssh"]
 
 
 # --------------------------------------------------------------------------- gfile ops
@@ -351,7 +443,7 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
         r["after_clean"] = fw.io.glob(base + "/run*") + fw.io.glob(base + "/run*/*")
         r["dirs"] = fw.io.get_project_dirs(base, "proj")
         r["dirs_exist"] = [fw.io.exists(d) for d in r["dirs"]]
-        fw.accel._current = Accelerator("tpu", None, 8, "bfloat16", is_remote=True)
+        fw.accel._current = Accelerator("tpu", 8, "bfloat16", is_remote=True)
         r["staged"] = fw.io.stage(up + "/sub/b.bin", "staged", root_dir=base)
         r["staged_exists"] = fw.io.exists(r["staged"])
         # data/staged/ holds TensorFlow's folder marker object: not a file to fetch.
@@ -482,3 +574,46 @@ def test_upload_to_gcs_against_emulator(gcs_emulator, tmp_path):
         print(json.dumps(dict(first=first, again=again, data=data)))
     """)
     assert out == {"first": [target], "again": [], "data": "records\n"}
+
+
+def gcs_clean(root: str) -> dict:
+    """create_clean_dir on gs:// (run inside the emulator's namespace): a run's own
+    objects go without force; a folder with a user's object is refused, that object
+    kept; a sibling sharing the prefix survives."""
+    import tensorflow as tf
+
+    def put(path: str, data: bytes = b"x") -> None:
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(data)
+
+    work, out = f"{root}/work/run", {}
+    for name in ("checkpoint", "ckpt-2.index", "fenwicks_input.json",
+                 "train/events.out.tfevents.1.vm.1.0.v2", "orbax/2/_CHECKPOINT_METADATA"):
+        put(f"{work}/{name}")
+    put(f"{work}/notes/train.csv", b"id,label\n")
+    put(f"{root}/work/run2/keep.txt", b"sibling")
+    try:
+        fw.io.create_clean_dir(work)
+    except ValueError as err:
+        out["refused"] = str(err)
+    out["after_refusal"] = sorted(
+        f"{r[len(work):].strip('/')}/{f}".lstrip("/") for r, _, files in tf.io.gfile.walk(work)
+        for f in files)
+    tf.io.gfile.remove(f"{work}/notes/train.csv")  # the user moves it away
+    out["cleaned"] = fw.io.create_clean_dir(work)
+    out["left"] = [f for _, _, files in tf.io.gfile.walk(work) for f in files]
+    with tf.io.gfile.GFile(f"{root}/work/run2/keep.txt", "rb") as f:
+        out["sibling"] = f.read().decode()
+    return out
+
+
+def test_create_clean_dir_on_gcs_deletes_only_fenwicks_objects(gcs_emulator):
+    root = gcs_emulator.unique_url("clean")
+    work = f"{root}/work/run"
+    out = gcs_emulator.run_json("import json\nfrom tests.test_io import gcs_clean\n"
+                                f"print(json.dumps(gcs_clean({root!r})))")
+    assert out["refused"].startswith(
+        f"path='{work}' holds '{work}/notes/train.csv', which Fenwicks did not write; "
+        "create_clean_dir deletes only Fenwicks' own files")
+    assert len(out["after_refusal"]) == 6 and "notes/train.csv" in out["after_refusal"]
+    assert out["cleaned"] == work and out["left"] == [] and out["sibling"] == "sibling"

@@ -150,7 +150,7 @@ def test_ghost_group_must_divide_the_batch():
 
 EIGHT_REPLICAS = """
 import json, numpy as np, tensorflow as tf, keras, fenwicks as fw
-strategy = fw.accel.current().strategy
+strategy = fw.train.tf.strategy()
 rng = np.random.RandomState(0)
 x = (rng.randn(512, 4, 4, 3) * np.linspace(0.2, 5.0, 512)[:, None, None, None]
      ).astype("float32")

@@ -33,7 +33,7 @@ def _squared_error(labels, outputs):
 
 def _setup(reduction: str = "mean", jit_compile: bool = False, stop: bool | None = None):
     """A zero-initialised linear model, its loop, and the step counter."""
-    strategy = fw.accel.current().strategy
+    strategy = fw.train.tf.strategy()
     with strategy.scope():
         model = keras.Sequential([keras.Input((2,)),
                                   keras.layers.Dense(1, use_bias=False,
@@ -154,7 +154,7 @@ def _eval_spec(kernel=(1.0, -1.0)) -> ModelSpec:
 
 @pytest.mark.parametrize("weights", [False, True], ids=["unweighted", "sample_weight"])
 def test_eval_loop_sums_every_real_example_once(weights):
-    strategy = fw.accel.current().strategy
+    strategy = fw.train.tf.strategy()
     spec = _eval_spec()
     loop = loops.make_eval_loop(strategy, spec, jit_compile=False)
     padded = inputs.pad_and_mask(_batches(5, 2, weights), 2, 1, "evaluation")
@@ -175,7 +175,7 @@ def test_eval_loop_sums_every_real_example_once(weights):
 
 
 def test_predict_loop_returns_every_row_in_input_order():
-    strategy = fw.accel.current().strategy
+    strategy = fw.train.tf.strategy()
     spec = _eval_spec(kernel=(2.0, 1.0))
     loop = loops.make_predict_loop(strategy, spec, jit_compile=False)
     padded = inputs.pad_and_mask(_batches(5, 2), 2, 1, "prediction")
@@ -187,8 +187,10 @@ def test_predict_loop_returns_every_row_in_input_order():
 
 
 def test_an_out_of_memory_evaluation_retries_with_half_the_batch():
-    accelerator = types.SimpleNamespace(strategy=None, num_replicas=8)
-    evaluator = TFEvaluator(types.SimpleNamespace(), accelerator, None, None)
+    # The engine's 8 replicas, as the estimator's config carries them (the accelerator's
+    # count is not read).
+    config = types.SimpleNamespace(num_replicas=8)
+    evaluator = TFEvaluator(config, fw.accel.current(), None, None)
     tried = []
 
     def run(batch):

@@ -79,7 +79,7 @@ def test_find_lr_shows_progress_against_the_expected_steps(capsys):
 
 @pytest.mark.slow  # over ~1 s on a quiet 2-core machine: the full run checks it
 def test_find_lr_known_range_and_weights_untouched():
-    with fw.accel.current().strategy.scope():  # where the estimator would build it
+    with fw.train.tf.strategy().scope():  # where the estimator would build it
         model = make_model()  # build_nn returns this same model: it must come back unchanged
     before = [w.copy() for w in model.get_weights()]
     model_func = fw.train.get_reg_model_func(lambda: model,

@@ -107,7 +107,7 @@ def test_bad_inputs(make, name):
 
 UNDER_STRATEGY = """
 import json, numpy as np, tensorflow as tf, keras, fenwicks as fw
-strategy = fw.accel.current().strategy
+strategy = fw.train.tf.strategy()
 keras.config.set_dtype_policy("mixed_bfloat16")
 out = {"replicas": strategy.num_replicas_in_sync}
 x = np.random.rand(4, 32, 32, 3).astype("float32")

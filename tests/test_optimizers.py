@@ -206,7 +206,7 @@ def test_adam_bad_inputs(kwargs, name):
 
 MULTI_REPLICA = """
 import json, numpy as np, tensorflow as tf, keras, fenwicks as fw
-strategy = fw.accel.current().strategy
+strategy = fw.train.tf.strategy()
 rng = np.random.RandomState(0)
 X = rng.randn(16, 3).astype("float32"); Y = rng.randn(16, 2).astype("float32")
 W0 = rng.randn(3, 2).astype("float32"); B0 = rng.randn(2).astype("float32")

@@ -12,7 +12,9 @@ import warnings
 
 import pytest
 
-from fenwicks import _engine, accel
+from fenwicks import _engine, _host, accel
+from fenwicks.train.jax import devices as jax_devices
+from fenwicks.train.tf import devices as tf_devices
 from tests.conftest import ROOT, run_python
 from tests.test_accel import V100, FakeJaxProbe, FakeProbe
 
@@ -36,7 +38,7 @@ def _detect_warning(request, probe, caplog):
     caplog.set_level(logging.WARNING, logger="fenwicks")
     caplog.clear()
     with pytest.warns(accel.AcceleratorWarning) as caught:
-        acc = accel.detect(request, probe, env={})
+        acc = tf_devices.detect(request, probe, env={})
     texts = [str(w.message) for w in caught if w.category is accel.AcceleratorWarning]
     assert len(texts) == 1, texts
     # One channel: no log record repeats the warning (a user would read it twice).
@@ -200,7 +202,7 @@ def test_on_the_jax_engine_a_tpu_image_without_a_chip_says_so(caplog):
                          libtpu_version="0.0.17", jax="0.7.2", errors={"tpu": error})
     caplog.set_level(logging.WARNING, logger="fenwicks")
     with pytest.warns(accel.AcceleratorWarning) as caught:
-        acc = accel.detect_jax(AUTO, probe)
+        acc = jax_devices.detect_jax(AUTO, probe)
     assert (acc.engine, acc.kind) == ("jax", "cpu")
     assert acc.reason == ("auto-detection: no TPU chip is attached here (see the WARNING); "
                           "JAX sees no TPU or GPU, so the CPU")
@@ -228,7 +230,7 @@ def test_on_the_jax_engine_each_tpu_cause_has_its_fix(errors, cause):
     probe = FakeJaxProbe("cpu", 1, evidence=["libtpu 0.0.17 is installed", "/dev/vfio/0 exists"],
                          libtpu_version="0.0.17", jax="0.10.2", errors=errors)
     with pytest.warns(accel.AcceleratorWarning):
-        acc = accel.detect_jax(AUTO, probe)
+        acc = jax_devices.detect_jax(AUTO, probe)
     assert cause in acc.warnings[0]
 
 
@@ -267,7 +269,7 @@ def test_an_nvidia_gpu_with_a_cuda_mismatch_names_the_library_that_failed(caplog
 def test_nothing_present_means_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", accel.AcceleratorWarning)
-        acc = accel.detect(AUTO, FakeProbe(), env={})
+        acc = tf_devices.detect(AUTO, FakeProbe(), env={})
     assert acc.kind == "cpu" and acc.warnings == ()
 
 
@@ -280,7 +282,7 @@ def test_nothing_present_means_no_warning():
 def test_an_insisted_device_fails_with_the_original_cause(device, probe, cause):
     request = accel.Request(device, source=f"FENWICKS_DEVICE={device}")
     with pytest.raises(accel.AcceleratorError) as failure:
-        accel.detect(request, probe, env={})
+        tf_devices.detect(request, probe, env={})
     message = str(failure.value)
     assert message.startswith(f"device={device!r} was requested (FENWICKS_DEVICE={device}) "
                               "but cannot be used: ")
@@ -292,7 +294,7 @@ def test_info_and_the_cli_show_the_warning(accel_state, capsys):
     from fenwicks import report
 
     with pytest.warns(accel.AcceleratorWarning):
-        acc = accel.detect(AUTO, FakeProbe(libtpu=True, tpu_fails=BUSY), env={})
+        acc = tf_devices.detect(AUTO, FakeProbe(libtpu=True, tpu_fails=BUSY), env={})
     accel_state(acc)
     assert ("WARNING", acc.warnings[0]) in report.info_rows()
     assert cli.main(["info"]) == 0
@@ -305,7 +307,7 @@ def test_info_and_the_cli_show_the_warning(accel_state, capsys):
 
 
 def test_nvidia_smi_listing_a_gpu_is_evidence(tmp_path, monkeypatch):
-    monkeypatch.setattr(accel, "NVIDIA_PATHS", (str(tmp_path / "absent"),))
+    monkeypatch.setattr(_host, "NVIDIA_PATHS", (str(tmp_path / "absent"),))
     monkeypatch.setenv("PATH", str(tmp_path))
     assert accel.nvidia_device_evidence() is None  # no nvidia-smi on PATH
     smi = tmp_path / "nvidia-smi"
@@ -314,19 +316,19 @@ def test_nvidia_smi_listing_a_gpu_is_evidence(tmp_path, monkeypatch):
     assert accel.nvidia_device_evidence() is None  # nvidia-smi without a GPU (a driver only)
     smi.write_text("#!/bin/sh\necho 'GPU 0: Tesla T4 (UUID: GPU-1234)'\n")
     assert accel.nvidia_device_evidence() == "nvidia-smi lists GPU 0: Tesla T4 (UUID: GPU-1234)"
-    monkeypatch.setattr(accel, "NVIDIA_PATHS", (str(tmp_path),))
+    monkeypatch.setattr(_host, "NVIDIA_PATHS", (str(tmp_path),))
     assert accel.nvidia_device_evidence() == f"{tmp_path} exists"
 
 
 def test_tpu_holders_are_found_in_proc(tmp_path, monkeypatch):
     device = tmp_path / "accel0"
     device.write_text("")
-    monkeypatch.setattr(accel, "TPU_DEVICE_RE", re.compile("^" + re.escape(str(device)) + "$"))
+    monkeypatch.setattr(_host, "TPU_DEVICE_RE", re.compile("^" + re.escape(str(device)) + "$"))
     holder = subprocess.Popen([sys.executable, "-c",
                                f"f = open({str(device)!r}); import time; time.sleep(60)"])
     try:
         for _ in range(100):  # until the holder has opened the file
-            holders = accel.TFProbe().tpu_holders()
+            holders = tf_devices.TFProbe().tpu_holders()
             if holders:
                 break
             subprocess.run(["sleep", "0.05"], check=True)
@@ -376,10 +378,11 @@ def test_import_without_tensorflow_names_this_machines_extra(tmp_path, machine, 
 
 _DETECT_TWICE = """
 from fenwicks import accel
+from fenwicks.train.tf import devices as tf_devices
 from tests.test_accel import FakeProbe
 from tests.test_platforms import KAGGLE, NO_KERNEL
 for _ in range(2):  # detection again (a reset, configure): the diagnosis is not repeated
-    accel.detect(accel.Request(), FakeProbe(libtpu=True, evidence=KAGGLE,
+    tf_devices.detect(accel.Request(), FakeProbe(libtpu=True, evidence=KAGGLE,
                                             tensorflows={"tensorflow-cpu": "2.20.0"},
                                             libtpu_version="0.0.17", tpu_fails=NO_KERNEL),
                  env={})

@@ -49,8 +49,11 @@ def test_sigterm_sets_the_flag_and_the_previous_handler_comes_back(fallback_hand
 
 def test_the_flag_is_set_while_the_main_thread_is_inside_a_compiled_call(fallback_handler):
     # A Python handler cannot run until the compiled call returns; the wakeup-fd thread
-    # must set the flag meanwhile, or this loop would spin for its whole 20 s.
+    # must set the flag meanwhile, or this loop would spin for its whole 20 s. The loop
+    # reads a variable that follows the watcher, as the tf engine's loop does.
     watcher = preemption.PreemptionWatcher()
+    stop = tf.Variable(False, trainable=False)
+    watcher.follow(stop)
 
     @tf.function
     def spin_until_flag(flag):
@@ -63,10 +66,35 @@ def test_the_flag_is_set_while_the_main_thread_is_inside_a_compiled_call(fallbac
         timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
         start = time.monotonic()
         timer.start()
-        spin_until_flag(watcher.flag)
+        spin_until_flag(stop)
         waited = time.monotonic() - start
         timer.join()
     assert watcher.requested and waited < 10, waited
+
+
+class _Recorder:
+    """Anything with ``assign(bool)``: what an engine's stop variable is to the watcher."""
+
+    def __init__(self) -> None:
+        self.values: list[bool] = []
+
+    def assign(self, value: bool) -> None:
+        self.values.append(bool(value))
+
+
+def test_a_followed_variable_is_cleared_on_entry_and_set_by_each_request(fallback_handler):
+    watcher = preemption.PreemptionWatcher()
+    followed = _Recorder()
+    watcher.follow(followed)
+    assert followed.values == [False]  # takes the flag's value at once
+    with watcher:
+        assert followed.values == [False, False]  # entering clears it
+        os.kill(os.getpid(), signal.SIGTERM)
+        _wait_for(lambda: watcher.requested)
+        _wait_for(lambda: True in followed.values)
+        assert watcher.requested and followed.values[-1] is True
+    with watcher:  # a new train call starts clear, the flag and what follows it alike
+        assert followed.values[-1] is False and not watcher.flag.numpy()
 
 
 def _wait_for(condition, seconds=5.0):

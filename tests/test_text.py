@@ -22,3 +22,13 @@ def test_first_line_of_an_empty_message_is_the_type_name():
 def test_first_line_is_cut_at_the_limit():
     assert first_line(ValueError("x" * 1000)) == "x" * MESSAGE_LIMIT
     assert first_line(ValueError("abcdef"), limit=3) == "abc"
+
+
+def test_first_line_skips_keras_wrapper_and_terminal_codes():
+    # Keras wraps an error raised inside a layer's call in a bold line of its own; the
+    # cause is the line below (jax's check_tpu_ready quotes it: the shape that fails).
+    err = ValueError("\x1b[1mException encountered when calling Dense.call().\x1b[0m\n\n"
+                     "\x1b[1mgot bool[16,64]\x1b[0m\n\nArguments received by Dense.call()")
+    assert first_line(err) == "got bool[16,64]"
+    assert first_line(ValueError("Exception encountered when calling X.call()")) == \
+        "ValueError"

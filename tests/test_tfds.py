@@ -152,6 +152,20 @@ def test_download_false_on_a_missing_dataset_is_an_error_naming_data_dir(tmp_pat
     assert issubclass(fw.data.DatasetUnavailableError, FileNotFoundError)
 
 
+def test_no_warning_about_a_dataset_folder_that_does_not_exist(tmp_path, caplog):
+    # tfds warns "Variant folder <data_dir>/mnist/3.0.1 has no dataset_info.json" when it
+    # looks for a dataset not prepared yet: noise about a folder nobody made.
+    with caplog.at_level("WARNING"), pytest.raises(fw.data.DatasetUnavailableError):
+        fw.data.tfds_builder("mnist", data_dir=str(tmp_path), download=False)
+    assert [r.getMessage() for r in caplog.records if "Variant folder" in r.getMessage()] == []
+    # A folder that is there but holds no dataset is worth the warning: a broken copy.
+    os.makedirs(tmp_path / "mnist" / "3.0.1")
+    with caplog.at_level("WARNING"), pytest.raises(fw.data.DatasetUnavailableError):
+        fw.data.tfds_builder("mnist", data_dir=str(tmp_path), download=False)
+    assert [r.getMessage() for r in caplog.records if "Variant folder" in r.getMessage()] \
+        == [f"Variant folder {tmp_path}/mnist/3.0.1 has no dataset_info.json"]
+
+
 def _run(code: str, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
     proc = run_process(["-c", textwrap.dedent(code)], cwd=tmp_path, timeout=300, check=False)
     return proc, proc.seconds

@@ -22,6 +22,10 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
+from tests._bert_data import BERT_CONFIG, SEQ
+from tests._bert_data import checkpoint_shapes as _bert_checkpoint_shapes
+from tests._bert_data import write_name_based_checkpoint as _write_name_based_checkpoint
+from tests._bert_data import write_records as _bert_records
 from tests.conftest import run_json
 
 v1 = tf.compat.v1  # the programs' `import tensorflow.compat.v1 as tf`
@@ -215,63 +219,6 @@ def test_ports_on_two_replicas(tmp_path):
 # Stand-in data: random token ids written as TFRecords (PaddingInputExamples included),
 #   and a "pretrained" checkpoint of random values under BERT's TF1 names.
 
-SEQ = 6
-BERT_CONFIG = {"vocab_size": 30, "hidden_size": 8, "num_hidden_layers": 2,
-               "num_attention_heads": 2, "intermediate_size": 16,
-               "max_position_embeddings": 16, "type_vocab_size": 2}
-
-
-def _bert_checkpoint_shapes(config):
-    h, i = config["hidden_size"], config["intermediate_size"]
-    shapes = {"bert/embeddings/word_embeddings": [config["vocab_size"], h],
-              "bert/embeddings/token_type_embeddings": [config["type_vocab_size"], h],
-              "bert/embeddings/position_embeddings": [config["max_position_embeddings"], h],
-              "bert/embeddings/LayerNorm/gamma": [h], "bert/embeddings/LayerNorm/beta": [h],
-              "bert/pooler/dense/kernel": [h, h], "bert/pooler/dense/bias": [h],
-              "cls/predictions/output_bias": [config["vocab_size"]]}  # not in the classifier
-    for layer in range(config["num_hidden_layers"]):
-        prefix = f"bert/encoder/layer_{layer}/"
-        for part, (n_in, n_out) in {"attention/self/query": (h, h),
-                                    "attention/self/key": (h, h),
-                                    "attention/self/value": (h, h),
-                                    "attention/output/dense": (h, h),
-                                    "intermediate/dense": (h, i),
-                                    "output/dense": (i, h)}.items():
-            shapes[prefix + part + "/kernel"] = [n_in, n_out]
-            shapes[prefix + part + "/bias"] = [n_out]
-        for part in ("attention/output/LayerNorm", "output/LayerNorm"):
-            shapes[prefix + part + "/gamma"] = [h]
-            shapes[prefix + part + "/beta"] = [h]
-    return shapes
-
-
-def _bert_records(path, n_real, n_padding, seed):
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 3, n_real + n_padding)
-    # Learnable: each label draws its tokens from its own third of the vocabulary.
-    ids = 3 + labels[:, None] * 9 + rng.integers(0, 9, (n_real + n_padding, SEQ))
-    real = np.array([1] * n_real + [0] * n_padding)
-    ids[n_real:], labels[n_real:] = 0, 0  # PaddingInputExample: all zeros, label 0
-
-    def feature(values):
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
-
-    with tf.io.TFRecordWriter(path) as writer:
-        for i in range(len(ids)):
-            example = tf.train.Example(features=tf.train.Features(feature={
-                "input_ids": feature(ids[i]), "input_mask": feature(ids[i] > 0),
-                "segment_ids": feature([0] * SEQ), "label_ids": feature([labels[i]]),
-                "is_real_example": feature([real[i]])}))
-            writer.write(example.SerializeToString())
-    return ids, labels, real
-
-
-def _write_name_based_checkpoint(prefix, tensors):
-    """A TF1-style checkpoint (variables saved by name), as BERT's pretrained models."""
-    names = sorted(tensors)
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.constant(tensors[n]) for n in names])
-    return prefix
 
 
 @pytest.mark.slow  # among the fast subset's longest (several compiled runs)
@@ -692,18 +639,18 @@ def _tf1_recall_at_k(labels, logits, k):
 
 
 def test_recall_at_k_breaks_ties_as_tf1(tmp_path):
-    from fenwicks.train.tf import _model_fn as mf
+    from fenwicks.train.tf import tf1_metrics
 
     rng = np.random.default_rng(4)
     logits = rng.integers(0, 3, size=(64, 10)).astype(np.float32)  # many ties
     logits[:16] = 0.0  # a collapsed model: all equal
     labels = rng.integers(0, 10, 64)
     for k in (1, 5):
-        term = mf.V1_METRICS["recall_at_k"](tf.constant(labels), tf.constant(logits), k)[0]
+        term = tf1_metrics.V1_METRICS["recall_at_k"](tf.constant(labels), tf.constant(logits), k)[0]
         value = np.sum(term.numerator) / np.sum(term.denominator)
         assert value == pytest.approx(_tf1_recall_at_k(labels, logits, k), abs=1e-7)
     # On the collapsed rows TF1 counts labels 0..k-1 only (in_top_k counted all 10).
-    collapsed = mf.V1_METRICS["recall_at_k"](tf.constant(labels[:16]),
+    collapsed = tf1_metrics.V1_METRICS["recall_at_k"](tf.constant(labels[:16]),
                                              tf.constant(logits[:16]), 5)[0]
     assert np.mean(collapsed.numerator) == pytest.approx(np.mean(labels[:16] < 5))
 
@@ -760,9 +707,9 @@ def _ignored_arguments_model_fn(features, labels, mode, params):
 
 def test_ignored_arguments_warn_once_naming_themselves_and_int_features_export(
         tmp_path, caplog, monkeypatch):
-    from fenwicks.train import tpu_estimator
+    from fenwicks.train.tf import tf1_config
 
-    tpu_estimator.reset_warnings()
+    tf1_config.reset_warnings()
     rng = np.random.default_rng(8)
     features = {"ids_as_float": rng.normal(size=(12, 1)).astype(np.float32),
                 "ids": rng.integers(0, 3, 12).astype(np.int32)}  # integer, as BERT's ids
@@ -958,6 +905,43 @@ def test_the_jax_engine_refuses_at_construction_naming_the_way_out(tmp_path):
     assert not os.listdir(tmp_path)  # refused before any work
 
 
+# The front door's TF1 modules (issue 54, item 5): none is imported on the jax engine.
+TF1_MODULES = ("fenwicks.train.tf.tpu_estimator", "fenwicks.train.tf.model_fn_runner",
+               "fenwicks.train.tf._model_fn", "fenwicks.train.tf.tf1_metrics",
+               "fenwicks.train.tf.tf1_optimizers", "fenwicks.train.tf.tf1_variables",
+               "fenwicks.train.tf.input_fns", "fenwicks.train.tf.assignment_map")
+
+
+@pytest.mark.slow  # a process on the jax engine
+def test_the_jax_refusal_comes_before_any_tf1_code_is_imported(tmp_path):
+    """Issue 54, item 5: fw.train.TPUEstimator on the jax engine raises the engine's
+    sentence, and no module of the TF1 front door is in sys.modules, before or after."""
+    out = run_json(f"""
+        import json, sys
+        import fenwicks as fw
+
+        def model_fn(features, labels, mode, params):
+            raise AssertionError("never called")
+
+        before = sorted(m for m in sys.modules if m in {TF1_MODULES!r})
+        config = fw.train.RunConfig(tpu_config=fw.train.TPUConfig(iterations_per_loop=4))
+        try:
+            fw.train.TPUEstimator(model_fn, model_dir={str(tmp_path)!r}, config=config)
+            error = None
+        except ValueError as err:
+            error = str(err)
+        after = sorted(m for m in sys.modules if m in {TF1_MODULES!r})
+        from fenwicks.train.jax import engine
+        print(json.dumps({{"engine": fw.accel.engine(), "error": error, "before": before,
+                          "after": after, "sentence": engine.ENGINE.tf1_model_fn_refusal()}}))
+    """, env={"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None, "FENWICKS_ENGINE": None,
+              "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    assert out["engine"] == "jax"
+    assert out["error"] == out["sentence"] and "cannot run inside JAX" in out["error"]
+    assert out["before"] == [] and out["after"] == []
+    assert not os.listdir(tmp_path)
+
+
 # ------------------------------------- BERT's optimization.create_optimizer, as written
 
 
@@ -1021,9 +1005,9 @@ def test_bert_create_optimizer_as_written_makes_its_updates(tmp_path):
 
 def test_a_tpu_host_on_the_tf_engine_warns_it_trains_on_the_cpu(tmp_path, caplog,
                                                                 monkeypatch):
-    from fenwicks.train import tpu_estimator
+    from fenwicks.train.tf import tf1_config
 
-    tpu_estimator.reset_warnings()
+    tf1_config.reset_warnings()
     # The Kaggle TPU image's marks, on a process whose TensorFlow found only the CPU.
     monkeypatch.setattr(fw.accel, "tpu_host_evidence",
                         lambda: ["ISTPUVM=1", "TPU_PROCESS_ADDRESSES=local"])

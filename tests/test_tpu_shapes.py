@@ -1,7 +1,7 @@
 """TPU shapes without a TPU: v5e-1 (Colab, 1 replica), a 4-chip TPU VM and v5e-8 (Kaggle,
 8 replicas) through `fw.accel`'s probe fakes, and what the estimator decides for each.
 
-The accelerator comes out of the TPU code path of `fw.accel.detect` (a fake probe answers
+The accelerator comes out of the TPU code path of the tf engine's detector (a fake probe answers
 ``tpu_strategy('local')``); what runs in-process is only what needs no TPU: the
 estimator's configuration, the eval/predict padding it applies, the storage root.
 `tests/_tpu_fake.py` then trains, evaluates and predicts through a real strategy in a
@@ -19,6 +19,7 @@ import tensorflow as tf
 import fenwicks as fw
 from fenwicks import accel, io
 from fenwicks.train import inputs
+from fenwicks.train.tf import devices as tf_devices
 from tests.conftest import run_module_json
 from tests.test_accel import FakeProbe
 
@@ -27,7 +28,9 @@ SHAPES = {"v5e-1": 1, "tpu-vm-4": 4, "v5e-8": 8}
 
 
 def _tpu(replicas: int) -> accel.Accelerator:
-    acc = accel.detect(accel.Request(), FakeProbe(libtpu=True, tpu_replicas=replicas), env={})
+    """A TPU of `replicas` chips as the tf engine detects it, its strategy a fake's."""
+    acc = tf_devices.detect_devices(accel.Request(),
+                                    FakeProbe(libtpu=True, tpu_replicas=replicas), env={})
     assert acc.kind == "tpu"
     return acc
 
@@ -142,7 +145,7 @@ def test_storage_root_on_a_tpu_vm(name, environment, env, expected, on_tpu, monk
 
 
 def test_storage_root_on_a_tpu_node_is_the_bucket(monkeypatch, accel_state):
-    acc = accel.detect(accel.Request(), FakeProbe(), env={"TPU_NAME": "grpc://10.0.0.2:8470"})
+    acc = tf_devices.detect(accel.Request(), FakeProbe(), env={"TPU_NAME": "grpc://10.0.0.2:8470"})
     assert acc.is_remote and acc.kind == "tpu"
     accel_state(acc)
     monkeypatch.delenv("FENWICKS_ROOT", raising=False)

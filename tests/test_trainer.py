@@ -19,7 +19,7 @@ Y = np.array([1.0, -1.0, 0.5, 2.0], np.float32)
 
 
 def _trainer(input_steps: bool = False):
-    strategy = fw.accel.current().strategy
+    strategy = fw.train.tf.strategy()
     with strategy.scope():
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
             1, use_bias=False, kernel_initializer="zeros")])

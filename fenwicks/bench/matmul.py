@@ -27,7 +27,7 @@ def matmul_flop_count(n: int, repeats: int = 1, replicas: int = 1) -> int:
 
     One product has N**2 outputs, each a dot product of N multiply-adds: 2 * N**3 FLOPs.
 
-    Example:
+    Examples:
         >>> matmul_flop_count(1024, repeats=10)
         21474836480
     """
@@ -103,7 +103,7 @@ def speed_ratio(result: MatmulResult, reference: MatmulResult) -> float:
     rounds) this is the median of the per-round ratios: load from other processes
     drifts over seconds, so it cancels within a round; otherwise the ratio of medians.
 
-    Example:
+    Examples:
         >>> tf_cpu, np_cpu = fw.bench.cpu_vs_numpy(n=2048)
         >>> fw.bench.speed_ratio(tf_cpu, np_cpu)
         1.09
@@ -264,8 +264,21 @@ def make_plan(device: str | None, n: int | None, dtype: str, repeats: int | None
         peak = None if one is None else one * replicas
     label = acc.kind + (f" x{replicas}" if replicas > 1 else "") + (
         " (sim)" if acc.simulated else "")
-    call = _tf_call("", acc.strategy, n, dtype, repeats, jit_compile)
+    call = _tf_call("", _strategy(acc), n, dtype, repeats, jit_compile)
     return _Plan(label, acc.kind, dtype, n, repeats, replicas, peak, acc.simulated, call)
+
+
+def _strategy(acc: Any) -> Any:
+    """Every replica's device: the tf engine's strategy (`fw.train.tf.strategy`); on the
+    jax engine, where JAX holds the accelerator and there is no strategy, TensorFlow's
+    default (one device)."""
+    if acc.engine == "tf":
+        from fenwicks.train.tf import devices
+
+        return devices.strategy()
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
 
 
 def matmul_flops(device: str | None = None, n: int | None = None, dtype: str = "float32",
@@ -293,7 +306,7 @@ def matmul_flops(device: str | None = None, n: int | None = None, dtype: str = "
     Raises:
         ValueError: for a bad argument or an absent device, before anything runs.
 
-    Example:
+    Examples:
         >>> r = fw.bench.matmul_flops('cpu', n=1024, repeats=10)
         >>> print(f"{r.tflops:.3f} TFLOPS, {r.peak_fraction:.0%} of peak")
         0.098 TFLOPS, 59% of peak
@@ -308,7 +321,7 @@ def numpy_matmul_flops(n: int = DEFAULT_N["cpu"], repeats: int = DEFAULT_REPEATS
                        trials: int = DEFAULT_TRIALS) -> MatmulResult:
     """The same float32 chain with numpy's ``@`` (its BLAS): the reference for the CPU.
 
-    Example:
+    Examples:
         >>> fw.bench.numpy_matmul_flops(n=1024, repeats=10).tflops
         0.095
     """
@@ -332,7 +345,7 @@ def cpu_vs_numpy(n: int | None = None, repeats: int | None = None,
     Returns:
         (TensorFlow's result, numpy's result).
 
-    Example:
+    Examples:
         >>> tf_cpu, np_cpu = fw.bench.cpu_vs_numpy(n=2048)
         >>> tf_cpu.tflops / np_cpu.tflops
         1.04

@@ -75,7 +75,7 @@ class CpuInfo:
     def peak_tflops(self, dtype: str = "float32") -> float | None:
         """cores x GHz x FLOPs/cycle / 1000 for `dtype`; None where unknown.
 
-        Example:
+        Examples:
             >>> cpu_info().peak_tflops('float32')
             0.166
         """
@@ -177,7 +177,7 @@ def cpu_info(cpuinfo_text: str | None = None, allowed: set[int] | None = None) -
         cpuinfo_text: the text of ``/proc/cpuinfo``. Defaults to reading it.
         allowed: processor numbers this process may use. Defaults to its affinity.
 
-    Example:
+    Examples:
         >>> fw.bench.cpu_info().describe()
         'AMD EPYC: 2 cores x 2.60 GHz (...) x 32 FLOP/cycle (AVX-512...) = 0.166 TFLOPS ...'
     """
@@ -209,7 +209,7 @@ def tpu_version(accelerator_type: str | None) -> str | None:
     """Normalises a TPU type such as ``'v3-8'`` or ``'v5litepod-4'`` to a key of
     `TPU_PEAK_TFLOPS`, or None if unrecognised.
 
-    Example:
+    Examples:
         >>> tpu_version('v5litepod-8')
         'v5e'
     """
@@ -238,7 +238,7 @@ def gpu_peak_tflops(name: str, dtype: str, tf32: bool = True) -> float | None:
         tf32: whether float32 matmuls use TensorFloat-32 tensor cores (Ampere and
             later, on by default in TensorFlow). Defaults to True.
 
-    Example:
+    Examples:
         >>> gpu_peak_tflops('NVIDIA A100-SXM4-40GB', 'bfloat16')
         312.0
     """

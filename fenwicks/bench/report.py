@@ -186,7 +186,7 @@ def run(n: int | None = None, repeats: int | None = None,
     Returns:
         A `Report`; ``print(report.table())`` or ``report.as_dict()``.
 
-    Example:
+    Examples:
         >>> print(fw.bench.run(n=1024).table())
     """
     from fenwicks import accel

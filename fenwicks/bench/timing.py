@@ -36,7 +36,7 @@ def measure(calls: Sequence[Callable[[], Any]], trials: int = DEFAULT_TRIALS,
             spinning for ~0.1 s after a call (OpenBLAS) and would steal the cores of the
             next call, made by another library; 0 for a single call.
 
-    Example:
+    Examples:
         >>> [t] = measure([lambda: sum(range(10**6))], trials=3)
         >>> len(t.warm)
         3

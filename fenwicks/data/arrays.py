@@ -65,7 +65,7 @@ def numpy_ds(xs: np.ndarray, ys: np.ndarray | None, batch_size: int, training: b
     Raises:
         ValueError: for arrays of different lengths, bad labels or a bad batch size.
 
-    Example:
+    Examples:
         >>> train_input_func = lambda params: fw.data.numpy_ds(
         ...     X_train, y_train, batch_size=params['batch_size'], training=True)
     """

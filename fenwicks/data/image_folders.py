@@ -113,7 +113,7 @@ def class_folders_tfrecord(data_dir: str, output_fn: str, shuffle: bool = True,
     Returns:
         `ImageFiles` ``(paths, y, labels)``, in record order.
 
-    Example:
+    Examples:
         >>> paths, y, labels = fw.data.class_folders_tfrecord('/data/flowers', fn)
     """
     records.check_writable(output_fn, overwrite)
@@ -155,7 +155,7 @@ def data_dir_label_csv_tfrecord(data_dir: str, csv_fn: str, output_fn: str,
     Raises:
         ValueError: a missing column, an unknown class, or a listed file that is absent.
 
-    Example:
+    Examples:
         >>> paths, y, labels = fw.data.data_dir_label_csv_tfrecord(
         ...     './data/train', './trainLabels.csv', './data/train.tfrec', file_ext='png')
     """
@@ -214,7 +214,7 @@ def data_dir_no_label_tfrecord(data_dir: str, output_fn: str, shuffle: bool = Fa
     Returns:
         The image paths, in record order.
 
-    Example:
+    Examples:
         >>> paths = fw.data.data_dir_no_label_tfrecord('./data/test', fn, file_ext='png')
         >>> ids = [os.path.basename(p)[:-4] for p in paths]
     """
@@ -259,7 +259,7 @@ def data_dir_tfrecord(data_dir: str, fn: str, valid_fraction: float = 0.0,
     Returns:
         The class names, index = class id; with ``shuffle`` given, ``(paths, y, labels)``.
 
-    Example:
+    Examples:
         >>> classes = fw.data.data_dir_tfrecord('/kaggle/input/flowers', 'gs://b/train',
         ...                                     valid_fraction=0.1, valid_fn='gs://b/valid')
         >>> paths, y, labels = fw.data.data_dir_tfrecord(flowers_dir, fn, shuffle=True)

@@ -77,7 +77,7 @@ class PipelineOptions:
     Raises:
         ValueError: a setting out of range, named as the pipeline's argument.
 
-    Example:
+    Examples:
         >>> options = PipelineOptions(batch_size=128, training=True, seed=1)
         >>> options.deterministic, options.cache_suffix
         (True, '')
@@ -150,7 +150,7 @@ class RecordOptions:
     Raises:
         ValueError: a setting out of range, named as `tfrecord_ds`' argument.
 
-    Example:
+    Examples:
         >>> RecordOptions(n_folds=5, val_fold_idx=2).n_folds
         5
     """

@@ -140,7 +140,7 @@ def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 
         ValueError: eagerly, for a record of another dtype or shape (the message says
             which ``h, w, c`` and ``dtype=`` to pass).
 
-    Example:
+    Examples:
         >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
         >>> ds = fw.data.tfrecord_ds('/tmp/cifar/train*', parser, 128)
     """
@@ -177,7 +177,7 @@ def tfexample_image_parser(tfexample: tf.Tensor, h: int, w: int,
         The uint8 image ``[h, w, c]`` (rounded back from bilinear resizing so caches stay
         small) and its int32 label.
 
-    Example:
+    Examples:
         >>> parser = lambda r: fw.data.tfexample_image_parser(r, 224, 224)
     """
     h, w, c = _check_size(h, w, c)
@@ -206,7 +206,7 @@ def get_tfexample_image_parser(tfms: Sequence[Callable[[tf.Tensor], tf.Tensor]] 
     Returns:
         The parser, for `tfrecord_ds`.
 
-    Example:
+    Examples:
         >>> tfms = [fw.transform.tfm_standard_scaler(mean, std),
         ...         fw.transform.tfm_set_shape(32, 32)]
         >>> parser = fw.data.get_tfexample_image_parser(tfms)

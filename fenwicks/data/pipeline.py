@@ -62,7 +62,7 @@ def finish(ds: tf.data.Dataset, options: PipelineOptions, *, batched: bool = Fal
     so shuffle, repeat and batch were done upstream; its first batch is batch
     ``first_batch`` of the stream (a resumed run), which seeds ``batch_transform``.
 
-    Example:
+    Examples:
         >>> finish(records.map(parser), PipelineOptions(batch_size=128, training=False))
     """
     if first_batch and not batched:

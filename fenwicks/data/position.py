@@ -58,7 +58,7 @@ _request: contextvars.ContextVar[ResumeRequest | None] = contextvars.ContextVar(
 def resume_at(batches: int) -> Iterator[ResumeRequest]:
     """Training pipelines built inside start at batch ``batches`` of their stream.
 
-    Example:
+    Examples:
         >>> with fw.data.position.resume_at(batches=1000) as request:
         ...     dataset = input_fn(params)
         >>> if not request.started(dataset):

@@ -55,7 +55,7 @@ def count_records(file_pattern: str | Sequence[str], *, skip_corrupt: bool = Fal
         FileNotFoundError: if ``file_pattern`` matches nothing.
         RecordError: naming the first damaged (truncated or corrupted) file.
 
-    Example:
+    Examples:
         >>> steps_per_epoch = fw.data.count_records('/tmp/cifar/train*') // 512
     """
     skip_corrupt = _checks.boolean("skip_corrupt", skip_corrupt)
@@ -142,7 +142,7 @@ def tfrecord_ds(file_pattern: str | Sequence[str], parser: Parser, batch_size: i
         ValueError: for bad arguments or labels of the wrong dtype or shape.
         ConnectionError: if no dispatcher answers at ``data_service``.
 
-    Example:
+    Examples:
         >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
         >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128,
         ...                          batch_transform=augment, cache=True)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from fenwicks import _removal
 from fenwicks.data._checks import check_features, check_labels
 
 logger = logging.getLogger("fenwicks")
@@ -95,13 +96,12 @@ def write_records(fn: str, records: Iterable[bytes], num_shards: int = 1,
         count = _write_round_robin(temps, records)
     except BaseException:
         for temp in temps:
-            if tf.io.gfile.exists(temp):
-                tf.io.gfile.remove(temp)
+            _removal.remove_file(temp)
         raise
     for temp, path in zip(temps, paths, strict=True):
         tf.io.gfile.rename(temp, path, overwrite=True)
     for stale in set(previous) - set(paths):  # shards of an earlier, different shard count
-        tf.io.gfile.remove(stale)
+        _removal.remove_file(stale)
     logger.info("fenwicks: wrote %d records to %d file(s) at %s", count, len(paths), fn)
     return paths
 
@@ -140,7 +140,7 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
         ValueError: for ``X`` and ``y`` of different lengths or non-integer labels.
         FileExistsError: if ``fn`` was written before and ``overwrite`` is False.
 
-    Example:
+    Examples:
         >>> fw.data.numpy_tfrecord('gs://bucket/cifar/train', X_train, y_train, num_shards=16)
         >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128)
     """
@@ -206,7 +206,7 @@ def files_tfrecord(fn: str, paths: Sequence[str], labels: Sequence[int], num_sha
     Returns:
         The paths written.
 
-    Example:
+    Examples:
         >>> fw.data.files_tfrecord('/tmp/pets/train', image_paths, class_ids, num_shards=8)
     """
     paths = list(paths)

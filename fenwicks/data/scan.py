@@ -61,7 +61,7 @@ def _crc_function():
 def scan_tfrecord(path: str) -> FileScan:
     """Walks one TFRecord file; see `FileScan`. Cached while the file is unchanged.
 
-    Example:
+    Examples:
         >>> fw.data.scan_tfrecord('/tmp/train-00000-of-00004').records
         12500
     """

@@ -65,7 +65,7 @@ def service_address(service: Any, name: str = "data_service") -> tuple[str, int]
     Raises:
         ValueError: naming `name`, for anything else.
 
-    Example:
+    Examples:
         >>> fw.data.service.service_address('grpc://[::1]:5050')
         ('::1', 5050)
     """
@@ -157,7 +157,7 @@ def via_data_service(dataset: tf.data.Dataset, service: str, *,
         ValueError: for a bad address or mode, or a pipeline that calls Python.
         ConnectionError: if no dispatcher answers at `service` within 5 s.
 
-    Example:
+    Examples:
         >>> ds = fw.data.via_data_service(my_pipeline(params), 'grpc://10.0.0.2:5050')
     """
     check_processing_mode(processing_mode)
@@ -188,7 +188,7 @@ def start_dispatcher(port: int, work_dir: str | None = None,
     Raises:
         OSError: naming the port, if it is in use or cannot be listened on.
 
-    Example:
+    Examples:
         >>> fw.data.service.start_dispatcher(5050, bind='10.0.0.2').join()  # until killed
     """
     config = tf.data.experimental.service.DispatcherConfig(
@@ -218,7 +218,7 @@ def start_worker(dispatcher: str, port: int = 0, host: str | None = None,
         ValueError: for a `host` other machines would use on a loopback-only worker.
         OSError: naming the port, if it is in use or cannot be listened on.
 
-    Example:
+    Examples:
         >>> fw.data.service.start_worker('10.0.0.2:5050', bind='10.0.0.3').join()
     """
     port = _check_port(port, "port", 0)
@@ -245,7 +245,7 @@ def listen_address(bind: Any) -> str:
     Raises:
         ValueError: naming `bind`, for a name that does not resolve.
 
-    Example:
+    Examples:
         >>> fw.data.service.listen_address('localhost')
         '127.0.0.1'
     """
@@ -266,7 +266,7 @@ def listen_address(bind: Any) -> str:
 def exposure_warning(bind: str, port: int, role: str = "server") -> str | None:
     """The warning for a server listening beyond this machine; None for loopback.
 
-    Example:
+    Examples:
         >>> fw.data.service.exposure_warning('0.0.0.0', 5050, 'dispatcher')
         'WARNING: the tf.data service dispatcher listens on 0.0.0.0:5050 (every ...'
     """

@@ -9,10 +9,13 @@ the error says so at once and how to point ``data_dir`` at a local copy or a buc
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -81,6 +84,27 @@ def _how_to_fix(name: str) -> str:
             "data_dir=...).download_and_prepare()")
 
 
+def _absent_variant(record: logging.LogRecord) -> bool:
+    """tfds' "Variant folder <dir> has no dataset_info.json" about a folder that does
+    not exist: ``builder.is_prepared()`` looks into the folder a dataset would be in."""
+    return (record.msg == "Variant folder %s has no %s" and bool(record.args)
+            and not fw_io.exists(str(record.args[0])))
+
+
+@contextlib.contextmanager
+def _quiet_absent_variants() -> Iterator[None]:
+    """Drops `_absent_variant` warnings of absl's logger (tfds logs through absl);
+    every other line, and that warning for a folder that exists (a broken copy), still
+    shows."""
+    logger = logging.getLogger("absl")
+    keep = lambda record: not _absent_variant(record)  # noqa: E731
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def _builder(name: str, data_dir: str | None):
     import tensorflow_datasets as tfds
 
@@ -112,14 +136,16 @@ def tfds_builder(name: str, data_dir: str | None = None, download: bool = True):
         DatasetUnavailableError: within seconds, if the dataset is not in ``data_dir``
             and cannot be downloaded (no network, or ``download=False``).
 
-    Example:
+    Examples:
         >>> builder = fw.data.tfds_builder('mnist', data_dir='gs://my-bucket/tfds')
         >>> builder.info.splits['train'].num_examples
         60000
     """
     data_dir = tfds_data_dir(data_dir)
     builder = _builder(name, data_dir)
-    if builder.is_prepared():
+    with _quiet_absent_variants():
+        prepared = builder.is_prepared()
+    if prepared:
         return builder
     missing = f"{name!r} is not in {_where(data_dir)} (no {builder.data_dir})"
     if not download:
@@ -150,7 +176,7 @@ def tfds_load(name: str, split: Any = None, data_dir: str | None = None,
     Raises:
         DatasetUnavailableError: as in `tfds_builder`.
 
-    Example:
+    Examples:
         >>> ds = fw.data.tfds_load('mnist', split='train', as_supervised=True)
     """
     return tfds_builder(name, data_dir, download).as_dataset(split=split, **as_dataset_kwargs)
@@ -191,7 +217,7 @@ def tfds_ds(name: str, split: str, batch_size: int, training: bool = True, *,
     Returns:
         A `tf.data.Dataset` of ``(image, label)`` batches (labels int64 as tfds gives them).
 
-    Example:
+    Examples:
         >>> ds = fw.data.tfds_ds('cifar10', 'train', 128, data_dir='gs://bucket/tfds')
     """
     options = check_record_shuffle(PipelineOptions(

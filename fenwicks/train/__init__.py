@@ -1,29 +1,16 @@
-"""Training: the estimator, optimizers, schedules, the LR finder and callbacks.
+"""Training: the estimator, optimizers and schedules, callbacks, the LR finder, and
+TPUEstimator's front door for TF1 programs.
 
     est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=128)
     est.train_and_evaluate(train_input_func, eval_input_func, epochs=24)
 
-How the estimator is put together (one object per job, as Orbit). Shared by both
-engines, in this folder:
-
-- `options.py`: `EstimatorConfig`, the typed, frozen, validated options.
-- `estimator.py`: `Estimator`, the facade: builds the model from the input's probe and
-  hands the parts to each other; `tpu_estimator.py`: TPUEstimator's front door.
-- `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions;
-  it builds each `train` call's one ordered action list (`default_actions`) and holds
-  its `SavePolicy` (`save_policy.py`: when to save).
-- `actions.py`, `conditions.py`, `progress.py`, `history.py`, `preemption.py`: the
-  entries of that list and the conditions that trigger them; `callbacks.py`: Keras
-  callbacks (`EarlyStopping`, `BestExporter`, `EpochLog`); `lock.py`: the work_dir lock.
-- `export_dirs.py`: which folders an export may replace; `input_record.py`: the batch
-  size a run's input position counts in.
-- `model_func.py`, `optimizers.py`, `schedules.py`, `building.py`: what the user builds a
-  run from; `lr_finder.py`, `input_check.py`, `profiling.py`: tools around a run.
-- `engines.py`: the engine seam. Each engine folder implements the roles (state, inputs,
-  trainer, evaluator, checkpoints, export): `tf/` on ``tf.distribute`` and
-  ``tf.function``, `jax/` on ``jax.sharding``, ``jax.jit`` and orbax. `cross_engine.py`:
-  one engine's checkpoints read on the other (evaluate, predict and warm start).
+Start with `get_tpu_estimator` (or `Estimator` with an `EstimatorConfig`), a model
+function from `get_clf_model_func`, and an optimizer from `sgd_optimizer` or
+`adam_optimizer` with a learning-rate schedule.
 """
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from fenwicks.train.callbacks import BestExporter, EarlyStopping  # noqa: E402, F401
 from fenwicks.train.checkpointing import (  # noqa: E402, F401  (public names)
@@ -45,7 +32,7 @@ from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     get_tpu_estimator,
     train_and_evaluate,
 )
-from fenwicks.train.export_dirs import ExportError  # noqa: E402, F401  (public name)
+from fenwicks.train.export_dirs import ExportError, latest_export  # noqa: E402, F401  (public names)
 from fenwicks.train.input_check import InputVerdict  # noqa: E402, F401  (public name)
 from fenwicks.train.lock import (  # noqa: E402, F401  (public names)
     WorkDirLockedError,
@@ -94,16 +81,6 @@ from fenwicks.train.schedules import (  # noqa: E402, F401  (public names)
     one_cycle_momentum,
     piecewise_linear,
 )
-from fenwicks.train.tpu_estimator import (  # noqa: E402, F401  (public names)
-    EstimatorSpec,
-    InputPipelineConfig,
-    ModeKeys,
-    RunConfig,
-    TPUConfig,
-    TPUEstimator,
-    TPUEstimatorSpec,
-    WarmStartSettings,
-)
 from fenwicks.train.tpu_ready import NotTPUReadyError, TPUReadiness, check_tpu_ready  # noqa: E402, F401
 
 # The public names, as the API reference lists them.
@@ -115,7 +92,8 @@ __all__ = [
     "Estimator", "EstimatorConfig", "EstimatorSpec", "exp_decay_lr", "ExpDecay",
     "ExponentialSweep", "ExportError", "find_lr", "FunctionSchedule", "get_clf_model_func",
     "get_model_func", "get_reg_model_func", "get_tpu_estimator", "History", "InputVerdict",
-    "Interrupted", "Join", "linear_decay", "linear_warmup", "LinearDecay", "LRFinderResult",
+    "Interrupted", "Join", "latest_export", "linear_decay", "linear_warmup", "LinearDecay",
+    "LRFinderResult",
     "ModeKeys", "ModelSpec", "NonFiniteLossError", "NotTPUReadyError", "one_cycle_lr",
     "one_cycle_momentum", "piecewise_linear", "PiecewiseLinear", "Preempted",
     "ProbeWriteError", "RunConfig", "Scaled", "Schedule", "SGD", "sgd_optimizer",
@@ -123,3 +101,57 @@ __all__ = [
     "TPUEstimator", "TPUEstimatorSpec", "TPUReadiness", "train_and_evaluate",
     "WarmStartSettings", "Warmup", "WorkDirLockedError", "WorkDirNotWritableError",
 ]
+
+# TPUEstimator's names: module -> names, imported on first use (PEP 562).
+_TF1_NAMES = {
+    "fenwicks.train.tf.tf1_config": ("EstimatorSpec", "InputPipelineConfig", "ModeKeys",
+                                     "RunConfig", "TPUConfig", "TPUEstimatorSpec",
+                                     "WarmStartSettings"),
+    "fenwicks.train.tf.tpu_estimator": ("TPUEstimator",),
+}
+_TF1_MODULE = {name: module for module, names in _TF1_NAMES.items() for name in names}
+
+if TYPE_CHECKING:  # for type checkers and the API reference, which read imports
+    from fenwicks.train.tf.tf1_config import (  # noqa: F401
+        EstimatorSpec,
+        InputPipelineConfig,
+        ModeKeys,
+        RunConfig,
+        TPUConfig,
+        TPUEstimatorSpec,
+        WarmStartSettings,
+    )
+    from fenwicks.train.tf.tpu_estimator import TPUEstimator  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    """TPUEstimator's names, imported when first used. ``TPUEstimator`` asks the engine
+    first: one that cannot run a TF1 model_fn (jax) gets a class that refuses in one
+    sentence at construction, and no TF1 code is imported."""
+    module = _TF1_MODULE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fenwicks.train' has no attribute {name!r}")
+    if name == "TPUEstimator":
+        from fenwicks.train import engines
+
+        refusal = engines.current().tf1_model_fn_refusal()
+        if refusal:
+            return _refused_tpu_estimator(refusal)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TF1_MODULE))
+
+
+def _refused_tpu_estimator(refusal: str) -> type:
+    class TPUEstimator:
+        """fw.train.TPUEstimator on an engine that cannot run a TF1 model_fn: its
+        constructor raises the engine's one-sentence refusal."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise ValueError(refusal)
+
+    return TPUEstimator

@@ -17,7 +17,7 @@ Keras's own callbacks do not do these jobs as Fenwicks needs them: `keras.callba
 keeps epoch logs only, `ProgbarLogger` counts batches of one epoch and `TerminateOnNaN`
 stops quietly where Fenwicks raises `NonFiniteLossError`; the user may still add them.
 
-Example:
+Examples:
     >>> losses = EpochLoss()
     >>> end = ConditionalAction(conditions.AtEpochEnd(100), EndEpoch(100, losses))
     >>> entries = end.action.actions = ActionList([losses, end])
@@ -44,7 +44,7 @@ class Action:
     """An entry of the `ActionList`: ``action(output)`` after each compiled loop, and
     hooks that default to doing nothing.
 
-    Example:
+    Examples:
         >>> class PrintLoss(Action):
         ...     def __call__(self, output):
         ...         print(output.step, output.last_loss)

@@ -131,40 +131,40 @@ def training_randomness_kept(model: keras.Model) -> Iterator[None]:
             variable.assign(value)
 
 
-def _head(elem: Any, rows: int) -> Any:
-    return tf.nest.map_structure(lambda t: t[:rows], elem)
+def check_labels(engine: Any, spec: ModelSpec, dataset: tf.data.Dataset) -> None:
+    """Runs the loss on a few examples of `dataset` as `engine` (a
+    `fenwicks.train.engines.Engine`) computes it: labels that do not fit the model are a
+    ValueError now, before anything compiles (compiled, an out-of-range label can only
+    give NaN). Labels that look one-hot for a loss that takes class indices get the hint
+    naming both fixes, on every engine."""
+    for element in dataset.take(1).as_numpy_iterator():
+        features, labels, _ = keras.utils.unpack_x_y_sample_weight(
+            keras.tree.map_structure(lambda t: t[:64], element))
+        outputs = engine.model_outputs(spec, features)
+        try:
+            engine.loss(spec, labels, outputs)
+        except engine.label_errors as err:
+            _explain_one_hot(labels, outputs, err)
+            raise
 
 
-def check_labels(spec: ModelSpec, strategy: tf.distribute.Strategy,
-                 dataset: tf.data.Dataset) -> None:
-    """Runs the loss eagerly on a few examples of `dataset`: the built-in losses then raise
-    a ValueError for out-of-range labels (compiled, they can only return NaN)."""
-    for element in dataset.take(1):
-        features, labels, _ = keras.utils.unpack_x_y_sample_weight(_head(element, 64))
-        with strategy.scope(), training_randomness_kept(spec.model):
-            outputs = tf.nest.map_structure(  # in float32, as the loops compute losses
-                lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t,
-                spec.model(features, training=False))
-            try:
-                spec.loss_fn(labels, outputs)
-            except (tf.errors.InvalidArgumentError, ValueError) as err:
-                _explain_one_hot(labels, outputs, err)
-                raise
+def _shape(value: Any) -> tuple[int | None, ...] | None:
+    """The shape of one array, tensor or abstract value, as a tuple; None for a structure."""
+    shape = getattr(value, "shape", None)
+    return None if shape is None else tuple(shape)
 
 
 def _explain_one_hot(labels: Any, outputs: Any, err: BaseException) -> None:
     """Raises a ValueError naming both fixes if `labels` look one-hot for `outputs`,
     which a sparse (class index) loss rejected with `err`; else returns."""
-    if not (isinstance(labels, tf.Tensor) and isinstance(outputs, tf.Tensor)):
-        return
-    shape = labels.shape
-    if (shape.rank is None or shape.rank != outputs.shape.rank or shape.rank < 2
-            or shape[-1] != outputs.shape[-1] or (shape[-1] or 0) < 2):
+    shape, out = _shape(labels), _shape(outputs)
+    if (shape is None or out is None or len(shape) != len(out) or len(shape) < 2
+            or shape[-1] != out[-1] or (shape[-1] or 0) < 2):
         return
     raise ValueError(
-        f"the labels have shape {shape.as_list()}, one-hot (or probabilities) over the "
+        f"the labels have shape {list(shape)}, one-hot (or probabilities) over the "
         f"model's {shape[-1]} outputs, but the loss takes class indices, shape "
-        f"{shape.as_list()[:-1]}. Either argmax the labels (y.argmax(axis=-1) in NumPy, "
+        f"{list(shape[:-1])}. Either argmax the labels (y.argmax(axis=-1) in NumPy, "
         "or ds.map(lambda x, y: (x, tf.argmax(y, -1))) in the input_fn), or use a "
         "categorical loss: fw.train.get_model_func(build_nn, opt_func, loss_fn=lambda y, "
         "out: keras.losses.categorical_crossentropy(y, out, from_logits=True), "

@@ -93,7 +93,7 @@ class EpochLog(keras.callbacks.Callback):
     action list has it just before the user's callbacks (`controller.default_actions`).
     Only the chief writes it (the other workers of a multi-worker run write no files).
 
-    Example:
+    Examples:
         >>> EpochLog(work_dir, lambda: est.global_step).on_epoch_end(0, {'val_loss': 0.5})
     """
 
@@ -136,7 +136,7 @@ class EarlyStopping(_Replaying, keras.callbacks.EarlyStopping):
     has seen (earlier processes' weights are gone); to keep the best model across
     resumes, add `BestExporter`.
 
-    Example:
+    Examples:
         >>> est.train_and_evaluate(train_fn, eval_fn, epochs=50,
         ...                        callbacks=[fw.train.EarlyStopping(patience=3)])
     """
@@ -157,39 +157,54 @@ class EarlyStopping(_Replaying, keras.callbacks.EarlyStopping):
 class BestExporter(_Replaying):
     """Exports a SavedModel whenever an evaluation metric reaches a new best.
 
-    The export goes to `export_dir` (local or gs://), replaced each time, with
-    ``best.json`` in it naming the step and the value; a folder holding files Fenwicks
-    did not write is refused when training begins. Past epochs in work_dir's
+    Each best is a new version folder ``<export_dir>/<version>`` (as
+    `Estimator.export_saved_model` writes), with ``best.json`` in it naming the step and
+    the value; `fw.train.latest_export(export_dir)` is the best model. Of the versions
+    it wrote, the newest `exports_to_keep` stay; an older one is removed only if it
+    holds exactly the files its manifest lists, unchanged (any other is left in place
+    with one warning). Nothing else in `export_dir` is touched. Past epochs in work_dir's
     epoch log count, so a resumed run exports only what beats the whole run's best.
 
     Args:
-        export_dir: where the best model is written.
+        export_dir: the folder of the best exports' versions (local or gs://).
         monitor: a key of the epoch logs, e.g. ``'val_accuracy'``. Defaults to
             ``'val_loss'``.
         mode: ``'min'``, ``'max'`` or ``'auto'`` (max for accuracy-like names).
             Defaults to ``'auto'``.
+        exports_to_keep: how many of its newest versions to keep (as TensorFlow's
+            BestExporter); None keeps all. Defaults to 5.
 
-    Example:
+    Examples:
         >>> best = fw.train.BestExporter(work_dir + '/best', monitor='val_accuracy')
         >>> est.train_and_evaluate(train_fn, eval_fn, epochs=30, callbacks=[best])
+        >>> served = tf.saved_model.load(fw.train.latest_export(work_dir + '/best'))
     """
 
-    def __init__(self, export_dir: str, monitor: str = "val_loss", mode: str = "auto") -> None:
+    def __init__(self, export_dir: str, monitor: str = "val_loss", mode: str = "auto",
+                 exports_to_keep: int | None = 5) -> None:
         super().__init__()
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"mode={mode!r} must be 'auto', 'min' or 'max'")
+        if exports_to_keep is not None and (isinstance(exports_to_keep, bool) or
+                                            not isinstance(exports_to_keep, int)
+                                            or exports_to_keep < 1):
+            raise ValueError(f"exports_to_keep={exports_to_keep!r} must be a positive int "
+                             "(the newest versions kept) or None to keep every one")
         if mode == "auto":
             mode = "max" if any(s in monitor for s in ("acc", "auc", "precision",
                                                        "recall")) else "min"
         self.export_dir, self.monitor, self.mode = export_dir.rstrip("/"), monitor, mode
+        self.exports_to_keep = exports_to_keep
         self.best = math.inf if mode == "min" else -math.inf
         self.exports = 0
+        self.last_export: str | None = None
+        self._warned: set[str] = set()
 
     def _better(self, value: float) -> bool:
         return value < self.best if self.mode == "min" else value > self.best
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        export_dirs.check(self.export_dir)  # a folder of the user's: refused before training
+        export_dirs.check_base(self.export_dir)  # a file in the way: before training
         self.best = math.inf if self.mode == "min" else -math.inf
         self._replay()
 
@@ -203,12 +218,17 @@ class BestExporter(_Replaying):
         if value is None or not np.isfinite(value) or not self._better(value):
             return
         self.best = float(value)
-        # Written beside the old export and swapped in only when whole (best.json
-        # with it): a failure (storage, disk, a kill) leaves the previous best loadable.
-        best = json.dumps({"step": self.estimator.global_step, "epoch": epoch,
-                           "monitor": self.monitor, "value": self.best})
-        export_dirs.write(self.export_dir, self.estimator.export_saved_model,
-                          extra_files={"best.json": best})
+        # A new version, visible only when whole (best.json with it): a failure
+        # (storage, disk, a kill) leaves the previous best as it was.
+        best = {"step": self.estimator.global_step, "epoch": epoch,
+                "monitor": self.monitor, "value": self.best}
+        self.last_export = export_dirs.write(
+            self.export_dir, self.estimator.saved_model_writer(),
+            extra_files={"best.json": json.dumps(best)},
+            manifest_extra={"writer": "BestExporter", "best": best})
         self.exports += 1
+        if self.exports_to_keep is not None:
+            export_dirs.remove_old_versions(self.export_dir, self.exports_to_keep,
+                                            "BestExporter", self._warned)
         logger.info("fenwicks: %s=%.6g is the best so far; exported to %s", self.monitor,
-                    self.best, self.export_dir)
+                    self.best, self.last_export)

@@ -26,7 +26,7 @@ class Checkpointer(abc.ABC):
     Attributes:
         directory: where the checkpoints are (a local path or a ``gs://`` URL).
 
-    Example:
+    Examples:
         >>> with checkpointer_lib.create(root, work_dir) as checkpointer:
         ...     checkpointer.restore()
         ...     checkpointer.save(int(global_step.numpy()))
@@ -159,7 +159,7 @@ def step_of(prefix: str | None) -> int:
         The step; 0 for None (no checkpoint yet: a run starts at step 0); -1 for a prefix
         that does not end in a step, so it sorts before every real checkpoint.
 
-    Example:
+    Examples:
         >>> step_of('gs://bucket/work/ckpt-400')
         400
         >>> step_of('/work/checkpoints/400')    # the JAX engine's orbax checkpoints

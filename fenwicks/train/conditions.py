@@ -7,7 +7,7 @@ compiled loop with its `LoopOutput` (the counting ones ignore it).
 (`save_policy.SavePolicy`) asks `AnyOf(EveryNLoops(n), EverySeconds(t))` whether a
 periodic checkpoint is due.
 
-Example:
+Examples:
     >>> every_3 = EveryNLoops(3)
     >>> [every_3(None) for _ in range(6)]
     [False, False, True, False, False, True]
@@ -72,7 +72,7 @@ class AnyOf:
     loops), and when one holds all restart, so "every N loops or T seconds" counts both
     from the last time either held.
 
-    Example:
+    Examples:
         >>> due = AnyOf(EveryNLoops(100), EverySeconds(600.0))
     """
 

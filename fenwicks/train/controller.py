@@ -161,9 +161,9 @@ class Controller:
         record: the `History` to append per-step losses, rates and learning rates to.
         engine: the `fenwicks.train.engines.Engine` whose trainer runs the compiled loop.
 
-    Example:
+    Examples:
         >>> controller = Controller(config, state, est.history, engines.current())
-        >>> with controller.run(strategy, iterator, 1000, user_callbacks) as run:
+        >>> with controller.run(iterator, 1000, user_callbacks) as run:
         ...     run.train(run.target)
     """
 
@@ -177,14 +177,13 @@ class Controller:
         self._trainer: Trainer | None = None
         self.saves: SavePolicy | None = None  # the current train call's
 
-    def _get_trainer(self, strategy: Any) -> Trainer:
+    def _get_trainer(self) -> Trainer:
         if self._trainer is None:
-            self._trainer = self._engine.trainer(strategy, self.config, self.state,
-                                                 self._watcher)
+            self._trainer = self._engine.trainer(self.config, self.state, self._watcher)
         return self._trainer
 
     @contextlib.contextmanager
-    def run(self, strategy: Any, iterator: Any, target: int,
+    def run(self, iterator: Any, target: int,
             callbacks: Sequence[keras.callbacks.Callback],
             profile_steps: tuple[int, int] | None = None) -> Iterator[Run]:
         """One `train` call to global step `target`, with the user's `callbacks` (their
@@ -195,7 +194,7 @@ class Controller:
         have changed the weights of a saved step). A stop after a non-finite loss that a
         callback asked for ends quietly, saving nothing; Ctrl-C becomes `Interrupted`.
         """
-        trainer, state = self._get_trainer(strategy), self.state
+        trainer, state = self._get_trainer(), self.state
         state.spec.model.stop_training = False
         saves = self.saves = SavePolicy(state.checkpointer, self.config.save_every_loops,
                                         self.config.save_every_secs,

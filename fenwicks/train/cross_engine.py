@@ -5,7 +5,8 @@ Each engine reads only its own format, into one neutral form, `SavedWeights` (mo
 variables by Keras path, and the step): `fenwicks.train.tf.weights` (TensorFlow's
 ``<work_dir>/ckpt-<step>``) and `fenwicks.train.jax.weights` (orbax's
 ``<work_dir>/orbax/<step>``). Any engine then loads any other's weights by path: N
-engines need N readers (`engines.READERS`), not one per pair.
+engines need N readers (each registry entry's ``reader``, `fenwicks._engine.readers`), not
+one per pair.
 
 Only model variables cross (weights, BatchNorm statistics, seed-generator states) and
 the global step; the optimizer's slots and the input position do not.
@@ -32,7 +33,7 @@ step trained here. A resume also promises exactness (optimizer slots, input posi
 random state), which across engines holds only to the kernels' rounding. A warm start
 into a new work_dir keeps both runs intact and costs one argument.
 
-Example:
+Examples:
     >>> # a work_dir trained on a Kaggle TPU (JAX engine), on a Colab GPU (TF engine):
     >>> est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, '/content/run')
     >>> est.evaluate(eval_fn)            # the JAX engine's weights, by path
@@ -52,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from fenwicks import _deadline
-from fenwicks.train import engines, run_format
+from fenwicks import _deadline, _engine
+from fenwicks.train import run_format
 from fenwicks.train.checkpointing import step_of
 
 logger = logging.getLogger("fenwicks")
@@ -95,26 +96,26 @@ class SavedWeights:
 
 
 def _reader(engine: str) -> Any:
-    return importlib.import_module(engines.READERS[engine])
+    return importlib.import_module(_engine.readers()[engine])
 
 
 def _others(engine: str) -> list[Any]:
-    return [_reader(name) for name in engines.READERS if name != engine]
+    return [_reader(name) for name in _engine.readers() if name != engine]
 
 
 def title(engine: str) -> str:
     """How messages name an engine: ``title('jax') == 'JAX engine'``."""
-    return run_format.title(engine)
+    return _reader(engine).TITLE
 
 
 def any_engines_latest(work_dir: str) -> str | None:
     """The newest checkpoint in `work_dir` of any engine, or None.
 
-    Example:
+    Examples:
         >>> any_engines_latest('/root/fenwicks/work/demo')
         '/root/fenwicks/work/demo/ckpt-252'
     """
-    found = [found for name in engines.READERS if (found := _reader(name).latest(work_dir))]
+    found = [found for name in _engine.readers() if (found := _reader(name).latest(work_dir))]
     if (newest := run_format.latest(work_dir)) is not None:
         found.append(newest)
     return max(found, key=step_of, default=None)
@@ -123,7 +124,7 @@ def any_engines_latest(work_dir: str) -> str | None:
 def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
     """Another engine's newest checkpoint in `work_dir`, if it holds none of `engine`'s.
 
-    Example:
+    Examples:
         >>> other_engines_checkpoint('/kaggle/working/run', 'tf')
         '/kaggle/working/run/orbax/1000'
     """
@@ -190,7 +191,7 @@ def _source_of_other_engine(source: str, engine: str) -> str | None:
 
 def _owner(checkpoint: str) -> Any:
     """The reader of the engine that wrote `checkpoint`."""
-    for name in engines.READERS:
+    for name in _engine.readers():
         if _reader(name).is_checkpoint(checkpoint):
             return _reader(name)
     raise ValueError(f"{checkpoint!r} is no engine's checkpoint (a TensorFlow "
@@ -206,7 +207,7 @@ def read(checkpoint: str) -> SavedWeights:
     Raises:
         ImportError: an orbax checkpoint and no orbax-checkpoint installed.
 
-    Example:
+    Examples:
         >>> saved = read('/kaggle/working/run/orbax/1000')
         >>> saved.engine, saved.step, saved.paths[0]
         ('jax', 1000, 'mnist_net/conv_bn/conv2d/kernel')
@@ -246,7 +247,7 @@ def match(variables: Sequence[Any], saved: SavedWeights) -> dict[int, int]:
     suffix order), then by position when names leave a variable out and `saved` is in
     model order with the same count and shapes. Only pairs of equal shape are returned.
 
-    Example:
+    Examples:
         >>> match(model.variables, read('/run/ckpt-100'))
         {0: 3, 1: 0, ...}
     """
@@ -313,7 +314,7 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
             the checkpoint has model variables the model lacks. Nothing was loaded.
         ImportError: the checkpoint is orbax's and orbax-checkpoint is not installed.
 
-    Example:
+    Examples:
         >>> restore_for_reading(model, '/kaggle/input/run', 'tf').step
         1000
     """
@@ -360,7 +361,7 @@ def refuse_training(work_dir: str, engine: str) -> None:
     """Raises `CrossEngineTrainingError` if `work_dir` holds only the other engine's
     checkpoints (see the module's docstring for why training does not continue them).
 
-    Example:
+    Examples:
         >>> refuse_training('/content/run', 'tf')   # a JAX engine's work_dir
         CrossEngineTrainingError: work_dir='/content/run' holds the JAX engine's ...
     """
@@ -391,7 +392,7 @@ def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | N
         ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths; None if
         `source` is neither (the engine's own previous format: its warm start reads it).
 
-    Example:
+    Examples:
         >>> warm_start(model, '/kaggle/input/tpu-run', 'tf')['not_loaded']
         []
     """

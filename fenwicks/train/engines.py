@@ -19,8 +19,13 @@ input manager            `inputs.TFInputManager`              `inputs.JaxInputMa
 trainer                  `trainer.Trainer` (`loops`)          `trainer.JaxTrainer` (`steps`)
 evaluator                `evaluation.TFEvaluator`             `evaluation.JaxEvaluator`
 exporter                 `export` (tf.saved_model)            `export` (jax2tf)
-label check              `building.check_labels` (eager)      ``jax.eval_shape`` of the loss
-LR finder's batches      distributed iterator                 global NumPy batches
+devices, distribution    `devices` (the strategy it holds)    `devices` (a mesh, no strategy)
+replicas, processes      the strategy's, the cluster's        ``jax.device_count``, processes
+stop flag                a variable following the watcher     the watcher's host bool
+XLA device rule          none on logical CPUs                 none
+label check (outputs,    eager, under the strategy            ``jax.eval_shape``
+  loss)
+LR finder's batches      distributed iterator                 this process's NumPy batches
 `check_input`'s reader   `TFInputManager.read_steps`          `JaxInputManager.read_steps`
 `profile_steps`          TensorFlow's profiler                ``jax.profiler``
 `check_tpu_ready`        `tpu_steps` (XLA, as TPUStrategy)    `tpu_steps` (lowered for 'tpu')
@@ -29,10 +34,19 @@ TPUEstimator `model_fn`  `_model_fn` (TF1 graph in Keras)     refused in one sen
 
 The engine is Keras's backend (Keras fixes it when first imported: ``KERAS_BACKEND``,
 which `fw.accel`'s engine selection sets, `fenwicks._engine`). A third engine is one new
-folder implementing `Engine` and a checkpoint reader, plus its name in `_ENGINES`,
-`READERS` and engine selection (`fenwicks._engine`).
+folder implementing `Engine` (with, for an engine of its own Keras backend, its device
+detector and backend facts) and a checkpoint reader, plus its one entry in
+`fenwicks._engine.REGISTRY`. The reference engine (`fenwicks.train.reference`: a linear
+model trained by NumPy gradient steps, for the tests of the shared code) is such an
+entry: it runs under whichever backend Keras has, so it is never chosen by the backend,
+only by name (`use`).
 
-Example:
+Every count the shared code uses comes from the engine: `get_tpu_estimator` asks
+`Engine.num_replicas`, `num_processes` and `precision` once and keeps the answers in the
+`EstimatorConfig`, which the input params, exact evaluation, out-of-memory halving,
+`check_input`, `check_tpu_ready` and the TPUEstimator read; `find_lr` asks the engine too.
+
+Examples:
     >>> engine = fenwicks.train.engines.current()
     >>> engine.name
     'tf'
@@ -40,13 +54,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import keras
 
-from fenwicks import accel
+from fenwicks import _engine, accel
 
 if TYPE_CHECKING:
     from fenwicks.train.evaluation import Evaluator
@@ -56,16 +71,16 @@ if TYPE_CHECKING:
     from fenwicks.train.run_state import RunState
     from fenwicks.train.runner import Trainer
 
-# Keras's backend -> the module whose ``ENGINE`` implements `Engine` for it.
-_ENGINES = {"tensorflow": "fenwicks.train.tf.engine", "jax": "fenwicks.train.jax.engine"}
-# Engine -> its reader of its own checkpoints into `cross_engine.SavedWeights`, importable
-# on any engine (``NAME``, ``TITLE``, ``latest``, ``work_dir_of``, ``is_checkpoint``,
-# ``read``).
-READERS = {"tf": "fenwicks.train.tf.weights", "jax": "fenwicks.train.jax.weights"}
+# Every engine, one entry each (`fenwicks._engine.EngineEntry`).
+REGISTRY = _engine.REGISTRY
+_chosen: list[str] = []  # engines chosen by name (`use`), innermost last
 
 
 class Profiler(Protocol):
     """The engine's profiler, for `train(profile_steps=...)` (`profiling.ProfileWindow`)."""
+
+    # What `start` and `stop` raise when the profiler cannot (training goes on).
+    errors: tuple[type[BaseException], ...]
 
     def start(self, logdir: str) -> None: ...
 
@@ -76,38 +91,54 @@ class Engine(Protocol):
     """One engine's roles (the table above). Classes are the role's type; the rest are
     plain functions (static methods of the engine's class)."""
 
-    name: str  # 'tf' or 'jax': the checkpoint formats of `cross_engine`
+    name: str  # 'tf', 'jax' or 'reference': its `REGISTRY` entry, its checkpoints' format
     RunState: type[RunState]
     InputManager: type[InputManager]
     Evaluator: type[Evaluator]
     profiler: Profiler
+    # The errors `loss` raises for labels that do not fit the model's outputs.
+    label_errors: tuple[type[BaseException], ...]
 
     def num_replicas(self, acc: accel.Accelerator) -> int:
-        """Replicas sharing each global batch on this engine."""
+        """Replicas sharing each global batch on this engine, over every process."""
+
+    def num_processes(self, acc: accel.Accelerator) -> int:
+        """Processes (hosts) of the run, each feeding its own replicas."""
 
     def precision(self, acc: accel.Accelerator) -> str:
         """What ``precision='auto'`` means on this engine's device."""
 
-    def trainer(self, strategy: Any, config: EstimatorConfig, state: RunState,
-                watcher: Any) -> Trainer:
-        """The compiled inner loop over `state`, stopping when `watcher` asks."""
+    def jit_compile_refusal(self, acc: accel.Accelerator) -> str | None:
+        """Why ``jit_compile=True`` cannot run on `acc` here ('on 8 logical CPU replicas
+        (...)'), or None."""
 
-    def check_labels(self, spec: ModelSpec, acc: accel.Accelerator, dataset: Any) -> None:
-        """Raises ValueError if the labels of `dataset`'s first batch do not fit the model."""
+    def trainer(self, config: EstimatorConfig, state: RunState, watcher: Any) -> Trainer:
+        """The compiled inner loop over `state`, stopping when `watcher` asks
+        (`preemption.PreemptionWatcher`: its host `flag`, or a variable it `follow`s)."""
+
+    def build(self, model_func: Callable, params: dict, precision: str,
+              features_spec: Any) -> tuple[ModelSpec, Any]:
+        """A fresh model and optimizer where this engine's steps use them (`find_lr`)."""
+
+    def model_outputs(self, spec: ModelSpec, features: Any) -> Any:
+        """The model's outputs for a few examples (shapes at least), float32 where
+        floating, without changing the model's state: the label check's first half."""
+
+    def loss(self, spec: ModelSpec, labels: Any, outputs: Any) -> None:
+        """The loss of `outputs` against `labels` as this engine's steps compute it;
+        raises one of `label_errors` when the labels do not fit."""
 
     def export_saved_model(self, spec: ModelSpec, features_spec: Any,
                            export_dir: str) -> str:
         """Writes a SavedModel serving `spec`'s predictions into (empty) `export_dir`."""
 
-    def sweep_batches(self, acc: accel.Accelerator, input_fn: Callable,
-                      params: Callable[[Any], dict],
+    def sweep_batches(self, input_fn: Callable, params: Callable[[Any], dict],
                       num_steps: int) -> tuple[Any, Callable[[], None], Any]:
         """`find_lr`'s batches of `num_steps` steps: ``(what its trainer reads, a call
         that lets go of it, the per-replica element spec)``; ``params(input_context)``
         gives the input_fn's params."""
 
-    def sweep_trainer(self, acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,
-                      batch_size: int) -> Trainer:
+    def sweep_trainer(self, spec: ModelSpec, optimizer: Any, batch_size: int) -> Trainer:
         """`find_lr`'s trainer: the estimator's loop, one step per call, no work_dir."""
 
     def build_for_tpu_check(self, model_func: Callable, params: dict, precision: str,
@@ -124,15 +155,47 @@ class Engine(Protocol):
 
 
 def current() -> Engine:
-    """The engine of Keras's backend, for estimators made now.
+    """The engine of Keras's backend, for estimators made now (or the one `use` chose).
 
     Raises:
         ValueError: Keras runs on a backend no engine implements.
     """
+    if _chosen:
+        return importlib.import_module(REGISTRY[_chosen[-1]].module).ENGINE
     backend = keras.backend.backend()
-    if backend not in _ENGINES:
+    entry = _engine.entry_for_backend(backend)
+    if entry is None:
         raise ValueError(f"Keras runs on {backend!r}; Fenwicks' engines run on "
-                         f"{sorted(_ENGINES)}: set KERAS_BACKEND (or FENWICKS_ENGINE) "
-                         "before importing Keras")
-    return importlib.import_module(_ENGINES[backend]).ENGINE
+                         f"{sorted(_engine.KERAS_BACKEND.values())}: set KERAS_BACKEND (or "
+                         "FENWICKS_ENGINE) before importing Keras")
+    return importlib.import_module(entry.module).ENGINE
 
+
+@contextlib.contextmanager
+def use(name: str) -> Iterator[Engine]:
+    """Estimators (and `find_lr`, `check_input`, ...) made inside run on engine `name`.
+
+    For an engine that runs under any Keras backend, the reference engine
+    (`fenwicks.train.reference`); the tf and jax engines are Keras's backend, which is
+    fixed when Keras is imported, so only the running one can be used.
+
+    Raises:
+        ValueError: `name` is no engine, or an engine of another Keras backend.
+
+    Examples:
+        >>> with fenwicks.train.engines.use("reference"):
+        ...     est = fw.train.get_tpu_estimator(10, model_func, work_dir, trn_bs=8)
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"engine={name!r} is not an engine Fenwicks has; the engines are "
+                         f"{sorted(REGISTRY)}")
+    backend = REGISTRY[name].keras_backend
+    if backend is not None and backend != keras.backend.backend():
+        raise ValueError(f"engine={name!r} runs Keras on {backend!r}, and this process's "
+                         f"Keras runs on {keras.backend.backend()!r} (fixed when Keras was "
+                         f"imported): start a new process with FENWICKS_ENGINE={name}")
+    _chosen.append(name)
+    try:
+        yield importlib.import_module(REGISTRY[name].module).ENGINE
+    finally:
+        _chosen.pop()

@@ -1,4 +1,4 @@
-"""The estimator: train, evaluate, predict and export one model on `fw.accel`'s strategy.
+"""The estimator: train, evaluate, predict and export one model on the engine's devices.
 
     model_func = fw.train.get_clf_model_func(build_nn, opt_func)
     est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=512)
@@ -7,7 +7,8 @@
     print(est.check_input(train_input_func))             # can the input keep up?
 
 One `Estimator` owns one model, built lazily on first use (it needs the input's shapes)
-inside the strategy's scope and under the precision policy. All state that the next step
+where the engine's steps use it (the tf engine: in its strategy's scope) and under the
+precision policy. All state that the next step
 depends on lives in ``work_dir``'s checkpoints, so a new estimator there continues the run.
 
 The estimator is a facade over small parts, as Orbit separates its controller from its
@@ -118,7 +119,7 @@ def get_tpu_estimator(steps_per_epoch: int | None = None, model_func: ModelFunc 
     Raises:
         ValueError: for a batch size not divisible by the replicas, or a bad argument.
 
-    Example:
+    Examples:
         >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=512,
         ...                                  val_bs=10000, seed=1)
         >>> fw.train.get_tpu_estimator(model_func=model_func, work_dir=work_dir,
@@ -146,24 +147,25 @@ def get_tpu_estimator(steps_per_epoch: int | None = None, model_func: ModelFunc 
         else pred_bs,
         steps_per_loop=steps_per_epoch if steps_per_loop is None else steps_per_loop,
         precision=engine.precision(acc) if precision == "auto" else precision, seed=seed,
-        warm_start_from=warm_start_from, jit_compile=_jit_compile(jit_compile, acc),
+        warm_start_from=warm_start_from,
+        jit_compile=_jit_compile(jit_compile, acc, engine.jit_compile_refusal(acc)),
         save_every_secs=save_every_secs, save_every_loops=save_every_loops,
         keep_checkpoints=keep_checkpoints, verbose=verbose,
-        async_checkpoints=async_checkpoints, num_replicas=engine.num_replicas(acc))
+        async_checkpoints=async_checkpoints, num_replicas=engine.num_replicas(acc),
+        num_processes=engine.num_processes(acc))
     return Estimator(model_func, config, acc)
 
 
-def _jit_compile(jit_compile: bool | None, acc: accel.Accelerator) -> bool:
-    """None means: on a TPU (which compiles everything anyway), else not."""
+def _jit_compile(jit_compile: bool | None, acc: accel.Accelerator,
+                 refusal: str | None) -> bool:
+    """None means: on a TPU (which compiles everything anyway), else not; True where the
+    engine cannot compile with XLA (`refusal`, `Engine.jit_compile_refusal`) is a warning
+    and False."""
     if jit_compile is None:
         return acc.kind == "tpu"
     jit_compile = boolean("jit_compile", jit_compile)
-    if jit_compile and acc.kind == "cpu" and acc.num_replicas > 1:
-        # XLA cannot reach variables on the other logical CPU devices ("Trying to access
-        # resource ... located in device CPU:1 from device CPU:0"); 1 replica is fine.
-        logger.warning("fenwicks: jit_compile is ignored on %d logical CPU replicas (XLA "
-                       "does not support variables spread over logical CPU devices)",
-                       acc.num_replicas)
+    if jit_compile and refusal:
+        logger.warning("fenwicks: jit_compile is ignored %s", refusal)
         return False
     return jit_compile
 
@@ -212,7 +214,7 @@ class Estimator:
         history: a `History` of this object's training and evaluations.
         warm_start_report: ``{'loaded': [...], 'not_loaded': [...]}`` after a warm start.
 
-    Example:
+    Examples:
         >>> with fw.train.get_tpu_estimator(100, model_func, work_dir) as est:
         ...     est.train(train_fn, steps=1000)
     """
@@ -281,7 +283,7 @@ class Estimator:
         A documented test hook: the parts' own attributes are Fenwicks-internal and may
         change between releases; models, counters and results have public properties.
 
-        Example:
+        Examples:
             >>> est.parts.state.checkpointer.latest   # the newest complete checkpoint
         """
         return EstimatorParts(self._state, self._inputs, self._evaluator)
@@ -323,7 +325,7 @@ class Estimator:
             return iterator
         probe = self._inputs.probe(input_fn, "train")
         self._state.build(probe.features_spec, probe.params)
-        self._engine.check_labels(self._state.spec, self._acc, probe.dataset)
+        building.check_labels(self._engine, self._state.spec, probe.dataset)
         position = self._state.input_position
         input_record.check(self.config.work_dir, self.config.train_batch_size, position,
                            self._state.restored_record)
@@ -337,7 +339,7 @@ class Estimator:
                           self._inputs.params(mode, self.config.train_batch_size))
         building.check_same_features(self._state.features_spec, probe.features_spec, mode)
         if mode == "eval" and input_fn not in self._checked:
-            self._engine.check_labels(self._state.spec, self._acc, probe.dataset)
+            building.check_labels(self._engine, self._state.spec, probe.dataset)
             with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
                 self._checked.add(input_fn)
 
@@ -389,7 +391,7 @@ class Estimator:
             CheckpointWriteError: a checkpoint could not be written (disk full, storage);
                 the previous one is intact.
 
-        Example:
+        Examples:
             >>> est.train(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
             ...           max_steps=1000, callbacks=[keras.callbacks.CSVLogger('log.csv')])
             >>> est.train(train_fn, steps=300, profile_steps=(200, 220))  # a profile
@@ -424,8 +426,7 @@ class Estimator:
                                               self._engine)
             self._last_train_loops = slice(len(self.history.examples_per_sec), None)
             callbacks_lib.attach(callbacks, self, epochs_to(target, self.config.steps_per_epoch))
-            with self._controller.run(self._acc.strategy, iterator, target, callbacks,
-                                      profile_steps) as run:
+            with self._controller.run(iterator, target, callbacks, profile_steps) as run:
                 yield run
 
     def check_input(self, input_fn: InputFn, num_batches: int = 100,
@@ -458,7 +459,7 @@ class Estimator:
         Raises:
             ValueError: bad arguments, or an input that fails `train`'s checks or runs out.
 
-        Example:
+        Examples:
             >>> est.train(train_fn, steps=500)
             >>> print(est.check_input(train_fn))
             input delivers 41,200 ex/s, training consumed 3,100 ex/s (13.29x): not input-bound
@@ -495,7 +496,7 @@ class Estimator:
         A work_dir without a checkpoint gives a warning: the model was never trained. A
         read-only work_dir is fine (TensorBoard summaries are skipped with a warning).
 
-        Example:
+        Examples:
             >>> est.evaluate(lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
             ...                                              training=False))
             {'loss': 0.31, 'accuracy': 0.912, 'global_step': 1000, 'num_examples': 10000}
@@ -532,7 +533,7 @@ class Estimator:
 
         A work_dir without a checkpoint gives a warning: the model was never trained.
 
-        Example:
+        Examples:
             >>> probs = est.predict(lambda params: fw.data.numpy_ds(X, None,
             ...                     params['batch_size'], training=False))
         """
@@ -545,35 +546,42 @@ class Estimator:
 
     # ---------------------------------------------------------------- export, loops of loops
 
-    def export_saved_model(self, export_dir: str) -> str:
+    def export_saved_model(self, export_dir_base: str) -> str:
         """Writes a SavedModel whose ``serving_default`` signature gives predictions.
 
-        The export replaces only an earlier export of Fenwicks' (marked by
-        ``fenwicks_export.json``) or an empty folder, and only once it is complete: a
-        folder holding other files is refused before any work, and a failed export
-        leaves the previous one as it was.
+        Each export is a new version folder ``<export_dir_base>/<version>`` (the Unix
+        time, or one more than the newest version there), as TF Serving expects. It
+        appears only when complete; nothing already in `export_dir_base` is replaced or
+        deleted. `fw.train.latest_export` finds the newest.
 
         Args:
-            export_dir: local directory (str or `pathlib.Path`) or gs:// URL.
+            export_dir_base: local directory (str or `pathlib.Path`) or gs:// URL.
 
         Returns:
-            `export_dir`; reload with ``tf.saved_model.load(export_dir)`` and call
+            The new version folder; reload with ``tf.saved_model.load(path)`` and call
             ``.serve(features)`` or ``.signatures['serving_default'](x=features)``.
 
         Raises:
-            ValueError: `export_dir` holds files Fenwicks did not write.
+            ValueError: `export_dir_base` is a file or lies under one.
             fw.train.ExportError: the disk or storage failed.
 
-        Example:
-            >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/m'))
-            >>> loaded.serve(X[:5])['predictions']
+        Examples:
+            >>> path = est.export_saved_model('/tmp/m')
+            >>> path
+            '/tmp/m/1764340000'
+            >>> tf.saved_model.load(path).serve(X[:5])['predictions']
         """
-        export_dir = path_arg("export_dir", export_dir)
-        existed = export_dirs.check(export_dir)  # a folder of the user's: before any work
+        export_dir_base = path_arg("export_dir_base", export_dir_base)
+        export_dirs.check_base(export_dir_base)  # a file in the way: before any work
+        return export_dirs.write(export_dir_base, self.saved_model_writer())
+
+    def saved_model_writer(self) -> Callable[[str], object]:
+        """The engine's SavedModel writer for this model: ``write(folder)`` writes into
+        an existing `folder` (`export_saved_model` and `BestExporter` version it)."""
         spec = self._state.spec
         self._reload_if_stale()
-        return export_dirs.write(export_dir, lambda folder: self._engine.export_saved_model(
-            spec, self._state.features_spec, folder), existed=existed)
+        return lambda folder: self._engine.export_saved_model(
+            spec, self._state.features_spec, folder)
 
     def train_and_evaluate(self, train_input_fn: InputFn, eval_input_fn: InputFn,
                            epochs: int | None = None, max_steps: int | None = None,
@@ -594,7 +602,7 @@ class Estimator:
         Returns:
             `History` with per-step losses and one entry per evaluation.
 
-        Example:
+        Examples:
             >>> history = est.train_and_evaluate(train_fn, eval_fn, epochs=10,
             ...                                  callbacks=[fw.train.EarlyStopping()])
             >>> plt.plot(*history.metric('accuracy'))
@@ -637,7 +645,7 @@ def train_and_evaluate(estimator: Estimator, train_input_fn: InputFn,
                        callbacks: Callbacks = None) -> History:
     """Function form of `Estimator.train_and_evaluate`.
 
-    Example:
+    Examples:
         >>> history = fw.train.train_and_evaluate(est, train_fn, eval_fn, epochs=10)
     """
     return estimator.train_and_evaluate(train_input_fn, eval_input_fn, epochs=epochs,

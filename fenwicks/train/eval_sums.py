@@ -26,7 +26,7 @@ CHECKS = ("non_finite_loss", "non_finite_features", "labels_out_of_range")
 def width(num_metrics: int) -> int:
     """Columns of one step's row: loss, the metrics, count, weight, then the checks.
 
-    Example:
+    Examples:
         >>> width(1)   # loss, accuracy, count, weight and three checks
         7
     """
@@ -37,7 +37,7 @@ def row(loss_and_metrics: Sequence[Any], count: Any, weight: Any,
         checks: Sequence[Any]) -> list[Any]:
     """One step's columns in layout order (tensors inside the compiled loop).
 
-    Example:
+    Examples:
         >>> row([2.0, 1.0], 4.0, 4.0, [0.0, 0.0, 0.0])
         [2.0, 1.0, 4.0, 4.0, 0.0, 0.0, 0.0]
     """
@@ -58,7 +58,7 @@ class EvalTotals:
         weight: the sum of the sample weights (``count`` without weights).
         checks: check name (`CHECKS`) -> examples that failed it.
 
-    Example:
+    Examples:
         >>> totals = EvalTotals.of(np.array([[2., 1., 4., 4., 0., 0., 0.]]), ['accuracy'])
         >>> totals.means()
         {'loss': 0.5, 'accuracy': 0.25}

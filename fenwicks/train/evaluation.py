@@ -10,8 +10,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks.train.eval_sums import EvalTotals
@@ -28,7 +28,7 @@ class Evaluator(abc.ABC):
     an out-of-memory error, the result. Each engine subclasses it with its compiled
     steps (`_eval_totals`, `_predictions`).
 
-    Example:
+    Examples:
         >>> evaluator = engines.current().Evaluator(config, acc, state, input_manager)
         >>> evaluator.evaluate(eval_input_fn)   # {'loss', 'accuracy', ...}
     """
@@ -43,8 +43,9 @@ class Evaluator(abc.ABC):
 
     def with_smaller_batches(self, run: Callable[[int], Any], global_batch: int,
                              what: str) -> Any:
-        """Runs `run(batch)`, halving the batch after an out-of-memory error on a GPU."""
-        replicas = self._acc.num_replicas
+        """Runs `run(batch)`, halving the batch after an out-of-memory error on a GPU
+        (keeping it a multiple of the engine's replicas)."""
+        replicas = self.config.num_replicas
         while True:
             try:
                 return run(global_batch)
@@ -75,8 +76,8 @@ class Evaluator(abc.ABC):
 
     def is_out_of_memory(self, err: BaseException) -> bool:
         """Whether `err` says the device ran out of memory (then a smaller batch is
-        tried). Defaults to TensorFlow's error, which tf.data raises on both engines."""
-        return isinstance(err, tf.errors.ResourceExhaustedError)
+        tried): each engine names its errors. Defaults to False (nothing to run out of)."""
+        return False
 
     def warn_if_untrained(self, doing: str) -> None:
         """Warns when the (built) model was never trained, restored or warm-started."""
@@ -106,9 +107,9 @@ class Evaluator(abc.ABC):
 
     def check_single_host(self) -> None:
         """Prediction is single-host: a ValueError on a multi-worker run."""
-        if self._acc.num_workers > 1:
+        if self.config.num_processes > 1:
             raise ValueError(
-                f"predict runs on one host, and this run spans {self._acc.num_workers} "
+                f"predict runs on one host, and this run spans {self.config.num_processes} "
                 "workers (TF_CONFIG): each would return only its own share of the rows. "
                 "Predict in a single-host process on the work_dir (a new estimator there "
                 "restores the model), or export_saved_model and serve that")
@@ -125,8 +126,8 @@ class Evaluator(abc.ABC):
             raise ValueError("the prediction input_fn yielded no examples")
         mask = np.concatenate([np.asarray(mask) for _, mask in results])
         flat = [np.concatenate([np.asarray(leaf) for leaf in leaves])[mask]
-                for leaves in zip(*(tf.nest.flatten(p) for p, _ in results), strict=True)]
-        return tf.nest.pack_sequence_as(results[0][0], flat)
+                for leaves in zip(*(keras.tree.flatten(p) for p, _ in results), strict=True)]
+        return keras.tree.pack_sequence_as(results[0][0], flat)
 
 
 def _num_classes(model: Any) -> str:

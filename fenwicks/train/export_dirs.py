@@ -1,101 +1,160 @@
-"""Export folders: what Fenwicks may replace, and replacing it whole.
+"""Export folders: versioned, made visible only when complete, never replacing anything.
 
-An export goes to a folder of its own. Fenwicks marks each export it writes with
-``fenwicks_export.json``; a later export replaces a folder only when it is empty or is
-such an export holding nothing else, so a user's files are never deleted (TensorFlow's
-own ``tf.saved_model.save`` likewise leaves unrelated files alone). The new export is
-written into a hidden folder beside the target and swapped in only when complete, so a
-failed export leaves the previous one loadable. Engine-neutral: each engine's writer is
-a callable ``write(folder)``, and both serve the outputs `serving_outputs` names.
+As TensorFlow Estimator and TF Serving do, an export goes to a new version folder
+``<export_dir_base>/<version>/`` (the Unix time in seconds, or one more than the newest
+version there) and its path is returned. Locally the SavedModel is written into a
+hidden ``.tmp-*`` folder inside `export_dir_base` and renamed to its version as the last
+step. On ``gs://``, which has no rename, it is written in place and its manifest
+(``fenwicks_manifest.json``: every file, its size, its SHA-256) is written last: a
+version without one is incomplete, and `latest_export` skips it. Nothing that exists is
+replaced or deleted, so a user's file anywhere in `export_dir_base` is safe; only
+`remove_old_versions` (BestExporter's keep-N) removes versions, those its manifest
+proves unchanged. Engine-neutral: each engine's writer is a callable ``write(folder)``.
 
-    export_dirs.write('/tmp/model', lambda folder: tf.saved_model.save(module, folder))
+    version = export_dirs.write('/tmp/model', lambda d: tf.saved_model.save(module, d))
+    # '/tmp/model/1764340000'
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import errno
+import logging
 import os
-import secrets
-import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow as tf  # tf.io.gfile: local and gs:// alike (storage, not training)
 
-from fenwicks import _deadline
+from fenwicks import _deadline, _removal
 from fenwicks._text import first_line
 
-MARKER = "fenwicks_export.json"
-# What an export of ours holds: a SavedModel, the marker, BestExporter's best.json.
-_OWN_ENTRIES = frozenset({"saved_model.pb", "variables", "assets", "fingerprint.pb",
-                          "keras_metadata.pb", MARKER, "best.json"})
+logger = logging.getLogger("fenwicks")
+
+MANIFEST = _removal.MANIFEST
+LEGACY_MARKER = "fenwicks_export.json"  # exports before versions: the folder itself
+_STAGING_PREFIX = ".tmp-"  # TF Serving loads only numeric folders; this one is skipped
 
 
 class ExportError(OSError):
     """A SavedModel export failed (a full disk, storage errors); nothing partial is left."""
 
 
-def write(export_dir: str, write_saved_model: Callable[[str], object],
-          extra_files: Mapping[str, str] | None = None, *,
-          existed: bool | None = None) -> str:
-    """Writes an export to `export_dir` with `write_saved_model(folder)`, whole or not at
-    all, after checking that `export_dir` is new, empty or an earlier export of ours.
-
-    Args:
-        existed: what `check(export_dir)` returned, if the caller checked already
-            (before its own work); None checks here.
+def write(export_dir_base: str, write_saved_model: Callable[[str], object],
+          extra_files: Mapping[str, str] | None = None,
+          manifest_extra: Mapping[str, Any] | None = None) -> str:
+    """Writes a new version ``<export_dir_base>/<version>`` with `write_saved_model(folder)`
+    and `extra_files` ({name: text}), whole or not at all; returns its path.
 
     Raises:
-        ValueError: `export_dir` holds files Fenwicks did not write (before any work).
-        ExportError: the writer or storage failed; the previous export is untouched.
+        ValueError: `export_dir_base` is a file or lies under one (before any work).
+        ExportError: the writer or storage failed; nothing that existed was touched.
     """
-    if existed is None:
-        existed = check(export_dir)
-    staging = _staging_name(export_dir)
+    base = export_dir_base.rstrip("/") or "/"
+    made = _deadline.run(_make_base, base, what="SavedModel export", path=base)
+    remote = "://" in base
+    folder = _deadline.run(_fresh_version, base, what="SavedModel export",
+                           path=base) if remote else tempfile.mkdtemp(
+        prefix=f"{_STAGING_PREFIX}{int(time.time())}-", dir=base)
     try:
-        _deadline.run(write_saved_model, staging, what="SavedModel export", path=export_dir)
-        for name, text in {**(extra_files or {}), MARKER: _marker_text()}.items():
-            with tf.io.gfile.GFile(f"{staging}/{name}", "w") as f:
-                f.write(text)
+        _deadline.run(write_saved_model, folder, what="SavedModel export", path=base)
+        _deadline.run(_finish, folder, extra_files or {}, dict(manifest_extra or {}),
+                      what="SavedModel export", path=base)
+        return folder if remote else _deadline.run(_rename_into_place, folder, base,
+                                                   what="SavedModel export", path=base)
     except _deadline.StorageTimeoutError:
         raise  # storage stopped answering: cleaning up would hang as well
     except (tf.errors.OpError, OSError) as err:
-        _remove_quietly(staging)
-        kept = (f"; the previous export in {export_dir} is untouched" if existed
-                else "; the partial folder was removed")
+        _removal.remove_tree(folder, ignore_errors=True)  # made by this call, just now
+        for created in made:  # the folders made for it, if still empty (deepest first)
+            _removal.remove_empty_dir(created)
         raise ExportError(
-            f"could not export the SavedModel to {export_dir}: {first_line(err)}{kept}. "
-            "Free space there (or pick another export_dir) and call export_saved_model "
-            "again; the checkpoints in work_dir are untouched") from err
+            f"could not export the SavedModel to {base}: {first_line(err)}; the partial "
+            "version was removed and earlier exports there are untouched. Free space "
+            "there (or pick another export_dir) and call export_saved_model again; the "
+            "checkpoints in work_dir are untouched") from err
     except BaseException:
-        _remove_quietly(staging)
+        _removal.remove_tree(folder, ignore_errors=True)
         raise
-    _swap_in(staging, export_dir)
-    return export_dir
 
 
-def check(export_dir: str) -> bool:
-    """Whether `export_dir` exists; raises if it holds anything Fenwicks did not write.
+def check_base(export_dir_base: str) -> None:
+    """Raises, before any work, if no version folder can be made in `export_dir_base`.
 
     Raises:
-        ValueError: `export_dir` is a file, or holds files of someone else's.
+        ValueError: it is a file, or a file stands where one of its folders would be.
     """
-    entries = _deadline.run(_entries, export_dir, what="SavedModel export", path=export_dir)
-    if not entries:
-        return entries is not None
-    foreign = [name for name in entries if name not in _OWN_ENTRIES]
-    if MARKER not in entries or foreign:
-        shown = ", ".join((foreign or entries)[:5]) + (", ..." if len(foreign or entries) > 5
-                                                       else "")
-        whose = ("an earlier Fenwicks export that now also holds" if MARKER in entries
-                 else "a folder Fenwicks did not write, holding")
-        raise ValueError(
-            f"export_dir={export_dir!r} is {whose} {shown}; export_saved_model replaces "
-            "only its own exports and never deletes other files. Pass a new or empty "
-            f"folder (e.g. {export_dir.rstrip('/')}/model) or move those files away")
-    return True
+    _deadline.run(_check_base, export_dir_base.rstrip("/") or "/",
+                  what="SavedModel export", path=export_dir_base)
+
+
+def latest_export(export_dir_base: str) -> str:
+    """The path of the newest complete export in `export_dir_base`.
+
+    A version folder counts once its manifest is written (the last step of an export);
+    a folder an export wrote before versions existed (a SavedModel directly in
+    `export_dir_base`, marked by ``fenwicks_export.json``) is read as it is.
+
+    Args:
+        export_dir_base: the folder given to ``export_saved_model`` (local or gs://).
+
+    Returns:
+        ``<export_dir_base>/<version>``, or `export_dir_base` itself for an older export.
+
+    Raises:
+        FileNotFoundError: it holds no complete export.
+
+    Examples:
+        >>> est.export_saved_model('/tmp/model')
+        '/tmp/model/1764340000'
+        >>> fw.train.latest_export('/tmp/model')
+        '/tmp/model/1764340000'
+        >>> served = tf.saved_model.load(fw.train.latest_export('/tmp/model'))
+    """
+    base = str(export_dir_base).rstrip("/") or "/"
+    found = _deadline.run(_latest, base, what="reading exports", path=base)
+    if found is None:
+        raise FileNotFoundError(
+            f"export_dir_base={base!r} holds no complete export (a version folder with "
+            f"{MANIFEST}, or a SavedModel); export there with est.export_saved_model"
+            f"({base!r}) first, or pass the folder you exported to")
+    return found
+
+
+def versions(export_dir_base: str) -> list[str]:
+    """The complete version folders in `export_dir_base`, oldest first."""
+    base = export_dir_base.rstrip("/")
+    return [f"{base}/{v}" for v in _numbers(base)
+            if _removal.read_manifest(f"{base}/{v}") is not None]
+
+
+def remove_old_versions(export_dir_base: str, keep: int, writer: str,
+                        warned: set[str]) -> list[str]:
+    """Removes the versions `writer` wrote (its name in their manifest) beyond the newest
+    `keep`, each only if it holds exactly the files its manifest lists, unchanged; any
+    other is left in place with one warning (once per folder, via `warned`).
+
+    Returns:
+        The version folders removed.
+    """
+    base = export_dir_base.rstrip("/")
+    ours = [v for v in versions(base)
+            if (_removal.read_manifest(v) or {}).get("writer") == writer]
+    removed = []
+    for version in ours[:max(0, len(ours) - keep)]:
+        problems = _deadline.run(_removal.remove_by_manifest, version,
+                                 what="removing an old export", path=version)
+        if not problems:
+            removed.append(version)
+        elif version not in warned:
+            warned.add(version)
+            more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+            logger.warning(
+                "fenwicks: %s left %s in place: it holds %s%s, and it removes only "
+                "exports exactly as it wrote them; delete that folder yourself once it is "
+                "not needed", writer, version, problems[0], more)
+    return removed
 
 
 def serving_outputs(predictions: Any) -> dict[str, tf.Tensor]:
@@ -107,66 +166,96 @@ def serving_outputs(predictions: Any) -> dict[str, tf.Tensor]:
     return {"predictions": predictions}
 
 
-def _entries(export_dir: str) -> list[str] | None:
-    """The names in folder `export_dir`, or None if it does not exist."""
-    if not tf.io.gfile.exists(export_dir):
-        return None
-    if not tf.io.gfile.isdir(export_dir):
-        raise ValueError(f"export_dir={export_dir!r} is a file; pass a folder for the "
-                         "SavedModel, e.g. a new sub-folder of work_dir")
-    return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(export_dir))
+# --------------------------------------------------------------------------- helpers
 
 
-def _staging_name(export_dir: str) -> str:
-    """A new hidden folder beside `export_dir` (same disk: the swap is a rename)."""
-    parent, name = os.path.split(export_dir.rstrip("/"))
-    if "://" in export_dir:
-        return f"{parent}/.{name}.fenwicks-new-{secrets.token_hex(4)}"
-    os.makedirs(parent or ".", exist_ok=True)
-    return tempfile.mkdtemp(prefix=f".{name}.fenwicks-new-", dir=parent or ".")
-
-
-def _swap_in(staging: str, target: str) -> None:
-    """Puts the complete export `staging` in place of `target` (absent, empty or ours).
-
-    Locally by two renames; the old export is removed only after the new one is in
-    place. On ``gs://``, which has no folder rename, object by object: every new object
-    is copied over (the marker last), then objects of the old export that the new one
-    lacks are deleted, then the staging copy.
-    """
-    if "://" not in target:
-        old = None
-        if os.path.exists(target):
-            old = f"{staging}.old"
-            os.rename(target, old)
-        os.rename(staging, target)
-        if old:
-            shutil.rmtree(old)
+def _check_base(base: str) -> None:
+    if tf.io.gfile.exists(base):
+        if not tf.io.gfile.isdir(base):
+            raise ValueError(
+                f"export_dir_base={base!r} is a file; exports go to version folders inside a "
+                f"folder. Pass a folder, e.g. {_beside(base)}")
         return
-    new = _relative_files(staging)
-    for name in sorted(new, key=lambda n: n == MARKER):
-        tf.io.gfile.makedirs(f"{target}/{name}".rsplit("/", 1)[0])
-        tf.io.gfile.copy(f"{staging}/{name}", f"{target}/{name}", overwrite=True)
-    for name in _relative_files(target) - new:
-        tf.io.gfile.remove(f"{target}/{name}")
-    tf.io.gfile.rmtree(staging)
+    if "://" in base:
+        return  # gs:// has no folders a file could block (a prefix is not a file)
+    parent = os.path.dirname(os.path.abspath(base))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"export_dir_base={base!r} lies under {parent!r}, which is a file, so no folder "
+            f"can be made there; pass a folder path elsewhere, e.g. {_beside(parent)}")
 
 
-def _relative_files(directory: str) -> set[str]:
-    if not tf.io.gfile.exists(directory):
-        return set()
-    found = set()
-    for root, _, files in tf.io.gfile.walk(directory):
-        prefix = root[len(directory):].strip("/")
-        found.update(f"{prefix}/{f}" if prefix else f for f in files)
-    return found
+def _beside(path: str) -> str:
+    return f"{path.rstrip('/')}_export" if path not in ("", ".", "/") else "'./export'"
 
 
-def _marker_text() -> str:
-    return json.dumps({"written_by": "fenwicks", "format": "SavedModel"})
+def _make_base(base: str) -> list[str]:
+    """Makes local folder `base`; the folders it made, deepest first."""
+    _check_base(base)
+    if os.path.islink(base) and "://" not in base:
+        logger.info("fenwicks: export_dir_base=%r is a symlink to %r; the new version goes "
+                    "into that folder", base, os.path.realpath(base))
+    if "://" in base:
+        return []  # object storage: a version's objects need no folder made first
+    made, missing = [], os.path.abspath(base)
+    while not os.path.exists(missing):
+        made.append(missing)
+        missing = os.path.dirname(missing)
+    try:
+        os.makedirs(base, exist_ok=True)
+        return made
+    except OSError as err:
+        raise ValueError(f"export_dir_base={base!r} cannot be created ({first_line(err)}); "
+                         "pass a folder you can write to") from err
 
 
-def _remove_quietly(folder: str) -> None:
-    with contextlib.suppress(tf.errors.OpError, OSError):
-        if tf.io.gfile.exists(folder):
-            tf.io.gfile.rmtree(folder)
+def _numbers(base: str) -> list[int]:
+    """The numeric entries of `base` (its versions, complete or not), ascending."""
+    if not tf.io.gfile.isdir(base):
+        return []
+    names = (name.rstrip("/") for name in tf.io.gfile.listdir(base))
+    return sorted(int(name) for name in names if name.isdigit())
+
+
+def _fresh_version(base: str) -> str:
+    """A version folder name that does not exist yet: now, or after the newest."""
+    numbers = _numbers(base)
+    version = max(int(time.time()), numbers[-1] + 1 if numbers else 0)
+    while tf.io.gfile.exists(f"{base}/{version}"):
+        version += 1
+    return f"{base}/{version}"
+
+
+def _finish(folder: str, extra_files: Mapping[str, str], manifest_extra: dict) -> None:
+    for name, text in extra_files.items():
+        with tf.io.gfile.GFile(f"{folder}/{name}", "w") as f:
+            f.write(text)
+    _removal.write_manifest(folder, {"format": "SavedModel", **manifest_extra})
+
+
+def _rename_into_place(staging: str, base: str) -> str:
+    """Renames the complete `staging` to a version that does not exist; never over one
+    (a rename replaces an empty folder, so an existing name is skipped, not taken)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(staging, 0o777 & ~mask)  # mkdtemp's 0o700 would hide it from a server
+    while True:
+        target = _fresh_version(base)
+        try:
+            os.rename(staging, target)
+            return target
+        except OSError as err:  # another export took that version meanwhile
+            if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+
+
+def _latest(base: str) -> str | None:
+    complete = versions(base)
+    if complete:
+        return complete[-1]
+    for name in ("saved_model.pb", "saved_model.pbtxt"):
+        if tf.io.gfile.exists(f"{base}/{name}"):
+            return base  # an export written before versions (fenwicks_export.json)
+    return None

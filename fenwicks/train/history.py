@@ -23,7 +23,7 @@ EPOCH_LOG = "epochs.jsonl"
 class History:
     """What a run recorded, ready for plots: one entry per step, one per evaluation.
 
-    Example:
+    Examples:
         >>> plt.plot(history.steps, history.losses)
         >>> plt.plot(*history.metric('accuracy'))
     """

@@ -33,6 +33,7 @@ from fenwicks import _tf_internals, accel
 from fenwicks._checks import positive_int
 from fenwicks.train import engines, inputs
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.runner import InputExhaustedError
 
 logger = logging.getLogger("fenwicks")
 
@@ -71,7 +72,7 @@ class InputVerdict:
         num_batches: steps timed (one batch per replica each), warm-up excluded.
         seconds: how long those steps took.
 
-    Example:
+    Examples:
         >>> verdict = est.check_input(train_input_func)
         >>> verdict.input_bound, verdict.ratio
         (False, 13.29)
@@ -105,7 +106,7 @@ class InputVerdict:
 def judge(input_rate: float, train_rate: float | None) -> tuple[float | None, str]:
     """``(ratio, verdict)`` for the two rates in examples/s (see the thresholds).
 
-    Example:
+    Examples:
         >>> judge(330.0, 320.0)
         (1.03125, 'input-bound')
     """
@@ -124,7 +125,7 @@ def training_rate(loops: Sequence[tuple[int, float]]) -> float | None:
     collection) does not move it; the first loop includes the compilation of the
     training loop, so it is left out when there are others.
 
-    Example:
+    Examples:
         >>> training_rate([(10, 150.0), (20, 3000.0), (30, 3100.0), (40, 2900.0)])
         3000.0
     """
@@ -137,7 +138,7 @@ def training_rate(loops: Sequence[tuple[int, float]]) -> float | None:
 def advice(dataset: tf.data.Dataset) -> tuple[str, ...]:
     """The fixes that apply to `dataset`, read from its graph, most effective first.
 
-    Example:
+    Examples:
         >>> advice(tf.data.TFRecordDataset(files).map(parse).batch(32))
         ('cache after decoding (...)', 'more parallel maps (...)', ...)
     """
@@ -239,7 +240,7 @@ def time_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: a
         start = time.perf_counter()
         examples = drain(iterator, num_batches)
         seconds = time.perf_counter() - start
-    except tf.errors.OutOfRangeError as err:
+    except (tf.errors.OutOfRangeError, InputExhaustedError) as err:
         raise ValueError(
             f"the training input ran out of data within {warmup_batches + num_batches} "
             "steps; end the input_fn's dataset with .repeat(), or lower num_batches")from err
@@ -269,7 +270,7 @@ def check_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: 
     Returns:
         An `InputVerdict`.
 
-    Example:
+    Examples:
         >>> check_input(train_fn, est.config, fw.accel.current(), [(21, 3000.0)])
     """
     num_batches = positive_int("num_batches", num_batches, 100)

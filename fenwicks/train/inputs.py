@@ -44,7 +44,7 @@ def make_params(mode: str, global_batch: int, num_replicas: int, *, seed: int | 
 
     ``params['batch_size']`` is the per-replica batch size.
 
-    Example:
+    Examples:
         >>> make_params("train", 512, 8, seed=1, precision="bfloat16", steps_per_epoch=97)
         {'batch_size': 64, 'global_batch_size': 512, ...}
     """
@@ -54,6 +54,19 @@ def make_params(mode: str, global_batch: int, num_replicas: int, *, seed: int | 
             "input_context": input_context}
 
 
+def input_context(num_pipelines: int, pipeline_id: int,
+                  num_replicas: int) -> tf.distribute.InputContext:
+    """tf.data's ``InputContext`` for ``params['input_context']``: `num_pipelines` input
+    pipelines (hosts), this one `pipeline_id`, `num_replicas` replicas in all. Every
+    engine's input_fns get it, so engines make it here, not from TensorFlow themselves.
+
+    Examples:
+        >>> input_context(1, 0, 8).get_per_replica_batch_size(512)
+        64
+    """
+    return tf.distribute.InputContext(num_pipelines, pipeline_id, num_replicas)
+
+
 def unpack(element: Any) -> tuple[Any, Any, Any]:
     """``(features, labels, sample_weight)`` of a dataset element, by Keras's convention.
 
@@ -61,7 +74,7 @@ def unpack(element: Any) -> tuple[Any, Any, Any]:
     ``(features, labels, sample_weight)``; what is absent comes back as None. The same
     function unpacks element specs. (`keras.utils.unpack_x_y_sample_weight`.)
 
-    Example:
+    Examples:
         >>> unpack((x, y))
         (x, y, None)
     """
@@ -129,6 +142,19 @@ def _batch_dims(spec: Any) -> set:
     return {s.shape[0] if s.shape.rank else "scalar" for s in tf.nest.flatten(spec)}
 
 
+def _check_known_ranks(spec: Any, what: str) -> None:
+    """A tensor of unknown rank (``shape=<unknown>``) is not unbatched: its shape was
+    lost, typically by tf.py_function or tf.numpy_function, and batching cannot bring it
+    back; tf.ensure_shape can."""
+    unknown = [i for i, s in enumerate(tf.nest.flatten(spec)) if s.shape.rank is None]
+    if unknown:
+        raise ValueError(
+            f"{what} input_fn yields a tensor of unknown shape (component {unknown[0]} of "
+            f"the flattened element {spec}), as tf.py_function and tf.numpy_function "
+            "give: batching cannot restore it. Set it in the map that calls them, e.g. "
+            "x = tf.ensure_shape(tf.py_function(f, [x], tf.float32), [32, 32, 3])")
+
+
 def check_pair(spec: Any, what: str) -> None:
     """The element must be (features, labels) or (features, labels, sample_weight),
     batched."""
@@ -137,6 +163,7 @@ def check_pair(spec: Any, what: str) -> None:
                          f"(features, labels, sample_weight)), but its element spec is "
                          f"{spec}; map the dataset to a tuple, e.g. "
                          "ds.map(lambda d: (d['image'], d['label']))")
+    _check_known_ranks(spec, what)
     if "scalar" in _batch_dims(spec):
         raise ValueError(f"{what} input_fn yields unbatched elements ({spec}); batch it "
                          "with params['batch_size']")
@@ -159,6 +186,7 @@ def check_train_spec(spec: Any, batch_size: int) -> None:
 
 def check_eval_spec(spec: Any, batch_size: int, what: str) -> None:
     """Evaluation batches may be partial but never larger than the per-replica size."""
+    _check_known_ranks(spec, what)
     dims = _batch_dims(spec) - {None}
     if "scalar" in dims:
         raise ValueError(f"{what} input_fn yields unbatched elements ({spec}); batch it "
@@ -244,7 +272,7 @@ class InputManager(abc.ABC):
     how it reads (`fenwicks.train.tf.inputs.TFInputManager`: ``tf.distribute``
     iterators; `fenwicks.train.jax.inputs.JaxInputManager`: NumPy batches for the mesh).
 
-    Example:
+    Examples:
         >>> manager = engines.current().InputManager(config, fw.accel.current())
         >>> probe = manager.probe(train_input_fn, "train")  # checked before any compile
         >>> iterator = manager.train_iterator(train_input_fn, start_step=0)
@@ -258,7 +286,8 @@ class InputManager(abc.ABC):
 
     @property
     def num_replicas(self) -> int:
-        return self._acc.num_replicas
+        """The engine's replicas (`EstimatorConfig.num_replicas`)."""
+        return self.config.num_replicas
 
     def params(self, mode: str, global_batch: int, context: Any = None) -> dict:
         return make_params(
@@ -282,7 +311,7 @@ class InputManager(abc.ABC):
             return last  # probed just before (the estimator, then the evaluator)
         what = MODE_NOUNS[mode]
         params = self.params(mode, global_batch,
-                             tf.distribute.InputContext(1, 0, self.num_replicas))
+                             input_context(1, 0, self.num_replicas))
         batch_size = params["batch_size"]
         dataset = call_input_fn(input_fn, params, what)
         if mode == "train":
@@ -330,8 +359,9 @@ class InputManager(abc.ABC):
 
     @property
     def num_hosts(self) -> int:
-        """Hosts reading their own share of each global batch, as this one does."""
-        return self._acc.num_workers
+        """Hosts reading their own share of each global batch, as this one does (the
+        engine's processes, `EstimatorConfig.num_processes`)."""
+        return self.config.num_processes
 
     @abc.abstractmethod
     def read_steps(self, iterator: Any, num_steps: int) -> int:
@@ -339,7 +369,7 @@ class InputManager(abc.ABC):
         (for `check_input`); returns this host's examples read.
 
         Raises:
-            tf.errors.OutOfRangeError: the input ran out.
+            tf.errors.OutOfRangeError or `runner.InputExhaustedError`: the input ran out.
         """
 
     def release(self) -> None:
@@ -372,7 +402,7 @@ def discard(holder: list[Any]) -> None:
     `holder` must hold the only references: the caller keeps the list, not the
     iterators (hence a list).
 
-    Example:
+    Examples:
         >>> holder = [iter(strategy.distribute_datasets_from_function(dataset_fn))]
         >>> loop(holder[0])
         >>> discard(holder)          # returns at once; holder == []

@@ -33,6 +33,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from fenwicks import _removal
+
 logger = logging.getLogger("fenwicks")
 
 LOCK_NAME = "fenwicks.lock"
@@ -58,7 +60,7 @@ class WorkDirNotWritableError(PermissionError):
 class WorkDirLock:
     """The lock of one work_dir; `acquire` before writing checkpoints, `release` after.
 
-    Example:
+    Examples:
         >>> lock = WorkDirLock('/tmp/run')
         >>> lock.acquire(); ...; lock.release()
     """
@@ -166,7 +168,7 @@ class WorkDirLock:
                 with os.fdopen(fd, "w") as f:
                     json.dump(record, f)
             except OSError as err:  # a full disk: O_CREAT worked, the write did not
-                os.remove(self.path)  # an empty lock would block nobody, and mislead
+                _removal.remove_file(self.path)  # an empty lock would block nobody, and mislead
                 raise WorkDirNotWritableError(_write_failed(self.path, err)) from None
             return
         try:
@@ -198,10 +200,7 @@ class WorkDirLock:
             return {"host": "?", "pid": None, "heartbeat": 0.0}  # unreadable: stale
 
     def _remove(self) -> None:
-        try:
-            tf.io.gfile.remove(self.path)
-        except tf.errors.NotFoundError:
-            pass
+        _removal.remove_file(self.path)
 
 
 def _this_process(holder: dict[str, Any]) -> bool:

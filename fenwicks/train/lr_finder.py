@@ -30,7 +30,6 @@ import numpy as np
 from fenwicks import accel
 from fenwicks._checks import divisible_by_replicas, number, positive_int, steps
 from fenwicks.train import engines, inputs
-from fenwicks.train.building import build_model, precision_policy
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.runner import InputExhaustedError, LoopOutput
 from fenwicks.train.schedules import Schedule
@@ -40,7 +39,7 @@ from fenwicks.train.schedules import Schedule
 class ExponentialSweep(Schedule):
     """``start_lr * (end_lr / start_lr) ** (step / (num_steps - 1))``: the LR range test.
 
-    Example:
+    Examples:
         >>> ExponentialSweep(1e-4, 1.0, 5)(2)
         0.01
     """
@@ -106,22 +105,30 @@ def _check_args(start_lr: float, end_lr: float, num_steps: int, smoothing: float
         raise ValueError(f"diverge_factor={diverge_factor!r} must be > 1, e.g. 4")
 
 
-def _params(acc: accel.Accelerator, batch_size: int, seed: int | None,
-            steps_per_epoch: int | None, context: Any = None) -> dict:
-    """The estimator's params (`fenwicks.train.inputs.make_params`), for training."""
-    return inputs.make_params("train", batch_size, acc.num_replicas, seed=seed,
-                       precision=acc.precision, steps_per_epoch=steps_per_epoch,
-                       input_context=context)
+@dataclasses.dataclass(frozen=True)
+class _Sweep:
+    """What the sweep's params and model take from the engine (its replicas, over every
+    process, and its precision), as the estimator's do."""
+
+    batch_size: int
+    replicas: int
+    precision: str
+    seed: int | None
+    steps_per_epoch: int | None
+
+    def params(self, context: Any = None) -> dict:
+        """The estimator's params (`fenwicks.train.inputs.make_params`), for training."""
+        return inputs.make_params("train", self.batch_size, self.replicas, seed=self.seed,
+                                  precision=self.precision,
+                                  steps_per_epoch=self.steps_per_epoch,
+                                  input_context=context)
 
 
-def _build(acc: accel.Accelerator, model_func: Callable, batch_size: int,
-           seed: int | None, features_spec: Any,
-           steps_per_epoch: int | None) -> tuple[ModelSpec, Any]:
-    if seed is not None:
-        keras.utils.set_random_seed(seed)
-    with acc.strategy.scope(), precision_policy(acc.precision):
-        return build_model(model_func, _params(acc, batch_size, seed, steps_per_epoch),
-                           acc.precision, features_spec)
+def _build(engine: Any, sweep: _Sweep, model_func: Callable,
+           features_spec: Any) -> tuple[ModelSpec, Any]:
+    if sweep.seed is not None:
+        keras.utils.set_random_seed(sweep.seed)
+    return engine.build(model_func, sweep.params(), sweep.precision, features_spec)
 
 
 def _suggest(lrs: np.ndarray, smoothed: np.ndarray) -> tuple[float | None, float | None]:
@@ -171,25 +178,23 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
         ValueError: for bad arguments, a model_func that does not return a ModelSpec, or
             an input_fn whose batches do not match ``params['batch_size']``.
 
-    Example:
+    Examples:
         >>> result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
         >>> opt_func = fw.train.sgd_optimizer(fw.train.one_cycle_lr(result.suggestion, ...))
     """
     _check_args(start_lr, end_lr, num_steps, smoothing, diverge_factor)
-    acc = accel.current()
+    acc, engine = accel.current(), engines.current()
     positive_int("batch_size", batch_size, example=512)
-    batch_size = divisible_by_replicas("batch_size", batch_size, acc.num_replicas)
-    engine = engines.current()
-    batches, release, spec = engine.sweep_batches(
-        acc, input_fn, lambda context: _params(acc, batch_size, seed, steps_per_epoch,
-                                               context), num_steps)
-    model_spec, optimizer = _build(acc, model_func, batch_size, seed, spec[0],
-                                   steps_per_epoch)
+    replicas = engine.num_replicas(acc)
+    batch_size = divisible_by_replicas("batch_size", batch_size, replicas)
+    sweep_params = _Sweep(batch_size, replicas, engine.precision(acc), seed, steps_per_epoch)
+    batches, release, spec = engine.sweep_batches(input_fn, sweep_params.params, num_steps)
+    model_spec, optimizer = _build(engine, sweep_params, model_func, spec[0])
     saved = [w.copy() for w in model_spec.model.get_weights()]
     sweep = ExponentialSweep(start_lr, end_lr, num_steps)
     optimizer.learning_rate = sweep  # Keras allows replacing a schedule with a schedule
     try:
-        trainer = engine.sweep_trainer(acc, model_spec, optimizer, batch_size)
+        trainer = engine.sweep_trainer(model_spec, optimizer, batch_size)
         lrs, losses = _sweep(trainer.train, batches, sweep, batch_size, smoothing,
                              diverge_factor, verbose)
     finally:

@@ -79,9 +79,12 @@ class ModelSpec:
         reduction: ``'mean'`` (sum of per-example losses / global batch size) or
             ``'sum'`` (global sum). Either way the update is the same on 1 or 8 replicas.
 
-    Example:
+    Examples:
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         >>> spec = ModelSpec(model, keras.optimizers.SGD(0.1),
         ...                  loss_fn=squared_error, metric_fns={'mae': absolute_error})
+        >>> spec.reduction
+        'mean'
     """
 
     model: keras.Model
@@ -115,9 +118,14 @@ class ModelSpec:
         Returns:
             ``{'loss': [B], <metric>: [B], ...}`` in `metric_fns` order, float32.
 
-        Example:
-            >>> spec.example_values(labels, spec.model(features, training=False))
-            {'loss': <[B] float32>, 'accuracy': <[B] float32>}
+        Examples:
+            >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            >>> spec = ModelSpec(model, keras.optimizers.SGD(0.1), loss_fn=squared_error,
+            ...                  metric_fns={'mae': absolute_error})
+            >>> features, labels = np.ones((4, 3), 'float32'), np.zeros((4, 1), 'float32')
+            >>> values = spec.example_values(labels, spec.model(features, training=False))
+            >>> {name: tuple(value.shape) for name, value in values.items()}   # [B] each
+            {'loss': (4,), 'mae': (4,)}
         """
         outputs = float32_outputs(outputs)
         values = {"loss": self.loss_fn(labels, outputs)}
@@ -131,8 +139,11 @@ def float32_outputs(outputs: Any) -> Any:
 
     Mixed-precision models may emit bfloat16/float16; losses are computed in float32.
 
-    Example:
-        >>> float32_outputs({'cls': bfloat16_logits, 'id': int_ids})   # ids stay ints
+    Examples:
+        >>> out = float32_outputs({'cls': keras.ops.ones((2, 3), 'bfloat16'),
+        ...                        'id': keras.ops.ones((2,), 'int32')})   # ids stay ints
+        >>> {name: keras.backend.standardize_dtype(v.dtype) for name, v in out.items()}
+        {'cls': 'float32', 'id': 'int32'}
     """
     def cast(value: Any) -> Any:
         dtype = keras.backend.standardize_dtype(value.dtype)
@@ -150,7 +161,7 @@ def _concrete(values: Any) -> np.ndarray | None:
     Tracing is a `tf.function` on TensorFlow and `jax.jit` on JAX: their values exist
     only when the compiled step runs.
     """
-    if _engine.is_symbolic(values):
+    if _engine.backend_facts().is_symbolic(values):
         return None
     return keras.ops.convert_to_numpy(values)
 
@@ -208,8 +219,9 @@ def sparse_softmax_cross_entropy(labels: Any, outputs: Any, from_logits: bool = 
     Returns:
         ``[B]`` float32 losses.
 
-    Example:
-        >>> sparse_softmax_cross_entropy([0], [[2.0, 0.0]])   # log(1 + e^-2) = 0.127
+    Examples:
+        >>> sparse_softmax_cross_entropy([0], [[2.0, 0.0]]).numpy().round(3)  # log(1 + e^-2)
+        array([0.127], dtype=float32)
     """
     ops = keras.ops
     outputs = ops.cast(outputs, "float32")
@@ -235,8 +247,9 @@ def sparse_softmax_cross_entropy(labels: Any, outputs: Any, from_logits: bool = 
 def accuracy(labels: Any, outputs: Any) -> Any:
     """Per-example accuracy (1.0 if argmax of `outputs` equals the label, else 0.0).
 
-    Example:
-        >>> accuracy([1, 0], [[0.1, 0.9], [0.2, 0.8]])   # [1.0, 0.0]
+    Examples:
+        >>> accuracy([1, 0], [[0.1, 0.9], [0.2, 0.8]]).numpy()
+        array([1., 0.], dtype=float32)
     """
     outputs = keras.ops.convert_to_tensor(outputs)
     labels = _sparse_labels(labels, outputs)
@@ -266,8 +279,9 @@ def _float32_pair(labels: Any, outputs: Any) -> tuple[Any, Any]:
 def squared_error(labels: Any, outputs: Any) -> Any:
     """Per-example mean squared error over the non-batch axes, float32, shape ``[B]``.
 
-    Example:
-        >>> squared_error([[1.0, 2.0]], [[0.0, 0.0]])   # [(1 + 4) / 2] = [2.5]
+    Examples:
+        >>> squared_error([[1.0, 2.0]], [[0.0, 0.0]]).numpy()   # [(1 + 4) / 2]
+        array([2.5], dtype=float32)
     """
     labels, outputs = _float32_pair(labels, outputs)
     return _per_example_mean(keras.ops.square(labels - outputs))
@@ -328,8 +342,12 @@ def get_model_func(build_nn: Callable[..., keras.Model], opt_func: Callable[[], 
     Returns:
         ``model_func(params) -> ModelSpec``.
 
-    Example:
+    Examples:
+        >>> build_nn = lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> opt_func = fw.train.sgd_optimizer(0.01)
         >>> model_func = get_model_func(build_nn, opt_func, squared_error)
+        >>> model_func({'batch_size': 8}).loss_fn is squared_error
+        True
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} must be one of {REDUCTIONS}")
@@ -361,9 +379,11 @@ def get_clf_model_func(build_nn: Callable[..., keras.Model], opt_func: Callable[
     Returns:
         ``model_func(params) -> ModelSpec``.
 
-    Example:
+    Examples:
+        >>> build_nn = lambda: fw.models.mnist_net(input_shape=(8, 8, 1))
+        >>> opt_func = fw.train.adam_optimizer(1e-3)
         >>> model_func = fw.train.get_clf_model_func(build_nn, opt_func, reduction='mean')
-        >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=128)
+        >>> est = fw.train.get_tpu_estimator(100, model_func, 'runs/digits', trn_bs=128)
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} must be one of {REDUCTIONS}")
@@ -398,8 +418,11 @@ def get_reg_model_func(build_nn: Callable[..., keras.Model], opt_func: Callable[
     Returns:
         ``model_func(params) -> ModelSpec``; `evaluate` reports ``'mse'`` and ``'mae'``.
 
-    Example:
+    Examples:
+        >>> build_nn = lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         >>> model_func = fw.train.get_reg_model_func(build_nn, lambda: keras.optimizers.Adam())
+        >>> sorted(model_func({'batch_size': 8}).metric_fns)
+        ['mae', 'mse']
     """
     return get_model_func(build_nn, opt_func, squared_error,
                           {"mse": squared_error, "mae": absolute_error},

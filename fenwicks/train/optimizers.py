@@ -1,8 +1,9 @@
 """Optimizers with weight decay applied to the variables, after the cross-replica all-reduce.
 
 `sgd_optimizer` and `adam_optimizer` return an ``opt_func``: a zero-argument callable that
-builds a fresh Keras 3 optimizer. The estimator calls it inside `strategy.scope()` (and
-wraps the result in `keras.optimizers.LossScaleOptimizer` for float16).
+builds a fresh Keras 3 optimizer. The estimator's engine calls it where its variables
+live (the tf engine: inside its strategy's scope) and wraps the result in
+`keras.optimizers.LossScaleOptimizer` for float16.
 
 * `SGD`: PyTorch SGD semantics. Weight decay is coupled L2 (``g + wd * w``) added to the
   all-reduced gradient before momentum; the velocity is not scaled by the learning rate,
@@ -19,11 +20,12 @@ Both are Keras optimizer subclasses written against public hooks only: `build` m
 slots, `update_step` updates one variable (decay included, so it acts once per step on
 the variable itself), and `apply` runs a step. `apply` is ours because Keras's runs its
 clipping (``clipnorm``, ``global_clipnorm``) on each replica's partial gradient *before*
-its all-reduce and offers no hook between the all-reduce and the updates. On TensorFlow
-`apply` all-reduces with `tf.distribute.ReplicaContext.all_reduce`, clips the global
-gradient (``clip_norm``), and updates each variable once with
-`tf.distribute.StrategyExtended.update`. On JAX the gradients are global already (the step
-is one `jax.jit` over the global batch), so `apply` clips and updates; Keras's
+its all-reduce and offers no hook between the all-reduce and the updates. `apply` sums the
+gradients over the replicas, clips the global gradient (``clip_norm``) and updates each
+variable once, asking the engine's backend facts how (``sum_gradients`` and
+``update_each``, `fenwicks._engine.backend_facts`): on TensorFlow an all-reduce in the
+replica context and `StrategyExtended.update`; on JAX the gradients are global already
+(the step is one `jax.jit` over the global batch), so `apply` clips and updates; Keras's
 `stateless_apply` runs it as it is, so the JAX engine's step uses these optimizers
 unchanged. The update rules are written in `keras.ops`, the same on both engines.
 Keras-spelled arguments (``weight_decay``, ``beta_1``, ``global_clipnorm``, ``use_ema``,
@@ -32,7 +34,6 @@ Keras-spelled arguments (``weight_decay``, ``beta_1``, ``global_clipnorm``, ``us
 
 from __future__ import annotations
 
-import functools
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -98,7 +99,7 @@ def _reject_keras_arguments(where: str, kwargs: dict[str, Any], spellings: dict[
 def exclusion_patterns(exclude_from_wd: str | Iterable[str] | None) -> tuple[str, ...]:
     """Normalises `exclude_from_wd` to a tuple of regular expressions.
 
-    Example:
+    Examples:
         >>> exclusion_patterns('bn_and_bias') == BN_AND_BIAS
         True
     """
@@ -152,14 +153,9 @@ def _path(variable: Any) -> str:
     return getattr(variable, "path", variable.name)
 
 
-def _per_replica_gradients() -> bool:
-    """Whether replicas compute their own gradients (``tf.distribute``): the optimizer
-    then all-reduces them and updates each replica's copy of a variable."""
-    return _engine.per_replica_gradients()
-
-
 def _backend_variable(variable: Any) -> Any:
-    """The `tf.Variable` (distributed under a strategy) behind a `keras.Variable`."""
+    """The backend's variable behind a `keras.Variable` (a `tf.Variable`, distributed
+    under a strategy, on TensorFlow; JAX's current array, on JAX)."""
     return variable.value if isinstance(variable, keras.Variable) else variable
 
 
@@ -177,7 +173,7 @@ class _VariableIndex:
         self.positions: dict[int, int] = {}
         for index, variable in enumerate(variables):
             self.positions[id(variable)] = index
-            if _per_replica_gradients():
+            if _engine.backend_facts().LASTING_BACKEND_VARIABLES:
                 self.positions[id(_backend_variable(variable))] = index
 
 
@@ -221,9 +217,13 @@ class _DecayMixin:
     def applies_weight_decay(self, variable: Any) -> bool:
         """Whether `variable`, one the optimizer was built with, gets weight decay.
 
-        Example:
+        Examples:
+            >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='fc')],
+            ...                          name='net')
+            >>> opt = fw.train.sgd_optimizer(0.1, wd=1e-4, exclude_from_wd='bn_and_bias')()
             >>> opt.build(model.trainable_variables)
             >>> [v.path for v in model.trainable_variables if opt.applies_weight_decay(v)]
+            ['net/fc/kernel']
         """
         return self._decays(self._index_of(variable))
 
@@ -255,14 +255,15 @@ class _DecayMixin:
         if len(pairs) < len(variables):
             missing = [_path(v) for g, v in zip(grads, variables, strict=True) if g is None]
             warnings.warn(f"no gradient for {missing}; they are not updated", stacklevel=2)
-        grads = self._global_gradients([g for g, _ in pairs])
+        facts = _engine.backend_facts()
+        grads = self._global_gradients(facts.sum_gradients([g for g, _ in pairs]))
         learning_rate = self.learning_rate  # at this step, before iterations moves
-        if _per_replica_gradients():
-            self._update_all_replicas(grads, [v for _, v in pairs], learning_rate)
-        else:
-            for grad, (_, variable) in zip(grads, pairs, strict=True):
-                self._update_one(variable, grad, learning_rate, self._index_of(variable),
-                                 getattr(variable, "constraint", None))
+
+        def update(variable: Any, copy: Any, grad: Any) -> None:
+            self._update_one(copy, grad, learning_rate, self._index_of(variable),
+                             getattr(variable, "constraint", None))
+
+        facts.update_each([v for _, v in pairs], grads, update)
         self.iterations.assign_add(1)
 
     def _variables_of(self, trainable_variables: Sequence[Any] | None) -> list[Any]:
@@ -277,29 +278,9 @@ class _DecayMixin:
                              "first")
         return list(self._built_with.variables)
 
-    def _update_all_replicas(self, grads: list[Any], variables: list[Any],
-                             learning_rate: Any) -> None:
-        import tensorflow as tf  # the TensorFlow engine's path only
-
-        extended = tf.distribute.get_strategy().extended
-        for grad, variable in zip(grads, variables, strict=True):
-            update = functools.partial(self._update_one, index=self._index_of(variable),
-                                       constraint=getattr(variable, "constraint", None))
-            extended.update(_backend_variable(variable), update, args=(grad, learning_rate),
-                            group=False)
-
     def _global_gradients(self, grads: list[Any]) -> list[Any]:
-        if not _per_replica_gradients():  # under jax.jit the gradients are global already
-            return grads if self.clip_norm is None else _clip_by_global_norm(
-                grads, self.clip_norm)
-        import tensorflow as tf  # the TensorFlow engine's path only
-
-        context = tf.distribute.get_replica_context()
-        if context is not None:  # None: cross-replica context, gradients already global
-            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        if self.clip_norm is not None:
-            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
-        return list(grads)
+        """The summed gradients, clipped to `clip_norm` by their global norm."""
+        return grads if self.clip_norm is None else _clip_by_global_norm(grads, self.clip_norm)
 
     def _update_one(self, variable: Any, gradient: Any, learning_rate: Any, index: int,
                     constraint: Callable[[Any], Any] | None) -> None:
@@ -321,10 +302,12 @@ class _DecayMixin:
 
 def _clip_by_global_norm(grads: list[Any], clip_norm: float) -> list[Any]:
     """`tf.clip_by_global_norm` in keras.ops: scale every gradient by
-    ``clip_norm / max(global_norm, clip_norm)`` (a NaN norm makes every value NaN)."""
+    ``clip_norm / max(global_norm, clip_norm)`` (an infinite or NaN norm makes every
+    value NaN, as TensorFlow's does)."""
     norm = keras.ops.sqrt(sum(keras.ops.sum(keras.ops.square(
         keras.ops.cast(g, "float32"))) for g in grads))
     scale = clip_norm * keras.ops.minimum(1.0 / norm, 1.0 / clip_norm)
+    scale = keras.ops.where(keras.ops.isfinite(norm), scale, float("nan"))
     return [g * keras.ops.cast(scale, g.dtype) for g in grads]
 
 
@@ -356,7 +339,7 @@ class SGD(_DecayMixin, keras.optimizers.Optimizer):
         **keras_kwargs: refused with the Fenwicks spelling (``weight_decay`` is ``wd``,
             ``momentum`` is ``mom``, ``global_clipnorm`` is ``clip_norm``).
 
-    Example:
+    Examples:
         >>> opt = fw.train.SGD(fw.train.piecewise_linear([0, 5, 24], [0, 0.4, 0]), wd=5e-4)
     """
 
@@ -421,7 +404,7 @@ class AdamW(_DecayMixin, keras.optimizers.Adam):
         **keras_kwargs: refused with the Fenwicks spelling (``weight_decay`` is ``wd``,
             ``beta_1`` is ``beta1``, ``global_clipnorm`` is ``clip_norm``).
 
-    Example:
+    Examples:
         >>> opt = fw.train.AdamW(1e-3, wd=1e-2, exclude_from_wd='bn_and_bias')
     """
 
@@ -477,10 +460,13 @@ def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: boo
         ValueError: for a negative or non-finite hyperparameter, now rather than later,
             and for a Keras-spelled argument (``weight_decay=5e-4``: use ``wd=5e-4``).
 
-    Example:
+    Examples:
+        >>> spe = 50_000 // 512                              # CIFAR-10: steps per epoch
         >>> lr_func = fw.train.piecewise_linear([0, 5 * spe, 24 * spe], [0, 0.4, 0])
         >>> # DavidNet with reduction='sum': lr per example, decay per batch of 512
         >>> opt_func = fw.train.sgd_optimizer(lr_func / 512, wd=5e-4 * 512)
+        >>> opt_func().wd                                   # a fresh optimizer per call
+        0.256
     """
     # Validate now, in plain Python: creating an optimizer here would initialise
     # TensorFlow's devices before fw.accel chooses them.
@@ -515,7 +501,7 @@ def adam_optimizer(lr_func: Any, wd: float | None = None, beta1: float = 0.9,
     Raises:
         ValueError: for an out-of-range hyperparameter or a Keras-spelled argument.
 
-    Example:
+    Examples:
         >>> opt_func = fw.train.adam_optimizer(1e-3, wd=1e-2, exclude_from_wd='bn_and_bias')
     """
     _reject_keras_arguments("fw.train.adam_optimizer", keras_kwargs,

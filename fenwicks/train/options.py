@@ -29,7 +29,7 @@ class EstimatorConfig:
     Raises:
         ValueError: an option out of range, named as `get_tpu_estimator`'s argument.
 
-    Example:
+    Examples:
         >>> config = EstimatorConfig(steps_per_epoch=100, work_dir='/tmp/run',
         ...                          train_batch_size=512, eval_batch_size=512,
         ...                          predict_batch_size=512, steps_per_loop=100,
@@ -53,11 +53,16 @@ class EstimatorConfig:
     keep_checkpoints: int = 3
     verbose: bool = True
     async_checkpoints: bool = True
+    # The engine's counts (`Engine.num_replicas`, `num_processes`), read once by
+    # `get_tpu_estimator`: every shared reader (input params, exact evaluation's padding,
+    # out-of-memory halving, check_input, check_tpu_ready, the TPUEstimator) reads these.
     num_replicas: int = 1
+    num_processes: int = 1
 
     def __post_init__(self) -> None:
         replicas = _checks.positive_int("num_replicas", self.num_replicas)
         checked = {
+            "num_processes": _checks.positive_int("num_processes", self.num_processes),
             "steps_per_epoch": _checks.positive_int("steps_per_epoch", self.steps_per_epoch),
             "work_dir": _checks.path_arg("work_dir", self.work_dir).rstrip("/"),
             "train_batch_size": _checks.divisible_by_replicas(

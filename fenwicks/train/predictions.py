@@ -20,7 +20,7 @@ class ClassProbabilities(np.ndarray):
     """A NumPy array of ``[N, classes]`` probabilities (or one ``[classes]`` row) that
     also takes the keys ``'y_pred'`` (the class id, argmax) and ``'y_prob'``.
 
-    Example:
+    Examples:
         >>> preds = est.predict(test_input_func)      # [N, classes]
         >>> [pred['y_pred'] for pred in preds]         # as the original's dicts
         >>> preds['y_pred']                            # [N] class ids

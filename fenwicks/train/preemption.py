@@ -3,7 +3,10 @@ end training at the next step boundary, with the steps done saved.
 
 Colab and Kaggle end a session, and preemptible TPU VMs and GPUs are reclaimed, with
 SIGTERM followed by SIGKILL a little later. While `Estimator.train` runs, SIGTERM sets a
-flag that the compiled training loop reads before every step; the loop returns early,
+flag that the engine's training loop reads (`PreemptionWatcher.flag`, a host bool; an
+engine that reads it inside its compiled loop mirrors it into its own variable,
+`PreemptionWatcher.follow`: the TensorFlow engine, before every step; the JAX engine reads
+the host bool between blocks); the loop returns early,
 the estimator saves the steps done and raises `Preempted` (a `SystemExit`, so a script
 exits without a traceback, with status 143 as after an unhandled SIGTERM).
 
@@ -45,8 +48,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import tensorflow as tf
-
 logger = logging.getLogger("fenwicks")
 
 EXIT_STATUS = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
@@ -82,7 +83,7 @@ class Interrupted(KeyboardInterrupt):
         saved: True if `checkpoint` holds `step`; False if the steps since it were not
             saved (a second Ctrl-C, or saving takes long): they are only in memory.
 
-    Example:
+    Examples:
         >>> try:
         ...     est.train(train_fn, max_steps=10_000)
         ... except fw.train.Interrupted as stop:
@@ -114,7 +115,7 @@ def keeps_ctrl_c(method: Callable[..., Any]) -> Callable[..., Any]:
     `train`, whose watcher owns SIGINT), a handler notes the signal; if `method` then
     returns normally, the `KeyboardInterrupt` is raised on its way out.
 
-    Example:
+    Examples:
         >>> class Estimator:
         ...     @keeps_ctrl_c
         ...     def evaluate(self, input_fn): ...
@@ -229,15 +230,15 @@ class _Wakeups:
 
 
 class HostFlag:
-    """A `PreemptionWatcher`'s stop request as a Python bool, read like its variable
+    """A `PreemptionWatcher`'s stop request as a Python bool, read like a variable
     (``numpy()``). A loop that looks between compiled calls, on the host, reads this:
-    reading the variable is an eager TensorFlow op, about 0.2 ms a read while tf.data
+    reading a TensorFlow variable is an eager op, about 0.2 ms a read while tf.data
     feeds the same process (0.40 to 0.46 ms of the main thread's CPU a step of the JAX
     engine's one-step blocks in `benchmarks/jax_engine.py`, under load), where this is
     an attribute.
 
-    Example:
-        >>> if watcher.host_flag.numpy(): ...   # stop after the block in progress
+    Examples:
+        >>> if watcher.flag.numpy(): ...   # stop after the block in progress
     """
 
     def __init__(self, watcher: PreemptionWatcher) -> None:
@@ -252,29 +253,30 @@ _WAKEUPS = _Wakeups()
 
 
 class PreemptionWatcher:
-    """While entered (from the main thread), SIGTERM and SIGINT set `flag`.
+    """While entered (from the main thread), SIGTERM and SIGINT set `flag` (and every
+    variable that `follow` gave it).
 
     `requested` tells SIGTERM (preemption), `interrupted` Ctrl-C. A second SIGINT
     raises `KeyboardInterrupt` at once. Entering costs no thread: the process's one
     wakeup pipe and its reader (`_Wakeups`) serve every watcher.
 
     Attributes:
-        flag: the bool variable the compiled loop reads before each step.
-        host_flag: the same request as a `HostFlag`, for a loop that looks between
-            compiled calls on the host (the JAX engine's).
+        flag: the stop request as a `HostFlag` (``flag.numpy()`` -> bool), for a loop
+            that looks between compiled calls, on the host.
         forward: the wakeup fd that was set before this watcher's (an event loop's),
             which gets every signal byte too; -1 for none.
 
-    Example:
-        >>> with PreemptionWatcher() as watcher:
-        ...     losses = loop(iterator, num_steps)   # reads watcher.flag before each step
+    Examples:
+        >>> watcher = PreemptionWatcher()
+        >>> watcher.follow(stop_variable)   # a variable a compiled loop reads
+        >>> with watcher:
+        ...     losses = loop(iterator, num_steps)   # reads stop_variable before each step
         ...     if watcher.requested or watcher.interrupted: ...
     """
 
     def __init__(self) -> None:
-        with tf.device("CPU:0"):
-            self.flag = tf.Variable(False, trainable=False, name="preempted")
-        self.host_flag = HostFlag(self)  # derived from requested/interrupted
+        self.flag = HostFlag(self)  # derived from requested/interrupted
+        self._followers: list[Any] = []  # engines' variables, set with the flag
         self.requested = False
         self.interrupted = False
         self.forward = -1  # the wakeup fd that was set before ours (-1: none)
@@ -285,7 +287,7 @@ class PreemptionWatcher:
     def __enter__(self) -> PreemptionWatcher:
         self.requested = self.interrupted = False
         self._sigints = 0
-        self.flag.assign(False)
+        self._set_followers(False)
         if threading.current_thread() is not threading.main_thread():
             return self  # signal handlers can only be installed from the main thread
         self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
@@ -305,14 +307,28 @@ class PreemptionWatcher:
         if not self.requested:
             logger.warning("fenwicks: SIGTERM received; saving at the next step boundary")
         self.requested = True
-        self.flag.assign(True)
+        self._set_followers(True)
 
     def _interrupt(self) -> None:
         if not self.interrupted:
             logger.warning("fenwicks: interrupted; stopping after the step in progress "
                            "(interrupt again to stop at once, without saving)")
         self.interrupted = True
-        self.flag.assign(True)
+        self._set_followers(True)
+
+    def follow(self, variable: Any) -> None:
+        """Sets `variable` (anything with ``assign(bool)``: an engine's variable that its
+        compiled loop reads) whenever the flag changes, from now on.
+
+        Examples:
+            >>> watcher.follow(stop)   # stop.assign(True) at SIGTERM or Ctrl-C
+        """
+        variable.assign(self.requested or self.interrupted)
+        self._followers.append(variable)
+
+    def _set_followers(self, value: bool) -> None:
+        for variable in self._followers:
+            variable.assign(value)
 
     @property
     def forced(self) -> bool:

@@ -20,7 +20,6 @@ import logging
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 logger = logging.getLogger("fenwicks")
 
@@ -28,7 +27,7 @@ logger = logging.getLogger("fenwicks")
 def check_profile_steps(profile_steps: Any) -> tuple[int, int] | None:
     """``(a, b)`` as ints with ``0 <= a < b``, or None; else a ValueError naming it.
 
-    Example:
+    Examples:
         >>> check_profile_steps((10, 20))
         (10, 20)
     """
@@ -66,7 +65,7 @@ class ProfileWindow:
             with that run's scalars).
         profiler: the engine's (`fenwicks.train.engines.Profiler`).
 
-    Example:
+    Examples:
         >>> with ProfileWindow((20, 30), work_dir + '/train', engine.profiler) as window:
         ...     steps = min(steps_per_loop, window.steps_to_boundary(step))
         ...     window.update(step)   # before and after each loop
@@ -96,7 +95,7 @@ class ProfileWindow:
         if not self.running and a <= step < b:
             try:
                 self._profiler.start(self.logdir)
-            except (tf.errors.OpError, RuntimeError) as err:
+            except self._profiler.errors as err:
                 # A profile is a diagnostic: training goes on without it.
                 logger.warning("fenwicks: could not start the profiler (%s); training "
                                "goes on without profile_steps=%s", err, self.profile_steps)
@@ -117,7 +116,7 @@ class ProfileWindow:
             self.running = False
             try:
                 self._profiler.stop()
-            except (tf.errors.OpError, RuntimeError) as err:
+            except self._profiler.errors as err:
                 # Also runs while another error unwinds training: never hide that one.
                 logger.warning("fenwicks: could not write the profile to %s (%s)",
                                self.logdir, err)

@@ -5,14 +5,12 @@ the loop's `LoopOutput`, so the bar, the scalars and `History` show the same num
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from fenwicks import _deadline
+from fenwicks import _deadline, _summaries
 from fenwicks.train.actions import Action
 from fenwicks.train.conditions import EverySeconds
 from fenwicks.train.runner import LoopOutput
@@ -39,7 +37,7 @@ class TrainSummaries(Action):
         every_secs: how often the loops' scalars are written during a `train` call.
             Defaults to `SUMMARY_SECS`.
 
-    Example:
+    Examples:
         >>> summaries = TrainSummaries(tf.summary.create_file_writer(work_dir + '/train'))
         >>> summaries(trainer.train(iterator, 100))
         >>> summaries.close()     # written (and flushed) by now
@@ -48,7 +46,7 @@ class TrainSummaries(Action):
     def __init__(self, writer: Any, path: str | None = None,
                  every_secs: float = SUMMARY_SECS) -> None:
         self._writer, self._path = writer, path
-        self._write = _scalar_writer(writer)
+        self._write = _summaries.scalar_writer(writer)
         self._pending: list[tuple[int, float, float, float | None]] = []
         self._due = EverySeconds(every_secs)
 
@@ -87,7 +85,7 @@ class ProgressBar(Action):
         start: the global step training starts at.
         target: the global step it stops at.
 
-    Example:
+    Examples:
         >>> bar = ProgressBar(0, 1000)
         >>> bar(trainer.train(iterator, 100))
     """
@@ -104,36 +102,6 @@ class ProgressBar(Action):
 
     def close(self) -> None:
         self._bar.close()
-
-
-# One compiled writer per summary writer, kept across `train` calls: each call's
-# TrainSummaries would otherwise trace it again.
-_SCALAR_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _scalar_writer(writer: Any) -> Callable[..., None]:
-    """``write(steps, [[loss, examples/s], ...], rate_steps, rates)``: the scalars of any
-    number of loops in one compiled call (one trace: the lengths are dynamic)."""
-    if writer in _SCALAR_WRITERS:
-        return _SCALAR_WRITERS[writer]
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
-                                  tf.TensorSpec([None, 2], tf.float32),
-                                  tf.TensorSpec([None], tf.int64),
-                                  tf.TensorSpec([None], tf.float32)])
-    def write(steps: tf.Tensor, values: tf.Tensor, rate_steps: tf.Tensor,
-              rates: tf.Tensor) -> None:
-        with writer.as_default():
-            for i in tf.range(tf.shape(steps)[0]):
-                with tf.name_scope("/"):  # the loop's own scope would prefix the tags
-                    tf.summary.scalar("loss", values[i, 0], step=steps[i])
-                    tf.summary.scalar("examples_per_sec", values[i, 1], step=steps[i])
-            for i in tf.range(tf.shape(rate_steps)[0]):
-                with tf.name_scope("/"):
-                    tf.summary.scalar("learning_rate", rates[i], step=rate_steps[i])
-
-    _SCALAR_WRITERS[writer] = write
-    return write
 
 
 def write_eval_summary(writer: Any, step: int, result: dict[str, float],

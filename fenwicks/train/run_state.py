@@ -65,7 +65,7 @@ class RunState(abc.ABC):
         config: the estimator's `EstimatorConfig`.
         accelerator: where the variables live (`fw.accel.current()`).
 
-    Example:
+    Examples:
         >>> state = engines.current().RunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.latest_checkpoint
@@ -140,25 +140,27 @@ class RunState(abc.ABC):
         """Creates model, optimizer and step counters; restores or warm-starts them."""
 
     # ---------------------------------------------------------------- the run format
-    # What the engine supplies (`run_format.EngineArrays`):
+    # What an engine supplies to write and read the run format (`run_format.EngineArrays`;
+    # the TensorFlow and JAX engines do; an engine with a checkpointer of its own, such as
+    # the reference engine's, need not).
 
-    @abc.abstractmethod
     def snapshot(self) -> Any:
         """The variables' values now, in copies no later step changes (may be device-side
         copies still on their way: `to_host` waits for them)."""
+        raise NotImplementedError(f"the {self.engine} engine does not write the run format")
 
-    @abc.abstractmethod
     def to_host(self, frozen: Any) -> run_format.StateTree:
         """A `snapshot` as NumPy arrays, ``{group: [array, ...]}`` in
         `run_format.GROUPS`' order (in the writer's thread for an async save)."""
+        raise NotImplementedError(f"the {self.engine} engine does not write the run format")
 
-    @abc.abstractmethod
     def scatter(self, tree: run_format.StateTree) -> None:
         """Puts host arrays back into the variables, on this engine's devices."""
+        raise NotImplementedError(f"the {self.engine} engine does not read the run format")
 
-    @abc.abstractmethod
     def set_counters(self, step: int, input_steps: int) -> None:
         """Sets the global step and the input position (a restored run record's)."""
+        raise NotImplementedError(f"the {self.engine} engine does not read the run format")
 
     # What is the same on every engine:
 
@@ -261,7 +263,7 @@ class RunState(abc.ABC):
         Returns:
             ``'restored'``, ``'reset'``, or None if nothing changed.
         """
-        if not self.built or self._acc.num_workers > 1:
+        if not self.built or self.config.num_processes > 1:
             return None
         checkpointer = self._checkpointer
         if checkpointer.last_good is None and self._other_engine_moved_on():

@@ -68,7 +68,7 @@ class SavePolicy:
         before_save: called before each save; raises to refuse it (the estimator's
             refuses when work_dir was deleted meanwhile). Defaults to None.
 
-    Example:
+    Examples:
         >>> saves = SavePolicy(checkpointer, every_loops=None, every_secs=600.0)
         >>> saves.save(Trigger.EVALUATION, 1000)        # None: ckpt-1000 saved
         >>> saves.save(Trigger.LOOP, 1100)

@@ -136,7 +136,7 @@ class _Decay(Schedule):
 class LinearDecay(_Decay):
     """``init_lr -> end_lr`` linearly over `decay_steps`, then `end_lr`.
 
-    Example:
+    Examples:
         >>> LinearDecay(0.4, 100)(50)
         0.2
     """
@@ -156,7 +156,7 @@ class LinearDecay(_Decay):
 class CosineDecay(_Decay):
     """Half a cosine from `init_lr` down to `end_lr` over `decay_steps`, then `end_lr`.
 
-    Example:
+    Examples:
         >>> round(CosineDecay(1.0, 100)(50), 6)
         0.5
     """
@@ -179,8 +179,8 @@ class ExpDecay(_Decay):
 
     Unlike the linear and cosine decays it keeps decaying after `decay_steps`.
 
-    Example:
-        >>> ExpDecay(0.01, 2000, base_lr=1e-4, decay_rate=0.5)(2000)
+    Examples:
+        >>> round(ExpDecay(0.01, 2000, base_lr=1e-4, decay_rate=0.5)(2000), 8)
         0.00505
     """
 
@@ -214,7 +214,7 @@ class ExpDecay(_Decay):
 class PiecewiseLinear(Schedule):
     """Linear interpolation between (knot, value) points; constant beyond the ends.
 
-    Example:
+    Examples:
         >>> PiecewiseLinear([0, 5, 24], [0, 0.4, 0])(10)   # DavidNet, in epochs
         0.29473684...
     """
@@ -250,7 +250,7 @@ class PiecewiseLinear(Schedule):
 class Join(Schedule):
     """Runs `schedules[i]` from `boundaries[i - 1]`, each seeing steps counted from its start.
 
-    Example:
+    Examples:
         >>> warm = LinearDecay(0.0, 10, end_lr=0.1)              # 0 -> 0.1 in 10 steps
         >>> Join([warm, CosineDecay(0.1, 90)], [10])(10)
         0.1
@@ -283,7 +283,7 @@ class Warmup(Schedule):
     """Linear ramp from `start_lr` to ``schedule(0)`` over `warmup_steps`, then
     ``schedule(step - warmup_steps)``. (The peak is read lazily: no TF op at construction.)
 
-    Example:
+    Examples:
         >>> Warmup(CosineDecay(0.1, 90), 10)(5)
         0.05
     """
@@ -309,7 +309,7 @@ class Warmup(Schedule):
 class Scaled(Schedule):
     """`schedule` times a constant `factor` (e.g. lr per example = lr per batch / batch).
 
-    Example:
+    Examples:
         >>> (LinearDecay(0.4, 10) / 4)(0)
         0.1
     """
@@ -329,7 +329,7 @@ class Scaled(Schedule):
 class Constant(Schedule):
     """A constant learning rate, as a schedule.
 
-    Example:
+    Examples:
         >>> Constant(0.1)(1000)
         0.1
     """
@@ -350,7 +350,7 @@ class FunctionSchedule(Schedule):
 
     Serializable only if `function` is registered with Keras; prefer the classes above.
 
-    Example:
+    Examples:
         >>> FunctionSchedule(lambda step: 0.1 * 0.5 ** (step // 100))(250)
         0.025
     """
@@ -384,7 +384,7 @@ def check_lr(lr_func: Any, name: str = "lr_func") -> Any:
     Plain functions ``step -> lr`` are wrapped in `FunctionSchedule` (Keras would call
     them with no argument).
 
-    Example:
+    Examples:
         >>> check_lr(0.1)
         0.1
     """
@@ -401,7 +401,7 @@ def check_lr(lr_func: Any, name: str = "lr_func") -> Any:
 def linear_decay(init_lr: float = 1.0, decay_steps: int = 1, end_lr: float = 0.0) -> LinearDecay:
     """Linear decay; with no arguments, the shape `one_cycle_lr` stretches over its decay.
 
-    Example:
+    Examples:
         >>> fw.train.linear_decay(0.1, 1000)(500)
         0.05
     """
@@ -411,7 +411,7 @@ def linear_decay(init_lr: float = 1.0, decay_steps: int = 1, end_lr: float = 0.0
 def cosine_decay(init_lr: float = 1.0, decay_steps: int = 1, end_lr: float = 0.0) -> CosineDecay:
     """Cosine decay; with no arguments, a shape for `one_cycle_lr`.
 
-    Example:
+    Examples:
         >>> lr_func = fw.train.one_cycle_lr(0.1, 1000, 100, fw.train.cosine_decay())
     """
     return CosineDecay(init_lr, decay_steps, end_lr)
@@ -432,7 +432,7 @@ def exp_decay_lr(init_lr: float = 0.01, decay_steps: int = 2000, base_lr: float 
         warmup_steps: linear warmup from 0 first. Defaults to `0`.
         staircase: decay in whole steps of `decay_steps`. Defaults to `False`.
 
-    Example:
+    Examples:
         >>> lr_func = fw.train.exp_decay_lr(init_lr=0.01, decay_steps=2000, base_lr=1e-4)
     """
     decay = ExpDecay(init_lr, decay_steps, base_lr, decay_rate, staircase)
@@ -444,7 +444,7 @@ def exp_decay_lr(init_lr: float = 0.01, decay_steps: int = 2000, base_lr: float 
 def linear_warmup(schedule: Any, warmup_steps: int, start_lr: float = 0.0) -> Schedule:
     """Linear warmup from `start_lr` to ``schedule(0)``, then `schedule` (shifted).
 
-    Example:
+    Examples:
         >>> lr_func = fw.train.linear_warmup(fw.train.cosine_decay(0.1, 900), 100)
         >>> lr_func(50)
         0.05
@@ -461,7 +461,7 @@ def piecewise_linear(knots: Sequence[float], values: Sequence[float],
         values: the learning rate at each knot (constant beyond the ends).
         steps_per_epoch: multiplies the knots. Defaults to `1` (knots in steps).
 
-    Example:
+    Examples:
         >>> lr_func = fw.train.piecewise_linear([0, 5, 24], [0, 0.4, 0], steps_per_epoch=98)
     """
     spe = steps("steps_per_epoch", steps_per_epoch)
@@ -485,7 +485,7 @@ def one_cycle_lr(init_lr: float, total_steps: int, warmup_steps: int,
         decay_sched: the decay shape. Defaults to `None` (linear to 0).
         start_lr: learning rate at step 0. Defaults to `0.0`.
 
-    Example:
+    Examples:
         >>> lr_func = fw.train.one_cycle_lr(0.4, 2400, 500, fw.train.linear_decay())
         >>> lr_func(500), lr_func(1450)
         (0.4, 0.2)
@@ -511,7 +511,7 @@ def one_cycle_momentum(total_steps: int, warmup_steps: int, max_mom: float = 0.9
     """Momentum cycling for one-cycle: `max_mom` -> `min_mom` while the lr warms up,
     then back to `max_mom` (Smith, 2018). Pass it as ``mom`` to `sgd_optimizer`.
 
-    Example:
+    Examples:
         >>> mom = fw.train.one_cycle_momentum(1000, 300)
         >>> opt_func = fw.train.sgd_optimizer(fw.train.one_cycle_lr(0.4, 1000, 300), mom=mom)
     """

@@ -78,7 +78,7 @@ def check_tpu_ready(est: Any, train_input_fn: inputs.InputFn,
             string op), or a tensor of data-dependent size inside the model.
         ValueError: for a global batch size not divisible by `replicas`.
 
-    Example:
+    Examples:
         >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=128)
         >>> fw.train.check_tpu_ready(est, train_input_fn, eval_input_fn, replicas=8)
         TPUReadiness(replicas=8, precision='bfloat16', batch_sizes={'train': 16, ...}, ...)

@@ -1,6 +1,14 @@
 # %% [markdown]
 # # Tutorial 3: the same code on a TPU, a GPU and the CPU
 #
+# **Run time**
+#
+# - Default size, on a CPU: not measured yet.
+# - On a GPU or a TPU: not measured (none was available where this was written).
+# - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
+#   103 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in
+#   the documentation).
+#
 # Fenwicks promises that one notebook trains on whatever accelerator is there. This
 # tutorial opens the hood: it trains one small model under several `FENWICKS_DEVICE`
 # settings and shows what differs underneath and what does not.
@@ -8,7 +16,7 @@
 # | | TPU (v2/v3-8) | GPU | CPU |
 # |---|---|---|---|
 # | replicas | 8 cores | 1 per GPU | 1 (or `cpu:N` logical devices) |
-# | strategy | `TPUStrategy` | `MirroredStrategy` | default / `MirroredStrategy` |
+# | strategy (TensorFlow engine) | `TPUStrategy` | `MirroredStrategy` | `OneDeviceStrategy` / `MirroredStrategy` |
 # | precision (`'auto'`) | bfloat16 | float16 + loss scaling (compute capability >= 7) | float32 |
 # | storage | `gs://` only (TPU node), local on a TPU VM | local | local |
 # | BatchNorm statistics | per core: 1/8 of the batch | the whole batch | the whole batch |
@@ -18,7 +26,9 @@
 # ## Two engines, one code
 #
 # Underneath, Keras runs on one of two engines. **TensorFlow** (`tf.distribute`
-# strategies, as in the table) is the default. **JAX** (`jax.sharding`: one mesh over every
+# strategies, as in the table; code of your own that needs one gets it from
+# `fw.train.tf.strategy()`, while `fw.accel.current()` describes the devices only) is the
+# default. **JAX** (`jax.sharding`: one mesh over every
 # device, the global batch split across it) is what the 2026 Kaggle and Colab TPU images
 # reach their TPUs with, so Fenwicks picks it there by itself; `FENWICKS_ENGINE=jax` (or
 # `KERAS_BACKEND=jax`), set before `import fenwicks`, picks it anywhere. What changes in

@@ -1,6 +1,14 @@
 # %% [markdown]
 # # Tutorial 7: your own images
 #
+# **Run time**
+#
+# - Default size, on a CPU: not measured yet.
+# - On a GPU or a TPU: not measured (none was available where this was written).
+# - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
+#   38 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in
+#   the documentation).
+#
 # Most real projects start with a folder of pictures sorted by hand into one sub-folder
 # per class (the layout Kaggle and most labelling tools produce):
 #
@@ -168,7 +176,9 @@ fw.plt.plot_history(history)
 #
 # `export_saved_model` writes a SavedModel with a `serving_default` signature that takes a
 # batch of images, prepared exactly like the validation batches (float32 in [0, 1]), and
-# returns class probabilities. TensorFlow Serving, TFLite converters and plain
+# returns class probabilities. Each export is a new version folder, `export/<version>`, as
+# TensorFlow Serving expects; the call returns its path, and `fw.train.latest_export`
+# finds the newest later. TensorFlow Serving, TFLite converters and plain
 # `tf.saved_model.load` all read it; nothing of Fenwicks is needed to use it.
 
 # %%

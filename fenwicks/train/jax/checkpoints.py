@@ -67,18 +67,16 @@ import functools
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
-from fenwicks import _deadline
+from fenwicks import _deadline, _removal
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (
@@ -135,7 +133,7 @@ def snapshot(tree: Any) -> Any:
     The copies are dispatched asynchronously, ordered before any later step that
     donates the arrays' buffers.
 
-    Example:
+    Examples:
         >>> frozen = snapshot(state.tree())   # returns at once
         >>> values = block(state.values(), ...)   # donates the buffers snapshotted
         >>> to_host(frozen)                   # the values at the snapshot
@@ -219,7 +217,7 @@ class OrbaxCheckpointer(Checkpointer):
     Raises:
         ValueError: a ``gs://`` work_dir with several JAX processes.
 
-    Example:
+    Examples:
         >>> checkpointer = OrbaxCheckpointer('gs://my-bucket/work/run', state.tree,
         ...                                  state.set_tree, state.paths, 3, True,
         ...                                  mesh.replicated())
@@ -293,7 +291,7 @@ class OrbaxCheckpointer(Checkpointer):
         started = time.monotonic()
         try:
             if step in self._manager.all_steps():  # force: this step's weights changed
-                self._manager.delete(step)
+                _removal.remove_orbax_step(self._manager, step)
             write = functools.partial(self._write, step, snapshot(self._collect()),
                                       self._describe())
         except Exception as err:
@@ -529,7 +527,7 @@ class StagedBucket:
         self.remote, self.keep = remote, keep
         self.scratch = tempfile.mkdtemp(prefix="fenwicks-orbax-")
         # Removed by `close`, or when this object goes (an estimator never closed).
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.scratch, True)
+        self._cleanup = _removal.remove_tree_at_exit(self, self.scratch)
         # Steps whose local copy is known to equal the bucket's: {step: fingerprint}.
         self._copies: dict[int, tuple] = {}
 
@@ -559,12 +557,12 @@ class StagedBucket:
         if self._copies.get(step) == fingerprint and len(fingerprint) > 1 \
                 and os.path.isdir(local):
             return
-        shutil.rmtree(local, ignore_errors=True)
+        _removal.remove_tree(local, ignore_errors=True)
         source = f"{self.remote}/{step}"
         try:
             fw_io.download(source, self.scratch, progress=False)
         except Exception as err:
-            shutil.rmtree(local, ignore_errors=True)  # never restore a partial copy
+            _removal.remove_tree(local, ignore_errors=True)  # never restore a partial copy
             raise CheckpointDownloadError(source, err) from err
         self._copies = {step: fingerprint}
 
@@ -598,7 +596,7 @@ class StagedBucket:
 def complete_steps(remote: str) -> list[int]:
     """Steps of a ``gs://.../orbax`` directory whose upload was committed, oldest first.
 
-    Example:
+    Examples:
         >>> complete_steps('gs://my-bucket/work/run/orbax')
         [300, 400]
     """
@@ -621,12 +619,8 @@ def _write_text(path: str, text: str) -> None:
 
 def _remove_step(path: str) -> None:
     """Marker first: a step half removed is never taken for a checkpoint."""
-    import tensorflow as tf
-
-    marker = f"{path}/{COMMIT_FILE}"
-    if tf.io.gfile.exists(marker):
-        tf.io.gfile.remove(marker)
-    tf.io.gfile.rmtree(path)
+    _removal.remove_file(f"{path}/{COMMIT_FILE}")
+    _removal.remove_tree(path)
 
 
 @contextlib.contextmanager
@@ -642,7 +636,7 @@ def local_copy(source: str) -> Iterator[str]:
     Raises:
         ValueError: `source` names a step directory whose upload was not completed.
 
-    Example:
+    Examples:
         >>> with local_copy('gs://my-bucket/work/pretrain') as path:
         ...     path   # '/tmp/fenwicks-warm-start-xxxx/400'
     """
@@ -664,7 +658,7 @@ def local_copy(source: str) -> Iterator[str]:
             yield source
             return
         step = steps[-1]
-    with tempfile.TemporaryDirectory(prefix="fenwicks-warm-start-") as scratch:
+    with _removal.temporary_dir(prefix="fenwicks-warm-start-") as scratch:
         try:
             fw_io.download(f"{remote}/{step}", scratch, progress=False)
         except Exception as err:

@@ -9,20 +9,20 @@ import jax.numpy as jnp
 import keras
 
 from fenwicks import accel
-from fenwicks.train.inputs import unpack
+from fenwicks.train import building
 from fenwicks.train.jax import lr_sweep, mesh, processes, tpu_steps
 from fenwicks.train.jax.evaluation import JaxEvaluator
 from fenwicks.train.jax.inputs import JaxInputManager
 from fenwicks.train.jax.state import JaxRunState
 from fenwicks.train.jax.trainer import JaxTrainer
-
-# 'auto' precision by the device JAX computes on: bfloat16 on a TPU (its native format),
-# float16 with loss scaling on a GPU, float32 on the CPU (no faster in 16 bits there).
-_PRECISION = {"tpu": "bfloat16", "gpu": "float16", "cpu": "float32"}
+from fenwicks.train.model_func import ModelSpec
+from fenwicks.train.options import EstimatorConfig
 
 
 class _Profiler:
     """JAX's profiler: its trace shows the jitted steps on each device."""
+
+    errors = (RuntimeError,)  # e.g. a trace already running
 
     @staticmethod
     def start(logdir: str) -> None:
@@ -46,36 +46,58 @@ class JaxEngine:
     build_for_tpu_check = staticmethod(tpu_steps.build_model)
     check_tpu_step = staticmethod(tpu_steps.check_step)
 
+    # What the loss raises, traced, for labels that do not fit the model's outputs.
+    label_errors = (ValueError,)
+
     @staticmethod
     def num_replicas(acc: accel.Accelerator) -> int:
+        """The mesh's devices, over every process."""
         return mesh.num_replicas()
 
     @staticmethod
+    def num_processes(acc: accel.Accelerator) -> int:
+        """The processes of the run (``jax.distributed``)."""
+        return mesh.num_processes()
+
+    @staticmethod
     def precision(acc: accel.Accelerator) -> str:
-        return _PRECISION.get(jax.default_backend(), "float32")
+        return acc.precision
 
     @staticmethod
-    def trainer(strategy: Any, config: Any, state: JaxRunState, watcher: Any) -> JaxTrainer:
+    def jit_compile_refusal(acc: accel.Accelerator) -> str | None:
+        return None  # every step is a jax.jit over the mesh, on any device
+
+    @staticmethod
+    def trainer(config: EstimatorConfig, state: JaxRunState, watcher: Any) -> JaxTrainer:
         """The loop looks for a stop between blocks, on the host: the watcher's
-        `HostFlag`, a Python bool, not its TensorFlow variable (an eager op a read)."""
+        `HostFlag`, a Python bool, agreed over the processes."""
         return JaxTrainer(state, config.train_batch_size, config.steps_per_loop,
-                          processes.agreed_stop(watcher.host_flag))
+                          processes.agreed_stop(watcher.flag))
 
     @staticmethod
-    def check_labels(spec: Any, acc: accel.Accelerator, dataset: Any) -> None:
-        """Traces the model and the loss on a few examples: a label that does not fit
-        the model is a ValueError now, before anything compiles. Shapes only
-        (`jax.eval_shape`): Keras's JAX losses check shapes, not values, and an eager run
-        would compile every op of the model separately (seconds per model on a CPU)."""
-        def loss(features: Any, labels: Any) -> Any:
-            outputs = spec.model(features, training=False)
-            outputs = jax.tree.map(lambda t: keras.ops.cast(t, "float32")
-                                   if jnp.issubdtype(t.dtype, jnp.floating) else t, outputs)
-            return spec.loss_fn(labels, outputs)
+    def build(model_func: Any, params: dict, precision: str,
+              features_spec: Any) -> tuple[ModelSpec, Any]:
+        """A model and optimizer (JAX places their arrays when a step first runs)."""
+        with building.precision_policy(precision):
+            return building.build_model(model_func, params, precision, features_spec)
 
-        for element in dataset.take(1).as_numpy_iterator():
-            features, labels, _ = unpack(jax.tree.map(lambda x: x[:64], element))
-            jax.eval_shape(loss, features, labels)
+    @staticmethod
+    def model_outputs(spec: ModelSpec, features: Any) -> Any:
+        """The shapes and dtypes of the model's outputs (``jax.eval_shape``), float32 as
+        the steps compute losses: Keras's JAX losses check shapes, not values, and an
+        eager run would compile every op of the model separately (seconds per model)."""
+        def outputs(features: Any) -> Any:
+            return jax.tree.map(lambda t: keras.ops.cast(t, "float32")
+                                if jnp.issubdtype(t.dtype, jnp.floating) else t,
+                                spec.model(features, training=False))
+
+        return jax.eval_shape(outputs, features)
+
+    @staticmethod
+    def loss(spec: ModelSpec, labels: Any, outputs: Any) -> None:
+        """The loss traced on `outputs`' shapes: a label that does not fit is a
+        ValueError now, before anything compiles."""
+        jax.eval_shape(spec.loss_fn, labels, outputs)
 
     @staticmethod
     def export_saved_model(spec: Any, features_spec: Any, export_dir: str) -> str:

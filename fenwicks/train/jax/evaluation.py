@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from fenwicks.train.eval_sums import EvalTotals
 from fenwicks.train.evaluation import Evaluator
@@ -28,7 +29,7 @@ from fenwicks.train.jax import mesh, steps
 class JaxEvaluator(Evaluator):
     """`Evaluator` whose steps are jitted JAX functions over the mesh.
 
-    Example:
+    Examples:
         >>> evaluator = JaxEvaluator(config, fw.accel.current(), state, input_manager)
         >>> evaluator.evaluate(eval_input_fn, None)   # {'loss', 'accuracy', ...}
     """
@@ -52,7 +53,8 @@ class JaxEvaluator(Evaluator):
 
     def is_out_of_memory(self, err: BaseException) -> bool:
         """XLA's out-of-memory error (``RESOURCE_EXHAUSTED``), or tf.data's."""
-        return "RESOURCE_EXHAUSTED" in str(err) or super().is_out_of_memory(err)
+        return ("RESOURCE_EXHAUSTED" in str(err)
+                or isinstance(err, tf.errors.ResourceExhaustedError))
 
     def _predictions(self, input_fn: InputFn, global_batch: int) -> list[Any]:
         step = self._step("predict")

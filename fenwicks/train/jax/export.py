@@ -22,8 +22,8 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
     Raises:
         ValueError: the model cannot be converted (jax2tf), naming what to use instead.
 
-    Example:
-        >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))
+    Examples:
+        >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))  # .../<version>
         >>> loaded.serve(x)['predictions']
     """
     signature = tf.nest.map_structure(

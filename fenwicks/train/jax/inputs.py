@@ -72,7 +72,7 @@ class TrainBatches:
         replicas: per-replica batches a step takes (this process's).
         max_steps_per_read: most steps one read holds. Defaults to 1.
 
-    Example:
+    Examples:
         >>> batches = TrainBatches(dataset, replicas=8, max_steps_per_read=10)
         >>> block = batches.take(21)   # up to 21 global batches (fewer if it ran out)
     """
@@ -116,7 +116,7 @@ def steps_per_read(spec: Any, replicas: int, most: int) -> int:
     `most`; one unless every component has a static shape and a numeric dtype (only
     batches of one shape can be read together).
 
-    Example:
+    Examples:
         >>> spec = (tf.TensorSpec([16, 28, 28, 1]), tf.TensorSpec([16], tf.int32))
         >>> steps_per_read(spec, replicas=8, most=10)
         10
@@ -132,10 +132,6 @@ def steps_per_read(spec: Any, replicas: int, most: int) -> int:
 
 class JaxInputManager(InputManager):
     """`InputManager` whose iterators yield NumPy global batches (see the module doc)."""
-
-    @property
-    def num_replicas(self) -> int:
-        return self.config.num_replicas  # the mesh's devices, not TensorFlow's replicas
 
     @property
     def _local_replicas(self) -> int:
@@ -155,10 +151,6 @@ class JaxInputManager(InputManager):
         if self._train is not None:
             batches, self._train = self._train[1], None
             batches.release()
-
-    @property
-    def num_hosts(self) -> int:
-        return mesh.num_processes()
 
     def read_steps(self, iterator: TrainBatches, num_steps: int) -> int:
         """NumPy batches from the pipeline, copied to the devices (waited for)."""

@@ -1,5 +1,6 @@
-"""`find_lr` on the JAX engine: one pipeline's global batches split over the mesh, and
-the engine's trainer over the model's arrays (no checkpoints, no work_dir)."""
+"""`find_lr` on the JAX engine: each process's pipeline feeding its devices' share of the
+global batches, as training reads it (`inputs.JaxInputManager.train_iterator`), and the
+engine's trainer over the model's arrays (no checkpoints, no work_dir)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import Any
 import jax
 import tensorflow as tf
 
-from fenwicks import accel
 from fenwicks.train import inputs
 from fenwicks.train.jax import mesh
 from fenwicks.train.jax.inputs import TrainBatches
@@ -18,16 +18,19 @@ from fenwicks.train.jax.trainer import JaxTrainer
 from fenwicks.train.model_func import ModelSpec
 
 
-def sweep_batches(acc: accel.Accelerator, input_fn: Callable, params: Callable[[Any], dict],
+def sweep_batches(input_fn: Callable, params: Callable[[Any], dict],
                   num_steps: int) -> tuple[Any, Callable[[], None], Any]:
-    """The global batches of `input_fn`, their release, and the per-replica element spec:
-    one pipeline feeding every replica, as the estimator reads it here."""
-    found = params(tf.distribute.InputContext(1, 0, acc.num_replicas))
+    """This process's share of `input_fn`'s global batches (one per-replica batch per
+    local device a step, ``params['input_context']`` naming the share), their release,
+    and the per-replica element spec."""
+    local = mesh.local_replicas()
+    found = params(tf.distribute.InputContext(mesh.num_processes(), mesh.process_index(),
+                                              mesh.num_replicas()))
     dataset = inputs.call_input_fn(input_fn, found, "training")
     inputs.check_train_spec(dataset.element_spec, found["batch_size"])
     # Only what the sweep can use: nothing past it is read or prefetched.
-    dataset = dataset.take(num_steps * acc.num_replicas)
-    batches = TrainBatches(dataset, acc.num_replicas)
+    dataset = dataset.take(num_steps * local)
+    batches = TrainBatches(dataset, local)
     return batches, batches.release, dataset.element_spec
 
 
@@ -56,8 +59,7 @@ class _SweepState:
         assign_values(self._lists, values)
 
 
-def sweep_trainer(acc: accel.Accelerator, spec: ModelSpec, optimizer: Any,
-                  batch_size: int) -> JaxTrainer:
+def sweep_trainer(spec: ModelSpec, optimizer: Any, batch_size: int) -> JaxTrainer:
     """The estimator's trainer, one step per call: the host decides after each step
     whether the curve has diverged."""
     return JaxTrainer(_SweepState(spec, optimizer), batch_size, steps_per_loop=1)

@@ -53,10 +53,10 @@ class AgreedStop:
     devices), so with several processes the next block's input is read after it.
 
     Args:
-        flag: the `PreemptionWatcher`'s `host_flag` (``numpy()`` -> bool).
+        flag: the `PreemptionWatcher`'s `flag` (``numpy()`` -> bool).
 
-    Example:
-        >>> trainer = JaxTrainer(state, 512, 100, stop=AgreedStop(watcher.host_flag))
+    Examples:
+        >>> trainer = JaxTrainer(state, 512, 100, stop=AgreedStop(watcher.flag))
     """
 
     def __init__(self, flag: Any) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from fenwicks import io as fw_io
 from fenwicks.train import building, cross_engine, run_format
-from fenwicks.train.jax import checkpoints, mesh, processes
+from fenwicks.train.jax import checkpoints, mesh, processes, tpu_steps
 from fenwicks.train.jax import weights as jax_weights
 from fenwicks.train.run_state import RunState
 
@@ -63,7 +63,7 @@ def assign_values(groups: tuple[list, list, list], values: tuple[list, list, lis
 class JaxRunState(RunState):
     """`RunState` with the variables on a JAX mesh.
 
-    Example:
+    Examples:
         >>> state = JaxRunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.save()
@@ -131,8 +131,14 @@ class JaxRunState(RunState):
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
         with building.precision_policy(self.config.precision):
-            spec, self.optimizer = building.build_model(
-                self._model_func, params, self.config.precision, features_spec)
+            try:
+                spec, self.optimizer = building.build_model(
+                    self._model_func, params, self.config.precision, features_spec)
+            except Exception as err:  # Keras's rebuilt AttributeError: JAX's, named
+                found = tpu_steps.traced_value_error(err)
+                if found is None:
+                    raise
+                raise ValueError(tpu_steps.value_in_python("the model", found)) from None
         self.features_spec = features_spec
         self._lists = self._variable_lists(spec)
         self._model_variables = list(spec.model.variables)

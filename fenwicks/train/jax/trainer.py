@@ -59,11 +59,11 @@ class JaxTrainer:
         state: the built `JaxRunState`; its counters advance by the steps run.
         global_batch_size: examples per step over all devices.
         steps_per_loop: the usual loop length (the block length, unless capped).
-        stop: a flag with ``numpy()`` (`PreemptionWatcher.host_flag`); when True the loop
+        stop: a flag with ``numpy()`` (`PreemptionWatcher.flag`); when True the loop
             returns after the block in progress. Defaults to None.
         block_steps: force the block length (benchmarks). Defaults to None.
 
-    Example:
+    Examples:
         >>> trainer = JaxTrainer(state, 512, 100)
         >>> trainer.train(batches, 100).losses    # 100 per-step losses
     """

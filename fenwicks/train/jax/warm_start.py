@@ -43,7 +43,7 @@ def warm_start(model: Any, source: str) -> dict[str, list[str]]:
     Returns:
         ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths.
 
-    Example:
+    Examples:
         >>> warm_start(model, '/kaggle/working/pretrain')
     """
     import orbax.checkpoint as ocp

@@ -14,13 +14,12 @@ import dataclasses
 import os
 import re
 import sys
-import tempfile
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from fenwicks import _deadline
+from fenwicks import _deadline, _removal
 from fenwicks.train.cross_engine import SavedWeights
 
 NAME, TITLE = "jax", "JAX engine"
@@ -96,7 +95,7 @@ def _read_orbax(path: str) -> SavedWeights:
     if "://" in path:  # staged as the JAX engine stages it: the step, downloaded
         from fenwicks import io as fw_io
 
-        with tempfile.TemporaryDirectory(prefix="fenwicks-cross-engine-") as scratch:
+        with _removal.temporary_dir(prefix="fenwicks-cross-engine-") as scratch:
             fw_io.download(path, scratch, progress=False)  # its own retries and bounds
             local = _read_orbax(os.path.join(scratch, os.path.basename(path)))
         return dataclasses.replace(local, checkpoint=path)

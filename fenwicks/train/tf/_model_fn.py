@@ -13,17 +13,21 @@ implementations need a graph collection TensorFlow 2 no longer has:
 - ``tf.compat.v1.metrics.accuracy / mean / mean_squared_error / mean_absolute_error /
   root_mean_squared_error / recall_at_k / precision / recall`` (and Keras mean-type
   metrics' ``update_state``) record per-example values, so evaluation stays exact;
-- ``tf.compat.v1.train.Optimizer.minimize`` records the optimizer, converted to Keras
-  (`convert_v1_optimizer`); ``get_global_step`` / ``get_or_create_global_step`` give the
-  optimizer's step;
+- ``tf.gradients``, ``compute_gradients``, ``apply_gradients`` and ``minimize`` of
+  ``tf.compat.v1.train`` optimizers (`tf1_gradients`): the gradients are real, and the
+  (gradient, variable) pairs given to ``apply_gradients`` are what trains; the optimizer
+  is converted to Keras (`convert_v1_optimizer`); ``get_global_step`` /
+  ``get_or_create_global_step`` give the optimizer's step;
 - ``tf.compat.v1.train.init_from_checkpoint`` records a warm start;
-- ``tf.compat.v1.losses.*`` record their per-example values beside the scalar, so the
-  evaluation loss of a padded last batch leaves the padding rows out;
+- ``tf.compat.v1.losses.*`` and Keras loss objects record their per-example values
+  beside the scalar, so the evaluation loss of a padded last batch leaves the padding rows
+  out; a Keras loss object's value is its replica's batch mean, as TF1's losses' (Keras
+  alone would divide it by the replica count);
 - ``tf.compat.v1.train.Optimizer`` subclasses with their own ``apply_gradients`` are
-  recorded and run by the engine (`V1OptimizerAdapter`); ``tf.gradients`` of
-  ``tf.compat.v1.trainable_variables()`` gives zeros in the model_fn (the engine computes
-  the gradients), ``tf.clip_by_global_norm`` records its norm, ``global_step.assign``
-  does nothing (the engine counts steps);
+  recorded and run by the engine (`V1OptimizerAdapter`) on the recorded gradients;
+  ``global_step.assign`` does nothing (the engine counts steps);
+- ``tf.compat.v1.trainable_variables(scope)`` gives the model's trainable variables under
+  their TF1 names, those whose name `scope` matches;
 - ``tf.compat.v1.get_variable`` makes (on the first calls) or hands back a variable by its
   TF1 scope name (BERT's ``output_weights``); inside a TF1 optimizer's own
   ``apply_gradients`` (BERT's ``AdamWeightDecayOptimizer``) it raises, naming the Keras
@@ -34,6 +38,15 @@ else 0.0)``) is that mode's own object, so each mode runs with its own arguments
 weights must be the same in every mode (`Replay.check_variants`).
 
 The patches are undone when the model_fn returns; the model_fn runs on one thread.
+
+The TF1 names' stand-ins live beside this module: `tf1_metrics` (metrics and losses),
+`tf1_optimizers` (optimizers), `tf1_variables` (variables, the global step).
+
+Examples:
+    >>> replay, record = Replay(), CallRecord()
+    >>> replay.start(ModeKeys.TRAIN)
+    >>> with tf1_scope(replay, record, global_step=lambda: tf.constant(0, tf.int64)):
+    ...     spec = call_user(model_fn, features, labels, ModeKeys.TRAIN, params, config)
 """
 
 from __future__ import annotations
@@ -51,336 +64,11 @@ import keras
 import tensorflow as tf
 
 from fenwicks import _tf_internals
-
-TF2_INCOMPATIBLE = (
-    "model_fn used {what}, which needs TF1's graph and variable scopes; TensorFlow 2 has "
-    "neither, so its variables could not be shared between train, eval and predict. Build "
-    "the network from Keras layers (keras.layers.Dense(...)(x), a keras.Model) inside the "
-    "model_fn instead; see tutorials/PORTING.md, 'TPUEstimator programs'")
-
-
-class ModelFnError(ValueError):
-    """A model_fn that cannot run in TensorFlow 2, or returned an unusable spec."""
-
-
-# --------------------------------------------------------------------------- metric terms
-
-
-@dataclasses.dataclass
-class MetricTerm:
-    """A metric as ``post(sum(numerator) / sum(denominator))`` over every example."""
-
-    numerator: tf.Tensor  # [B]
-    denominator: tf.Tensor  # [B]
-    post: str = "none"  # 'none' or 'sqrt'
-
-
-def _per_example(values: Any, weights: Any) -> MetricTerm:
-    """Per-example weighted sums over every non-batch axis."""
-    values = tf.cast(values, tf.float32)
-    weights = tf.ones_like(values) if weights is None else tf.cast(weights, tf.float32)
-    if weights.shape.rank is not None and values.shape.rank is not None:
-        while weights.shape.rank < values.shape.rank:
-            weights = tf.expand_dims(weights, -1)
-    weights = tf.broadcast_to(weights, tf.shape(values))
-    if values.shape.rank == 0:
-        return MetricTerm(values * weights, weights)
-    flat = [tf.shape(values)[0], -1]
-    return MetricTerm(tf.reduce_sum(tf.reshape(values * weights, flat), 1),
-                      tf.reduce_sum(tf.reshape(weights, flat), 1))
-
-
-def _same(labels: Any, predictions: Any) -> tf.Tensor:
-    labels, predictions = tf.convert_to_tensor(labels), tf.convert_to_tensor(predictions)
-    if labels.dtype.is_integer and predictions.dtype.is_integer:
-        labels, predictions = tf.cast(labels, tf.int64), tf.cast(predictions, tf.int64)
-    else:
-        predictions = tf.cast(predictions, labels.dtype)
-    if labels.shape.rank == predictions.shape.rank + 1 and labels.shape[-1] == 1:
-        labels = tf.squeeze(labels, -1)
-    return tf.cast(tf.equal(labels, predictions), tf.float32)
-
-
-def _pair(term: MetricTerm) -> tuple[MetricTerm, MetricTerm]:
-    return term, term  # TF1's (value, update_op)
-
-
-def _accuracy(labels, predictions, weights=None, *args, **kwargs):
-    return _pair(_per_example(_same(labels, predictions), weights))
-
-
-def _mean(values, weights=None, *args, **kwargs):
-    return _pair(_per_example(values, weights))
-
-
-def _squared(labels, predictions, weights=None, *args, **kwargs):
-    diff = tf.cast(predictions, tf.float32) - tf.cast(labels, tf.float32)
-    return _pair(_per_example(tf.square(diff), weights))
-
-
-def _absolute(labels, predictions, weights=None, *args, **kwargs):
-    diff = tf.cast(predictions, tf.float32) - tf.cast(labels, tf.float32)
-    return _pair(_per_example(tf.abs(diff), weights))
-
-
-def _rmse(labels, predictions, weights=None, *args, **kwargs):
-    term = _squared(labels, predictions, weights)[0]
-    return _pair(dataclasses.replace(term, post="sqrt"))
-
-
-def _recall_at_k(labels, predictions, k, class_id=None, weights=None, *args, **kwargs):
-    if class_id is not None:
-        raise ModelFnError("tf.compat.v1.metrics.recall_at_k(class_id=...) is not "
-                           "supported; leave class_id=None (one label per example)")
-    # TF1's recall_at_k takes tf.nn.top_k's k indices, which break ties towards the lower
-    # class index: in_top_k would count every tied class as a hit (a collapsed model with
-    # all logits equal would score 1.0).
-    labels = tf.reshape(tf.cast(labels, tf.int32), [-1, 1])
-    top = tf.math.top_k(tf.cast(predictions, tf.float32), k).indices
-    hit = tf.reduce_any(tf.equal(top, labels), axis=1)
-    return _pair(_per_example(tf.cast(hit, tf.float32), weights))
-
-
-def _binary(labels, predictions, weights, count_predicted: bool):
-    labels = tf.cast(tf.cast(labels, tf.bool), tf.float32)
-    predictions = tf.cast(tf.cast(predictions, tf.bool), tf.float32)
-    term = _per_example(labels * predictions, weights)
-    total = _per_example(predictions if count_predicted else labels, weights)
-    return _pair(MetricTerm(term.numerator, total.numerator))
-
-
-def _precision(labels, predictions, weights=None, *args, **kwargs):
-    return _binary(labels, predictions, weights, count_predicted=True)
-
-
-def _recall(labels, predictions, weights=None, *args, **kwargs):
-    return _binary(labels, predictions, weights, count_predicted=False)
-
-
-V1_METRICS = {"accuracy": _accuracy, "mean": _mean, "mean_squared_error": _squared,
-              "mean_absolute_error": _absolute, "root_mean_squared_error": _rmse,
-              "recall_at_k": _recall_at_k, "precision": _precision, "recall": _recall}
-
-
-def _unsupported_metric(name: str) -> Callable[..., Any]:
-    def metric(*args: Any, **kwargs: Any) -> Any:
-        raise ModelFnError(
-            f"tf.compat.v1.metrics.{name} is not supported in eval_metrics: Fenwicks "
-            "evaluates exactly by summing per-example values over every example, and "
-            f"{name} is not a ratio of such sums. Supported: {', '.join(sorted(V1_METRICS))}"
-            " and Keras metrics derived from keras.metrics.Mean (Accuracy, "
-            "SparseCategoricalAccuracy, MeanSquaredError, ...)")
-    return metric
-
-
-def _keras_mean_update(self: keras.metrics.Mean, values: Any,
-                       sample_weight: Any = None) -> None:
-    """Replaces `keras.metrics.Mean.update_state` (under every mean-type Keras metric)
-    inside metric_fn: records the per-example values instead of adding them up."""
-    self.fenwicks_metric_term = _per_example(values, sample_weight)
-
-
-# --------------------------------------------------------------------------- v1 losses
-
-# Reductions whose scalar is the mean of the per-example values when weights are 1.
-_MEAN_REDUCTIONS = (tf.compat.v1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS,
-                    tf.compat.v1.losses.Reduction.MEAN,
-                    tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZE,
-                    tf.compat.v1.losses.Reduction.SUM_OVER_NONZERO_WEIGHTS)
-V1_LOSSES = ("sparse_softmax_cross_entropy", "softmax_cross_entropy", "sigmoid_cross_entropy",
-             "mean_squared_error", "absolute_difference", "log_loss", "hinge_loss",
-             "huber_loss")
-
-
-def _example_means(values: tf.Tensor) -> tf.Tensor | None:
-    if values.shape.rank is None or values.shape.rank == 0:
-        return None
-    if values.shape.rank == 1:
-        return values
-    return tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
-
-
-def _recording_loss(original: Callable[..., Any], record: CallRecord) -> Callable[..., Any]:
-    """A `tf.compat.v1.losses` function that also records its per-example values."""
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def loss(*args: Any, **kwargs: Any) -> Any:
-        scalar = original(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        weights, reduction = bound.arguments.get("weights"), bound.arguments.get("reduction")
-        unweighted = isinstance(weights, (int, float)) and weights == 1
-        if unweighted and reduction in _MEAN_REDUCTIONS and tf.is_symbolic_tensor(scalar):
-            values = original(**dict(bound.arguments, reduction="none", loss_collection=None))
-            per_example = _example_means(tf.cast(values, tf.float32))
-            if per_example is not None:
-                record.losses[scalar.ref()] = per_example
-        return scalar
-
-    return loss
-
-
-def example_losses(loss: tf.Tensor, recorded: dict[Any, tf.Tensor],
-                   rows: int | None) -> tf.Tensor | None:
-    """The per-example ``[B]`` values whose mean is the scalar `loss`, if the graph shows
-    them: a recorded `tf.compat.v1.losses` value, or ``reduce_mean`` of a ``[B, ...]``
-    tensor (BERT's ``tf.reduce_mean(per_example_loss)``), through identities."""
-    tensor = loss
-    for _ in range(16):
-        if not tf.is_symbolic_tensor(tensor):
-            return None
-        if tensor.ref() in recorded:
-            return recorded[tensor.ref()]
-        op = tensor.op
-        if op.type == "Identity" or (op.type == "Mean" and op.inputs[0].shape.rank == 0):
-            tensor = op.inputs[0]
-            continue
-        if op.type == "Mean" and tensor.shape.rank == 0:  # every axis reduced
-            values = op.inputs[0]
-            if rows is not None and values.shape[0] not in (None, rows):
-                return None
-            return _example_means(tf.cast(values, tf.float32))
-        return None
-    return None
-
-
-# --------------------------------------------------------------------------- v1 optimizers
-
-
-@dataclasses.dataclass
-class V1Minimize:
-    """What ``optimizer.minimize(loss, global_step)`` asked for."""
-
-    optimizer: Any
-    learning_rate: Any
-
-
-def _unwrap(optimizer: Any) -> Any:
-    # A CrossShardOptimizer all-reduces gradients: Fenwicks always does.
-    return _tf_internals.unwrap_cross_shard(optimizer)
-
-
-def convert_v1_optimizer(optimizer: Any, clip_norm: float | None = None
-                         ) -> keras.optimizers.Optimizer:
-    """The Keras 3 optimizer that makes the same updates as a `tf.compat.v1` one.
-
-    GradientDescent is exactly SGD, and Adam is Keras's Adam (both use TF1's
-    epsilon-hat form). Momentum matches exactly at a constant learning rate; under a
-    schedule TF1 scaled the accumulated gradients by the current rate, Keras the new one.
-    A TF1 optimizer subclass with its own ``apply_gradients`` (BERT's
-    AdamWeightDecayOptimizer) runs that code itself (`V1OptimizerAdapter`), after
-    ``tf.clip_by_global_norm``'s clipping (`clip_norm`) if the model_fn asked for it.
-
-    Raises:
-        ModelFnError: for another optimizer class, naming the Keras one to pass instead.
-    """
-    optimizer = _unwrap(optimizer)
-    name = type(optimizer).__name__
-    if _custom_apply(optimizer):
-        return V1OptimizerAdapter(optimizer, global_clipnorm=clip_norm)
-    lr = _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
-    start = float(lr) if isinstance(lr, (int, float)) else 0.0  # a tensor: set per step
-    if name == "GradientDescentOptimizer":
-        return keras.optimizers.SGD(start)
-    if name == "MomentumOptimizer":
-        arg = functools.partial(_tf_internals.v1_optimizer_arg, optimizer)
-        return keras.optimizers.SGD(start, momentum=float(arg("momentum")),
-                                    nesterov=bool(arg("use_nesterov")))
-    if name == "AdamOptimizer":
-        arg = functools.partial(_tf_internals.v1_optimizer_arg, optimizer)
-        return keras.optimizers.Adam(start, beta_1=float(arg("beta1")),
-                                     beta_2=float(arg("beta2")), epsilon=float(arg("epsilon")))
-    raise ModelFnError(
-        f"tf.compat.v1.train.{name}.minimize cannot run in TensorFlow 2, and Fenwicks "
-        "converts only GradientDescentOptimizer, MomentumOptimizer and AdamOptimizer. "
-        "Pass a Keras optimizer instead: TPUEstimatorSpec(mode, loss=loss, "
-        "optimizer=keras.optimizers.RMSprop(...)) (or an fw.train optimizer function)")
-
-
-def _custom_apply(optimizer: Any) -> bool:
-    """True for a TF1 optimizer subclass that writes its own update (apply_gradients)."""
-    base = tf.compat.v1.train.Optimizer.apply_gradients
-    method = type(optimizer).apply_gradients
-    return method is not base and type(optimizer).__module__.split(".")[0] != "tensorflow"
-
-
-_LR_ATTRIBUTES = ("learning_rate", "_learning_rate", "_lr", "lr")
-
-
-def _lr_attribute(optimizer: Any) -> str:
-    for name in _LR_ATTRIBUTES:
-        if name in vars(optimizer):
-            return name
-    raise ModelFnError(
-        f"{type(optimizer).__name__} keeps no learning rate Fenwicks can find (one of "
-        f"{', '.join(_LR_ATTRIBUTES)}): give the spec a Keras optimizer instead: "
-        "TPUEstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.AdamW(...))")
-
-
-def v1_learning_rate(optimizer: Any) -> Any:
-    """The learning rate a TF1 optimizer was made with (a number, or a tensor computed
-    from the global step in the model_fn)."""
-    optimizer = _unwrap(optimizer)
-    if _custom_apply(optimizer):
-        return getattr(optimizer, _lr_attribute(optimizer))
-    return _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
-
-
-class V1OptimizerAdapter(keras.optimizers.Optimizer):
-    """Runs a TF1 optimizer's own ``apply_gradients`` as a Keras optimizer's update, one
-    variable at a time, so the engine's distribution, loss scaling and checkpoints apply.
-
-    The slots it asks for with ``tf.compat.v1.get_variable`` become this optimizer's
-    variables (found by running its ``apply_gradients`` once on a throwaway graph), the
-    variable reaches it with its TF1 name (weight-decay exclusions match names), and its
-    learning rate is the engine's, set every step from the model_fn's schedule.
-    """
-
-    def __init__(self, v1_optimizer: Any, **kwargs: Any) -> None:
-        super().__init__(learning_rate=0.0, name=type(v1_optimizer).__name__, **kwargs)
-        self._v1 = v1_optimizer
-        self._v1_lr = _lr_attribute(v1_optimizer)
-        self._v1_slots: list[list[Any]] = []
-
-    def build(self, variables: list[Any]) -> None:
-        if self.built:
-            return
-        super().build(variables)
-        for variable in variables:
-            slots = []
-            for index, (shape, dtype, initializer) in enumerate(self._slot_requests(variable)):
-                slots.append(self.add_variable(
-                    shape=shape, dtype=dtype, initializer=initializer or "zeros",
-                    name=f"{variable.name}_v1_slot{index}"))
-            self._v1_slots.append(slots)
-
-    def _slot_requests(self, variable: Any) -> list[tuple[Any, Any, Any]]:
-        requests: list[tuple[Any, Any, Any]] = []
-
-        def get_variable(name: str, shape: Any = None, dtype: Any = None,
-                         initializer: Any = None, **unused: Any) -> Any:
-            dtype = tf.as_dtype(dtype or tf.float32)
-            requests.append((tuple(tf.TensorShape(shape).as_list()), dtype.name, initializer))
-            return tf.compat.v1.Variable(tf.zeros(shape, dtype), trainable=False)
-
-        name = getattr(variable, "fenwicks_v1_name", None) or variable.path
-        with tf.Graph().as_default():  # only the get_variable calls matter here
-            param = tf.compat.v1.Variable(tf.zeros(variable.shape, variable.dtype), name=name)
-            with patched(tf.compat.v1, "get_variable", get_variable), \
-                    patched(self._v1, self._v1_lr, tf.constant(0.0)):
-                type(self._v1).apply_gradients(self._v1, [(tf.zeros_like(param), param)])
-        return requests
-
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        index = self._get_variable_index(variable)
-        slots = iter(self._v1_slots[index])
-        model_variable = self._trainable_variables[index]  # `variable` may be its replica's
-        name = getattr(model_variable, "fenwicks_v1_name", None) or model_variable.path
-        with patched(tf.compat.v1, "get_variable", lambda *a, **k: next(slots)), \
-                patched(self._v1, self._v1_lr, tf.cast(learning_rate, variable.dtype)):
-            type(self._v1).apply_gradients(self._v1, [(gradient, V1View(variable, name))])
-
+from fenwicks.train.tf import tf1_gradients
+from fenwicks.train.tf import tf1_metrics as metrics
+from fenwicks.train.tf.tf1_config import ModelFnError
+from fenwicks.train.tf.tf1_optimizers import V1Minimize
+from fenwicks.train.tf.tf1_variables import GlobalStep, V1Variables, V1View, patched
 
 # --------------------------------------------------------------------------- object replay
 
@@ -483,11 +171,14 @@ class Replay:
                 if variable.path == f"{obj.name}/{variable.name}":  # its own, not a sublayer's
                     variable.fenwicks_v1_name = f"{scope}/{variable.path}"
 
-    def v1_trainable_variables(self) -> list[Any]:
-        """`tf.compat.v1.trainable_variables()` in a model_fn: each variable with its TF1
-        name (BERT's get_assignment_map_from_checkpoint reads ``var.name``)."""
+    def v1_trainable_variables(self, scope: str | None = None) -> list[Any]:
+        """`tf.compat.v1.trainable_variables(scope)` in a model_fn: each variable with its
+        TF1 name (BERT's get_assignment_map_from_checkpoint reads ``var.name``); a
+        `scope` keeps those whose name it matches at the start (``re.match``), as TF1's
+        collection filter did."""
         self.name_v1()
-        return [V1View(v) for v in self.variables() if v.trainable]
+        views = [V1View(v) for v in self.variables() if v.trainable]
+        return [view for view in views if scope is None or re.match(scope, view.name)]
 
     def check_variants(self) -> None:
         """Raises if a mode's own object (made with other arguments) has weights: they
@@ -548,30 +239,6 @@ def _nested(frame: Any) -> bool:
     return False
 
 
-
-
-@contextlib.contextmanager
-def patched(target: Any, name: str, value: Any) -> Iterator[None]:
-    had = name in vars(target) if isinstance(target, type) else hasattr(target, name)
-    old = getattr(target, name, None)
-    setattr(target, name, value)
-    try:
-        yield
-    finally:
-        if had:
-            setattr(target, name, old)
-        elif name == "__new__":
-            # Deleting a __new__ set on a class leaves CPython calling object.__new__ with
-            # the constructor's arguments (a TypeError): put a neutral one in its place.
-            setattr(target, name, _plain_new)
-        else:
-            delattr(target, name)
-
-
-def _plain_new(cls: type, *args: Any, **kwargs: Any) -> Any:
-    return object.__new__(cls)
-
-
 def _replaying_new(replay: Replay, base: type) -> Any:
     original = base.__dict__.get("__new__")
 
@@ -587,136 +254,43 @@ def _replaying_new(replay: Replay, base: type) -> Any:
     return __new__
 
 
-CUSTOM_V1_OPTIMIZER = (
-    "model_fn's train_op comes from {name}.apply_gradients, a TF1 optimizer of its own "
-    "(it makes its slots with tf.get_variable and steps the global step itself), which "
-    "only a TF1 session can run: give the spec a Keras optimizer instead, one line, e.g. "
-    "for BERT's optimization.create_optimizer: TPUEstimatorSpec(mode, loss=total_loss, "
-    "optimizer=fw.train.adam_optimizer(fw.train.one_cycle_lr(init_lr, num_train_steps, "
-    "num_warmup_steps, fw.train.linear_decay()), wd=0.01, epsilon=1e-6, clip_norm=1.0, "
-    "exclude_from_wd=['LayerNorm', 'layer_norm', 'bias'])); see tutorials/PORTING.md, "
-    "'TPUEstimator programs'")
+def _refused_summary(name: str) -> Callable[..., Any]:
+    def summary(*args: Any, **kwargs: Any) -> Any:
+        raise ModelFnError(
+            f"model_fn called tf.summary.{name}, which TF1 wrote through the graph's "
+            "summary collection, which TensorFlow 2 does not have, so nothing would reach "
+            "TensorBoard: remove it (Fenwicks writes the training loss to TensorBoard "
+            "every loop), and report an evaluation value with eval_metrics=(metric_fn, "
+            "[value]) and tf.compat.v1.metrics.mean(value)")
+    return summary
 
 
-def _v1_optimizer_in_stack(frame: Any) -> Any:
-    """The `tf.compat.v1.train.Optimizer` whose method is running, if one is."""
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, tf.compat.v1.train.Optimizer):
-            return owner
-        frame = frame.f_back
-    return None
+# tf.compat.v1.layers functions and the Keras layer each became.
+V1_LAYERS = {"dense": "Dense", "conv1d": "Conv1D", "conv2d": "Conv2D", "conv3d": "Conv3D",
+             "conv2d_transpose": "Conv2DTranspose", "separable_conv2d": "SeparableConv2D",
+             "max_pooling1d": "MaxPooling1D", "max_pooling2d": "MaxPooling2D",
+             "average_pooling1d": "AveragePooling1D", "average_pooling2d": "AveragePooling2D",
+             "dropout": "Dropout", "batch_normalization": "BatchNormalization",
+             "flatten": "Flatten"}
 
 
-class V1View:
-    """A variable as TF1 named it: ``name`` is ``'<TF1 name>:0'``; anything else (shape,
-    dtype, assign, use in an op) is the variable's."""
+class V1Layers:
+    """``tf.compat.v1.layers`` in a model_fn: Keras 3 removed its functions, and Keras's
+    own error does not say what replaces them; this one names the Keras layer."""
 
-    def __init__(self, variable: Any, name: str | None = None) -> None:
-        self.variable = variable
-        name = name or getattr(variable, "fenwicks_v1_name", None) or variable.path
-        self.name = f"{name}:0"
-        self.shape = tf.TensorShape(variable.shape)  # TF1's: shape.as_list()
+    def __init__(self, original: Any) -> None:
+        self._original = original
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.variable, name)
-
-    def _value(self) -> tf.Tensor:
-        return tf.convert_to_tensor(self.variable)
-
-    def __add__(self, other: Any) -> tf.Tensor:
-        return self._value() + other
-
-    def __radd__(self, other: Any) -> tf.Tensor:
-        return other + self._value()
-
-    def __sub__(self, other: Any) -> tf.Tensor:
-        return self._value() - other
-
-    def __rsub__(self, other: Any) -> tf.Tensor:
-        return other - self._value()
-
-    def __mul__(self, other: Any) -> tf.Tensor:
-        return self._value() * other
-
-    def __rmul__(self, other: Any) -> tf.Tensor:
-        return other * self._value()
-
-    def __truediv__(self, other: Any) -> tf.Tensor:
-        return self._value() / other
-
-
-tf.register_tensor_conversion_function(
-    V1View, lambda view, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
-        view.variable, dtype=dtype, name=name))
-
-
-class GlobalStep:
-    """`tf.compat.v1.train.get_or_create_global_step()` in a model_fn: the optimizer's
-    step as a tensor. ``assign(global_step + 1)`` (BERT's create_optimizer, for an
-    optimizer that does not count steps) does nothing: the engine counts every step."""
-
-    def __init__(self, value: tf.Tensor) -> None:
-        self.value = value
-
-    def assign(self, value: Any, *args: Any, **kwargs: Any) -> Any:
-        return tf.no_op()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.value, name)
-
-    def __add__(self, other: Any) -> tf.Tensor:
-        return self.value + other
-
-    def __radd__(self, other: Any) -> tf.Tensor:
-        return other + self.value
-
-    def __sub__(self, other: Any) -> tf.Tensor:
-        return self.value - other
-
-
-tf.register_tensor_conversion_function(
-    GlobalStep, lambda step, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
-        step.value, dtype=dtype, name=name))
-
-
-class V1Variables:
-    """`tf.compat.v1.get_variable` in a model_fn: a variable per TF1 scope name, made on the
-    first calls as a weight of one Keras layer (so it is checkpointed with the model) and
-    handed back by name on later calls, as TF1's variable scopes shared it."""
-
-    def __init__(self) -> None:
-        self.layer = keras.layers.Layer(name="v1_variables")
-        self.by_name: dict[str, Any] = {}
-
-    def get(self, replay: Replay, name: str, shape: Any = None, dtype: Any = None,
-            initializer: Any = None, regularizer: Any = None, trainable: bool | None = None,
-            **unused: Any) -> Any:
-        optimizer = _v1_optimizer_in_stack(sys._getframe(1))
-        if optimizer is not None:  # its apply_gradients ran in the model_fn: refuse
-            raise ModelFnError(CUSTOM_V1_OPTIMIZER.format(name=type(optimizer).__name__))
-        scope = tf.compat.v1.get_variable_scope().name
-        full = f"{scope}/{name}" if scope else name
-        if full in self.by_name:
-            return self.by_name[full]
-        if not replay.recording or shape is None:
-            raise ModelFnError(
-                f"model_fn called tf.compat.v1.get_variable({full!r}) in mode "
-                f"{replay.mode!r}, which it did not call on its first calls"
-                + ("" if shape is not None else " (and gave no shape)")
-                + ": a model_fn must make the same variables in every mode")
-        variable = self.layer.add_weight(
-            name=name.replace("/", "_"), shape=tuple(tf.TensorShape(shape).as_list()),
-            dtype=tf.as_dtype(dtype or tf.float32).name,
-            initializer=initializer or "glorot_uniform",
-            regularizer=regularizer, trainable=True if trainable is None else trainable)
-        variable.fenwicks_v1_name = full  # its name for warm-start maps
-        # An attribute each: TensorFlow's checkpoint graph does not see the weights list.
-        setattr(self.layer, "v1_" + re.sub(r"\W", "_", full), variable)
-        self.by_name[full] = variable
-        if self.layer not in replay.order:
-            replay.order.append(self.layer)
-        return variable
+        if name in V1_LAYERS:
+            def removed(*args: Any, **kwargs: Any) -> Any:
+                raise ModelFnError(
+                    f"model_fn called tf.compat.v1.layers.{name}, which Keras 3 removed: "
+                    f"call keras.layers.{V1_LAYERS[name]}(...)(inputs) instead, with the "
+                    "same arguments (the inputs go to the call; name= keeps the TF1 "
+                    "variable names, under tf.compat.v1.variable_scope too)")
+            return removed
+        return getattr(self._original, name)
 
 
 @dataclasses.dataclass
@@ -724,86 +298,47 @@ class CallRecord:
     """What one model_fn call asked for beside its spec."""
 
     minimize: V1Minimize | None = None
+    applied: tf1_gradients.AppliedGradients | None = None  # apply_gradients' pairs
     init_from_checkpoint: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
     losses: dict[Any, tf.Tensor] = dataclasses.field(default_factory=dict)
-    clip_norm: float | None = None
 
 
 @contextlib.contextmanager
-def tf1_scope(replay: Replay, record: CallRecord,
-              global_step: Callable[[], tf.Tensor]) -> Iterator[None]:
-    """Patches the TF1 names listed in the module docstring while a model_fn runs."""
+def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.Tensor],
+              replicas: int = 1) -> Iterator[None]:
+    """Patches the TF1 names listed in the module docstring while a model_fn runs on one
+    of `replicas` replicas."""
     v1 = tf.compat.v1
-
-    def minimize(self: Any, loss: Any, global_step: Any = None, *args: Any,
-                 **kwargs: Any) -> Any:
-        record.minimize = V1Minimize(self, v1_learning_rate(self))
-        return tf.no_op()
-
-    def apply_gradients(self: Any, grads_and_vars: Any, global_step: Any = None,
-                        name: Any = None) -> Any:
-        # The update itself runs in the engine's optimizer step (convert_v1_optimizer).
-        record.minimize = V1Minimize(self, v1_learning_rate(self))
-        return tf.no_op()
-
-    original_init = v1.train.Optimizer.__init__
-
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        if _custom_apply(self) or "CrossShard" in type(self).__name__:
-            # An instance attribute: it shadows the subclass's own apply_gradients.
-            self.apply_gradients = functools.partial(apply_gradients, self)
-
-    original_clip = tf.clip_by_global_norm
-
-    def clip_by_global_norm(t_list: Any, clip_norm: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(clip_norm, (int, float)):
-            record.clip_norm = float(clip_norm)
-        return original_clip(t_list, clip_norm, *args, **kwargs)
 
     def step() -> GlobalStep:
         return GlobalStep(global_step())
 
-    original_gradients = tf.gradients
-
-    def gradients(ys: Any, xs: Any, *args: Any, **kwargs: Any) -> Any:
-        listed = list(xs) if isinstance(xs, (list, tuple)) else [xs]
-        if any(isinstance(x, V1View) for x in listed):
-            # Gradients of tf.trainable_variables() for an optimizer's apply_gradients
-            # (BERT's create_optimizer): the engine computes them after the model_fn
-            # and hands them to that apply_gradients itself (V1OptimizerAdapter).
-            return [tf.zeros(x.shape, x.dtype) for x in listed]
-        return original_gradients(ys, xs, *args, **kwargs)
-
     def init_from_checkpoint(ckpt_dir_or_file: str, assignment_map: Any) -> None:
         record.init_from_checkpoint.append((ckpt_dir_or_file, assignment_map))
 
-    patches = [(v1.train.Optimizer, "minimize", minimize),
-               (v1.train, "get_global_step", step),
-               (v1.train, "get_or_create_global_step", step),
-               (v1.train.Optimizer, "__init__", init),
-               (v1, "clip_by_global_norm", clip_by_global_norm),
-               (v1, "gradients", gradients), (tf, "gradients", gradients),
-               (tf, "clip_by_global_norm", clip_by_global_norm),
-               (v1.train, "init_from_checkpoint", init_from_checkpoint),
-               (v1, "trainable_variables", lambda *a, **k: replay.v1_trainable_variables()),
-               (v1, "get_variable", functools.partial(replay.v1_variables.get, replay)),
-               (keras.metrics.Mean, "update_state", _keras_mean_update)]
-    patches += [(v1.losses, name, _recording_loss(getattr(v1.losses, name), record))
-                for name in V1_LOSSES if hasattr(v1.losses, name)]
-    patches += [(v1.metrics, name, fn) for name, fn in V1_METRICS.items()]
-    patches += [(v1.metrics, name, _unsupported_metric(name))
-                for name in ("auc", "precision_at_k", "mean_per_class_accuracy",
-                             "mean_iou", "sparse_average_precision_at_k",
-                             "false_negatives", "false_positives", "true_positives",
-                             "true_negatives", "percentage_below", "mean_cosine_distance",
-                             "mean_relative_error", "mean_tensor", "sensitivity_at_specificity",
-                             "specificity_at_sensitivity", "precision_at_thresholds",
-                             "recall_at_thresholds", "average_precision_at_k")
-                if hasattr(v1.metrics, name)]
+    patches = tf1_gradients.patches(record, replay, replicas)
+    patches += [(v1.train, "get_global_step", step),
+                (v1.train, "get_or_create_global_step", step),
+                (v1.train, "init_from_checkpoint", init_from_checkpoint),
+                (v1, "trainable_variables", replay.v1_trainable_variables),
+                (v1, "get_variable", functools.partial(replay.v1_variables.get, replay)),
+                (keras.metrics.Mean, "update_state", metrics.keras_mean_update)]
+    patches += [(v1.losses, name, metrics.recording_loss(getattr(v1.losses, name), record))
+                for name in metrics.V1_LOSSES if hasattr(v1.losses, name)]
+    patches.append((keras.losses.Loss, "__call__",
+                    metrics.recording_keras_loss(keras.losses.Loss.__call__, record)))
+    patches += [(v1.metrics, name, fn) for name, fn in metrics.V1_METRICS.items()]
+    patches += [(v1.metrics, name, metrics.unsupported_metric(name))
+                for name in metrics.UNSUPPORTED_METRICS if hasattr(v1.metrics, name)]
     patches += [(base, "__new__", _replaying_new(replay, base)) for base in _RECORDED_BASES]
+    patches.append((v1, "layers", V1Layers(v1.layers)))
+    patches += [(module, name, _refused_summary(name)) for module in (v1.summary, tf.summary)
+                for name in ("scalar", "histogram", "image", "audio", "text")
+                if hasattr(module, name)]
     with contextlib.ExitStack() as stack:
         stack.enter_context(_tf_internals.fresh_variable_scope_counts())
+        # A Keras loss object's value is its replica's batch mean, as tf.compat.v1.losses'.
+        stack.enter_context(_tf_internals.keras_losses_per_replica())
         for target, name, value in patches:
             stack.enter_context(patched(target, name, value))
         yield
@@ -822,6 +357,14 @@ def call_user(model_fn: Callable[..., Any], features: Any, labels: Any, mode: st
                            "(and usually labels, mode, params)")
     if "labels" not in names and labels is not None and mode != "infer":
         raise ModelFnError("model_fn takes no labels, but the input_fn gives labels")
+    extra = [name for name, p in names.items() if name not in given
+             and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if extra:
+        raise ModelFnError(
+            f"model_fn{inspect.signature(model_fn)} requires {', '.join(extra)}, which "
+            "TPUEstimator does not pass (it passes features, labels, mode, params and "
+            f"config, by name): give it a default or bind it first, "
+            f"functools.partial(model_fn, {extra[0]}=...)")
     return model_fn(**kwargs)
 
 

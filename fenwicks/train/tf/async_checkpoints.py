@@ -67,7 +67,7 @@ def host_copies(root: tf.train.Checkpoint) -> tuple[tf.train.Checkpoint, list[tu
         UnsupportedAsyncCheckpointError: an object under `root` saves state other than
             variables (it would be read while training changes it).
 
-    Example:
+    Examples:
         >>> shadow, pairs = host_copies(tf.train.Checkpoint(v=tf.Variable(1.0)))
         >>> for variable, copy in pairs: copy.assign(variable)
         >>> shadow.write('/tmp/ckpt')   # the keys `root.write` would write
@@ -107,7 +107,7 @@ class CompiledCopy:
     Args:
         pairs: ``(variable, copy)`` pairs, as `host_copies` returns them.
 
-    Example:
+    Examples:
         >>> shadow, pairs = host_copies(root)
         >>> copy = CompiledCopy(pairs)
         >>> copy(); copy()   # eager, then traced
@@ -146,7 +146,7 @@ class BackgroundWriter:
             ``latest_checkpoint`` names the newest complete checkpoint).
         pending_step: the step being written, or None.
 
-    Example:
+    Examples:
         >>> writer = BackgroundWriter(root, work_dir, keep=3)
         >>> writer.start(100)           # copies the variables, returns at once
         >>> done = writer.wait()        # (path, fingerprint, seconds); raises on failure

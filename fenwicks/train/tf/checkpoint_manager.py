@@ -30,7 +30,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from fenwicks import _tf_internals
+from fenwicks import _removal, _tf_internals
 
 
 class ObjectGraph:
@@ -41,7 +41,7 @@ class ObjectGraph:
     write traced for one is valid for the other. The objects are kept alive, so an
     ``id`` seen here is never reused by a new object while the graph is compared.
 
-    Example:
+    Examples:
         >>> ObjectGraph(root) == ObjectGraph(root)
         True
     """
@@ -82,7 +82,7 @@ class CompiledWrite:
             model) to notice a variable added under it. False when the caller makes a
             new `CompiledWrite` when the graph changes. Defaults to True.
 
-    Example:
+    Examples:
         >>> write = CompiledWrite(tf.train.Checkpoint(v=tf.Variable(1.0)))
         >>> write('/tmp/run/ckpt-1'); write('/tmp/run/ckpt-2')   # eager, then traced
         '/tmp/run/ckpt-2'
@@ -156,7 +156,7 @@ def own_message(message: str) -> str:
     nothing of why the write failed, and the first line would be "Graph execution
     error:").
 
-    Example:
+    Examples:
         >>> own_message('Graph execution error:\\n\\nDetected at node SaveV2 defined at'
         ...             ' (most recent call last):\\n  File "a.py", line 3, in f\\n\\n'
         ...             'disk full\\n\\t [[{{node SaveV2}}]]')
@@ -189,7 +189,7 @@ class CheckpointManager:
     Attributes:
         directory: as given.
 
-    Example:
+    Examples:
         >>> manager = CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)),
         ...                             '/tmp/run', max_to_keep=2)
         >>> manager.save(checkpoint_number=7)
@@ -278,10 +278,7 @@ def _remove_checkpoint_files(prefix: str) -> None:
     """Removes checkpoint `prefix`'s index and data files (those that exist)."""
     for pattern in (prefix + ".index", prefix + ".data-?????-of-?????"):
         for path in _matching(pattern):
-            try:
-                tf.io.gfile.remove(path)
-            except tf.errors.NotFoundError:  # removed meanwhile: the aim all the same
-                pass
+            _removal.remove_file(path)  # removed meanwhile: the aim all the same
 
 
 def _matching(pattern: str) -> list[str]:

@@ -31,6 +31,7 @@ import time
 
 import tensorflow as tf
 
+from fenwicks import _removal
 from fenwicks.train.checkpointing import Checkpointer
 from fenwicks.train.tf import async_checkpoints, checkpoint_manager, checkpoints
 
@@ -53,7 +54,7 @@ class SyncCheckpointer(Checkpointer):
             (`checkpoints.expected_shapes`): a TPU reached over the network cannot write
             local files. Defaults to None: a local temp dir.
 
-    Example:
+    Examples:
         >>> variable = tf.Variable([1.0, 2.0])
         >>> checkpointer = SyncCheckpointer(tf.train.Checkpoint(v=variable), '/tmp/run')
         >>> checkpointer.save(10)
@@ -215,7 +216,7 @@ class AsyncCheckpointer(SyncCheckpointer):
         UnsupportedAsyncCheckpointError: an object under `root` saves state that is not
             a variable, which cannot be copied (`create` falls back to synchronous).
 
-    Example:
+    Examples:
         >>> checkpointer = AsyncCheckpointer(root, '/tmp/run')
         >>> checkpointer.save(10)   # returns once the variables are copied
         >>> checkpointer.wait()     # ckpt-10 is complete (or its error is raised here)
@@ -269,7 +270,7 @@ class WorkerCheckpointer(SyncCheckpointer):
         root, directory, keep, probe_dir: as for `SyncCheckpointer`.
         task_id: this worker's task id in the cluster.
 
-    Example:
+    Examples:
         >>> checkpointer = WorkerCheckpointer(root, work_dir, task_id=1)
     """
 
@@ -281,7 +282,7 @@ class WorkerCheckpointer(SyncCheckpointer):
     def _write(self, step: int, background: bool = True) -> None:
         started = time.monotonic()
         tf.train.CheckpointManager(self._root, self.scratch_dir, 1).save(step)
-        tf.io.gfile.rmtree(self.scratch_dir)
+        _removal.remove_tree(self.scratch_dir)
         # The chief wrote the same step meanwhile: that is the run's checkpoint.
         self._written(f"{self.directory}/ckpt-{step}", None, time.monotonic() - started)
 
@@ -308,7 +309,7 @@ def create(root: tf.train.Checkpoint, directory: str, *, keep: int = 3,
     Returns:
         A `WorkerCheckpointer`, `AsyncCheckpointer` or `SyncCheckpointer`.
 
-    Example:
+    Examples:
         >>> checkpointer = create(root, work_dir, keep=3, asynchronous=True)
     """
     if worker_id is not None:

@@ -35,7 +35,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks import _deadline, _tf_internals
+from fenwicks import _deadline, _removal, _tf_internals
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (  # noqa: F401  (their home: shared)
     CheckpointCorruptError,
@@ -109,7 +109,7 @@ def make_checkpoint(model: keras.Model, optimizer: Any, global_step: tf.Variable
 def check_coverage(root: Any, variables: Iterable[Any]) -> None:
     """Raises `CheckpointCoverageError` naming each of `variables` that `root` misses.
 
-    Example:
+    Examples:
         >>> check_coverage(tf.train.Checkpoint(model=model), model.variables)
     """
     reached = _reachable(root)
@@ -178,12 +178,12 @@ def expected_shapes(root: tf.train.Checkpoint,
 def _write_probe(root: tf.train.Checkpoint,
                  scratch_dir: str | None) -> dict[str, tuple[int, ...]]:
     if scratch_dir is None:
-        with tempfile.TemporaryDirectory() as tmp:
+        with _removal.temporary_dir() as tmp:
             return _shapes(root.write(os.path.join(tmp, "probe")))
     try:
         return _shapes(root.write(scratch_dir + "/probe"))
     finally:
-        tf.io.gfile.rmtree(scratch_dir)
+        _removal.remove_tree(scratch_dir)
 
 
 def check_compatible(root: tf.train.Checkpoint, prefix: str, work_dir: str,
@@ -340,7 +340,7 @@ def restore_latest(root: tf.train.Checkpoint, work_dir: str,
 def diagnose(prefix: str) -> str:
     """Which file of checkpoint `prefix` is missing, empty or cut short, in words.
 
-    Example:
+    Examples:
         >>> diagnose('/run/ckpt-10')
         '/run/ckpt-10.data-00000-of-00001 is missing'
     """
@@ -471,17 +471,19 @@ def save(manager: Any, step: int) -> str:
 
 
 def _remove_partial(path: str) -> None:
-    for partial in tf.io.gfile.glob(path + "*"):
+    """Removes what a failed save of checkpoint `path` wrote: ``ckpt-2.*`` and its
+    ``ckpt-2_temp`` folder, never ``ckpt-20.*`` (a glob of ``ckpt-2*`` took those)."""
+    for partial in tf.io.gfile.glob(path + ".*") + tf.io.gfile.glob(path + "_temp*"):
         _remove_quietly(partial)
 
 
 def _remove_quietly(path: str) -> None:
     try:
         if tf.io.gfile.isdir(path):
-            tf.io.gfile.rmtree(path)
+            _removal.remove_tree(path)
         else:
-            tf.io.gfile.remove(path)
-    except tf.errors.OpError as err:
+            _removal.remove_file(path)
+    except (tf.errors.OpError, OSError) as err:
         logger.warning("fenwicks: could not remove the partial %s: %s", path, first_line(err))
 
 
@@ -532,7 +534,7 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
     Returns:
         ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths.
 
-    Example:
+    Examples:
         >>> report = warm_start(model, 'gs://bucket/pretrain/work')
     """
     prefix = resolve(source)
@@ -567,7 +569,7 @@ def read(root: tf.train.Checkpoint, prefix: str, work_dir: str | None = None,
     caller that falls back past damaged checkpoints still can; an unreachable bucket
     does not look like damage.
 
-    Example:
+    Examples:
         >>> read(root, 'gs://bucket/work/ckpt-400', 'gs://bucket/work')
     """
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import tensorflow as tf
+
 from fenwicks import accel
 from fenwicks.train import building
 from fenwicks.train.eval_sums import EvalTotals
@@ -13,13 +15,13 @@ from fenwicks.train.evaluation import Evaluator
 from fenwicks.train.inputs import InputFn, InputManager, discard
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.run_state import RunState
-from fenwicks.train.tf import loops
+from fenwicks.train.tf import devices, loops
 
 
 class TFEvaluator(Evaluator):
     """`Evaluator` whose steps are ``tf.function`` loops under the strategy.
 
-    Example:
+    Examples:
         >>> evaluator = TFEvaluator(config, fw.accel.current(), state, input_manager)
         >>> evaluator.evaluate(eval_input_fn, None)   # {'loss', 'accuracy', ...}
     """
@@ -27,7 +29,11 @@ class TFEvaluator(Evaluator):
     def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator,
                  state: RunState, input_manager: InputManager) -> None:
         super().__init__(config, accelerator, state, input_manager)
-        self._strategy = accelerator.strategy
+        self._strategy = devices.strategy()
+
+    def is_out_of_memory(self, err: BaseException) -> bool:
+        """TensorFlow's out-of-memory error (the device's, or tf.data's)."""
+        return isinstance(err, tf.errors.ResourceExhaustedError)
 
     def _loop(self, kind: str) -> Any:
         if kind not in self._loops:

@@ -17,14 +17,14 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         spec: the estimator's model spec (model + predict_fn).
         features_spec: `tf.TensorSpec` (or nest of them) of one batch of features; the
             batch dimension is made dynamic.
-        export_dir: local or gs:// directory, new or empty (`export_dirs.write` checks
-            it and swaps the finished export into place).
+        export_dir: a new local or gs:// folder (`export_dirs.write` makes it, a
+            version folder's staging, and puts it in place once complete).
 
     Returns:
         `export_dir`.
 
-    Example:
-        >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))
+    Examples:
+        >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))  # .../<version>
         >>> loaded.serve(x)['predictions']
     """
     features_spec = tf.nest.map_structure(

@@ -24,6 +24,7 @@ from fenwicks.train.inputs import (
     resumed_train_dataset,
 )
 from fenwicks.train.options import EstimatorConfig
+from fenwicks.train.tf import devices
 
 logger = logging.getLogger("fenwicks")
 
@@ -53,7 +54,7 @@ def _drain_fn(strategy: tf.distribute.Strategy) -> Any:
 class TFInputManager(InputManager):
     """`InputManager` whose iterators and datasets are the strategy's distributed ones.
 
-    Example:
+    Examples:
         >>> manager = TFInputManager(config, fw.accel.current())
         >>> probe = manager.probe(train_input_fn, "train")  # checked before any compile
         >>> iterator = manager.train_iterator(train_input_fn, start_step=0)
@@ -61,7 +62,7 @@ class TFInputManager(InputManager):
 
     def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator) -> None:
         super().__init__(config, accelerator)
-        self._strategy = accelerator.strategy
+        self._strategy = devices.strategy()
         self._drain: Any = None
 
     def read_steps(self, iterator: Any, num_steps: int) -> int:
@@ -98,7 +99,7 @@ class TFInputManager(InputManager):
         """
         what, batch_size = MODE_NOUNS[mode], self.probe(input_fn, mode, global_batch).params[
             "batch_size"]
-        workers = self._acc.num_workers
+        workers = self.config.num_processes
 
         def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
             # Several workers: the estimator shards the batches itself (round-robin) and

@@ -36,7 +36,7 @@ def train_step_fn(spec: ModelSpec, optimizer: Any, global_batch_size: int,
     `make_train_loop` runs it under the strategy; `fw.train.check_tpu_ready` compiles it
     alone for TPU.
 
-    Example:
+    Examples:
         >>> loss = tf.function(train_step_fn(spec, optimizer, 128, 8))(batch)
     """
     model = spec.model
@@ -156,7 +156,7 @@ def eval_step_fn(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
     """One replica's evaluation step: ``(element, mask) -> sums`` in the
     `eval_sums` layout (not yet compiled).
 
-    Example:
+    Examples:
         >>> sums = tf.function(eval_step_fn(spec))((element, mask))
     """
     names = list(spec.metric_fns)
@@ -229,7 +229,7 @@ def predict_step_fn(spec: ModelSpec) -> Callable[[Any], Any]:
     """One replica's prediction step: ``(element, mask) -> (predictions, mask)`` (not
     yet compiled).
 
-    Example:
+    Examples:
         >>> outputs = tf.function(predict_step_fn(spec))((element, mask))
     """
     def step(batch: Any) -> Any:

@@ -25,14 +25,14 @@ from fenwicks.train import building, cross_engine, run_format
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.run_state import RunState
 from fenwicks.train.tf import checkpointer as checkpointer_lib
-from fenwicks.train.tf import checkpoints
+from fenwicks.train.tf import checkpoints, devices
 from fenwicks.train.tf import weights as tf_weights
 
 
 class TFRunState(RunState):
     """`RunState` with ``tf.Variable`` counters under the strategy.
 
-    Example:
+    Examples:
         >>> state = TFRunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.latest_checkpoint
@@ -44,7 +44,7 @@ class TFRunState(RunState):
     def __init__(self, model_func: building.ModelFunc, config: EstimatorConfig,
                  accelerator: accel.Accelerator) -> None:
         super().__init__(model_func, config, accelerator)
-        self._strategy = accelerator.strategy
+        self._strategy = devices.strategy()
 
     @property
     def global_step(self) -> int:

@@ -36,7 +36,7 @@ class Trainer:
             progress (preemption). Defaults to None.
         input_steps: the input position, advanced with `global_step`. Defaults to None.
 
-    Example:
+    Examples:
         >>> trainer = Trainer(strategy, spec, optimizer, step_counter, 512)
         >>> trainer.train(iterator, 100).losses    # 100 per-step losses
     """
