@@ -141,8 +141,15 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
         FileExistsError: if ``fn`` was written before and ``overwrite`` is False.
 
     Examples:
-        >>> fw.data.numpy_tfrecord('gs://bucket/cifar/train', X_train, y_train, num_shards=16)
-        >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128)
+        >>> X_train = np.zeros((100, 32, 32, 3), 'uint8')   # a bucket works too: gs://...
+        >>> y_train = np.arange(100) % 10
+        >>> fw.data.numpy_tfrecord('cifar/train', X_train, y_train, num_shards=4)[0]
+        'cifar/train-00000-of-00004'
+        >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
+        >>> ds = fw.data.tfrecord_ds('cifar/train*', parser, 32)
+        >>> images, labels = next(iter(ds))
+        >>> images.shape, images.dtype
+        (TensorShape([32, 32, 32, 3]), tf.uint8)
     """
     X = check_features(X, "X")
     y = np.asarray(y)
