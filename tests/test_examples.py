@@ -29,8 +29,8 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 # Examples that need what the test machine lacks.
 NEEDS = {
-    "fenwicks.accel.nvidia_device_evidence": "a GPU machine (Colab T4 runtime)",
-    "fenwicks.accel.tpu_host_evidence": "a TPU host",
+    "fenwicks._host.nvidia_device_evidence": "a GPU machine (Colab T4 runtime)",
+    "fenwicks._host.tpu_host_evidence": "a TPU host",
     "fenwicks.colab_utils.setup_gcs": "Colab",
     "fenwicks.gcs.setup": "Colab or Kaggle sign-in",
     "fenwicks.gcs.check_credentials": "Google Cloud credentials",
@@ -93,14 +93,11 @@ NOT_YET = {
     "fenwicks.archives.unzip",
     "fenwicks.bench.peaks.CpuInfo.peak_tflops",
     "fenwicks.bench.peaks.cpu_info",
-    "fenwicks.data.image_folders.class_folders_tfrecord",
     "fenwicks.data.image_folders.data_dir_label_csv_tfrecord",
     "fenwicks.data.image_folders.data_dir_no_label_tfrecord",
-    "fenwicks.data.image_folders.data_dir_tfrecord",
     "fenwicks.data.parsers.get_tfexample_image_parser",
     "fenwicks.data.pipeline.finish",
     "fenwicks.data.position.resume_at",
-    "fenwicks.data.records.files_tfrecord",
     "fenwicks.data.scan.scan_tfrecord",
     "fenwicks.data.service.exposure_warning",
     "fenwicks.demo.build_nn",

@@ -214,7 +214,12 @@ def files_tfrecord(fn: str, paths: Sequence[str], labels: Sequence[int], num_sha
         The paths written.
 
     Examples:
-        >>> fw.data.files_tfrecord('/tmp/pets/train', image_paths, class_ids, num_shards=8)
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> image_paths = [f'{i}.png' for i in range(4)]
+        >>> for path in image_paths:
+        ...     _ = open(path, 'wb').write(png)
+        >>> fw.data.files_tfrecord('pets/train', image_paths, [0, 1, 0, 1], num_shards=2)
+        ['pets/train-00000-of-00002', 'pets/train-00001-of-00002']
     """
     paths = list(paths)
     if not paths:
