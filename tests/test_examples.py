@@ -52,6 +52,8 @@ NEEDS = {
     "fenwicks.io.create_clean_dir": "a Google Cloud Storage bucket and credentials",
     "fenwicks.io.upload": "a Google Cloud Storage bucket and credentials",
     "fenwicks.io.stage": "a Google Cloud Storage bucket and credentials",
+    "fenwicks.io.read_bytes": "a Google Cloud Storage bucket and credentials",
+    "fenwicks.io.write_text": "a Google Cloud Storage bucket and credentials",
     "fenwicks.keras_models.get_model": "the network (Keras downloads ImageNet weights)",
 }
 # Examples that print a benchmark's figures, the machine's own: shown, not compared.
@@ -72,6 +74,11 @@ SLOW = {
 # estimator, arrays, a work_dir) or prints a machine's own figures. Fix one, then take it
 # off this list.
 NOT_YET = {
+    # Added by the checkpoint format's work while this list was made: not self-contained.
+    "fenwicks.train.cross_engine.read_run_format", "fenwicks.train.input_record.check",
+    "fenwicks.train.run_format", "fenwicks.train.run_format.RunCheckpointer",
+    "fenwicks.train.run_format.complete_steps", "fenwicks.train.run_format.latest",
+    "fenwicks.train.run_format.variable_groups",
     "fenwicks.train.tf.tf1_gradients",
     "fenwicks._deadline.configure_tensorflow",
     "fenwicks._deadline.run",
