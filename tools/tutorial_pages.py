@@ -58,7 +58,8 @@ def _note(cpu: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_markdown_cell(
         "**What this page shows.** The outputs below are from a run at the `SMOKE` size "
         "(`SMOKE = True`, the cell after the parameters), offline on a CPU "
-        f"({cpu}), with small stand-in datasets in place of MNIST and CIFAR-10. "
+        f"({cpu}), with small stand-in data: generated, or scikit-learn's digits and random "
+        "images in place of MNIST and CIFAR-10. "
         "Run the notebook yourself for the real data and sizes.")
 
 
