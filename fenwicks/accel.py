@@ -8,10 +8,10 @@ TPU images). `engine()` says which.
 The devices are detected on first use of `current()` and cached for the process, by the
 engine's own detector: on the TensorFlow engine the order is TPU VM, TPU node over the
 network, multi-worker cluster, GPUs, CPU; on the jax engine it is what ``jax.devices()``
-lists. `configure()` or the
-environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``, ``cpu``, ``cpu:8``) override
-it. ``cpu:N`` splits the CPU into N logical devices (TensorFlow's, or N JAX devices
-through ``XLA_FLAGS``): the TPU-like test mode, N cores sharing one global batch.
+lists. `configure()` or the environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``,
+``cpu``, ``cpu:8``) override it. ``cpu:N`` splits the CPU into N logical devices
+(TensorFlow's, or N JAX devices through ``XLA_FLAGS``): the TPU-like test mode, N cores
+sharing one global batch.
 
 An `Accelerator` describes devices only (kind, count, memory, precision): how an engine
 distributes over them is the engine's (the tf engine's ``tf.distribute`` strategy is

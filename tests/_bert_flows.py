@@ -16,9 +16,9 @@ import sys
 import numpy as np
 
 import fenwicks as fw
+from tests import _bert_data as t
 from tests import _bert_modeling_port as modeling
 from tests import _bert_run_classifier_port as run_classifier
-from tests import test_tpu_estimator as t
 
 TRAIN_BATCH, EVAL_BATCH, PREDICT_BATCH = 16, 8, 8
 NUM_TRAIN_EXAMPLES, NUM_EPOCHS, WARMUP_PROPORTION = 64, 10.0, 0.1
@@ -32,10 +32,10 @@ def _files(root: str) -> dict:
         rng = np.random.default_rng(7)
         pretrained = {name: rng.normal(size=shape).astype(np.float32) * 0.1
                       + (1.0 if name.endswith("gamma") else 0.0)
-                      for name, shape in t._bert_checkpoint_shapes(t.BERT_CONFIG).items()}
-        t._write_name_based_checkpoint(files["init_checkpoint"], pretrained)
-        t._bert_records(files["train"], NUM_TRAIN_EXAMPLES, 0, seed=1)
-    ids, labels, real = t._bert_records(files["eval"], 21, 3, seed=2)  # padded to 24
+                      for name, shape in t.checkpoint_shapes(t.BERT_CONFIG).items()}
+        t.write_name_based_checkpoint(files["init_checkpoint"], pretrained)
+        t.write_records(files["train"], NUM_TRAIN_EXAMPLES, 0, seed=1)
+    ids, labels, real = t.write_records(files["eval"], 21, 3, seed=2)  # padded to 24
     files["labels"], files["real"] = labels.tolist(), real.tolist()
     return files
 

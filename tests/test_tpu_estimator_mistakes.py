@@ -55,6 +55,7 @@ def _estimator(model_fn, tmp_path, **kwargs):
                                  **kwargs)
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_a_model_fn_with_an_extra_required_argument_is_one_sentence(tmp_path):
     def model_fn(features, labels, mode, params, hidden_size):
         return _spec(mode, _linear(features), labels)
@@ -68,6 +69,7 @@ def test_a_model_fn_with_an_extra_required_argument_is_one_sentence(tmp_path):
         "functools.partial(model_fn, hidden_size=...)")
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_a_predict_spec_without_predictions_is_one_sentence_after_training(tmp_path):
     def model_fn(features, labels, mode, params):
         return _spec(mode, _linear(features), labels)  # no predictions in PREDICT
@@ -92,6 +94,7 @@ def test_a_params_key_the_front_door_sets_is_refused(tmp_path, key):
     assert str(err.value).endswith("which would replace yours: rename your key")
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_predict_keys_for_tensor_predictions_is_refused_as_tf1_did(tmp_path):
     def model_fn(features, labels, mode, params):
         outputs = _linear(features)
@@ -108,6 +111,7 @@ def test_predict_keys_for_tensor_predictions_is_refused_as_tf1_did(tmp_path):
     np.testing.assert_allclose(rows.reshape(10, 1), X @ W, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_tf1_layers_are_refused_naming_the_keras_layer(tmp_path):
     def model_fn(features, labels, mode, params):
         outputs = v1.layers.dense(features, 1, name="out")
@@ -120,6 +124,7 @@ def test_tf1_layers_are_refused_naming_the_keras_layer(tmp_path):
     assert type(v1.layers).__name__ != "V1Layers"  # the stand-in is gone after the model_fn
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_a_metric_mean_of_a_batch_mean_is_exact_and_an_opaque_one_warns_once(
         tmp_path, caplog):
     def metric_fn(labels, outputs):

@@ -85,6 +85,7 @@ def _expected():
     return X @ saved["dense/kernel"] + saved["dense/bias"]
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_a_tf1_checkpoint_warm_starts_by_tf1_name(tmp_path):
     out = warm_started_predictions(str(tmp_path))
     assert out["loaded"] == ["dense/bias", "dense/kernel"]
@@ -104,6 +105,7 @@ def test_a_tf1_checkpoint_warm_starts_on_8_replicas(tmp_path):
     np.testing.assert_allclose(out["from_map"], _expected(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_a_shape_mismatch_in_the_map_raises_as_tf1_did(tmp_path):
     ckpt = _tf1_checkpoint(str(tmp_path / "tf1" / "model.ckpt"),
                            {"old/kernel": np.ones((4, 2), np.float32)})
@@ -118,6 +120,7 @@ def test_a_shape_mismatch_in_the_map_raises_as_tf1_did(tmp_path):
     assert not os.path.exists(tmp_path / "m" / "checkpoint")  # before any step
 
 
+@pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
 def test_a_scaffold_init_fn_is_refused_in_one_sentence(tmp_path):
     est = fw.train.TPUEstimator(_model_fn, model_dir=str(tmp_path), verbose=False,
                                 train_batch_size=8, params={"scaffold_init_fn": True})

@@ -254,6 +254,17 @@ def _replaying_new(replay: Replay, base: type) -> Any:
     return __new__
 
 
+def _refused_summary(name: str) -> Callable[..., Any]:
+    def summary(*args: Any, **kwargs: Any) -> Any:
+        raise ModelFnError(
+            f"model_fn called tf.summary.{name}, which TF1 wrote through the graph's "
+            "summary collection, which TensorFlow 2 does not have, so nothing would reach "
+            "TensorBoard: remove it (Fenwicks writes the training loss to TensorBoard "
+            "every loop), and report an evaluation value with eval_metrics=(metric_fn, "
+            "[value]) and tf.compat.v1.metrics.mean(value)")
+    return summary
+
+
 # tf.compat.v1.layers functions and the Keras layer each became.
 V1_LAYERS = {"dense": "Dense", "conv1d": "Conv1D", "conv2d": "Conv2D", "conv3d": "Conv3D",
              "conv2d_transpose": "Conv2DTranspose", "separable_conv2d": "SeparableConv2D",
@@ -321,6 +332,9 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
                 for name in metrics.UNSUPPORTED_METRICS if hasattr(v1.metrics, name)]
     patches += [(base, "__new__", _replaying_new(replay, base)) for base in _RECORDED_BASES]
     patches.append((v1, "layers", V1Layers(v1.layers)))
+    patches += [(module, name, _refused_summary(name)) for module in (v1.summary, tf.summary)
+                for name in ("scalar", "histogram", "image", "audio", "text")
+                if hasattr(module, name)]
     with contextlib.ExitStack() as stack:
         stack.enter_context(_tf_internals.fresh_variable_scope_counts())
         # A Keras loss object's value is its replica's batch mean, as tf.compat.v1.losses'.

@@ -42,9 +42,8 @@ EMA_REFUSAL = (
     "model_fn called tf.compat.v1.train.ExponentialMovingAverage(...).apply(...), whose "
     "shadow variables and their update op need TF1's graph collections and session, so "
     "the average would silently never be kept: remove the ExponentialMovingAverage lines "
-    "(and evaluate the trained weights), or train with a Keras optimizer that keeps one: "
-    "TPUEstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(lr, use_ema=True, "
-    "ema_momentum=decay))")
+    "(and the ema.average(...) reads), so that the trained weights themselves are "
+    "evaluated, predicted with and exported")
 
 
 @dataclasses.dataclass

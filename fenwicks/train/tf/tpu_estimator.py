@@ -25,8 +25,11 @@ outside Keras and ``tf.compat.v1.get_variable`` (``tf.compat.v1.layers``, a hand
 ``tf.Variable``), graph collections (``tf.compat.v1.get_collection``: Keras layers apply
 their own batch-norm updates and regularisers), ``train_op``s of stock TF1 optimizers
 other than GradientDescent, Momentum and Adam (pass ``optimizer=`` instead), metrics that
-are not a ratio of per-example sums (``auc``), ``SessionRunHook``s. A TF1 optimizer of a
-program's own (BERT's AdamWeightDecayOptimizer) runs as written. Arguments that have no
+are not a ratio of per-example sums (``auc``), ``SessionRunHook``s, ``tf.summary`` and
+``ExponentialMovingAverage`` in a model_fn, ``Scaffold(init_fn=...)``. Gradient code
+(``tf.gradients``, clipping, ``apply_gradients``, ``CrossShardOptimizer``) trains as TF1
+trained it (`fenwicks.train.tf.tf1_gradients`), and a TF1 optimizer of a program's own
+(BERT's AdamWeightDecayOptimizer) runs as written. Arguments that have no
 effect here (``host_call``, ``RunConfig(session_config=)``, ...) give one warning each.
 On the jax engine the front door is refused at construction, in one sentence
 (`Engine.tf1_model_fn_refusal`), before this module is imported: ``fw.train.TPUEstimator``
@@ -56,6 +59,7 @@ from fenwicks.train.tf.model_fn_runner import Runner, Serving, finish_metrics
 from fenwicks.train.tf.tf1_config import (
     DEVICE_WHY,
     ENGINE_MODE_OF,
+    InputPipelineConfig,
     RunConfig,
     TPUEstimatorSpec,
     WarmStartSettings,
@@ -77,14 +81,18 @@ class TPUEstimator:
             ``config.model_dir``, else a new temporary directory (with a warning).
         config: a `RunConfig`. Defaults to ``RunConfig()``.
         params: a dict given to every input_fn and model_fn, beside ``'batch_size'``
-            (the current mode's: per replica for the training input_fn and the model_fn,
-            per host for evaluation and prediction input_fns, as TPUEstimator gave
-            them), ``'num_shards'`` and ``'num_replicas'``
-            (the replica count), ``'use_tpu'`` and Fenwicks' own keys
-            (`fenwicks.train.inputs.make_params`).
-        use_tpu, eval_on_tpu, export_to_tpu, export_to_cpu, batch_axis: accepted; the
-            accelerator is `fw.accel`'s (``fw.accel.configure`` chooses another), and a
-            ``use_tpu`` that says otherwise gives a warning, once.
+            (the model_fn's: per replica; each input_fn's: by TPUEstimator's rule for
+            ``TPUConfig(per_host_input_for_training=...)``, `InputPipelineConfig`),
+            ``'num_shards'`` and ``'num_replicas'`` (the replica count), ``'use_tpu'``
+            and Fenwicks' own keys (`fenwicks.train.inputs.make_params`), which the
+            params may not hold (refused, naming the key).
+        use_tpu, eval_on_tpu: accepted; the accelerator is `fw.accel`'s
+            (``fw.accel.configure`` chooses another), and a ``use_tpu`` that says
+            otherwise gives a warning, once. ``use_tpu=False`` gives input_fns the global
+            batch, as TPUEstimator on the CPU did.
+        export_to_tpu, export_to_cpu, batch_axis, export_saved_model_api_version:
+            accepted with a warning, once each, that they have no effect, when not the
+            defaults.
         train_batch_size: global training batch size. Defaults to 128.
         eval_batch_size: global evaluation batch size. Defaults to `train_batch_size`.
         predict_batch_size: global prediction batch size. Defaults to `eval_batch_size`.
@@ -156,6 +164,20 @@ class TPUEstimator:
         self.runner: Runner | None = None
         self._check_shards()
         self._check_device(use_tpu, eval_on_tpu)
+        given = {"export_to_tpu": export_to_tpu, "export_to_cpu": export_to_cpu,
+                 "batch_axis": batch_axis,
+                 "export_saved_model_api_version": export_saved_model_api_version}
+        for name, (default, why) in _IGNORED_ARGUMENTS.items():
+            if given[name] != default:
+                warn_once(f"TPUEstimator.{name}", f"TPUEstimator({name}={given[name]!r}) "
+                          f"has no effect and is ignored: {why}")
+        if (self.config.tpu_config.per_host_input_for_training == InputPipelineConfig.BROADCAST
+                and self.num_replicas > 1):
+            raise ValueError(
+                f"per_host_input_for_training=BROADCAST gives each of the {self.num_replicas}"
+                " replicas a whole copy of every batch, which Fenwicks' engine does not do "
+                "(each replica gets its own slice): use InputPipelineConfig.PER_HOST_V2, "
+                "whose input_fn gets params['batch_size'] per replica")
 
     def _check_shards(self) -> None:
         wanted = self.config.tpu_config.num_shards or self.params.get("num_shards")
@@ -403,6 +425,15 @@ class TPUEstimator:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+
+# TPUEstimator arguments that change nothing here: their defaults, and why.
+_EXPORT_WHY = ("export_saved_model writes one SavedModel of the PREDICT mode, which serves "
+               "on the CPU or any device")
+_IGNORED_ARGUMENTS = {
+    "export_to_tpu": (True, _EXPORT_WHY), "export_to_cpu": (True, _EXPORT_WHY),
+    "export_saved_model_api_version": (None, _EXPORT_WHY),
+    "batch_axis": (None, "the batch is the first axis of every feature, split between the "
+                         "replicas")}
 
 # The params keys the front door sets for every input_fn and model_fn, and what they say
 # (batch_size and num_shards: see __init__ and _check_shards).
