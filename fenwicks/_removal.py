@@ -43,7 +43,8 @@ WORK_DIR_PATTERNS = (
     "checkpoint", "checkpoint.tmp*",  # tf.train.CheckpointManager's state file
     "ckpt-*",  # TensorFlow checkpoints (.index, .data-*, .corrupt, *.tempstate*)
     ".worker-*/**",  # tf/checkpointer.py: a non-chief worker's scratch checkpoint
-    "orbax/[0-9]*/**",  # jax/checkpoints.py: orbax step folders, their tmp and .corrupt
+    "orbax/[0-9]*/**",  # the jax engine's orbax step folders before the run format
+    "checkpoints/[0-9]*/**",  # run_format.py: a step (orbax), its tmp and .corrupt folders
     "fenwicks_*.json", "fenwicks_*.json.*",  # run records (input, optimizer, run format)
     "fenwicks.lock", "fenwicks.lock.*.tmp",  # train/lock.py
     "epochs.jsonl", "epochs.jsonl.tmp",  # train/history.py

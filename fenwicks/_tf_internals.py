@@ -344,6 +344,34 @@ def jax_backend_errors() -> dict[str, str]:
     return dict(getattr(xla_bridge, "_backend_errors", {}) or {})
 
 
+def keras_global_seed_generator(create: bool = False) -> Any:
+    """Keras's global ``SeedGenerator`` (the one ``keras.random`` calls without a seed
+    draw from), or None if none was made and not `create`.
+
+    Why private: Keras keeps it in ``global_state`` and makes it in
+    ``seed_generator.global_seed_generator``; no public call returns it.
+    """
+    if create:
+        from keras.src.random import seed_generator
+
+        return seed_generator.global_seed_generator()
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("global_seed_generator")
+
+
+def call_before_thread_pools_shut_down(fn: Any) -> None:
+    """Calls `fn` at interpreter exit, before ``concurrent.futures`` refuses new work.
+
+    Why private: orbax writes through thread pools, and ``concurrent.futures`` stops them
+    from ``threading._register_atexit`` hooks, which run before non-daemon threads are
+    joined and long before ``atexit``'s: a checkpoint write still running at exit then
+    fails with "cannot schedule new futures after interpreter shutdown". Only a hook
+    registered the same way (later, so it runs first) lets the write finish.
+    """
+    import threading
+
+    threading._register_atexit(fn)
 def keras_learning_rate_setting(optimizer: Any) -> Any:
     """A Keras optimizer's learning rate as given: a float variable or a schedule.
 

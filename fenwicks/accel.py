@@ -8,10 +8,10 @@ TPU images). `engine()` says which.
 The devices are detected on first use of `current()` and cached for the process, by the
 engine's own detector: on the TensorFlow engine the order is TPU VM, TPU node over the
 network, multi-worker cluster, GPUs, CPU; on the jax engine it is what ``jax.devices()``
-lists. `configure()` or the
-environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``, ``cpu``, ``cpu:8``) override
-it. ``cpu:N`` splits the CPU into N logical devices (TensorFlow's, or N JAX devices
-through ``XLA_FLAGS``): the TPU-like test mode, N cores sharing one global batch.
+lists. `configure()` or the environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``,
+``cpu``, ``cpu:8``) override it. ``cpu:N`` splits the CPU into N logical devices
+(TensorFlow's, or N JAX devices through ``XLA_FLAGS``): the TPU-like test mode, N cores
+sharing one global batch.
 
 An `Accelerator` describes devices only (kind, count, memory, precision): how an engine
 distributes over them is the engine's (the tf engine's ``tf.distribute`` strategy is
@@ -41,7 +41,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 from fenwicks import _engine, _precision, _tf_internals, _tpu_diagnosis
@@ -305,6 +305,45 @@ def engine() -> str:
         'tf'
     """
     return engine_choice().engine
+
+
+def keep_jax_off_accelerators(env: MutableMapping[str, str] | None = None) -> None:
+    """On the TensorFlow engine, keeps JAX (which orbax-checkpoint imports for the run
+    format's checkpoints) on the CPU: it must not initialise a GPU nor preallocate most
+    of its memory, which TensorFlow needs.
+
+    JAX reads ``JAX_PLATFORMS`` when it is imported and makes its devices on first use:
+    a JAX not yet imported is imported here with ``JAX_PLATFORMS=cpu`` (and
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) set for that import only, so that processes
+    started later choose for themselves; a JAX imported earlier whose devices do not
+    exist yet is told the same through its config. Nothing on the jax engine, nor when
+    ``JAX_PLATFORMS`` was set by the user.
+
+    Example:
+        >>> keep_jax_off_accelerators()   # on the tf engine, before importing orbax
+        >>> import jax; jax.devices()[0].platform
+        'cpu'
+    """
+    env = os.environ if env is None else env
+    if engine() == "jax" or env.get("JAX_PLATFORMS"):
+        return
+    jax = sys.modules.get("jax")
+    if jax is None:
+        saved = {name: env.get(name) for name in ("JAX_PLATFORMS",
+                                                   "XLA_PYTHON_CLIENT_PREALLOCATE")}
+        env["JAX_PLATFORMS"] = "cpu"
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        try:
+            import jax  # noqa: F401 - reads JAX_PLATFORMS now, into its config
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    env.pop(name, None)
+                else:
+                    env[name] = value
+        jax = sys.modules["jax"]
+    if not _tf_internals.jax_backends_initialized():
+        jax.config.update("jax_platforms", "cpu")
 
 
 def _prepare_jax_cpu(replicas: int | None, env: Any = None) -> None:

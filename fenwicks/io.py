@@ -366,6 +366,54 @@ def listdir(path: str) -> list[str]:
     return sorted({name.rstrip("/") for name in _call(path, "listdir", gfile.listdir, path)})
 
 
+def read_bytes(path: str) -> bytes:
+    """The contents of file `path` (local or ``gs://``).
+
+    Raises:
+        FileNotFoundError: `path` does not exist (TensorFlow's NotFoundError for gs://).
+
+    Example:
+        >>> fw.io.read_bytes('gs://my-bucket/work/run/checkpoints/100/record/metadata')[:1]
+        b'{'
+    """
+    path = _check_path(path, "path")
+    if not is_gcs(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    def read() -> bytes:
+        with _gfile(path).GFile(path, "rb") as f:
+            return f.read()
+
+    return _call(path, "read", read)
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes `text` to file `path` (local or ``gs://``), replacing it.
+
+    Example:
+        >>> fw.io.write_text('gs://my-bucket/work/run/checkpoints/100/commit_success.txt', 'ok')
+    """
+    path = _check_path(path, "path")
+
+    def write() -> None:
+        with _gfile(path).GFile(path, "w") as f:
+            f.write(text)
+
+    _call(path, "write", write)
+
+
+def rename(src: str, dst: str) -> None:
+    """Renames `src` to `dst` (on ``gs://``: a copy, then the source removed), replacing
+    `dst`.
+
+    Example:
+        >>> fw.io.rename('/tmp/run/checkpoints/100', '/tmp/run/checkpoints/100.corrupt')
+    """
+    src, dst = _check_path(src, "src"), _check_path(dst, "dst")
+    _call(src, "rename", _gfile(src).rename, src, dst, overwrite=True)
+
+
 def copy(src: str, dst: str, overwrite: bool = False) -> list[str]:
     """Copies file or directory `src` to `dst` (either may be ``gs://``).
 

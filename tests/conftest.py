@@ -426,6 +426,20 @@ _SLOW_ELSEWHERE = {f"tests/test_estimator.py::test_{name}" for name in (
     "per_mode",
     "tests/test_data_service.py::test_in_process_servers_divide_the_epochs_between_workers",
     "tests/test_export_dirs.py::test_the_estimators_export_keeps_the_users_files",
+    "tests/test_export_dirs.py::test_the_estimators_exports_keep_the_users_files_and_serve",
+    # A second round (the first test of a module that compiles pays for the module):
+    "tests/test_input_check.py::test_the_advice_fits_the_pipeline",
+    "tests/test_input_check.py::test_profile_steps_outside_the_call_are_errors_naming_the_"
+    "steps",
+    "tests/test_input_check.py::test_check_input_rejects_inputs_that_train_would_reject",
+    *(f"tests/test_evaluation.py::test_{name}" for name in (
+        "evaluate_sees_every_example_once_and_matches_numpy",
+        "evaluate_weights_each_example_by_its_sample_weight",
+        "evaluate_steps_counts_global_batches",
+        "predict_returns_one_row_per_example_in_input_order")),
+    "tests/test_data.py::test_augmented_epochs_are_cached_and_cycled",
+    "tests/test_data.py::test_parser_names_the_dtype_and_shape_numpy_tfrecord_stored",
+    "tests/test_internals.py::test_private_names_only_in_tf_internals",
     "tests/test_transform.py::test_cutout_blanks_one_clipped_rectangle_of_the_right_area",
     "tests/test_tpu_ready.py::test_every_image_model_is_tpu_ready",
     "tests/test_internals.py::test_tests_read_no_private_name_of_fenwicks",
@@ -484,10 +498,11 @@ def pytest_collection_modifyitems(config, items):
 
 # The modules over ~20 s of one worker, longest first (measured with -n 2), so that the
 # workers finish together. The JAX engine's and the TPUEstimator front door's joined in
-# session 7 (left out, they started last and ran on alone). storage_faults, which mostly
+# session 7 (left out, they started last and ran on alone); the benchmarks' smoke runs
+# (one worker, their child processes one after the other) in session 8. storage_faults, which mostly
 # waits on deadlines, runs beside test_flagship's two busy processes.
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
-    "test_jax_engine", "test_flagship", "test_storage_faults",
+    "test_jax_engine", "test_benchmark_scripts", "test_flagship", "test_storage_faults",
     "test_jax_gcs", "test_jax_multihost", "test_faults",
     "test_tutorials", "test_callbacks", "test_estimator", "test_tpu_estimator",
     "test_blocks_jax", "test_resume_position", "test_state", "test_work_dir",

@@ -63,3 +63,4 @@ def test_one_list_built_ins_then_the_users_callbacks_then_stop_and_save():
         assert isinstance(at_end, conditions.AtEpochEnd) and end_epoch.actions is entries
     finally:
         entries.close()
+

@@ -84,8 +84,8 @@ def test_every_page_of_docs_is_in_the_navigation_and_every_entry_exists():
     with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
         config = yaml.safe_load(f)
     nav = _nav_pages(config["nav"])
-    pages = sorted(os.path.relpath(p, DOCS)
-                   for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+    pages = sorted(os.path.relpath(p, DOCS) for ext in ("md", "ipynb")
+                   for p in glob.glob(os.path.join(DOCS, "**", f"*.{ext}"), recursive=True))
     assert sorted(nav) == pages
     for module_name in REFERENCED:  # one reference page per module, by its public name
         with open(os.path.join(DOCS, "api", f"{module_name}.md"), encoding="utf-8") as f:
@@ -241,3 +241,62 @@ def test_fw_train_is_split_by_what_users_call_first(site):
     files = {path: re.findall(r"<code>[\w/]+\.py</code>", page)
              for path, page in _api_pages(site).items()}
     assert {path: names for path, names in files.items() if names} == {}
+
+
+def _nav_section(title: str) -> list[str]:
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
+        nav = yaml.safe_load(f)["nav"]
+    return next(_nav_pages(entry[title]) for entry in nav
+                if isinstance(entry, dict) and title in entry)
+
+
+def test_the_user_guide_cites_no_test_and_development_is_under_contributing():
+    """How a behaviour is tested, and maintainer notes, are on the Contributing pages;
+    the user guide says what to do (the home page's table links to the proofs page)."""
+    guide = _nav_section("User guide")
+    assert "development.md" not in guide and "reliability.md" not in guide
+    assert {"development.md", "proofs.md", "reliability.md"} <= set(_nav_section("Contributing"))
+    cited = []
+    for page in guide:
+        with open(os.path.join(DOCS, page), encoding="utf-8") as f:
+            cited += [f"{page}:{n}: {line.strip()}" for n, line in enumerate(f, 1)
+                      if re.search(r"\btests/|\btest_\w+\.py\b|tools/tf_matrix", line)]
+    assert cited == []
+
+
+# Each tutorial and the guide page of its topic, which links to it.
+TUTORIAL_TOPICS = {"01": "estimator.md", "02": "models.md", "03": "platforms.md",
+                   "04": "input.md", "05": "models.md", "06": "estimator.md",
+                   "07": "input.md", "08": "performance.md"}
+
+
+def test_each_tutorial_is_linked_from_the_home_page_and_its_guide_page():
+    names = sorted(n for n in os.listdir(os.path.join(ROOT, "tutorials")) if n.endswith(".ipynb"))
+    assert sorted(TUTORIAL_TOPICS) == [n[:2] for n in names]
+    assert sorted(p for p in _nav_section("Tutorials")) == [f"tutorials/{n}" for n in names]
+    for name in names:
+        for page in ("index.md", TUTORIAL_TOPICS[name[:2]]):
+            with open(os.path.join(DOCS, page), encoding="utf-8") as f:
+                assert f"(tutorials/{name})" in f.read(), f"{page} does not link {name}"
+
+
+def test_the_tutorials_are_pages_of_the_site_with_their_outputs(site):
+    names = sorted(n[:-6] for n in os.listdir(os.path.join(ROOT, "tutorials"))
+                   if n.endswith(".ipynb"))
+    with open(os.path.join(site, "index.html"), encoding="utf-8") as f:
+        home = f.read()
+    for name in names:
+        with open(os.path.join(site, "tutorials", name, "index.html"), encoding="utf-8") as f:
+            page = f.read()
+        assert "data:image/png" in page, f"{name}: no plot of its SMOKE run"
+        assert "Run time" in page and "What this page shows" in page, name
+        assert f'href="tutorials/{name}/"' in home, f"the home page does not link {name}"
+    with open(os.path.join(site, "search", "search_index.json"), encoding="utf-8") as f:
+        assert "your own images" in f.read().lower()  # tutorial 7 is found by search
+    # The "Why Fenwicks" table: each row links to what shows it.
+    why = home.split('id="why-fenwicks"', 1)[1].split("</table>", 1)[0]
+    assert why.count('href="proofs/#') == why.count("<tr>") - 1 == 6
+    with open(os.path.join(site, "proofs", "index.html"), encoding="utf-8") as f:
+        proofs = f.read()
+    for anchor in re.findall(r'href="proofs/#([^"]+)"', why):
+        assert f'id="{anchor}"' in proofs, anchor

@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import lock
+from fenwicks.train import input_record, lock
 from tests import _faults, _flagship
 from tests.conftest import run_json, run_process, start_process
 
@@ -111,38 +111,30 @@ def uninterrupted_30(tmp_path_factory):
     return Trainer(tmp_path_factory.mktemp("reference") / "run", 30).result()
 
 
-# Kill windows x checkpoint modes: async (the default: the background writer is killed
-# while training goes on) in both windows, and sync in one.
-MID_SAVE = [("before the state file", "async"), ("before the merge", "async"),
-            ("before the state file", "sync")]
-
-
-@pytest.mark.parametrize(("window", "mode"), MID_SAVE)
+# Checkpoint modes: async (the default: the background writer is killed while training
+# goes on) and sync.
+@pytest.mark.parametrize("mode", ["async", "sync"])
 def test_killed_mid_save_restarts_from_the_previous_complete_checkpoint(
-        tmp_path, window, mode, uninterrupted_30):
+        tmp_path, mode, uninterrupted_30):
     work = tmp_path / "run"
     sync = {"FAULTS_SYNC": "1"} if mode == "sync" else {}
-    if window == "before the state file":  # ckpt-10's files written, not yet named
-        trainer, marker = Trainer(work, 30, FAULTS_SLOW_STATE="120", **sync), "STATE_UPDATE"
-    else:  # ckpt-10's shards in ckpt-10_temp/, not yet merged
-        trainer, marker = Trainer(work, 30, FAULTS_SLOW_MERGE="120", **sync), "MERGE"
-    trainer.wait_for(f"{marker} ckpt-10")
-    at = trainer.lines.index(f"{marker} ckpt-10") + 1  # then the thread that writes it
-    _wait_until(lambda: len(trainer.lines) > at)
-    writer = trainer.lines[at]
-    assert writer == ("IN_THREAD MainThread" if mode == "sync" else
-                      "IN_THREAD fenwicks checkpoint writer (ckpt-10)")
+    # Step 10's files written (in orbax's temporary folder), not yet committed.
+    trainer = Trainer(work, 30, FAULTS_SLOW_COMMIT="120", **sync)
+    trainer.wait_for("COMMIT 10")
+    writer = next(line for line in trainer.lines if line.startswith("WRITE 10 "))
+    assert writer == ("WRITE 10 IN_THREAD MainThread" if mode == "sync" else
+                      "WRITE 10 IN_THREAD fenwicks checkpoint writer 10")
     trainer.proc.send_signal(signal.SIGKILL)
     trainer.finish()
-    leftover = work / ("ckpt-10.index" if window == "before the state file"
-                       else "ckpt-10_temp")
-    assert leftover.exists()
+    leftover = list((work / "checkpoints").glob("10.orbax-checkpoint-tmp*"))
+    assert leftover and (leftover[0] / "state").is_dir()
     assert _faults.latest_step(str(work)) == 5
     restart = Trainer(work, 30)
     out = restart.result()
     assert out["start"] == 5 and out["step"] == 30
-    if window == "before the merge":  # the partial save is removed at the next start
-        assert not leftover.exists() and "ckpt-10_temp, the partial files" in restart.stderr
+    # the partial save is removed at the next start, by name
+    assert not leftover[0].exists()
+    assert f"{leftover[0]}, the partial files" in restart.stderr
     _assert_same_weights(out, uninterrupted_30)
 
 
@@ -153,15 +145,17 @@ def test_killed_mid_async_save_on_gcs_restarts_from_the_previous_checkpoint(
     def in_namespace(args, env):
         return gcs_emulator.start_module(*args[1:], env=env)
 
-    trainer = Trainer(work, 30, start=in_namespace, FAULTS_SLOW_STATE="120")
-    trainer.wait_for("STATE_UPDATE ckpt-10")  # its data and index are in the bucket
+    trainer = Trainer(work, 30, start=in_namespace, FAULTS_SLOW_COMMIT="120")
+    trainer.wait_for("COMMIT 10")  # its files are in the bucket, not its marker
     trainer.proc.send_signal(signal.SIGKILL)
     trainer.finish()
     listed = gcs_emulator.run_json(f"""
-import json, tensorflow as tf
-print(json.dumps([tf.train.latest_checkpoint({work!r}),
-                  tf.io.gfile.exists({work!r} + "/ckpt-10.index")]))""")
-    assert listed == [work + "/ckpt-5", True]  # written, but never named the latest
+import json
+import fenwicks as fw
+from tests import _faults
+print(json.dumps([_faults.latest_step({work!r}),
+                  fw.io.exists({work!r} + "/checkpoints/10/state")]))""")
+    assert listed == [5, True]  # written, but never committed
     out = Trainer(work, 30, start=in_namespace).result()
     assert out["start"] == 5 and out["step"] == 30
     _assert_same_weights(out, uninterrupted_30)
@@ -197,7 +191,7 @@ def _estimator(work_dir, **kwargs):
 
 @pytest.fixture(scope="module")
 def trained_twice(tmp_path_factory):
-    """ckpt-5 and ckpt-10, trained once for the module's tests (each spoils a copy)."""
+    """Steps 5 and 10, trained once for the module's tests (each spoils a copy)."""
     work = tmp_path_factory.mktemp("two_checkpoints") / "run"
     x, y = _flagship.digits("mnist_net")
     est = _estimator(work)
@@ -210,7 +204,7 @@ def trained_twice(tmp_path_factory):
 
 @pytest.fixture
 def two_checkpoints(trained_twice, tmp_path):
-    """A work_dir of its own holding ckpt-5 and ckpt-10, and the variables at step 5."""
+    """A work_dir of its own holding steps 5 and 10, and the variables at step 5."""
     source, at_five, data = trained_twice
     shutil.copytree(source, tmp_path / "run")
     return tmp_path / "run", at_five, data
@@ -229,16 +223,17 @@ def _flip_bytes(path, count=16):
     path.write_bytes(bytes(raw))
 
 
-DATA, INDEX = "ckpt-10.data-00000-of-00001", "ckpt-10.index"
-DAMAGES = {  # what is done to ckpt-10, and the file the warning must name
-    "flipped data bytes": (lambda work: _flip_bytes(work / DATA), DATA),
-    "data one byte short": (lambda work: _truncate(work / DATA, 1), DATA),
-    "empty data file": (lambda work: _truncate(work / DATA, None), DATA),
-    "missing data file": (lambda work: (work / DATA).unlink(), DATA),
-    "truncated index": (lambda work: _truncate(work / INDEX, 40, keep=True), INDEX),
-    "empty index": (lambda work: _truncate(work / INDEX, None), INDEX),
-    "missing index": (lambda work: (work / INDEX).unlink(), INDEX),
-}
+def _step(work, step=10):
+    return work / "checkpoints" / str(step)
+
+
+def _data(work, step=10):
+    """The largest data file of a step: the arrays' bytes."""
+    return max((_step(work, step) / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+
+
+def _record(work):
+    return _step(work) / "record" / "metadata"
 
 
 def _truncate(path, count, keep=False):
@@ -247,48 +242,116 @@ def _truncate(path, count, keep=False):
     path.write_bytes(b"" if count is None else raw[:count] if keep else raw[:-count])
 
 
+def _empty_folder(path):
+    shutil.rmtree(path)
+    path.mkdir()
+
+
+DAMAGES = {  # what is done to step 10, and what the warning must say about it
+    "flipped data bytes": (lambda work: _flip_bytes(_data(work)), "does not match the checksum"),
+    "data cut in half": (lambda work: _truncate(_data(work), _data(work).stat().st_size // 2,
+                                                keep=True), "arrays cannot be read"),
+    "empty data file": (lambda work: _truncate(_data(work), None), "arrays cannot be read"),
+    "missing data file": (lambda work: _data(work).unlink(), "arrays cannot be read"),
+    "garbled _METADATA": (lambda work: _flip_bytes(_step(work) / "state" / "_METADATA"),
+                          "arrays cannot be read"),
+    "missing state folder": (lambda work: shutil.rmtree(_step(work) / "state"),
+                             "arrays cannot be read"),
+    "emptied state folder": (lambda work: _empty_folder(_step(work) / "state"),
+                             "arrays cannot be read"),
+    "record cut short": (lambda work: _truncate(_record(work), 40, keep=True), "run record"),
+    "empty record": (lambda work: _truncate(_record(work), None), "run record"),
+    "null record": (lambda work: _record(work).write_text("null"), "run record"),
+    "missing record": (lambda work: _record(work).unlink(), "run record"),
+}
+
+
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_with_a_warning(
         two_checkpoints, damage, caplog):
     work, at_five, data = two_checkpoints
-    spoil, named = DAMAGES[damage]
+    spoil, why = DAMAGES[damage]
     spoil(work)
     with caplog.at_level(logging.WARNING, logger="fenwicks"):
         est = _reopen(work, data)
     assert est.global_step == 5
     for got, want in zip(est.model.variables, at_five, strict=True):
         np.testing.assert_array_equal(np.asarray(got), want)
-    assert "ckpt-10 is unreadable" in caplog.text and "ckpt-5" in caplog.text
-    assert f"{work / named} is" in caplog.text  # the damaged file, by name
-    assert list(work.glob("ckpt-10.*.corrupt"))  # kept, not deleted
-    assert tf.train.latest_checkpoint(str(work)).endswith("ckpt-5")
+    assert f"{_step(work)} is unreadable" in caplog.text
+    assert f"resumed from the older {_step(work, 5)}" in caplog.text
+    assert why in caplog.text
+    assert (work / "checkpoints" / "10.corrupt").is_dir()  # kept, not deleted
+    assert _faults.latest_step(str(work)) == 5
 
 
-def test_a_full_temp_dir_is_not_taken_for_damaged_checkpoints(two_checkpoints, small_disk,
-                                                              monkeypatch):
+def test_a_damaged_record_with_another_trn_bs_is_not_trained_on(two_checkpoints, caplog):
+    """The record deleted, then a resume with another trn_bs: before the run format,
+    training went on silently from step 10 and rewrote the record."""
     work, _, data = two_checkpoints
+    _record(work).unlink()
+    est = _estimator(work, trn_bs=2 * _flagship.GLOBAL_BATCH)
+    with pytest.raises(input_record.BatchSizeChangedError,
+                       match=rf"trn_bs={2 * _flagship.GLOBAL_BATCH} differs from the "
+                             rf"trn_bs={_flagship.GLOBAL_BATCH}"):
+        est.train(_flagship.train_input(*data), steps=1)
+    assert est.global_step == 5  # step 5, the intact one, was restored and checked
+
+
+def test_a_read_only_record_cannot_be_met_by_a_fresh_run(tmp_path):
+    """Before the run format a read-only ``fenwicks_input.json`` in a fresh work_dir gave
+    TensorFlow's raw PermissionDeniedError; a fresh run now reads nor writes any such file."""
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "fenwicks_input.json").write_text('{"train_batch_size": 32}')
+    (work / "fenwicks_input.json").chmod(0o444)
+    x, y = _flagship.digits("mnist_net")
+    est = _estimator(work)
+    est.train(_flagship.train_input(x, y), steps=5)
+    assert _faults.latest_step(str(work)) == 5
+    assert (work / "fenwicks_input.json").read_text() == '{"train_batch_size": 32}'
+
+
+def _legacy_tf(tmp_path):
+    """A work_dir of TensorFlow checkpoints (before the run format): ckpt-21."""
+    from tests.test_legacy_work_dirs import LEGACY
+
+    work = tmp_path / "legacy"
+    shutil.copytree(LEGACY / "tf", work)
+    return work
+
+
+def _reopen_legacy(work):
+    from tests import _cross_engine
+
+    est = _cross_engine.estimator(str(work))
+    est.evaluate(_cross_engine.inputs()[1])
+    return est
+
+
+def test_a_full_temp_dir_is_not_taken_for_damaged_checkpoints(tmp_path, small_disk,
+                                                              monkeypatch):
+    """TensorFlow checkpoints (an old work_dir) are restored after a probe write."""
+    work = _legacy_tf(tmp_path)
     _fill(small_disk, leave_bytes=0)
     monkeypatch.setattr(tempfile, "tempdir", str(small_disk))  # as TMPDIR=<tiny tmpfs>
     before = sorted(os.listdir(work))
     with pytest.raises(fw.train.ProbeWriteError, match=rf"{small_disk}.*This is not about "
                                                        r"your checkpoints: nothing in the "
                                                        r"work_dir was read, changed"):
-        _reopen(work, data)
+        _reopen_legacy(work)
     assert sorted(os.listdir(work)) == before  # nothing set aside as corrupt
 
 
-def test_a_file_size_limit_is_not_taken_for_damaged_checkpoints(two_checkpoints):
+def test_a_file_size_limit_is_not_taken_for_damaged_checkpoints(tmp_path):
     """``ulimit -f``: the 20 kB probe cannot be written; the checkpoints are fine."""
-    work, _, _ = two_checkpoints
+    work = _legacy_tf(tmp_path)
     before = sorted(os.listdir(work))
     out = run_json(f"""
 import json, resource
-import fenwicks as fw
-from tests import _flagship
+from tests import _cross_engine
 resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))  # as ulimit -f 10 (kB)
-x, y = _flagship.digits("mnist_net")
 try:
-    _flagship.estimator("mnist_net", {str(work)!r}).evaluate(_flagship.eval_input(x, y))
+    _cross_engine.estimator({str(work)!r}).evaluate(_cross_engine.inputs()[1])
     print(json.dumps(None))
 except Exception as err:
     print(json.dumps([type(err).__name__, str(err)]))
@@ -301,19 +364,21 @@ except Exception as err:
 def test_no_readable_checkpoint_is_a_clear_error_that_changes_nothing(two_checkpoints):
     work, _, data = two_checkpoints
     for step in (5, 10):
-        _flip_bytes(work / f"ckpt-{step}.data-00000-of-00001")
-    before = sorted(os.listdir(work))
-    with pytest.raises(fw.train.CheckpointCorruptError, match="none can be read"):
+        _flip_bytes(_data(work, step))
+    before = sorted(p.relative_to(work) for p in work.rglob("*"))
+    with pytest.raises(fw.train.CheckpointCorruptError,
+                       match=r"lists 2 checkpoint\(s\) and none can be read.*checkpoints/10: "
+                             r"the array of .*does not match the checksum"):
         _reopen(work, data)
-    assert sorted(os.listdir(work)) == before
+    assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
 
 
-def test_a_damaged_state_file_finds_the_checkpoints_by_name(two_checkpoints, caplog):
-    work, _, data = two_checkpoints
+def test_a_damaged_state_file_finds_the_checkpoints_by_name(tmp_path, caplog):
+    work = _legacy_tf(tmp_path)
     (work / "checkpoint").write_text("model_checkpoint_path: {{{ not a proto")
     with caplog.at_level(logging.WARNING, logger="fenwicks"):
-        est = _reopen(work, data)
-    assert est.global_step == 10 and "looking for checkpoints by name" in caplog.text
+        est = _reopen_legacy(work)
+    assert est.global_step == 21 and "looking for checkpoints by name" in caplog.text
 
 
 @pytest.fixture
@@ -346,13 +411,14 @@ def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_still_loads(sm
     est = _estimator(work)
     est.train(_flagship.train_input(x, y), steps=5)
     at_five = [np.asarray(v) for v in est.model.variables]
-    size = sum(p.stat().st_size for p in work.glob("ckpt-5.*"))
+    size = sum(p.stat().st_size for p in _step(work, 5).rglob("*") if p.is_file())
     filler = _fill(small_disk, leave_bytes=16 * 1024)  # room for the lock, not a checkpoint
     assert size > 16 * 1024
-    with pytest.raises(fw.train.CheckpointWriteError, match=r"ckpt-10: .*The previous "
-                                                            r"checkpoint .*ckpt-5\) is intact"):
+    with pytest.raises(fw.train.CheckpointWriteError,
+                       match=r"checkpoints/10: .*The previous checkpoint .*checkpoints/5\) "
+                             r"is intact"):
         est.train(_flagship.train_input(x, y), steps=5)
-    assert not list(work.glob("ckpt-10*"))  # partial files removed
+    assert [p.name for p in (work / "checkpoints").iterdir()] == ["5"]  # partial: removed
     reopened = _reopen(work, (x, y))
     assert reopened.global_step == 5
     for got, want in zip(reopened.model.variables, at_five, strict=True):
@@ -407,7 +473,7 @@ def test_the_lock_works_on_gcs(gcs_emulator):
     path = gcs_emulator.unique_url("lock")
     out = gcs_emulator.run_json(f"""
 import json
-from fenwicks.train import lock
+from fenwicks.train import input_record, lock
 first, second = lock.WorkDirLock({path!r}), lock.WorkDirLock({path!r})
 first.acquire()
 try:
@@ -424,11 +490,11 @@ print(json.dumps({{"refused": refused, "holder": second._read()["token"] == seco
 
 
 
-def test_every_temp_dir_full_still_gives_the_probe_message(two_checkpoints, small_disk,
+def test_every_temp_dir_full_still_gives_the_probe_message(tmp_path, small_disk,
                                                            monkeypatch):
     """Every candidate temp dir full: Python's own gettempdir() then raises too; the
     probe's message must still be built (not FileNotFoundError while making it)."""
-    work, _, data = two_checkpoints
+    work = _legacy_tf(tmp_path)
     _fill(small_disk, leave_bytes=0)
     monkeypatch.setattr(tempfile, "tempdir", None)  # forget the temp dir found before
     monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(small_disk)])
@@ -437,7 +503,7 @@ def test_every_temp_dir_full_still_gives_the_probe_message(two_checkpoints, smal
     before = sorted(os.listdir(work))
     with pytest.raises(fw.train.ProbeWriteError, match=rf"a temp dir \(every candidate is full"
                                                        rf".*No usable .*{small_disk}.*TMPDIR"):
-        _reopen(work, data)
+        _reopen_legacy(work)
     assert sorted(os.listdir(work)) == before
 
 
@@ -482,4 +548,4 @@ def test_a_full_disk_during_export_is_one_line_and_leaves_no_partial_folder(tmp_
     reloaded = tf.saved_model.load(fw.train.latest_export(str(previous)))
     got = reloaded.serve(x[:5])["predictions"].numpy()
     np.testing.assert_array_equal(got, want)
-    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-4")
+    assert _faults.latest_step(str(tmp_path / "run")) == 4

@@ -18,10 +18,12 @@ import gc
 import pathlib
 import weakref
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from fenwicks import _tf_internals
+from tests.conftest import run_json
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fenwicks"
 INTERNALS = PACKAGE / "_tf_internals.py"
@@ -375,6 +377,28 @@ def test_keras_base_optimizer_is_the_root_of_every_keras_optimizer():
             "TPUEstimator's replay of optimizers")
 
 
+def test_keras_global_seed_generator_is_found_and_made():
+    import keras
+
+    made = _tf_internals.keras_global_seed_generator(create=True)
+    assert made is _tf_internals.keras_global_seed_generator()
+    before = keras.ops.convert_to_numpy(made.state.value).copy()
+    keras.random.uniform((2,))  # draws from it, advancing its state
+    assert not np.array_equal(before, keras.ops.convert_to_numpy(made.state.value))
+
+
+def test_a_hook_before_thread_pools_shut_down_runs_before_they_refuse_work():
+    out = run_json("""
+import concurrent.futures, json, sys
+from fenwicks import _tf_internals
+pool = concurrent.futures.ThreadPoolExecutor(1)
+
+def at_exit():  # still allowed to use a thread pool (orbax's writes do)
+    sys.stdout.write(json.dumps(pool.submit(lambda: 41 + 1).result()) + "\\n")
+
+_tf_internals.call_before_thread_pools_shut_down(at_exit)
+""", fresh=True)
+    assert out == 42
 def test_keras_losses_per_replica_switches_keras_division_off():
     import keras
     from keras.src.losses import loss as module

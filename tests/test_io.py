@@ -439,7 +439,9 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
         r["listdir"] = fw.io.listdir(base + "/data/sub")
         for name in ("run/x", "run2/y", "run.txt"):
             fw.io.copy(up + "/a.txt", base + "/" + name)
-        fw.io.create_clean_dir(base + "/run")   # inside gs://$FENWICKS_BUCKET: a root
+        # Prefix safety: run2/ and run.txt share the prefix. 'x' is a user's object, so
+        # this clean needs force (the refusal: test_create_clean_dir_on_gcs_deletes_only_...).
+        fw.io.create_clean_dir(base + "/run", force=True)
         r["after_clean"] = fw.io.glob(base + "/run*") + fw.io.glob(base + "/run*/*")
         r["dirs"] = fw.io.get_project_dirs(base, "proj")
         r["dirs_exist"] = [fw.io.exists(d) for d in r["dirs"]]

@@ -50,11 +50,11 @@ def _run(work_dir, steps, val_sizes=(), devices=8, *flags, check=True):
 def _kill_then_resume(work_dir, reference) -> tuple[object, dict]:
     # The same programs as jax8's (`reference`'s): started once jax8 began its first save
     # (its training step compiled, so in the session's cache), this run reads them.
-    orbax = work_dir.parent / "jax8" / "orbax"
+    orbax = work_dir.parent / "jax8" / "checkpoints"
     while not reference.done() and not (orbax.is_dir() and any(orbax.iterdir())):
         time.sleep(0.5)
     killed = _run(work_dir, STEPS, (), 8, "--kill-during-save", check=False)
-    listing = sorted(os.listdir(work_dir / "orbax"))
+    listing = sorted(os.listdir(work_dir / "checkpoints"))
     resumed = last_json(_run(work_dir, STEPS).stdout)
     return killed, listing, resumed
 
@@ -131,7 +131,7 @@ def test_exact_evaluation_over_odd_batch_sizes(runs):
 
 
 def test_kill_during_an_async_save_then_resume_equals_the_uninterrupted_run(runs):
-    """SIGKILL while orbax writes the second checkpoint: the partial directory is never
+    """SIGKILL while orbax writes the second checkpoint: the partial folder is never
     taken for a checkpoint, the new process resumes from the last complete one (weights,
     optimizer, step, input position) and ends with the uninterrupted run's weights."""
     killed, resumed, whole = runs["killed"], runs["resumed"], runs["jax8"]
@@ -185,7 +185,7 @@ def test_sixteen_bit_precisions(runs):
 def test_demo_on_the_jax_engine_with_eight_devices(tmp_path):
     """The issue's Done-when: ``python -m fenwicks demo`` on the JAX engine over 8 host
     devices reaches the TensorFlow engine's demo accuracy (>= 0.99 of the 450 digits);
-    a second run resumes the first from its orbax checkpoint and says so."""
+    a second run resumes the first from its checkpoint and says so."""
     env = _env(8)  # 8 host devices by XLA_FLAGS: forked from conftest's JAX server
     work_dir = str(tmp_path / "demo")
     out = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,

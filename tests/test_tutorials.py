@@ -498,3 +498,33 @@ def test_a_fresh_venv_from_the_readme_install_loads_tutorial_1_data(tmp_path, tf
     assert out["train"] == [[256, 28, 28, 1], "uint8"]  # SMOKE: N_TRAIN = 256 of 300
     assert out["test"] == [[128, 28, 28, 1], "uint8"]  # N_TEST = 128 of 150
     assert out["pixels_match_labels"]
+
+
+# ------------------------------------------------- the tutorials as pages of the site
+
+PAGES = os.path.join(ROOT, "docs", "tutorials")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_site_page_is_this_notebook_run_at_its_smoke_size(name):
+    """docs/tutorials/<name> (tools/tutorial_pages.py) holds the notebook's cells as they
+    are, plus the note and the ``SMOKE = True`` cell, with the outputs of that run."""
+    nb, page = _read(name), nbformat.read(os.path.join(PAGES, name), as_version=4)
+    (index,) = _parameters_cells(nb)
+    expected = [cell.source for cell in nb.cells]
+    expected[index + 1:index + 1] = ["SMOKE = True  # the size of this page's run"]
+    expected.insert(1, page.cells[1].source)
+    assert [cell.source for cell in page.cells] == expected, "run tools/tutorial_pages.py"
+    assert page.cells[1].source.startswith('!!! note "What this page shows"')
+    outputs = [out for cell in page.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert outputs and not [out for out in outputs if out.output_type == "error"]
+    assert any("image/png" in out.get("data", {}) for out in outputs), "its plots"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_each_tutorial_states_its_run_time_at_its_top(name):
+    top = _read(name).cells[0].source
+    assert re.search(r"^- Default size, on a CPU: ", top, re.M), top[:600]
+    assert re.search(r"^- On a GPU or a TPU: ", top, re.M)
+    assert re.search(r"^- The `SMOKE` size .*set `SMOKE = True` in the Parameters cell:\s+"
+                     r"\d+ s on a\s+2-core CPU", top, re.M | re.S), top[:600]

@@ -54,7 +54,7 @@ def test_a_k_fold_loop_that_cleans_the_work_dir_trains_each_fold_from_scratch(
         steps.append(est.global_step)
     assert steps == [10, 10]  # not 20: the second fold did not continue the first
     assert caplog.text.count("starting from a fresh initialisation") == 1
-    assert "no longer holds checkpoint" in caplog.text and "ckpt-10" in caplog.text
+    assert "no longer holds checkpoint" in caplog.text and "checkpoints/10" in caplog.text
     fresh = _estimator(str(tmp_path / "fresh"))  # fold 2 by an estimator of its own
     fresh.train(_fold_input(x, y, 1), steps=10)
     _assert_same(_values(est), _values(fresh))
@@ -65,18 +65,18 @@ def test_checkpoints_replaced_by_another_runs_are_restored(tmp_path, digits):
     x, y = digits
     work, other_dir = tmp_path / "run", tmp_path / "other"
     est = _estimator(str(work))
-    est.train(_fold_input(x, y, 0), steps=10)  # ckpt-10 of this run
+    est.train(_fold_input(x, y, 0), steps=10)  # step 10 of this run
     other = _estimator(str(other_dir))
-    other.train(_fold_input(x, y, 1), steps=10)  # another run's ckpt-10: the same name
-    own = os.stat(work / "ckpt-10.index")
+    other.train(_fold_input(x, y, 1), steps=10)  # another run's step 10: the same name
+    step = work / "checkpoints" / "10"
+    own = os.stat(step / "_CHECKPOINT_METADATA")
     fw.io.create_clean_dir(str(work), force=True)
-    for path in other_dir.glob("ckpt-10.*"):
-        shutil.copy(path, work)
-    shutil.copy(other_dir / "checkpoint", work)
-    # The copy looks like the file it replaced: same name, same size (same model) and,
-    # as when both runs wrote within one second, the same time stamp.
-    assert os.stat(work / "ckpt-10.index").st_size == own.st_size
-    os.utime(work / "ckpt-10.index", ns=(own.st_atime_ns, own.st_mtime_ns))
+    shutil.copytree(other_dir / "checkpoints" / "10", step)
+    # The copy looks like the step it replaced: same name, same metadata size (same
+    # model) and, as when both runs wrote within one second, the same time stamps.
+    assert os.stat(step / "_CHECKPOINT_METADATA").st_size == own.st_size
+    for path in [step, *step.rglob("*")]:
+        os.utime(path, ns=(own.st_atime_ns, own.st_mtime_ns))
     est.train(_fold_input(x, y, 1), steps=5)
     other.train(_fold_input(x, y, 1), steps=5)
     assert est.global_step == other.global_step == 15
@@ -149,7 +149,7 @@ def test_work_dir_export_dir_and_warm_start_accept_paths_and_expand_home(
     est = _estimator(pathlib.Path("~/runs/digits"))
     assert est.config.work_dir == str(tmp_path / "home" / "runs" / "digits")
     est.train(flagship.train_input(x, y), steps=5)
-    assert (tmp_path / "home" / "runs" / "digits" / "ckpt-5.index").exists()
+    assert (tmp_path / "home" / "runs" / "digits" / "checkpoints" / "5" / "state").is_dir()
     assert not (tmp_path / "~").exists()  # never a folder literally named '~'
     warm = _estimator(str(tmp_path / "warm"), warm_start_from=pathlib.Path("~/runs/digits"))
     warm.train(flagship.train_input(x, y), steps=1)
@@ -188,20 +188,24 @@ def test_a_work_dir_deleted_while_training_stops_it_by_name_and_is_not_recreated
     assert not work.exists(), sorted(str(p.relative_to(work)) for p in work.rglob("*"))
 
 
-def test_a_checkpoint_state_file_pointing_outside_the_work_dir_is_refused(tmp_path, digits):
-    """A downloaded or shared work_dir whose ``checkpoint`` file names another folder's
-    checkpoint: restoring it silently loaded that folder's weights."""
-    x, y = digits
+def test_a_checkpoint_state_file_pointing_outside_the_work_dir_is_refused(tmp_path):
+    """A downloaded or shared work_dir of TensorFlow checkpoints (written before the run
+    format) whose ``checkpoint`` file names another folder's checkpoint: restoring it
+    silently loaded that folder's weights."""
+    from tests import _cross_engine
+    from tests.test_legacy_work_dirs import LEGACY
+
     other, work = tmp_path / "other", tmp_path / "run"
-    _estimator(other).train(flagship.train_input(x, y), steps=5)
-    _estimator(work).train(flagship.train_input(x, y), steps=3)
-    (work / "checkpoint").write_text(f'model_checkpoint_path: "{other}/ckpt-5"\n'
-                                     f'all_model_checkpoint_paths: "{other}/ckpt-5"\n')
+    shutil.copytree(LEGACY / "tf", other)
+    shutil.copytree(LEGACY / "tf", work)
+    (work / "checkpoint").write_text(f'model_checkpoint_path: "{other}/ckpt-21"\n'
+                                     f'all_model_checkpoint_paths: "{other}/ckpt-21"\n')
     before = sorted(os.listdir(other))
+    eval_fn = _cross_engine.inputs()[1]
     with pytest.raises(fw.train.tf.checkpoints.ForeignCheckpointError,
                        match=rf"{work}/checkpoint names checkpoint\(s\) outside the "
-                             rf"work_dir: {other}/ckpt-5\..*delete {work}/checkpoint"):
-        _estimator(work).evaluate(flagship.eval_input(x, y))
+                             rf"work_dir: {other}/ckpt-21\..*delete {work}/checkpoint"):
+        _cross_engine.estimator(str(work)).evaluate(eval_fn)
     assert sorted(os.listdir(other)) == before
     (work / "checkpoint").unlink()  # the fix the message gives
-    assert _estimator(work).evaluate(flagship.eval_input(x, y))["global_step"] == 3
+    assert _cross_engine.estimator(str(work)).evaluate(eval_fn)["global_step"] == 21

@@ -2,6 +2,7 @@
 its outputs kept, written to ``docs/tutorials/`` (mkdocs-jupyter shows them as they are).
 
     python tools/tutorial_pages.py            # every tutorial; or name some: 01 05
+    python tools/tutorial_pages.py --text     # only the prose: markdown cells copied over
 
 Each notebook of ``tutorials/`` runs in a Jupyter kernel of this interpreter with
 ``SMOKE = True`` injected after its parameters cell, ``FENWICKS_ROOT`` in a temporary
@@ -94,7 +95,23 @@ def run(name: str, data_dir: str, cpu: str) -> float:
     return seconds
 
 
+def copy_text(name: str) -> None:
+    """The page's markdown cells replaced by the notebook's (prose changes no output)."""
+    nb = nbformat.read(os.path.join(TUTORIALS, name), as_version=4)
+    path = os.path.join(PAGES, name)
+    page = nbformat.read(path, as_version=4)
+    by_id = {cell.id: cell for cell in nb.cells}
+    for cell in page.cells:
+        if cell.cell_type == "markdown" and cell.id in by_id:
+            cell.source = by_id[cell.id].source
+    nbformat.write(page, path)
+
+
 def main(argv: list[str]) -> int:
+    if "--text" in argv:
+        for name in sorted(n for n in os.listdir(PAGES) if n.endswith(".ipynb")):
+            copy_text(name)
+        return 0
     sys.path.insert(0, ROOT)
     from fenwicks.accel import cpu_name
 

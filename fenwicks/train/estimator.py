@@ -328,7 +328,7 @@ class Estimator:
         building.check_labels(self._engine, self._state.spec, probe.dataset)
         position = self._state.input_position
         input_record.check(self.config.work_dir, self.config.train_batch_size, position,
-                           write=self._state.is_chief)
+                           self._state.restored_record)
         return self._inputs.train_iterator(input_fn, position)
 
     def _build_for(self, input_fn: InputFn, mode: str) -> None:

@@ -2,10 +2,16 @@
 counters, built once and restored from ``work_dir``, the work_dir lock, and the summary
 writers.
 
-Checkpoints belong to the run's `fenwicks.train.checkpointing.Checkpointer`, built by
-the engine's subclass with the model. `RunState` restores through it and waits for it;
-it never saves: the controller's `save_policy.SavePolicy` does. `RunState` knows nothing
-of loops, inputs or callbacks; the estimator, the controller and its actions call it.
+Checkpoints are the run format's (`fenwicks.train.run_format`: Keras's state tree as
+NumPy arrays plus the run record, through orbax), the same for both engines, so a run
+stopped on one engine continues on the other. They belong to the run's
+`run_format.RunCheckpointer`, which `RunState.make_checkpointer` builds with the model.
+An engine's subclass supplies only how its variables reach the host and go back
+(`snapshot`, `to_host`, `scatter`: `run_format.EngineArrays`), how its counters are set
+(`set_counters`), and a reader of its previous checkpoint format, for old work_dirs.
+`RunState` restores and waits; it never saves: the controller's `save_policy.SavePolicy`
+does. `RunState` knows nothing of loops, inputs or callbacks; the estimator, the
+controller and its actions call it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import tensorflow as tf  # tf.summary: TensorBoard's writers, on both engines
 from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
-from fenwicks.train import building, checkpointing, cross_engine, lock
+from fenwicks.train import building, checkpointing, cross_engine, lock, run_format
 from fenwicks.train.checkpointing import Checkpointer
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
@@ -51,7 +57,8 @@ class RunState(abc.ABC):
 
     Engine-neutral: each engine subclasses it (`fenwicks.train.tf.state.TFRunState`,
     `fenwicks.train.jax.state.JaxRunState`) with how its variables and counters are
-    built, restored and counted.
+    built, gathered to host arrays and scattered back (`snapshot`, `to_host`,
+    `scatter`, `set_counters`).
 
     Args:
         model_func: ``params -> ModelSpec``.
@@ -81,6 +88,7 @@ class RunState(abc.ABC):
         self._lock: lock.WorkDirLock | None = None
         self._writers: dict[str, Any] = {}
         self._checkpointer: Checkpointer | None = None
+        self._groups: dict[str, list[Any]] = {}  # the Keras variables of a checkpoint
 
     # ---------------------------------------------------------------- what is built
 
@@ -131,9 +139,88 @@ class RunState(abc.ABC):
     def build(self, features_spec: Any, params: dict) -> None:
         """Creates model, optimizer and step counters; restores or warm-starts them."""
 
-    def remove_partial_saves(self, work_dir: str) -> None:  # noqa: B027 - optional hook
-        """Removes what a killed process left of a save in `work_dir` (before training).
-        Defaults to nothing: a checkpoint format that never leaves any."""
+    # ---------------------------------------------------------------- the run format
+    # What an engine supplies to write and read the run format (`run_format.EngineArrays`;
+    # the TensorFlow and JAX engines do; an engine with a checkpointer of its own, such as
+    # the reference engine's, need not).
+
+    def snapshot(self) -> Any:
+        """The variables' values now, in copies no later step changes (may be device-side
+        copies still on their way: `to_host` waits for them)."""
+        raise NotImplementedError(f"the {self.engine} engine does not write the run format")
+
+    def to_host(self, frozen: Any) -> run_format.StateTree:
+        """A `snapshot` as NumPy arrays, ``{group: [array, ...]}`` in
+        `run_format.GROUPS`' order (in the writer's thread for an async save)."""
+        raise NotImplementedError(f"the {self.engine} engine does not write the run format")
+
+    def scatter(self, tree: run_format.StateTree) -> None:
+        """Puts host arrays back into the variables, on this engine's devices."""
+        raise NotImplementedError(f"the {self.engine} engine does not read the run format")
+
+    def set_counters(self, step: int, input_steps: int) -> None:
+        """Sets the global step and the input position (a restored run record's)."""
+        raise NotImplementedError(f"the {self.engine} engine does not read the run format")
+
+    # What is the same on every engine:
+
+    def layout(self) -> dict[str, list[list]]:
+        """``{group: [[path, shape, dtype], ...]}`` of the variables a step holds."""
+        return run_format.layout_of(self._groups)
+
+    def record(self) -> dict:
+        """The run record of the live state (`run_format.make_record`)."""
+        return run_format.make_record(
+            engine=self.engine, step=self.global_step, input_steps=self.input_position,
+            train_batch_size=self.config.train_batch_size, layout=self.layout())
+
+    def apply_record(self, record: dict) -> None:
+        """Sets counters and Keras's global seed state from a restored run record, and
+        says so in one line when another engine wrote it."""
+        self.set_counters(record["step"], record["input_steps"])
+        run_format.set_global_seed_state(record.get("seed"))
+        if record["engine"] != self.engine:
+            logger.warning(
+                "fenwicks: %s was trained on the %s; this run continues from its step %d "
+                "on the %s (optimizer slots, input position and learning-rate schedule "
+                "restored)", self.config.work_dir, run_format.title(record["engine"]),
+                record["step"], run_format.title(self.engine))
+
+    @property
+    def restored_record(self) -> dict | None:
+        """The run record of the step restored, or None (a fresh run, or a checkpoint of
+        an engine's previous format)."""
+        checkpointer = self._checkpointer
+        return getattr(checkpointer, "restored_record", None)
+
+    def make_checkpointer(self, groups: dict[str, list[Any]], *, writes: bool,
+                          processes: int = 1, asynchronous: bool | None = None,
+                          legacy: Checkpointer | None = None) -> run_format.RunCheckpointer:
+        """The run's checkpointer over `groups` (`run_format.variable_groups`).
+
+        Args:
+            groups: the Keras variables of a step.
+            writes: whether this process writes checkpoints.
+            processes: processes saving together (the JAX engine's multi-host runs).
+            asynchronous: background writes. Defaults to None: the config's.
+            legacy: the engine's reader of its previous format (old work_dirs).
+        """
+        self._groups = groups
+        return run_format.RunCheckpointer(
+            self.config.work_dir, self, keep=self.config.keep_checkpoints,
+            asynchronous=(self.config.async_checkpoints if asynchronous is None
+                          else asynchronous),
+            writes=writes, processes=processes, legacy=legacy)
+
+    def warm_start_any(self, model: Any, source: str) -> dict[str, list[str]] | None:
+        """Warm-starts `model` from a run-format work_dir or step, or from another
+        engine's previous format (`cross_engine.warm_start`); None if `source` is
+        neither (the engine's own previous format: its reader)."""
+        return cross_engine.warm_start(model, source, self.engine)
+
+    def remove_partial_saves(self, work_dir: str) -> None:
+        """Removes what a killed process left of a save in `work_dir` (before training)."""
+        run_format.remove_partial_saves(work_dir)
 
     def reset(self) -> None:
         """Forgets model, optimizer, counters and checkpointer: the next `build` starts
