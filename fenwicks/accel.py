@@ -319,7 +319,7 @@ def keep_jax_off_accelerators(env: MutableMapping[str, str] | None = None) -> No
     exist yet is told the same through its config. Nothing on the jax engine, nor when
     ``JAX_PLATFORMS`` was set by the user.
 
-    Example:
+    Examples:
         >>> keep_jax_off_accelerators()   # on the tf engine, before importing orbax
         >>> import jax; jax.devices()[0].platform
         'cpu'
