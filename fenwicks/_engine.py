@@ -35,6 +35,7 @@ import on first use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import importlib
 import importlib.util
@@ -414,7 +415,13 @@ def backend_facts() -> ModuleType:
     """
     import keras  # imported lazily: this module is read before Keras is
 
-    backend = keras.backend.backend()
+    return _facts_of(keras.backend.backend())
+
+
+@functools.cache
+def _facts_of(backend: str) -> ModuleType:
+    # Cached, and a C-level wrapper: a compiled step (a tf.function that AutoGraph
+    # converts) calls it as it is, and never traces the import machinery.
     entry = entry_for_backend(backend)
     if entry is None:
         raise ValueError(f"Keras runs on {backend!r}; Fenwicks' engines run on "

@@ -684,3 +684,27 @@ def test_jit_compile_on_logical_cpu_replicas_is_the_tf_engines_refusal(accel_sta
     assert est.config.jit_compile is False and est.num_replicas == 8
     assert ("fenwicks: jit_compile is ignored on 8 logical CPU replicas (XLA does not "
             "support variables spread over logical CPU devices)") in caplog.text
+
+
+_STRATEGY_ON_JAX = """
+import json
+import fenwicks as fw
+try:
+    fw.train.tf.strategy()
+    error = None
+except fw.accel.AcceleratorError as err:
+    error = str(err)
+print(json.dumps({"engine": fw.accel.engine(), "error": error,
+                  "row": dict(fw.report.info_rows())["strategy"]}))
+"""
+
+
+def test_the_jax_engine_has_no_strategy_and_says_so():
+    result = run_json(_STRATEGY_ON_JAX, env={"FENWICKS_ENGINE": "jax", "KERAS_BACKEND": None,
+                                             "FENWICKS_DEVICE": None})
+    assert result["engine"] == "jax"
+    assert result["error"] == (
+        "fw.train.tf.strategy() is the tf engine's tf.distribute strategy, and this process "
+        "runs on the jax engine, which places the replicas itself (no strategy exists); set "
+        "FENWICKS_ENGINE=tf before importing fenwicks to train under one")
+    assert result["row"].startswith("none: JAX places the ")
