@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -27,7 +28,7 @@ import tensorflow as tf
 import fenwicks as fw
 from fenwicks.train import input_record, lock
 from tests import _faults, _flagship
-from tests.conftest import run_json, run_process, start_process
+from tests.conftest import run_json, run_module_json, run_process, start_process
 
 pytestmark = pytest.mark.slow
 
@@ -216,69 +217,19 @@ def _reopen(work_dir, data):
     return est
 
 
-def _flip_bytes(path, count=16):
-    raw = bytearray(path.read_bytes())
-    for i in range(len(raw) // 3, len(raw) // 3 + count):
-        raw[i] ^= 0xFF
-    path.write_bytes(bytes(raw))
-
-
-def _step(work, step=10):
-    return work / "checkpoints" / str(step)
-
-
-def _data(work, step=10):
-    """The largest data file of a step: the arrays' bytes."""
-    return max((_step(work, step) / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
-
-
-def _record(work):
-    return _step(work) / "record" / "metadata"
-
-
-def _truncate(path, count, keep=False):
-    """Cuts `count` bytes off the end (keep=True: keeps only `count`); None: empties."""
-    raw = path.read_bytes()
-    path.write_bytes(b"" if count is None else raw[:count] if keep else raw[:-count])
-
-
-def _empty_folder(path):
-    shutil.rmtree(path)
-    path.mkdir()
-
-
-DAMAGES = {  # what is done to step 10, and what the warning must say about it
-    "flipped data bytes": (lambda work: _flip_bytes(_data(work)), "does not match the checksum"),
-    "data cut in half": (lambda work: _truncate(_data(work), _data(work).stat().st_size // 2,
-                                                keep=True), "arrays cannot be read"),
-    "empty data file": (lambda work: _truncate(_data(work), None), "arrays cannot be read"),
-    "missing data file": (lambda work: _data(work).unlink(), "arrays cannot be read"),
-    "garbled _METADATA": (lambda work: _flip_bytes(_step(work) / "state" / "_METADATA"),
-                          "arrays cannot be read"),
-    "missing state folder": (lambda work: shutil.rmtree(_step(work) / "state"),
-                             "arrays cannot be read"),
-    "emptied state folder": (lambda work: _empty_folder(_step(work) / "state"),
-                             "arrays cannot be read"),
-    "record cut short": (lambda work: _truncate(_record(work), 40, keep=True), "run record"),
-    "empty record": (lambda work: _truncate(_record(work), None), "run record"),
-    "null record": (lambda work: _record(work).write_text("null"), "run record"),
-    "missing record": (lambda work: _record(work).unlink(), "run record"),
-}
-
-
-@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("damage", _faults.DAMAGES)
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_with_a_warning(
         two_checkpoints, damage, caplog):
     work, at_five, data = two_checkpoints
-    spoil, why = DAMAGES[damage]
+    spoil, why = _faults.DAMAGES[damage]
     spoil(work)
     with caplog.at_level(logging.WARNING, logger="fenwicks"):
         est = _reopen(work, data)
     assert est.global_step == 5
     for got, want in zip(est.model.variables, at_five, strict=True):
         np.testing.assert_array_equal(np.asarray(got), want)
-    assert f"{_step(work)} is unreadable" in caplog.text
-    assert f"resumed from the older {_step(work, 5)}" in caplog.text
+    assert f"{_faults.step_dir(work)} is unreadable" in caplog.text
+    assert f"resumed from the older {_faults.step_dir(work, 5)}" in caplog.text
     assert why in caplog.text
     assert (work / "checkpoints" / "10.corrupt").is_dir()  # kept, not deleted
     assert _faults.latest_step(str(work)) == 5
@@ -288,7 +239,7 @@ def test_a_damaged_record_with_another_trn_bs_is_not_trained_on(two_checkpoints,
     """The record deleted, then a resume with another trn_bs: before the run format,
     training went on silently from step 10 and rewrote the record."""
     work, _, data = two_checkpoints
-    _record(work).unlink()
+    _faults.record_file(work).unlink()
     est = _estimator(work, trn_bs=2 * _flagship.GLOBAL_BATCH)
     with pytest.raises(input_record.BatchSizeChangedError,
                        match=rf"trn_bs={2 * _flagship.GLOBAL_BATCH} differs from the "
@@ -309,6 +260,52 @@ def test_a_read_only_record_cannot_be_met_by_a_fresh_run(tmp_path):
     est.train(_flagship.train_input(x, y), steps=5)
     assert _faults.latest_step(str(work)) == 5
     assert (work / "fenwicks_input.json").read_text() == '{"train_batch_size": 32}'
+
+
+@pytest.fixture(scope="module")
+def on_jax(tmp_path_factory):
+    """The damages above, the record's and the work_dir's faults, on the JAX engine: one
+    process runs every case (`tests._faults.damages`)."""
+    root = tmp_path_factory.mktemp("jax_damages")
+    return run_module_json("tests._faults", "damages", str(root),
+                           env={"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None})
+
+
+@pytest.mark.parametrize("damage", _faults.DAMAGES)
+def test_a_damaged_latest_checkpoint_falls_back_on_the_jax_engine_too(on_jax, damage):
+    """Before the run format the JAX engine trained on silently past a garbled
+    ``_METADATA``, and called the intact steps damaged when the newest lacked its
+    ``default/`` folder ("none can be read")."""
+    assert on_jax["engine"] == "jax"
+    case = on_jax[damage]
+    work = case["work_dir"]
+    assert (case.get("error"), case.get("step"), case.get("same_as_five")) == \
+        (None, 5, True), case
+    assert len(case["warnings"]) == 1, case["warnings"]
+    warning = case["warnings"][0]
+    assert warning.startswith(f"fenwicks: checkpoint {work}/checkpoints/10 is unreadable ("), \
+        warning
+    assert _faults.DAMAGES[damage][1] in warning
+    assert warning.endswith(f"; resumed from the older {work}/checkpoints/5 instead. Its "
+                            f"files are kept as {work}/checkpoints/10.corrupt"), warning
+    assert case["listing"] == ["10.corrupt", "5"]  # kept, not deleted; 5 not called damaged
+
+
+def test_the_record_and_work_dir_faults_on_the_jax_engine(on_jax):
+    other = on_jax["other trn_bs"]
+    assert other["error"] == "BatchSizeChangedError" and other["step"] == 5, other
+    assert other["message"].startswith(f"trn_bs={2 * _flagship.GLOBAL_BATCH} differs from "
+                                       f"the trn_bs={_flagship.GLOBAL_BATCH} this work_dir's")
+    deleted = on_jax["work_dir deleted"]
+    assert deleted["deleted"] and not deleted["recreated"] and deleted["step"] < 40, deleted
+    assert deleted["error"] == "WorkDirLostError", deleted
+    assert re.match(r"work_dir='[^']+/deleted' was deleted while training \(its lock "
+                    r"\S+/fenwicks.lock is gone, and so is the folder\): the checkpoints "
+                    r"saved there, the epoch log epochs.jsonl", deleted["message"]), deleted
+    assert "The model in memory is intact" in deleted["message"]
+    read_only = on_jax["read-only old record"]
+    assert "error" not in read_only and read_only["latest"] == 5, read_only
+    assert read_only["old_record"] == '{"train_batch_size": 32}'
 
 
 def _legacy_tf(tmp_path):
@@ -364,7 +361,7 @@ except Exception as err:
 def test_no_readable_checkpoint_is_a_clear_error_that_changes_nothing(two_checkpoints):
     work, _, data = two_checkpoints
     for step in (5, 10):
-        _flip_bytes(_data(work, step))
+        _faults.flip_bytes(_faults.data_file(work, step))
     before = sorted(p.relative_to(work) for p in work.rglob("*"))
     with pytest.raises(fw.train.CheckpointCorruptError,
                        match=r"lists 2 checkpoint\(s\) and none can be read.*checkpoints/10: "
@@ -411,7 +408,7 @@ def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_still_loads(sm
     est = _estimator(work)
     est.train(_flagship.train_input(x, y), steps=5)
     at_five = [np.asarray(v) for v in est.model.variables]
-    size = sum(p.stat().st_size for p in _step(work, 5).rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in _faults.step_dir(work, 5).rglob("*") if p.is_file())
     filler = _fill(small_disk, leave_bytes=16 * 1024)  # room for the lock, not a checkpoint
     assert size > 16 * 1024
     with pytest.raises(fw.train.CheckpointWriteError,

@@ -188,6 +188,60 @@ def test_a_work_dir_deleted_while_training_stops_it_by_name_and_is_not_recreated
     assert not work.exists(), sorted(str(p.relative_to(work)) for p in work.rglob("*"))
 
 
+@pytest.mark.parametrize("write", ["lands", "fails"])
+def test_a_work_dir_deleted_during_a_background_write_says_what_became_of_it(
+        tmp_path, digits, monkeypatch, write):
+    """The work_dir removed while a checkpoint is written in the background: before, the
+    error said every checkpoint went with the folder and that it was empty, while the
+    write recreated it and left step 5 there (or, failing, left a raw write error)."""
+    import threading
+
+    import keras
+
+    from fenwicks.train import run_format
+
+    work = tmp_path / "run"
+    x, y = digits
+    deleted, writing = threading.Event(), threading.Event()
+    original = run_format.RunCheckpointer._write
+
+    def held_write(self, step, frozen, record, force):
+        if step == 5:  # the first save: held until the folder is gone
+            writing.set()
+            assert deleted.wait(120)
+            if write == "fails":
+                os.makedirs(self.directory)  # as a write recreating its folders would
+                raise FileNotFoundError(2, "No such file or directory", self.directory)
+        return original(self, step, frozen, record, force)
+
+    class DeleteWorkDir(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if writing.is_set() and not deleted.is_set():
+                shutil.rmtree(work)
+                deleted.set()
+
+    monkeypatch.setattr(run_format.RunCheckpointer, "_write", held_write)
+    est = _estimator(work, save_every_loops=1)
+    start = (rf"work_dir='{work}' was deleted while training \(its lock {work}/fenwicks.lock "
+             r"is gone, and so is the folder\): the checkpoints saved there, the epoch log "
+             r"epochs.jsonl and the TensorBoard logs went with it")
+    if write == "lands":
+        match = (rf"{start}, but step 5, being written in the background as the folder "
+                 rf"went, was saved after it: {work}/checkpoints/5 is all the work_dir holds "
+                 r"now, and a new train or evaluate resumes from it. Training stopped there")
+    else:
+        match = (rf"{start}, and so did step 5, being written in the background as the "
+                 r"folder went. Training stopped instead of recreating the folder.*starts "
+                 r"afresh, as it is empty")
+    with pytest.raises(fw.train.lock.WorkDirLostError, match=match):
+        est.train(flagship.train_input(x, y), steps=40, callbacks=[DeleteWorkDir()])
+    if write == "lands":
+        assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["5"]
+        assert _estimator(work).evaluate(flagship.eval_input(x, y))["global_step"] == 5
+    else:
+        assert not work.exists()  # the empty folders the failed write made are removed
+
+
 def test_a_checkpoint_state_file_pointing_outside_the_work_dir_is_refused(tmp_path):
     """A downloaded or shared work_dir of TensorFlow checkpoints (written before the run
     format) whose ``checkpoint`` file names another folder's checkpoint: restoring it

@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -355,6 +356,8 @@ class RunState(abc.ABC):
             yield
             self.wait()  # the end of train: its last checkpoint is complete
         except Exception as err:
+            if isinstance(err, lock.WorkDirLostError):
+                raise self._lost(err) from err
             # A checkpoint write that failed in the background is the news, whatever the
             # training thread ran into meanwhile (a summary flush in the same outage).
             failed = self._background_failure() or err
@@ -368,6 +371,26 @@ class RunState(abc.ABC):
             self._wait_quietly()  # never release the lock while a write runs
             _deadline.run(self._lock.release, what="releasing the lock", path=work_dir,
                           best_effort=True, attempt_in_outage=True)
+
+    def _lost(self, err: lock.WorkDirLostError) -> lock.WorkDirLostError:
+        """`err`, told truthfully when a checkpoint was being written in the background
+        as the work_dir went: that write either failed (its leftovers, empty folders it
+        made, are removed) or landed in a folder of its own making, then the only
+        checkpoint there."""
+        checkpointer = self._checkpointer
+        step = checkpointer.pending_step if checkpointer is not None else None
+        if step is None:
+            return err
+        failed = self._background_failure()
+        lock_path = self._lock.path
+        work_dir = lock_path.rsplit("/", 1)[0]
+        folder_gone = err.folder_gone  # the write may have made it again meanwhile
+        if failed is not None and not fw_io.is_gcs(work_dir):
+            _remove_empty_folders(work_dir)
+            folder_gone = folder_gone or not os.path.exists(work_dir)
+        return lock.WorkDirLostError(lock.lost_message(
+            work_dir, lock_path, folder_gone, in_flight=step,
+            landed=checkpointer.latest if failed is None else None))
 
     def _unavailable(self, err: BaseException) -> StorageUnavailableError:
         last, cause = self.last_good_checkpoint, err
@@ -436,3 +459,13 @@ def _is_storage_failure(err: BaseException) -> bool:
     return any(e is not None and (_deadline.is_outage(e) or checkpointing.is_storage_error(e)
                                   or isinstance(e, checkpointing.CheckpointReadError))
                for e in (err, err.__cause__))
+
+
+def _remove_empty_folders(work_dir: str) -> None:
+    """Removes the folders a failed write recreated under a deleted work_dir, if empty
+    (an empty folder holds nothing of anyone's)."""
+    for dirpath, _, _ in sorted(os.walk(work_dir), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            continue  # not empty: something is in it, kept
