@@ -30,7 +30,7 @@ SMOKE = {
     "jax_engine.py": ["--loops", "3", "--width", "2", "--save-width", "4"],
     "matmul.py": ["--sizes", "64", "--trials", "1", "--repeats", "1"],
     "resume_position.py": ["--examples", "64", "--batch-size", "16", "--epochs", "2",
-                           "--repeats", "1"],
+                           "--repeats", "1", "--width", "2", "--run-steps", "3"],
     "train_throughput.py": ["--steps", "2", "--steps-per-loop", "1", "--trials", "1",
                             "--examples", "64", "--eval-examples", "100", "--eval-batch",
                             "32", "--batch", "8", "--replicas", "1", "--control"],
