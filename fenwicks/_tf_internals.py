@@ -274,6 +274,30 @@ def keras_losses_per_replica() -> Iterator[None]:
         module.scale_loss_for_distribution = original
 
 
+def v1_api_modules() -> list[Any]:
+    """Every module object a program may hold as ``tf.compat.v1`` (each once).
+
+    Why private: ``import tensorflow.compat.v1 as tf`` (what every TF1 program writes)
+    loads a second module object, ``tensorflow.compat.v1``, beside the one
+    ``tf.compat.v1`` gave before, ``tensorflow._api.v2.compat.v1``, and rebinds the
+    attribute: a program (or a test) that kept the first holds another object. They
+    share their submodules (``train``, ``losses``, ...), not their own attributes
+    (``trainable_variables``, ``get_variable``, ``gradients``, ``layers``), which the
+    TPUEstimator front door replaces in a model_fn on each.
+    """
+    import sys
+
+    import tensorflow as tf
+
+    found = [tf.compat.v1] + [sys.modules.get(name) for name in (
+        "tensorflow.compat.v1", "tensorflow._api.v2.compat.v1")]
+    unique: dict[int, Any] = {}
+    for module in found:
+        if module is not None:
+            unique.setdefault(id(module), module)
+    return list(unique.values())
+
+
 def keras_base_optimizer() -> type:
     """Keras 3's root optimizer class, where the TPUEstimator replay patches ``__new__``
     (as it does at `keras.layers.Layer` and `keras.metrics.Metric`).

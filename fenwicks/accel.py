@@ -282,8 +282,14 @@ def import_keras() -> None:
         return
     previous = os.environ.get("KERAS_BACKEND")
     os.environ["KERAS_BACKEND"] = choice.keras_backend
+    jax_on_cpu = (_jax_on_cpu_while_imported(os.environ)
+                  if choice.engine == "tf" and not os.environ.get("JAX_PLATFORMS")
+                  else contextlib.nullcontext())
     try:
-        import keras  # noqa: F401 - Keras reads KERAS_BACKEND here, once per process
+        with jax_on_cpu:  # TensorFlow imports JAX where it is installed
+            import keras  # noqa: F401 - Keras reads KERAS_BACKEND here, once per process
+        if choice.engine == "tf":
+            keep_jax_off_accelerators(import_jax=False)  # a JAX the user imported first
     finally:
         if previous is None:
             del os.environ["KERAS_BACKEND"]
@@ -307,19 +313,41 @@ def engine() -> str:
     return engine_choice().engine
 
 
-def keep_jax_off_accelerators(env: MutableMapping[str, str] | None = None) -> None:
-    """On the TensorFlow engine, keeps JAX (which orbax-checkpoint imports for the run
-    format's checkpoints) on the CPU: it must not initialise a GPU nor preallocate most
-    of its memory, which TensorFlow needs.
+_JAX_CPU_ENV = {"JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
-    JAX reads ``JAX_PLATFORMS`` when it is imported and makes its devices on first use:
-    a JAX not yet imported is imported here with ``JAX_PLATFORMS=cpu`` (and
-    ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) set for that import only, so that processes
-    started later choose for themselves; a JAX imported earlier whose devices do not
-    exist yet is told the same through its config. Nothing on the jax engine, nor when
-    ``JAX_PLATFORMS`` was set by the user.
 
-    Example:
+@contextlib.contextmanager
+def _jax_on_cpu_while_imported(env: MutableMapping[str, str]) -> Iterator[None]:
+    """``JAX_PLATFORMS=cpu`` (and no preallocation) for a JAX imported meanwhile, then
+    the environment as it was: processes started later choose for themselves."""
+    saved = {name: env.get(name) for name in _JAX_CPU_ENV}
+    for name, value in _JAX_CPU_ENV.items():
+        env.setdefault(name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+
+
+def keep_jax_off_accelerators(env: MutableMapping[str, str] | None = None, *,
+                              import_jax: bool = True) -> None:
+    """On the TensorFlow engine, keeps JAX on the CPU: it must not initialise a GPU nor
+    preallocate most of its memory, which TensorFlow needs. JAX comes in with
+    orbax-checkpoint (every engine's checkpoints) and, where it is installed, with
+    TensorFlow itself (``tensorflow.lite`` imports it).
+
+    JAX reads ``JAX_PLATFORMS`` when it is imported and makes its devices on first use.
+    `import_keras` imports TensorFlow with ``JAX_PLATFORMS=cpu`` and
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` set for that import only; here a JAX not yet
+    imported is imported the same way (if `import_jax`), and a JAX imported earlier whose
+    devices do not exist yet is told through its config. Nothing on the jax engine, nor
+    when ``JAX_PLATFORMS`` was set by the user.
+
+    Examples:
         >>> keep_jax_off_accelerators()   # on the tf engine, before importing orbax
         >>> import jax; jax.devices()[0].platform
         'cpu'
@@ -329,19 +357,10 @@ def keep_jax_off_accelerators(env: MutableMapping[str, str] | None = None) -> No
         return
     jax = sys.modules.get("jax")
     if jax is None:
-        saved = {name: env.get(name) for name in ("JAX_PLATFORMS",
-                                                   "XLA_PYTHON_CLIENT_PREALLOCATE")}
-        env["JAX_PLATFORMS"] = "cpu"
-        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        try:
-            import jax  # noqa: F401 - reads JAX_PLATFORMS now, into its config
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    env.pop(name, None)
-                else:
-                    env[name] = value
-        jax = sys.modules["jax"]
+        if not import_jax:
+            return
+        with _jax_on_cpu_while_imported(env):
+            import jax
     if not _tf_internals.jax_backends_initialized():
         jax.config.update("jax_platforms", "cpu")
 

@@ -372,7 +372,7 @@ def read_bytes(path: str) -> bytes:
     Raises:
         FileNotFoundError: `path` does not exist (TensorFlow's NotFoundError for gs://).
 
-    Example:
+    Examples:
         >>> fw.io.read_bytes('gs://my-bucket/work/run/checkpoints/100/record/metadata')[:1]
         b'{'
     """
@@ -391,7 +391,7 @@ def read_bytes(path: str) -> bytes:
 def write_text(path: str, text: str) -> None:
     """Writes `text` to file `path` (local or ``gs://``), replacing it.
 
-    Example:
+    Examples:
         >>> fw.io.write_text('gs://my-bucket/work/run/checkpoints/100/commit_success.txt', 'ok')
     """
     path = _check_path(path, "path")
@@ -407,8 +407,12 @@ def rename(src: str, dst: str) -> None:
     """Renames `src` to `dst` (on ``gs://``: a copy, then the source removed), replacing
     `dst`.
 
-    Example:
-        >>> fw.io.rename('/tmp/run/checkpoints/100', '/tmp/run/checkpoints/100.corrupt')
+    Examples:
+        >>> fw.io.makedirs('run/checkpoints/100')
+        'run/checkpoints/100'
+        >>> fw.io.rename('run/checkpoints/100', 'run/checkpoints/100.corrupt')
+        >>> fw.io.listdir('run/checkpoints')
+        ['100.corrupt']
     """
     src, dst = _check_path(src, "src"), _check_path(dst, "dst")
     _call(src, "rename", _gfile(src).rename, src, dst, overwrite=True)

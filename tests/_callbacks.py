@@ -2,8 +2,8 @@
 
     python -m tests._callbacks WORK_ROOT      # (under FENWICKS_DEVICE=cpu:8) prints JSON
 
-`tests/test_callbacks.py` calls `scenarios` in-process (one replica) and through this
-module in a `cpu:8` subprocess, and checks both against what Keras documents.
+`tests/test_callbacks.py` runs it in a `cpu:8` subprocess and checks the scenarios against
+what Keras documents; `scenarios` also runs them in-process.
 """
 
 from __future__ import annotations

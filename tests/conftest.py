@@ -388,15 +388,11 @@ _SLOW_ELSEWHERE = {f"tests/test_estimator.py::test_{name}" for name in (
     "sample_weights_scale_the_training_loss",
     "warm_start_loads_matching_variables_and_reports_the_rest",
     "evaluation_with_sample_weights_is_the_weighted_mean", "float16_applies_a_loss_scale",
-    "steps_on_a_resumed_work_dir_count_from_the_restored_step",
-    "steps_per_loop_stops_exactly_and_logs_scalars",
     "close_flushes_the_logs_and_lets_go_of_the_input",
     "bfloat16_computes_in_bfloat16_with_float32_variables",
-    "checkpoints_every_n_loops_keep_the_last_few",
     "nan_loss_names_the_step_and_keeps_the_last_good_checkpoint",
     "work_dir_with_another_models_checkpoint_is_a_clear_error",
-    "bad_training_input_is_reported_before_compiling",
-    "running_out_of_training_data_keeps_the_steps_done")} | {
+    "bad_training_input_is_reported_before_compiling")} | {
     # Over ~1 s of a quiet machine (5.5 s and more in a fast-subset run 5.5 times slower
     # than quiet, 2026-11-28): real models compiled, checkpoints written and read.
     # The in-process JAX checkpoint tests: the first of them imports JAX and orbax

@@ -1,5 +1,5 @@
 """Callbacks: Keras's own (EarlyStopping with restore_best_weights, TerminateOnNaN,
-ModelCheckpoint) on 1 and 8 replicas; the ones that cannot apply are refused; Fenwicks'
+ModelCheckpoint) on 8 replicas; the ones that cannot apply are refused; Fenwicks'
 EarlyStopping and BestExporter are exact across a resume in a new process. (The call
 order, params and logs, CSVLogger and stop_training are the shared code's, checked in
 test_reference_engine.py; test_engine_contract.py runs the hooks on both engines.)"""
@@ -23,12 +23,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 SPE = _callbacks.STEPS_PER_EPOCH
 
 
-@pytest.fixture(scope="module", params=[1, 8], ids=["1-replica", "8-replicas"])
-def runs(request, tmp_path_factory):
-    """The scenarios whose outcome the replica count could change (see `_callbacks`)."""
-    root = str(tmp_path_factory.mktemp(f"callbacks{request.param}"))
-    if request.param == 1:
-        return _callbacks.scenarios(root, _callbacks.EIGHT_REPLICA_SCENARIOS)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The scenarios whose outcome the replica count could change (see `_callbacks`), on
+    8 replicas: weights set back into mirrored variables, a NaN in the all-reduced loss, a
+    Keras file written from mirrored variables. (Their one-replica run, the same Python on
+    plain variables, was a duplicate: the reference engine's tests run restore_best_weights
+    and TerminateOnNaN on a Keras model's plain variables, test_reference_engine.py.)"""
+    root = str(tmp_path_factory.mktemp("callbacks8"))
     return run_module_json("tests._callbacks", root, *_callbacks.EIGHT_REPLICA_SCENARIOS,
                            env={"FENWICKS_DEVICE": "cpu:8"}, timeout=1700)
 

@@ -426,3 +426,18 @@ def test_cross_shard_reduction_is_read():
     assert _tf_internals.v1_optimizer_arg(wrapped, "reduction") == "weighted_sum", _needs(
         "v1_optimizer_arg", "CrossShardOptimizer._reduction",
         "TPUEstimator's compute_gradients under CrossShardOptimizer")
+
+
+def test_v1_api_modules_are_every_object_a_program_may_hold():
+    import importlib
+    import sys
+
+    before = tf.compat.v1
+    imported = importlib.import_module("tensorflow.compat.v1")  # may rebind tf.compat.v1
+    modules = _tf_internals.v1_api_modules()
+    assert any(m is before for m in modules) and any(m is imported for m in modules), _needs(
+        "v1_api_modules", "sys.modules['tensorflow._api.v2.compat.v1']",
+        "TF1 names replaced in a TPUEstimator model_fn (trainable_variables, get_variable)")
+    assert len({id(m) for m in modules}) == len(modules)
+    assert all(m.train is imported.train for m in modules)  # shared submodules
+    assert sys.modules["tensorflow.compat.v1"] is imported

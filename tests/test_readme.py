@@ -59,7 +59,8 @@ def test_the_quick_start_learns_and_a_second_process_resumes_it(tmp_path):
     assert result["num_examples"] == 1797 - 1500
     assert result["global_step"] == 300
     assert result["accuracy"] >= 0.9, result
-    assert os.path.exists(tmp_path / "root" / "work" / "digits" / "checkpoint")
+    # The run format: one folder per checkpoint step, committed whole (step 300 = max_steps).
+    assert os.path.isdir(tmp_path / "root" / "work" / "digits" / "checkpoints" / "300")
     # Run again, as the README says: the checkpoint is at step 300 already, nothing is
     # trained, and the restored model evaluates exactly as the first process's did.
     second = run_python(code, env=_env(tmp_path), cwd=str(tmp_path))

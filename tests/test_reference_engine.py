@@ -437,10 +437,16 @@ def test_a_second_estimator_cannot_train_in_a_locked_work_dir(tmp_path, referenc
 
 def test_the_bar_and_the_tensorboard_scalars_show_the_runs_numbers(tmp_path, reference,
                                                                  capsys):
+    # With test_estimator.py's steps_per_loop test, moved here (an mnist-sized model
+    # compiled to count steps): steps and max_steps stop exactly, a reached max_steps
+    # trains nothing, the scalars are written.
     x, y = data()
     est = make(tmp_path, steps_per_loop=4, verbose=True)
     est.train(train_input(x, y), steps=8)
     assert "8/8" in capsys.readouterr().err
+    est.train(train_input(x, y), max_steps=8)  # already there: nothing runs or is saved
+    assert est.global_step == 8 and saved_steps(tmp_path) == [8]
+    assert est.history.steps == list(range(1, 9))
     _, _, losses = numpy_sgd(x, y, 8)
     values: dict = {}
     for path in glob.glob(str(tmp_path / "train" / "events.out.tfevents.*")):
@@ -450,6 +456,8 @@ def test_the_bar_and_the_tensorboard_scalars_show_the_runs_numbers(tmp_path, ref
                     (event.step, float(tf.make_ndarray(value.tensor))))
     assert values["loss"] == [(4, pytest.approx(losses[3], rel=1e-5)),
                               (8, pytest.approx(losses[7], rel=1e-5))]
+    assert values["learning_rate"] == [(4, pytest.approx(LR)), (8, pytest.approx(LR))]
+    assert [step for step, _ in values["examples_per_sec"]] == [4, 8]
 
 
 # --------------------------------------------------------------------------- evaluation

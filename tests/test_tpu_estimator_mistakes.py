@@ -112,9 +112,18 @@ def test_predict_keys_for_tensor_predictions_is_refused_as_tf1_did(tmp_path):
 
 
 @pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)
-def test_tf1_layers_are_refused_naming_the_keras_layer(tmp_path):
+@pytest.mark.parametrize("held", ["tf.compat.v1", "import tensorflow.compat.v1"])
+def test_tf1_layers_are_refused_naming_the_keras_layer(tmp_path, held):
+    """Whichever module object the program holds as ``tf``: ``import
+    tensorflow.compat.v1 as tf`` makes another than ``tf.compat.v1`` gave before it."""
+    import importlib
+
+    stale = tf.compat.v1  # before the import below rebinds tf.compat.v1
+    module = importlib.import_module("tensorflow.compat.v1") if held.startswith(
+        "import") else stale
+
     def model_fn(features, labels, mode, params):
-        outputs = v1.layers.dense(features, 1, name="out")
+        outputs = module.layers.dense(features, 1, name="out")
         return _spec(mode, outputs, labels, predictions=outputs)
 
     with pytest.raises(ModelFnError) as err:

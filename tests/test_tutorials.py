@@ -515,7 +515,7 @@ def test_the_site_page_is_this_notebook_run_at_its_smoke_size(name):
     expected[index + 1:index + 1] = ["SMOKE = True  # the size of this page's run"]
     expected.insert(1, page.cells[1].source)
     assert [cell.source for cell in page.cells] == expected, "run tools/tutorial_pages.py"
-    assert page.cells[1].source.startswith('!!! note "What this page shows"')
+    assert page.cells[1].source.startswith("**What this page shows.** ")
     outputs = [out for cell in page.cells if cell.cell_type == "code" for out in cell.outputs]
     assert outputs and not [out for out in outputs if out.output_type == "error"]
     assert any("image/png" in out.get("data", {}) for out in outputs), "its plots"

@@ -56,10 +56,10 @@ def _stand_in_datasets(root: str) -> None:
 
 def _note(cpu: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_markdown_cell(
-        "!!! note \"What this page shows\"\n"
-        "    The outputs below are from a run at the `SMOKE` size (`SMOKE = True`, the "
-        "cell after the parameters), offline on a CPU "
-        f"({cpu}), with small stand-in datasets in place of MNIST and CIFAR-10. "
+        "**What this page shows.** The outputs below are from a run at the `SMOKE` size "
+        "(`SMOKE = True`, the cell after the parameters), offline on a CPU "
+        f"({cpu}), with small stand-in data: generated, or scikit-learn's digits and random "
+        "images in place of MNIST and CIFAR-10. "
         "Run the notebook yourself for the real data and sizes.")
 
 
@@ -101,9 +101,13 @@ def copy_text(name: str) -> None:
     path = os.path.join(PAGES, name)
     page = nbformat.read(path, as_version=4)
     by_id = {cell.id: cell for cell in nb.cells}
+    with open(os.path.join(TUTORIALS, "smoke_seconds.json"), encoding="utf-8") as f:
+        cpu = json.load(f)[name]["cpu"]
     for cell in page.cells:
         if cell.cell_type == "markdown" and cell.id in by_id:
             cell.source = by_id[cell.id].source
+        elif cell.id == f"{name[:2]}-note":
+            cell.source = _note(cpu).source
     nbformat.write(page, path)
 
 

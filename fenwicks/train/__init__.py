@@ -128,6 +128,8 @@ def __getattr__(name: str) -> Any:
     """TPUEstimator's names, imported when first used. ``TPUEstimator`` asks the engine
     first: one that cannot run a TF1 model_fn (jax) gets a class that refuses in one
     sentence at construction, and no TF1 code is imported."""
+    if name == "tf":  # the tf engine's package (fw.train.tf.strategy()), on any engine
+        return importlib.import_module("fenwicks.train.tf")
     module = _TF1_MODULE.get(name)
     if module is None:
         raise AttributeError(f"module 'fenwicks.train' has no attribute {name!r}")

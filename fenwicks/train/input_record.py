@@ -42,7 +42,7 @@ def check(work_dir: str, batch_size: int, position: int,
     Raises:
         BatchSizeChangedError: the record holds another batch size and `position` > 0.
 
-    Example:
+    Examples:
         >>> check('/content/run', 64, 12, {'train_batch_size': 32, ...})
         BatchSizeChangedError: trn_bs=64 differs from the trn_bs=32 ...
     """

@@ -6,7 +6,7 @@
 # - Default size, on a CPU: not measured yet.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
-#   103 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in
+#   60 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in
 #   the documentation).
 #
 # Fenwicks promises that one notebook trains on whatever accelerator is there. This

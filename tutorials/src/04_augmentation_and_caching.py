@@ -6,7 +6,7 @@
 # - Default size, on a CPU: not measured yet.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
-#   47 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in
+#   32 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in
 #   the documentation).
 #
 # A TPU v3-8 trains ResNet-9 on tens of thousands of CIFAR-10 images per second. The

@@ -320,9 +320,12 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
     patches += [(v1.train, "get_global_step", step),
                 (v1.train, "get_or_create_global_step", step),
                 (v1.train, "init_from_checkpoint", init_from_checkpoint),
-                (v1, "trainable_variables", replay.v1_trainable_variables),
-                (v1, "get_variable", functools.partial(replay.v1_variables.get, replay)),
                 (keras.metrics.Mean, "update_state", metrics.keras_mean_update)]
+    for module in _tf_internals.v1_api_modules():  # a program may hold either object
+        patches += [(module, "trainable_variables", replay.v1_trainable_variables),
+                    (module, "get_variable",
+                     functools.partial(replay.v1_variables.get, replay)),
+                    (module, "layers", V1Layers(v1.layers))]
     patches += [(v1.losses, name, metrics.recording_loss(getattr(v1.losses, name), record))
                 for name in metrics.V1_LOSSES if hasattr(v1.losses, name)]
     patches.append((keras.losses.Loss, "__call__",
@@ -331,7 +334,6 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
     patches += [(v1.metrics, name, metrics.unsupported_metric(name))
                 for name in metrics.UNSUPPORTED_METRICS if hasattr(v1.metrics, name)]
     patches += [(base, "__new__", _replaying_new(replay, base)) for base in _RECORDED_BASES]
-    patches.append((v1, "layers", V1Layers(v1.layers)))
     patches += [(module, name, _refused_summary(name)) for module in (v1.summary, tf.summary)
                 for name in ("scalar", "histogram", "image", "audio", "text")
                 if hasattr(module, name)]

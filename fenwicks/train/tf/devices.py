@@ -49,8 +49,8 @@ def strategy() -> Any:
     `MultiWorkerMirroredStrategy` or `OneDeviceStrategy`).
 
     Raises:
-        AcceleratorError: the accelerator was not detected by this engine (a test's
-            `fw.accel.state_for_tests`, or the jax engine).
+        AcceleratorError: the process runs on another engine (jax), or the accelerator
+            was not detected by this engine (a test's `fw.accel.state_for_tests`).
 
     Examples:
         >>> strategy = fw.train.tf.strategy()
@@ -59,6 +59,12 @@ def strategy() -> Any:
     """
     acc = accel.current()
     made = _strategy_of(acc)
+    if made is None and acc.engine != "tf":
+        raise AcceleratorError(
+            f"fw.train.tf.strategy() is the tf engine's tf.distribute strategy, and this "
+            f"process runs on the {acc.engine} engine, which places the replicas itself "
+            "(no strategy exists); set FENWICKS_ENGINE=tf before importing fenwicks to "
+            "train under one")
     if made is None:
         raise AcceleratorError(
             f"no tf.distribute strategy was made for the accelerator in use ({acc.kind}, "

@@ -86,9 +86,9 @@ class TPUConfig:
         eval_training_input_configuration: PER_HOST_V1 (None) or SLICED (evaluation
             and prediction input_fns get the global batch). Defaults to None.
         num_cores_per_replica: None or 1 (model parallelism has no counterpart).
-        tpu_job_name, initial_infeed_sleep_secs, input_partition_dims,
-            experimental_host_call_every_n_steps: accepted with a warning, once each,
+        tpu_job_name, initial_infeed_sleep_secs: accepted with a warning, once each,
             that they have no effect, when not TPUEstimator's defaults.
+        input_partition_dims, experimental_host_call_every_n_steps: the same.
 
     Examples:
         >>> fw.train.TPUConfig(iterations_per_loop=100, num_shards=8)

@@ -138,7 +138,8 @@ def patches(record: Any, replay: Any, replicas: int) -> list[tuple[Any, str, Any
     def ema_apply(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise ModelFnError(EMA_REFUSAL)
 
-    return [(v1, "gradients", gradients), (tf, "gradients", gradients),
+    return [(module, "gradients", gradients) for module in _tf_internals.v1_api_modules()] + [
+            (tf, "gradients", gradients),
             (v1.train.Optimizer, "compute_gradients", compute_gradients),
             (v1.train.Optimizer, "apply_gradients", apply_gradients),
             (v1.train.Optimizer, "minimize", minimize),

@@ -50,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks.train import engines
+from fenwicks.train import engines, run_format
 from fenwicks.train.estimator import Estimator, get_tpu_estimator
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.tf import _model_fn as mf
@@ -275,7 +275,7 @@ class TPUEstimator:
                 if key not in seen:
                     seen.add(key)
                     sources.append((source, mapping))
-        restored = tf.train.latest_checkpoint(self.model_dir) if sources else None
+        restored = _own_checkpoint(self.model_dir) if sources else None
         if restored is not None:
             # The engine restores model_dir's own checkpoint over any warm start.
             self.warm_start_report = {"loaded": [], "not_loaded": [],
@@ -459,7 +459,15 @@ def _warm_start_settings(warm: str | WarmStartSettings | None
     if not isinstance(warm, str):
         raise ValueError(f"warm_start_from={warm!r} must be a checkpoint path or "
                          "fw.train.WarmStartSettings(...)")
+    if run_format.is_step(warm) or _own_checkpoint(warm):
+        return warm  # a Fenwicks run's: the engine's warm start
     return WarmStartSettings(warm) if assignment_map.is_name_based(warm) else warm
+
+
+def _own_checkpoint(model_dir: str) -> str | None:
+    """The checkpoint a Fenwicks run in `model_dir` restores (its run-format step, or an
+    older run's TensorFlow checkpoint), if any."""
+    return run_format.latest(model_dir) or tf.train.latest_checkpoint(model_dir)
 
 
 def _no_hooks(hooks: Any, listeners: Any) -> None:
