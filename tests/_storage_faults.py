@@ -300,10 +300,10 @@ def _error_of(outcome: dict[str, Any]) -> BaseException | None:
 
 def train_to(work_dir: str, max_steps: str) -> dict[str, Any]:
     """A new process on `work_dir` (resumed or fresh) trains to `max_steps`."""
-    import tensorflow as tf
+    from fenwicks.train import run_format
 
     est, train = _digits_estimator(work_dir)
-    latest = tf.train.latest_checkpoint(work_dir)
+    latest = run_format.latest(work_dir)
     est.train(train, max_steps=int(max_steps))
     return {"resumed_from": latest, "step": est.global_step, "variables": _variables(est)}
 

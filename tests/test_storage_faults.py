@@ -226,13 +226,13 @@ def test_storage_gone_mid_training_ends_the_run_naming_the_last_checkpoint(stora
     error = out["error"]
     assert error is not None and error["type"] == "StorageUnavailableError", out
     assert "OSError" in error["mro"]
-    # Storage went away after step 4's loop, before its checkpoint: ckpt-2 is the last.
-    # ckpt-4 is written in the background while steps 5-6 train; its failure is raised
+    # Storage went away after step 4's loop, before its checkpoint: step 2 is the last.
+    # Step 4 is written in the background while steps 5-6 train; its failure is raised
     # when the save of step 6 waits for it.
     assert out["step"] == 6, out
-    assert out["last_checkpoint"] == f"{work_dir}/ckpt-2"
-    assert f"The last good checkpoint is {work_dir}/ckpt-2" in error["message"]
-    assert f"checkpoint save of {work_dir}/ckpt-4 got no answer" in error["message"]
+    assert out["last_checkpoint"] == f"{work_dir}/checkpoints/2"
+    assert f"The last good checkpoint is {work_dir}/checkpoints/2" in error["message"]
+    assert f"checkpoint save of {work_dir}/checkpoints/4 got no answer" in error["message"]
     # Fenwicks' deadline (not TensorFlow's 47 s of retries) ended the save, then the
     # lock release had its clean-up deadline; nothing else waited on storage.
     assert OPERATION_DEADLINE <= out["seconds_after_outage"]
@@ -249,8 +249,8 @@ def test_a_save_whose_work_dir_check_meets_the_outage_stops_in_bounded_time(
     error = out["error"]
     assert error is not None and error["type"] == "StorageUnavailableError", out
     assert out["step"] == 4, out
-    assert out["last_checkpoint"] == f"{work_dir}/ckpt-2"
-    assert f"The last good checkpoint is {work_dir}/ckpt-2" in error["message"]
+    assert out["last_checkpoint"] == f"{work_dir}/checkpoints/2"
+    assert f"The last good checkpoint is {work_dir}/checkpoints/2" in error["message"]
     assert "work_dir check" in error["message"], error["message"]
     # Fenwicks' deadline ended it (TensorFlow's own retries of the stat took longer).
     assert OPERATION_DEADLINE <= out["seconds_after_outage"]
@@ -260,7 +260,7 @@ def test_a_save_whose_work_dir_check_meets_the_outage_stops_in_bounded_time(
 def test_resume_after_storage_returns_equals_an_uninterrupted_run(storage_gone,
                                                                   uninterrupted):
     work_dir, _, resumed, _ = storage_gone
-    assert resumed["resumed_from"] == f"{work_dir}/ckpt-2"
+    assert resumed["resumed_from"] == f"{work_dir}/checkpoints/2"
     assert resumed["step"] == uninterrupted["step"] == 10
     assert uninterrupted["resumed_from"] is None
     _assert_same_variables(resumed["variables"], uninterrupted["variables"])

@@ -836,7 +836,8 @@ class StagedBucket:
     def publish(self, step: int, local: str) -> None:
         """Uploads the completed local step folder, commits it, prunes old steps."""
         target = f"{self.remote}/{step}"
-        self._remove(target)  # a copy being replaced, or an upload cut short earlier
+        # A copy being replaced, or an upload cut short earlier.
+        self._remove(target, what="checkpoint save")
         for name in sorted(os.listdir(local)):
             if name != COMMIT_FILE:  # the marker goes last, once everything is there
                 fw_io.upload(os.path.join(local, name), target, progress=False)
@@ -881,12 +882,19 @@ class StagedBucket:
             if step is not None and step not in kept and step <= complete[-1]:
                 self._remove(f"{self.remote}/{step}")
 
-    def _remove(self, path: str) -> None:
-        if fw_io.exists(path):
-            _deadline.run(_remove_step, path, what="removing an old checkpoint", path=path)
+    def _remove(self, path: str, what: str = "removing an old checkpoint") -> None:
+        """Removes step folder `path` if there; a storage failure is named as `what`."""
+        if _deadline.run(_gcs_exists, path, what=what, path=path):
+            _deadline.run(_remove_step, path, what=what, path=path)
 
     def close(self) -> None:
         self._cleanup()
+
+
+def _gcs_exists(path: str) -> bool:
+    import tensorflow as tf  # gs:// only: the client fenwicks.io uses
+
+    return bool(tf.io.gfile.exists(path))
 
 
 def _write_text(path: str, text: str) -> None:
