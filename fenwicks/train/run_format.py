@@ -354,7 +354,9 @@ def read_arrays(step_dir: str, record: dict) -> StateTree:
     """The arrays of a local step, as NumPy arrays, shaped as its record says."""
     target = {group: [np.empty(shape, dtype=np.dtype(dtype))
                       for _, shape, dtype in record["layout"][group]] for group in GROUPS}
-    restored = _reader().restore(os.path.join(step_dir, STATE), target)
+    # Orbax takes absolute paths only ('Checkpoint path should be absolute'): a work_dir
+    # given relative ('runs/demo') is resolved against the current folder.
+    restored = _reader().restore(os.path.join(os.path.abspath(step_dir), STATE), target)
     return {group: [np.asarray(a) for a in restored[group]] for group in GROUPS}
 
 
