@@ -82,8 +82,6 @@ NOT_YET = {
     "fenwicks.train.tf.tf1_gradients",
     "fenwicks._deadline.configure_tensorflow",
     "fenwicks._deadline.run",
-    "fenwicks._host.nvidia_device_evidence",
-    "fenwicks._host.tpu_host_evidence",
     "fenwicks._removal",
     "fenwicks._removal.manifest_mismatches",
     "fenwicks._removal.remove_by_manifest",
