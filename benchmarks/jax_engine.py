@@ -101,8 +101,8 @@ def _estimator(clocks: _Clocks, timings: list[dict]):
 
     made_by_engine = engine.JaxEngine.trainer
 
-    def make(strategy, config, state, watcher):
-        made = made_by_engine(strategy, config, state, watcher)
+    def make(config, state, watcher):
+        made = made_by_engine(config, state, watcher)
         train = made.train
 
         def timed(batches, num_steps):
