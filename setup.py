@@ -35,6 +35,10 @@ setup(
         "tensorboard>=2.20",
         "tqdm>=4.60",
         "matplotlib>=3.7",
+        # Every engine's checkpoints (fenwicks/train/run_format.py); it brings JAX, which
+        # the tf engine keeps on the CPU (fw.accel.keep_jax_off_accelerators).
+        "orbax-checkpoint>=0.11",
+        "tensorstore>=0.1.60",  # what orbax writes arrays with (checked at import fenwicks)
     ],
     extras_require={
         # At most one of these, on a machine without TensorFlow; none where one is installed
@@ -47,15 +51,19 @@ setup(
         # TensorFlow's CPU build runs tf.data. Not tensorflow-tpu: from PyPI it gets the
         # newest libtpu (JAX's; it asks only libtpu~=0.0.14), with which TensorFlow finds
         # no TPU, and it would replace the libtpu JAX needs. tools/platform_replicas.sh.
-        "tpu": [f"tensorflow-cpu{TF_RANGE}", "jax>=0.7", "orbax-checkpoint>=0.11"],
+        "tpu": [f"tensorflow-cpu{TF_RANGE}", "jax>=0.7"],
         "demo": ["scikit-learn>=1.2"],
         # The tutorials on your own machine: jupyter lab tutorials/
-        "notebooks": ["jupyterlab>=4", "ipykernel>=6", "scikit-learn>=1.2"],
-        # The documentation site (mkdocs.yml): mkdocs build --strict, mkdocs serve.
-        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
-        # The JAX engine (KERAS_BACKEND=jax): jax for the devices, orbax for checkpoints.
+        # ipywidgets: tqdm's progress bars in a notebook (without it: "IProgress not found").
+        "notebooks": ["jupyterlab>=4", "ipykernel>=6", "ipywidgets>=8", "scikit-learn>=1.2"],
+        # The documentation site (mkdocs.yml): mkdocs build --strict, mkdocs serve; the
+        # tutorials are pages of it (mkdocs-jupyter).
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26",
+                 "mkdocs-jupyter>=0.25"],
+        # The JAX engine (KERAS_BACKEND=jax): jax for the devices (orbax-checkpoint, for
+        # every engine's checkpoints, is a dependency of fenwicks itself).
         # On a TPU, JAX comes with the image (or pip install 'jax[tpu]').
-        "jax": ["jax>=0.7", "orbax-checkpoint>=0.11"],
+        "jax": ["jax>=0.7"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.2",
@@ -68,7 +76,6 @@ setup(
             "ruff>=0.5",
             "py7zr>=0.20",  # fw.io.unzip of Kaggle's .7z archives (tests/test_io.py)
             "jax>=0.7",  # the blocks and the JAX engine on the CPU (KERAS_BACKEND=jax, cpu:8)
-            "orbax-checkpoint>=0.11",  # the JAX engine's checkpoints
         ],
     },
     entry_points={"console_scripts": ["fenwicks=fenwicks.__main__:main"]},

@@ -136,8 +136,10 @@ class HostFacts:
         libtpu_module: True if a ``libtpu`` package is importable (pip's libtpu).
         keras_backend: the backend of a ``keras`` imported before Fenwicks, else None.
         jax_module: True if ``jax`` is importable (also without distribution metadata).
-        orbax_module: True if ``orbax.checkpoint`` is importable: the jax engine's
-            checkpoints. Defaults to True.
+        orbax_module: True if ``orbax.checkpoint`` is importable: every engine's
+            checkpoints (the run format). Defaults to True.
+        tensorstore_module: True if ``tensorstore`` is importable: what orbax writes
+            arrays with. Defaults to True.
     """
 
     distributions: Mapping[str, str]
@@ -146,6 +148,7 @@ class HostFacts:
     keras_backend: str | None = None
     jax_module: bool = False
     orbax_module: bool = True
+    tensorstore_module: bool = True
 
     @classmethod
     def gather(cls) -> HostFacts:
@@ -166,7 +169,8 @@ class HostFacts:
             except Exception:  # noqa: BLE001 - a keras half imported: nothing to compare
                 backend = None
         return cls(found, tuple(files), _importable("libtpu"), backend,
-                   _importable("jax"), _importable("orbax.checkpoint"))
+                   _importable("jax"), _importable("orbax.checkpoint"),
+                   _importable("tensorstore"))
 
     @property
     def jax_version(self) -> str | None:
@@ -257,6 +261,7 @@ def choose_engine(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:
         choice = _from_keras_backend(backend, facts)
     else:
         choice = _auto(env, facts)
+    _require_orbax(_what(choice, forced, backend), facts)
     if facts.keras_backend and facts.keras_backend != choice.keras_backend:
         if not forced and not backend and facts.keras_backend in KERAS_BACKEND.values():
             # Nobody asked for an engine: follow the Keras that is already running, and say
@@ -314,13 +319,27 @@ def _require_jax(what: str, facts: HostFacts) -> None:
     _require_orbax(what, facts)
 
 
+def _what(choice: EngineChoice, forced: str, backend: str) -> str:
+    """How `_require_orbax`'s sentence starts for `choice`."""
+    if forced:
+        return f"{ENGINE_ENV}={forced} is set"
+    if backend:
+        return f"KERAS_BACKEND={backend} is set"
+    return f"Fenwicks chose the {choice.engine} engine ({choice.reason})"
+
+
 def _require_orbax(what: str, facts: HostFacts) -> None:
     # Found here, not at the first checkpoint: train() would fail after building the model.
     if not facts.orbax_module:
         raise EngineError(
-            f"{what}, but orbax-checkpoint, which the jax engine saves its checkpoints "
-            "with, is not installed: pip install 'fenwicks[jax]' (or pip install "
-            "orbax-checkpoint).")
+            f"{what}, but orbax-checkpoint, which Fenwicks saves its checkpoints with on "
+            "every engine, is not installed: pip install orbax-checkpoint (a dependency of "
+            "fenwicks: pip install fenwicks installs it), then restart Python.")
+    if not facts.tensorstore_module:
+        raise EngineError(
+            f"{what}, but tensorstore, which orbax-checkpoint writes Fenwicks' checkpoints "
+            "with, is not installed: pip install tensorstore (a dependency of fenwicks), "
+            "then restart Python.")
 
 
 def _auto(env: Mapping[str, str], facts: HostFacts) -> EngineChoice:

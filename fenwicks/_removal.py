@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 MANIFEST = "fenwicks_manifest.json"
+RUN_RECORD = "fenwicks_*.json"  # what every run writes in its work_dir (input record...)
 _CHUNK = 1 << 20  # bytes read at a time for a checksum
 
 # What Fenwicks writes in a work_dir, as paths relative to it: '/'-separated, each part
@@ -42,7 +43,8 @@ WORK_DIR_PATTERNS = (
     "checkpoint", "checkpoint.tmp*",  # tf.train.CheckpointManager's state file
     "ckpt-*",  # TensorFlow checkpoints (.index, .data-*, .corrupt, *.tempstate*)
     ".worker-*/**",  # tf/checkpointer.py: a non-chief worker's scratch checkpoint
-    "orbax/[0-9]*/**",  # jax/checkpoints.py: orbax step folders, their tmp and .corrupt
+    "orbax/[0-9]*/**",  # the jax engine's orbax step folders before the run format
+    "checkpoints/[0-9]*/**",  # run_format.py: a step (orbax), its tmp and .corrupt folders
     "fenwicks_*.json", "fenwicks_*.json.*",  # run records (input, optimizer, run format)
     "fenwicks.lock", "fenwicks.lock.*.tmp",  # train/lock.py
     "epochs.jsonl", "epochs.jsonl.tmp",  # train/history.py
@@ -334,8 +336,10 @@ def _matches(parts: list[str], pattern: list[str]) -> bool:
 
 def classify_work_dir(work_dir: str) -> tuple[list[str], list[str]]:
     """Splits the files below `work_dir` into Fenwicks' own and foreign ones (relative
-    paths, sorted). Own: a `WORK_DIR_PATTERNS` name, or a file that a manifest in its
-    folder or a folder above lists with its size and checksum."""
+    paths, sorted). Own: a `WORK_DIR_PATTERNS` name relative to `work_dir` or to a
+    folder below it that holds a run record (``fenwicks_*.json``: a nested work_dir), or
+    a file that a manifest in its folder or a folder above lists with its size and
+    checksum."""
     files = _files(work_dir)
     proven: set[str] = set()
     for manifest_file in [f for f in files if f.rsplit("/", 1)[-1] == MANIFEST]:
@@ -347,9 +351,16 @@ def classify_work_dir(work_dir: str) -> tuple[list[str], list[str]]:
         proven.add(manifest_file)
         bad = {p.split(" (", 1)[0] for p in manifest_mismatches(folder, manifest)}
         proven.update(base + relative for relative in manifest["files"] if relative not in bad)
+    # A folder below holding a run record is a work_dir too (an estimator's work_dir
+    # inside another one, as tutorials nest them): the patterns apply inside it.
+    roots = [""] + sorted({f.rsplit("/", 1)[0] + "/" for f in files if "/" in f
+                           and fnmatch.fnmatchcase(f.rsplit("/", 1)[1], RUN_RECORD)})
     own, foreign = [], []
     for relative in files:
-        (own if relative in proven or is_own_work_file(relative) else foreign).append(relative)
+        mine = relative in proven or any(
+            relative.startswith(root) and is_own_work_file(relative[len(root):])
+            for root in roots)
+        (own if mine else foreign).append(relative)
     return own, foreign
 
 

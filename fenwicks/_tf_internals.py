@@ -211,7 +211,8 @@ def worker_address(server: Any) -> str:
 
 def v1_optimizer_arg(optimizer: Any, name: str) -> Any:
     """A constructor argument of a `tf.compat.v1.train` optimizer: ``learning_rate``,
-    ``momentum``, ``use_nesterov``, ``beta1``, ``beta2``, ``epsilon``.
+    ``momentum``, ``use_nesterov``, ``beta1``, ``beta2``, ``epsilon``; CrossShardOptimizer's
+    ``reduction``.
 
     Why private: TF1 optimizers keep their arguments only as ``_<name>`` attributes (no
     ``get_config``); the TPUEstimator front door converts them to Keras optimizers.
@@ -251,6 +252,50 @@ def fresh_variable_scope_counts() -> Iterator[None]:
     finally:
         store.variable_scopes_count.clear()
         store.variable_scopes_count.update(saved)
+
+
+@contextlib.contextmanager
+def keras_losses_per_replica() -> Iterator[None]:
+    """Keras loss objects give their own batch's mean, not divided by the replica count.
+
+    Why private: Keras 3's ``Loss.__call__`` divides its value by ``num_replicas_in_sync``
+    under ``tf.distribute`` (``keras.src.losses.loss.scale_loss_for_distribution``, for
+    Keras's own trainer, which sums the replicas' losses) and has no switch. A TPUEstimator
+    model_fn's loss is its replica's batch mean, as ``tf.compat.v1.losses``' is; the
+    front door restores the division when the model_fn returns.
+    """
+    from keras.src.losses import loss as module
+
+    original = module.scale_loss_for_distribution
+    module.scale_loss_for_distribution = lambda value: value
+    try:
+        yield
+    finally:
+        module.scale_loss_for_distribution = original
+
+
+def v1_api_modules() -> list[Any]:
+    """Every module object a program may hold as ``tf.compat.v1`` (each once).
+
+    Why private: ``import tensorflow.compat.v1 as tf`` (what every TF1 program writes)
+    loads a second module object, ``tensorflow.compat.v1``, beside the one
+    ``tf.compat.v1`` gave before, ``tensorflow._api.v2.compat.v1``, and rebinds the
+    attribute: a program (or a test) that kept the first holds another object. They
+    share their submodules (``train``, ``losses``, ...), not their own attributes
+    (``trainable_variables``, ``get_variable``, ``gradients``, ``layers``), which the
+    TPUEstimator front door replaces in a model_fn on each.
+    """
+    import sys
+
+    import tensorflow as tf
+
+    found = [tf.compat.v1] + [sys.modules.get(name) for name in (
+        "tensorflow.compat.v1", "tensorflow._api.v2.compat.v1")]
+    unique: dict[int, Any] = {}
+    for module in found:
+        if module is not None:
+            unique.setdefault(id(module), module)
+    return list(unique.values())
 
 
 def keras_base_optimizer() -> type:
@@ -299,6 +344,34 @@ def jax_backend_errors() -> dict[str, str]:
     return dict(getattr(xla_bridge, "_backend_errors", {}) or {})
 
 
+def keras_global_seed_generator(create: bool = False) -> Any:
+    """Keras's global ``SeedGenerator`` (the one ``keras.random`` calls without a seed
+    draw from), or None if none was made and not `create`.
+
+    Why private: Keras keeps it in ``global_state`` and makes it in
+    ``seed_generator.global_seed_generator``; no public call returns it.
+    """
+    if create:
+        from keras.src.random import seed_generator
+
+        return seed_generator.global_seed_generator()
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("global_seed_generator")
+
+
+def call_before_thread_pools_shut_down(fn: Any) -> None:
+    """Calls `fn` at interpreter exit, before ``concurrent.futures`` refuses new work.
+
+    Why private: orbax writes through thread pools, and ``concurrent.futures`` stops them
+    from ``threading._register_atexit`` hooks, which run before non-daemon threads are
+    joined and long before ``atexit``'s: a checkpoint write still running at exit then
+    fails with "cannot schedule new futures after interpreter shutdown". Only a hook
+    registered the same way (later, so it runs first) lets the write finish.
+    """
+    import threading
+
+    threading._register_atexit(fn)
 def keras_learning_rate_setting(optimizer: Any) -> Any:
     """A Keras optimizer's learning rate as given: a float variable or a schedule.
 

@@ -6,12 +6,12 @@ jax engine on a TPU host whose TensorFlow cannot reach the TPU (the 2026 Kaggle 
 TPU images). `engine()` says which.
 
 The devices are detected on first use of `current()` and cached for the process, by the
-engine's own detector (``devices.py`` in its folder, named by its registry entry): on the
-TensorFlow engine the order is TPU VM, TPU node over the network, multi-worker cluster,
-GPUs, CPU; on the jax engine it is what ``jax.devices()`` lists. `configure()` or the
-environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``, ``cpu``, ``cpu:8``) override
-it. ``cpu:N`` splits the CPU into N logical devices (TensorFlow's, or N JAX devices
-through ``XLA_FLAGS``): the TPU-like test mode, N cores sharing one global batch.
+engine's own detector: on the TensorFlow engine the order is TPU VM, TPU node over the
+network, multi-worker cluster, GPUs, CPU; on the jax engine it is what ``jax.devices()``
+lists. `configure()` or the environment variable ``FENWICKS_DEVICE`` (``tpu``, ``gpu``,
+``cpu``, ``cpu:8``) override it. ``cpu:N`` splits the CPU into N logical devices
+(TensorFlow's, or N JAX devices through ``XLA_FLAGS``): the TPU-like test mode, N cores
+sharing one global batch.
 
 An `Accelerator` describes devices only (kind, count, memory, precision): how an engine
 distributes over them is the engine's (the tf engine's ``tf.distribute`` strategy is
@@ -41,7 +41,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 from fenwicks import _engine, _precision, _tf_internals, _tpu_diagnosis
@@ -282,8 +282,14 @@ def import_keras() -> None:
         return
     previous = os.environ.get("KERAS_BACKEND")
     os.environ["KERAS_BACKEND"] = choice.keras_backend
+    jax_on_cpu = (_jax_on_cpu_while_imported(os.environ)
+                  if choice.engine == "tf" and not os.environ.get("JAX_PLATFORMS")
+                  else contextlib.nullcontext())
     try:
-        import keras  # noqa: F401 - Keras reads KERAS_BACKEND here, once per process
+        with jax_on_cpu:  # TensorFlow imports JAX where it is installed
+            import keras  # noqa: F401 - Keras reads KERAS_BACKEND here, once per process
+        if choice.engine == "tf":
+            keep_jax_off_accelerators(import_jax=False)  # a JAX the user imported first
     finally:
         if previous is None:
             del os.environ["KERAS_BACKEND"]
@@ -305,6 +311,58 @@ def engine() -> str:
         'tf'
     """
     return engine_choice().engine
+
+
+_JAX_CPU_ENV = {"JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
+@contextlib.contextmanager
+def _jax_on_cpu_while_imported(env: MutableMapping[str, str]) -> Iterator[None]:
+    """``JAX_PLATFORMS=cpu`` (and no preallocation) for a JAX imported meanwhile, then
+    the environment as it was: processes started later choose for themselves."""
+    saved = {name: env.get(name) for name in _JAX_CPU_ENV}
+    for name, value in _JAX_CPU_ENV.items():
+        env.setdefault(name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+
+
+def keep_jax_off_accelerators(env: MutableMapping[str, str] | None = None, *,
+                              import_jax: bool = True) -> None:
+    """On the TensorFlow engine, keeps JAX on the CPU: it must not initialise a GPU nor
+    preallocate most of its memory, which TensorFlow needs. JAX comes in with
+    orbax-checkpoint (every engine's checkpoints) and, where it is installed, with
+    TensorFlow itself (``tensorflow.lite`` imports it).
+
+    JAX reads ``JAX_PLATFORMS`` when it is imported and makes its devices on first use.
+    `import_keras` imports TensorFlow with ``JAX_PLATFORMS=cpu`` and
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` set for that import only; here a JAX not yet
+    imported is imported the same way (if `import_jax`), and a JAX imported earlier whose
+    devices do not exist yet is told through its config. Nothing on the jax engine, nor
+    when ``JAX_PLATFORMS`` was set by the user.
+
+    Examples:
+        >>> keep_jax_off_accelerators()   # on the tf engine, before importing orbax
+        >>> import jax; jax.devices()[0].platform
+        'cpu'
+    """
+    env = os.environ if env is None else env
+    if engine() == "jax" or env.get("JAX_PLATFORMS"):
+        return
+    jax = sys.modules.get("jax")
+    if jax is None:
+        if not import_jax:
+            return
+        with _jax_on_cpu_while_imported(env):
+            import jax
+    if not _tf_internals.jax_backends_initialized():
+        jax.config.update("jax_platforms", "cpu")
 
 
 def _prepare_jax_cpu(replicas: int | None, env: Any = None) -> None:

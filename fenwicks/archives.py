@@ -23,13 +23,15 @@ The sizes checked are those the archive declares, and they bound what is written
 `zipfile` and `tarfile` read exactly a member's declared size (zipfile fails on the
 checksum when the data runs on), and py7zr writes each file's declared size.
 
-A leaf module: the standard library only (py7zr for ``.7z``, imported when needed).
+The standard library only (py7zr for ``.7z``, imported when needed), and Fenwicks' leaves
+`fenwicks._removal` (its one way to delete) and `fenwicks._text`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import numbers
 import os
 import shutil
@@ -38,6 +40,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from fenwicks import _removal
+from fenwicks._text import first_line
+
+logger = logging.getLogger("fenwicks")
 
 # Kaggle's whole working disk (/kaggle/working) is 20 GiB; a bigger real archive is
 # unpacked with max_bytes= raised (or None) by someone who knows its size.
@@ -64,19 +69,23 @@ def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
     Args:
         fn: archive path, or a list of them.
         dest_dir: where to unpack. Defaults to ``'.'``.
-        overwrite: unpack even if ``dest_dir`` exists (replacing files). Defaults to
-            False: an existing ``dest_dir`` is left alone, as the original did.
+        overwrite: unpack even if ``dest_dir`` holds files (replacing files of the same
+            names). Defaults to False: a ``dest_dir`` holding anything is left alone, as
+            the original did, with a warning naming what was skipped; an empty one is
+            unpacked into.
         max_bytes: the most bytes the archives may unpack to, together. Defaults to
             `DEFAULT_MAX_BYTES` (20 GiB); None for no limit (the disk's free space still
             is one).
 
     Returns:
-        The files written, sorted (empty if ``dest_dir`` existed).
+        The files written, sorted (empty if ``dest_dir`` held something).
 
     Raises:
         ValueError: an unknown archive type, an unsafe or unnamable member, or more
             than ``max_bytes`` to unpack (each named); `DamagedArchiveError` for a
-            member whose data cannot be read. Nothing is left in ``dest_dir`` then.
+            member whose data cannot be read, or an archive cut short or damaged (named,
+            with the last member read before the damage). Nothing is left in
+            ``dest_dir`` then.
         OSError: more to unpack than the disk under ``dest_dir`` has free.
 
     Examples:
@@ -85,7 +94,7 @@ def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
     """
     archives = [fn] if isinstance(fn, (str, os.PathLike)) else list(fn)
     limit = _check_max_bytes(max_bytes)
-    if os.path.exists(dest_dir) and not overwrite:
+    if os.path.exists(dest_dir) and not overwrite and _skipped(archives, dest_dir):
         return []
     dest = os.path.realpath(dest_dir)
     with contextlib.ExitStack() as stack:
@@ -96,6 +105,22 @@ def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
             for archive in opened:
                 archive.extract(staging)
             return sorted(_move_into_place(opened, staging, dest))
+
+
+def _skipped(archives: list, dest_dir: str) -> bool:
+    """Whether the call skips: `dest_dir` already holds something (as the original, so a
+    re-run notebook cell does not unpack again), said in one warning. An empty folder
+    is unpacked into."""
+    held = sorted(os.listdir(dest_dir)) if os.path.isdir(dest_dir) else None
+    if held == []:
+        return False
+    names = ", ".join(os.fspath(a) for a in archives)
+    what = (f"already holds {len(held)} entr{'y' if len(held) == 1 else 'ies'} (e.g. "
+            f"{held[0]!r})" if held else "is a file")
+    logger.warning("fenwicks: unzip skipped %s: dest_dir=%r %s, so nothing was unpacked. "
+                   "Pass overwrite=True to unpack into it (files of the same names are "
+                   "replaced, others kept), or a new dest_dir", names, dest_dir, what)
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,13 +344,35 @@ def _write_members(archive: str, members: list[_Member], open_member: Callable[[
 def _open(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
     lower = archive.lower()
     if lower.endswith(".zip"):
-        return _open_zip(archive, dest, stack)
-    if lower.endswith(_TAR_ENDINGS):
-        return _open_tar(archive, dest, stack)
-    if lower.endswith(".7z"):
-        return _open_7z(archive, dest, stack)
-    raise ValueError(f"fn={archive!r}: unknown archive type; give a .zip, .tar(.gz/.bz2/.xz)"
-                     " or .7z file")
+        opener = _open_zip
+    elif lower.endswith(_TAR_ENDINGS):
+        opener = _open_tar
+    elif lower.endswith(".7z"):
+        opener = _open_7z
+    else:
+        raise ValueError(f"fn={archive!r}: unknown archive type; give a .zip, "
+                         ".tar(.gz/.bz2/.xz) or .7z file")
+    try:
+        return opener(archive, dest, stack)
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise  # they name the file already
+    except (ValueError, ImportError):
+        raise  # ours (unsafe members, named), or py7zr missing
+    except Exception as err:  # EOFError, zipfile/tarfile errors, zlib, lzma, bz2's OSError
+        raise _unreadable(archive, None, err) from err
+
+
+def _unreadable(archive: str, after: str | None, err: BaseException) -> DamagedArchiveError:
+    """A damaged or cut archive whose member list could not be read, named, with the
+    last member read before the damage (or none)."""
+    where = (f"in or after member {after!r}" if after is not None
+             else "before any member could be read")
+    reason = f"{type(err).__name__}: {first_line(err)}"
+    if "not a zip file" in str(err).lower():
+        reason += " (its member list, at the end of a zip, is missing: cut short?)"
+    return DamagedArchiveError(
+        f"{archive}: the archive is cut short or damaged {where} ({reason}); nothing was "
+        "unpacked from it or the other archives of the call. Download or copy it again")
 
 
 def _open_zip(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
@@ -347,9 +394,17 @@ def _open_zip(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
 def _open_tar(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
     import tarfile
 
-    tar = stack.enter_context(tarfile.open(archive))
+    tar = stack.enter_context(_open_tarfile(archive))
+    infos: list[Any] = []
+    try:  # headers are read one after another: the damage lies after the last read
+        infos.extend(tar)
+    except Exception as err:
+        if isinstance(err, (ValueError, ImportError)) and not isinstance(
+                err, tarfile.TarError):
+            raise
+        raise _unreadable(archive, infos[-1].name if infos else None, err) from err
     members = []
-    for info in tar.getmembers():
+    for info in infos:
         relative = _relative(dest, info.name, archive)
         if not (info.isfile() or info.isdir()):
             _refuse_link(archive, info.name)
@@ -357,6 +412,27 @@ def _open_tar(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:
                                info.size if info.isfile() else 0, info.isdir()))
     return _Archive(archive, members,
                     lambda root: _write_members(archive, members, tar.extractfile, root))
+
+
+def _open_tarfile(archive: str) -> Any:
+    """`tarfile.open` with the compression the name says: a cut ``.tar.bz2`` then fails
+    as bzip2 data, not as "not a gzip file", the last of the formats ``r:*`` tried.
+    A file whose start is not that compression is opened as whatever it is."""
+    import tarfile
+
+    lower = archive.lower()
+    mode = next((m for endings, m in (((".tar.gz", ".tgz"), "r:gz"),
+                                      ((".tar.bz2", ".tbz2"), "r:bz2"),
+                                      ((".tar.xz", ".txz"), "r:xz"), ((".tar",), "r:"))
+                 if lower.endswith(endings)), "r:*")
+    try:
+        return tarfile.open(archive, mode)
+    except tarfile.ReadError as err:
+        if isinstance(err.__cause__, EOFError):  # that compression, cut in its first block
+            raise err.__cause__ from None
+        if not str(err).startswith("not a"):  # 'not a bzip2 file': named wrongly
+            raise
+        return tarfile.open(archive, "r:*")
 
 
 def _open_7z(archive: str, dest: str, stack: contextlib.ExitStack) -> _Archive:

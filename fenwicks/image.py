@@ -29,7 +29,8 @@ def gray2rgb(x: Any, normalize: bool = False) -> np.ndarray:
         The RGB array (float if ``normalize``).
 
     Examples:
-        >>> fw.plt.show_batch(eval_input_func, converter=fw.image.gray2rgb)
+        >>> fw.image.gray2rgb(np.zeros((28, 28, 1))).shape
+        (28, 28, 3)
     """
     x = np.asarray(x)
     if x.ndim < 2 or x.shape[-1] != 1:
@@ -54,7 +55,11 @@ def check_rgb(data_dir: str, file_ext: str = "jpg", fix: bool = True) -> list[st
         The paths of the images that were not RGB.
 
     Examples:
-        >>> fw.image.check_rgb('./data/train', file_ext='png')
+        >>> import os
+        >>> os.makedirs('train/cats', exist_ok=True)
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> _ = open('train/cats/0.png', 'wb').write(png)
+        >>> fw.image.check_rgb('train', file_ext='png')       # every image RGB already
         []
     """
     from PIL import Image  # Pillow comes with Keras; imported only when used

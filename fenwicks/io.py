@@ -32,8 +32,7 @@ or timed-out connection), then fail:
   attempt (``FENWICKS_GCS_REQUEST_TIMEOUT``). ``GCS_*`` variables the user set win.
 * Every ``gs://`` call of Fenwicks' own (these functions, checkpoints, the work_dir
   lock, summaries) ends within 90 s (``FENWICKS_GCS_DEADLINE``) with
-  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults
-  (see ``fenwicks/_deadline.py``).
+  `StorageTimeoutError`, even if TensorFlow was imported first with its slower defaults.
 """
 
 from __future__ import annotations
@@ -367,6 +366,58 @@ def listdir(path: str) -> list[str]:
     return sorted({name.rstrip("/") for name in _call(path, "listdir", gfile.listdir, path)})
 
 
+def read_bytes(path: str) -> bytes:
+    """The contents of file `path` (local or ``gs://``).
+
+    Raises:
+        FileNotFoundError: `path` does not exist (TensorFlow's NotFoundError for gs://).
+
+    Examples:
+        >>> fw.io.read_bytes('gs://my-bucket/work/run/checkpoints/100/record/metadata')[:1]
+        b'{'
+    """
+    path = _check_path(path, "path")
+    if not is_gcs(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    def read() -> bytes:
+        with _gfile(path).GFile(path, "rb") as f:
+            return f.read()
+
+    return _call(path, "read", read)
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes `text` to file `path` (local or ``gs://``), replacing it.
+
+    Examples:
+        >>> fw.io.write_text('gs://my-bucket/work/run/checkpoints/100/commit_success.txt', 'ok')
+    """
+    path = _check_path(path, "path")
+
+    def write() -> None:
+        with _gfile(path).GFile(path, "w") as f:
+            f.write(text)
+
+    _call(path, "write", write)
+
+
+def rename(src: str, dst: str) -> None:
+    """Renames `src` to `dst` (on ``gs://``: a copy, then the source removed), replacing
+    `dst`.
+
+    Examples:
+        >>> fw.io.makedirs('run/checkpoints/100')
+        'run/checkpoints/100'
+        >>> fw.io.rename('run/checkpoints/100', 'run/checkpoints/100.corrupt')
+        >>> fw.io.listdir('run/checkpoints')
+        ['100.corrupt']
+    """
+    src, dst = _check_path(src, "src"), _check_path(dst, "dst")
+    _call(src, "rename", _gfile(src).rename, src, dst, overwrite=True)
+
+
 def copy(src: str, dst: str, overwrite: bool = False) -> list[str]:
     """Copies file or directory `src` to `dst` (either may be ``gs://``).
 
@@ -580,7 +631,8 @@ def _mount_table() -> dict[str, str]:
         point, root = _unescape_mount(fields[4]), _unescape_mount(fields[3])
         kind, source = fields[dash + 1], _unescape_mount(fields[dash + 2])
         bind = f", folder {root!r} of it" if root != "/" else ""
-        table[point] = f"a {kind} mount of {source}{bind}"
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        table[point] = f"{article} {kind} mount of {source}{bind}"
     return table
 
 

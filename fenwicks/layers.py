@@ -86,9 +86,15 @@ def batch_replicas(num_replicas: int) -> Iterator[None]:
         num_replicas: replicas (devices along the batch axis) sharing the batch.
 
     Examples:
+        >>> model = fw.models.mnist_net(input_shape=(8, 8, 1), c=4, bn=2)  # ghost BN
+        >>> trainable = [v.value for v in model.trainable_variables]
+        >>> non_trainable = [v.value for v in model.non_trainable_variables]
+        >>> x = np.zeros((8, 8, 8, 1), 'float32')   # the global batch of 8 replicas
         >>> with fw.layers.batch_replicas(8):
         ...     outputs, state = model.stateless_call(trainable, non_trainable, x,
         ...                                           training=True)
+        >>> tuple(outputs.shape)
+        (8, 10)
     """
     token = _BATCH_REPLICAS.set(positive_int("num_replicas", num_replicas))
     try:
@@ -284,6 +290,8 @@ def build_chain(parts: list[keras.layers.Layer], shape: Any) -> Any:
     `build_config` restore real weights).
 
     Examples:
+        >>> conv = keras.layers.Conv2D(64, 3, padding='same')
+        >>> norm = keras.layers.BatchNormalization()
         >>> fw.layers.build_chain([conv, norm], (None, 32, 32, 3))
         (None, 32, 32, 64)
     """
@@ -550,7 +558,7 @@ class GlobalPools2D(keras.layers.Layer):
     """Concatenated global max and global average pooling: [B, H, W, C] -> [B, 2C].
 
     Examples:
-        >>> fw.layers.GlobalPools2D()(keras.ops.ones((2, 4, 4, 3))).shape
+        >>> tuple(fw.layers.GlobalPools2D()(keras.ops.ones((2, 4, 4, 3))).shape)
         (2, 6)
     """
 

@@ -55,8 +55,8 @@ def mnist_net(n_classes: int = 10, c: int = 32, input_shape: Sequence[int] = (28
 
     Examples:
         >>> model = fw.models.mnist_net()
-        >>> model.output.shape
-        (None, 10)
+        >>> tuple(model(np.zeros((1, 28, 28, 1), 'float32')).shape)
+        (1, 10)
     """
     shape, bn = _image_shape(input_shape, 4), check_bn(bn)
     c, n_classes = positive_int("c", c), positive_int("n_classes", n_classes)

@@ -88,6 +88,7 @@ def plot_lr_func(lr_func: Callable[[Any], Any], total_steps: int,
     Examples:
         >>> lr_func = fw.train.one_cycle_lr(0.4, 1000, 200, fw.train.linear_decay())
         >>> fw.plt.plot_lr_func(lr_func, 1000)
+        <Figure size ... with 1 Axes>
     """
     if not callable(lr_func):
         raise ValueError(f"lr_func={lr_func!r} must be a callable step -> learning rate")
@@ -123,7 +124,9 @@ def plot_counts_pie(labels: Iterable[Any], class_names: Sequence[str] | None = N
         ValueError: if `labels` is empty or a label has no entry in `class_names`.
 
     Examples:
+        >>> y_train = np.array([0, 1, 1, 1])
         >>> fw.plt.plot_counts_pie(y_train, class_names=['cat', 'dog'])
+        <Figure size ... with 1 Axes>
     """
     _check_positive_int("w", w)
     _check_positive_int("h", h)
@@ -181,8 +184,10 @@ def show_batch(data: Any, n: int = 16, converter: Callable[[np.ndarray], Any] | 
         ValueError: for a non-positive `n`, or data of a type it cannot read.
 
     Examples:
+        >>> X, y = np.random.rand(16, 8, 8, 1), np.arange(16) % 2
         >>> fw.plt.show_batch(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
         ...                   n=8, class_names=['zero', 'one'])
+        <Figure size ... with 8 Axes>
     """
     _check_positive_int("n", n)
     images, labels = _take_examples(data, n, batch_size or n)
@@ -515,8 +520,10 @@ def plot_forecast(y_true: Any, y_pred: Any, history: Any = None,
             do not match the number of variables.
 
     Examples:
-        >>> preds = np.stack([p['prediction'] for p in est.predict(test_input_func)])
-        >>> fw.plt.plot_forecast(y_test[:200], preds[:200], labels=['temperature'])
+        >>> y_test = np.sin(np.arange(200) / 10)             # the truth, one variable
+        >>> preds = y_test + np.random.default_rng(0).normal(0, 0.1, 200)
+        >>> fw.plt.plot_forecast(y_test, preds, labels=['temperature'])
+        <Figure size ... with 1 Axes>
     """
     y_true, y_pred = _as_columns(y_true), _as_columns(y_pred)
     if y_true.shape != y_pred.shape:

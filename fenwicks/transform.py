@@ -70,7 +70,10 @@ def seeded(seed: tf.Tensor) -> Iterator[None]:
         >>> def fn(i, x):
         ...     with fw.transform.seeded(tf.stack([i, 42])):
         ...         return fw.transform.random_flip(x)
+        >>> ds = tf.data.Dataset.from_tensor_slices(tf.zeros([4, 8, 8, 3]))
         >>> ds = ds.enumerate().map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+        >>> [x.shape for x in ds.take(1)]
+        [TensorShape([8, 8, 3])]
     """
     outer = getattr(_state, "scope", None)
     # The counter gives every draw in the traced function its own stream: tracing
@@ -172,7 +175,10 @@ def random_flip(x: tf.Tensor) -> tf.Tensor:
         A tensor of the shape and dtype of ``x``.
 
     Examples:
-        >>> flipped = fw.transform.random_flip(images)   # images: [B, H, W, C]
+        >>> images = tf.reshape(tf.range(8.0), [2, 1, 4, 1])   # [B, H, W, C]
+        >>> flipped = fw.transform.random_flip(images)         # each image or its mirror
+        >>> flipped.shape
+        TensorShape([2, 1, 4, 1])
     """
     x = _image_or_batch(x)
     if x.shape.rank == 3:
@@ -204,7 +210,9 @@ def cutout(x: tf.Tensor, h: int, w: int, fill: float = 0) -> tf.Tensor:
         A tensor of the shape and dtype of ``x``.
 
     Examples:
-        >>> x = fw.transform.cutout(x, 8, 8)
+        >>> x = fw.transform.cutout(tf.ones([2, 32, 32, 3]), 8, 8)
+        >>> bool(tf.reduce_sum(x) < 2 * 32 * 32 * 3)    # an 8x8 hole (clipped at edges)
+        True
     """
     h, w = _non_negative_int("h", h), _non_negative_int("w", w)
     x = _image_or_batch(x)
@@ -293,7 +301,10 @@ def standard_scaler(x: tf.Tensor, mean, std) -> tf.Tensor:
     """Returns ``(x - mean) / std`` in float32; ``mean`` and ``std`` broadcast (per channel).
 
     Examples:
-        >>> x = fw.transform.standard_scaler(x, [125.3, 123.0, 113.9], [63.0, 62.1, 66.7])
+        >>> x = tf.fill([1, 2, 2, 3], 125.0)
+        >>> x = fw.transform.standard_scaler(x, [125.0, 123.0, 113.0], [1.0, 2.0, 4.0])
+        >>> x[0, 0, 0].numpy().round(2).tolist()        # (125 - mean) / std per channel
+        [0.0, 1.0, 3.0]
     """
     x = tf.convert_to_tensor(x)
     scale = 1 / _per_channel(std, x)
@@ -304,7 +315,10 @@ def reverse_standard_scaler(x: tf.Tensor, mean, std) -> tf.Tensor:
     """Undoes `standard_scaler`: returns ``x * std + mean`` in float32.
 
     Examples:
-        >>> pixels = fw.transform.reverse_standard_scaler(x, mean, std)
+        >>> x = tf.constant([[0.0, 1.0, 3.0]])
+        >>> fw.transform.reverse_standard_scaler(x, [125.0, 123.0, 113.0],
+        ...                                      [1.0, 2.0, 4.0]).numpy().tolist()
+        [[125.0, 125.0, 125.0]]
     """
     x = tf.convert_to_tensor(x)
     return tf.cast(x, tf.float32) * _per_channel(std, x) + _per_channel(mean, x)
@@ -319,8 +333,10 @@ def tfm_reverse_standard_scaler(mean, std) -> Callable[[tf.Tensor], tf.Tensor]:
     """`reverse_standard_scaler` with ``mean`` and ``std`` bound, e.g. to plot images.
 
     Examples:
-        >>> show = fw.transform.tfm_reverse_standard_scaler(mean, std)
-        >>> pixels = show(x_batch)
+        >>> show = fw.transform.tfm_reverse_standard_scaler([125.0, 123.0, 113.0],
+        ...                                                 [1.0, 2.0, 4.0])
+        >>> show(tf.constant([[0.0, 1.0, 3.0]])).numpy().tolist()
+        [[125.0, 125.0, 125.0]]
     """
     return functools.partial(reverse_standard_scaler, mean=mean, std=std)
 

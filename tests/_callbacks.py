@@ -2,13 +2,12 @@
 
     python -m tests._callbacks WORK_ROOT      # (under FENWICKS_DEVICE=cpu:8) prints JSON
 
-`tests/test_callbacks.py` calls `scenarios` in-process (one replica) and through this
-module in a `cpu:8` subprocess, and checks both against what Keras documents.
+`tests/test_callbacks.py` runs it in a `cpu:8` subprocess and checks the scenarios against
+what Keras documents; `scenarios` also runs them in-process.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import sys
@@ -60,42 +59,6 @@ def checkpoint_holds(est: Any, work_dir: str) -> bool:
         for key, variable in keys.items())
 
 
-def csv_and_lambda(work_dir: str) -> dict[str, Any]:
-    """CSVLogger's rows and every call LambdaCallback sees over two epochs."""
-    x, y = make_data()
-    calls: list[Any] = []
-    spy = keras.callbacks.LambdaCallback(
-        on_train_begin=lambda logs: calls.append(["train_begin"]),
-        on_epoch_begin=lambda epoch, logs: calls.append(["epoch_begin", epoch]),
-        on_train_batch_end=lambda batch, logs: calls.append(["batch_end", batch,
-                                                             logs["loss"]]),
-        on_epoch_end=lambda epoch, logs: calls.append(["epoch_end", epoch, logs]),
-        on_train_end=lambda logs: calls.append(["train_end"]))
-    log_path = os.path.join(work_dir, "log.csv")
-    os.makedirs(work_dir, exist_ok=True)
-    est = make_estimator(work_dir)
-    est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y), epochs=2,
-                           callbacks=[spy, keras.callbacks.CSVLogger(log_path)])
-    with open(log_path) as f:
-        rows = list(csv.DictReader(f))
-    return {"calls": calls, "rows": rows, "params": spy.params,
-            "losses": est.history.losses, "evals": est.history.evals}
-
-
-def stop_training(work_dir: str) -> dict[str, Any]:
-    """A callback sets model.stop_training once step 20 is reached."""
-    x, y = make_data()
-    est = make_estimator(work_dir)
-
-    def stop(batch: int, logs: dict) -> None:
-        if batch >= 20:
-            est.model.stop_training = True
-
-    est.train(flagship.train_input(x, y), steps=100,
-              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=stop)])
-    return {"step": est.global_step, "latest": tf.train.latest_checkpoint(work_dir)}
-
-
 def terminate_on_nan(work_dir: str) -> dict[str, Any]:
     """Features turn NaN from the 26th batch on: TerminateOnNaN stops without raising."""
     x, y = make_data()
@@ -126,14 +89,12 @@ def model_checkpoint(work_dir: str) -> dict[str, Any]:
     return {"logits": logits.tolist(), "probs": None if probs is None else probs.tolist()}
 
 
-SCENARIOS = {"early_stopping": early_stopping, "csv_and_lambda": csv_and_lambda,
-             "stop_training": stop_training, "terminate_on_nan": terminate_on_nan,
+SCENARIOS = {"early_stopping": early_stopping, "terminate_on_nan": terminate_on_nan,
              "model_checkpoint": model_checkpoint}
 # What the replica count can change: weights set back into mirrored variables (Keras's
 # restore_best_weights), a NaN seen in the all-reduced loss, a Keras file written from
-# mirrored variables. The call order, logs and stop_training are the same Python on any
-# strategy (the losses they carry are proven replica-invariant in test_flagship), so
-# those two scenarios run on one replica only: each 8-replica build costs ~20 s.
+# mirrored variables. The call order, logs, CSVLogger and stop_training are the shared
+# code's, the same Python on any engine and strategy: test_reference_engine.py.
 EIGHT_REPLICA_SCENARIOS = ("early_stopping", "terminate_on_nan", "model_checkpoint")
 
 

@@ -74,7 +74,7 @@ def main(phase: str, base: str, work_dir: str = "") -> None:
             f.write(USER_BYTES)
         print(json.dumps({"version": path, "served": _serve(path)}))
     elif phase == "killed":
-        write = _estimator(work_dir, 24)._saved_model_writer()
+        write = _estimator(work_dir, 24).saved_model_writer()
 
         def killed_midway(folder: str) -> None:
             _kill_after(folder, 2)

@@ -88,7 +88,7 @@ def main(work_dir: str, max_steps: int, val_sizes: list[int], kill: bool) -> dic
         STEPS_PER_EPOCH, model_func(), work_dir, trn_bs=BATCH, seed=SEED, verbose=False,
         save_every_loops=1, keep_checkpoints=2)
     if kill:
-        _kill_during_next_write(f"{work_dir}/orbax", after=2)
+        _kill_during_next_write(f"{work_dir}/checkpoints", after=2)
     began = time.perf_counter()
     est.train(lambda p: fw.data.numpy_ds(x_train, y_train, p["batch_size"], training=True,
                                          seed=SEED, input_context=p["input_context"]),

@@ -21,7 +21,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import fenwicks as fw
 
@@ -132,11 +131,15 @@ def _state(est: Any) -> dict[str, Any]:
 
 
 def _saved_model_variables(work_dir: str) -> int:
-    """How many model variables the newest checkpoint file holds (read from the file)."""
-    prefix = tf.train.latest_checkpoint(work_dir)
-    return sum(1 for key, _ in tf.train.list_variables(prefix)
-               if key.startswith(("model/", "model_extra/"))
-               and key.endswith("/.ATTRIBUTES/VARIABLE_VALUE"))
+    """How many model variables the newest checkpoint holds (its arrays, read back)."""
+    from fenwicks.train import run_format
+
+    step = run_format.latest(work_dir)
+    if step.startswith("gs://"):  # the arrays are read from a local copy
+        record = run_format.read_record(step)
+        return sum(len(record["layout"][group]) for group in ("trainable", "non_trainable"))
+    arrays = run_format.read_arrays(step, run_format.read_record(step))
+    return len(arrays["trainable"]) + len(arrays["non_trainable"])
 
 
 def _selected(names: tuple[str, ...]) -> dict[str, Callable[[], keras.Model]]:

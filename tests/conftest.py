@@ -388,15 +388,68 @@ _SLOW_ELSEWHERE = {f"tests/test_estimator.py::test_{name}" for name in (
     "sample_weights_scale_the_training_loss",
     "warm_start_loads_matching_variables_and_reports_the_rest",
     "evaluation_with_sample_weights_is_the_weighted_mean", "float16_applies_a_loss_scale",
-    "steps_on_a_resumed_work_dir_count_from_the_restored_step",
-    "steps_per_loop_stops_exactly_and_logs_scalars",
     "close_flushes_the_logs_and_lets_go_of_the_input",
     "bfloat16_computes_in_bfloat16_with_float32_variables",
-    "checkpoints_every_n_loops_keep_the_last_few",
     "nan_loss_names_the_step_and_keeps_the_last_good_checkpoint",
     "work_dir_with_another_models_checkpoint_is_a_clear_error",
-    "bad_training_input_is_reported_before_compiling",
-    "running_out_of_training_data_keeps_the_steps_done")}
+    "bad_training_input_is_reported_before_compiling")} | {
+    # Over ~1 s of a quiet machine (5.5 s and more in a fast-subset run 5.5 times slower
+    # than quiet, 2026-11-28): real models compiled, checkpoints written and read.
+    # The in-process JAX checkpoint tests: the first of them imports JAX and orbax
+    # into the TensorFlow process (seconds), whichever it is.
+    "tests/test_jax_checkpoints.py::test_a_truncated_data_file_falls_back_to_the_older_step",
+    "tests/test_jax_checkpoints.py::test_a_garbled_metadata_file_falls_back_to_the_older_step",
+    "tests/test_jax_checkpoints.py::test_no_readable_step_and_another_models_step_are_named",
+    "tests/test_work_dir.py::test_a_checkpoint_state_file_pointing_outside_the_work_dir_"
+    "is_refused",
+    "tests/test_work_dir.py::test_work_dir_export_dir_and_warm_start_accept_paths_and_"
+    "expand_home",
+    "tests/test_work_dir.py::test_a_work_dir_deleted_while_training_stops_it_by_name_and_"
+    "is_not_recreated",
+    "tests/test_async_checkpoints.py::test_close_and_a_restore_wait_for_the_write",
+    "tests/test_async_checkpoints.py::test_a_background_checkpoint_holds_exactly_what_a_"
+    "synchronous_one_holds",
+    "tests/test_async_checkpoints.py::test_a_failed_background_write_is_raised_at_the_next_"
+    "save_naming_the_last_good",
+    "tests/test_async_checkpoints.py::test_training_goes_on_while_the_checkpoint_is_written",
+    "tests/test_async_checkpoints.py::test_synchronous_checkpoints_are_an_option",
+    "tests/test_tpu_estimator.py::test_ignored_arguments_warn_once_naming_themselves_and_"
+    "int_features_export",
+    "tests/test_tpu_estimator.py::test_eval_loss_is_exact_with_a_padded_last_batch",
+    "tests/test_tpu_estimator.py::test_tf1_optimizers_make_the_updates_of_their_update_rules",
+    "tests/test_tpu_estimator.py::test_bert_create_optimizer_as_written_makes_its_updates",
+    "tests/test_tpu_estimator.py::test_layers_made_with_mode_dependent_arguments_get_them_"
+    "per_mode",
+    "tests/test_data_service.py::test_in_process_servers_divide_the_epochs_between_workers",
+    "tests/test_export_dirs.py::test_the_estimators_export_keeps_the_users_files",
+    "tests/test_export_dirs.py::test_the_estimators_exports_keep_the_users_files_and_serve",
+    # A second round (the first test of a module that compiles pays for the module):
+    "tests/test_input_check.py::test_the_advice_fits_the_pipeline",
+    "tests/test_input_check.py::test_profile_steps_outside_the_call_are_errors_naming_the_"
+    "steps",
+    "tests/test_input_check.py::test_check_input_rejects_inputs_that_train_would_reject",
+    *(f"tests/test_evaluation.py::test_{name}" for name in (
+        "evaluate_sees_every_example_once_and_matches_numpy",
+        "evaluate_weights_each_example_by_its_sample_weight",
+        "evaluate_steps_counts_global_batches",
+        "predict_returns_one_row_per_example_in_input_order")),
+    "tests/test_data.py::test_augmented_epochs_are_cached_and_cycled",
+    "tests/test_data.py::test_parser_names_the_dtype_and_shape_numpy_tfrecord_stored",
+    "tests/test_internals.py::test_private_names_only_in_tf_internals",
+    "tests/test_transform.py::test_cutout_blanks_one_clipped_rectangle_of_the_right_area",
+    "tests/test_tpu_ready.py::test_every_image_model_is_tpu_ready",
+    "tests/test_internals.py::test_tests_read_no_private_name_of_fenwicks",
+    "tests/test_keras_models.py::test_model_func_builds_a_frozen_or_trainable_base",
+    "tests/test_lr_finder.py::test_bad_model_functions",
+    "tests/test_evaluation.py::test_bad_evaluation_data_is_an_error_with_counts",
+    # Its module fixture trains an mnist_net for every test of the file.
+    *(f"tests/test_bad_inputs.py::test_{name}" for name in (
+        "evaluation_data_with_a_label_out_of_range_is_an_error_with_the_count",
+        "evaluation_data_with_nan_features_is_an_error_with_the_count",
+        "one_hot_labels_for_a_sparse_classifier_name_both_fixes",
+        "an_input_fn_without_params_is_named",
+        "float_labels_that_are_not_class_ids_are_refused_by_a_classifier")),
+}
 
 
 _SHARES_A_PROCESS = re.compile(r"\b_shared_result\b")
@@ -441,10 +494,11 @@ def pytest_collection_modifyitems(config, items):
 
 # The modules over ~20 s of one worker, longest first (measured with -n 2), so that the
 # workers finish together. The JAX engine's and the TPUEstimator front door's joined in
-# session 7 (left out, they started last and ran on alone). storage_faults, which mostly
+# session 7 (left out, they started last and ran on alone); the benchmarks' smoke runs
+# (one worker, their child processes one after the other) in session 8. storage_faults, which mostly
 # waits on deadlines, runs beside test_flagship's two busy processes.
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
-    "test_jax_engine", "test_flagship", "test_storage_faults",
+    "test_jax_engine", "test_benchmark_scripts", "test_flagship", "test_storage_faults",
     "test_jax_gcs", "test_jax_multihost", "test_faults",
     "test_tutorials", "test_callbacks", "test_estimator", "test_tpu_estimator",
     "test_blocks_jax", "test_resume_position", "test_state", "test_work_dir",

@@ -615,9 +615,10 @@ class HideOrbax(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, HideOrbax())
 """
-NO_ORBAX = ("KERAS_BACKEND=jax is set, but orbax-checkpoint, which the jax engine saves "
-            "its checkpoints with, is not installed: pip install 'fenwicks[jax]' (or pip "
-            "install orbax-checkpoint).")
+NO_ORBAX = ("KERAS_BACKEND=jax is set, but orbax-checkpoint, which Fenwicks saves its "
+            "checkpoints with on every engine, is not installed: pip install "
+            "orbax-checkpoint (a dependency of fenwicks: pip install fenwicks installs it), "
+            "then restart Python.")
 
 
 def test_the_jax_engine_without_orbax_is_named_at_import():
@@ -629,12 +630,61 @@ def test_the_jax_engine_without_orbax_is_named_at_import():
                          dataclasses.replace(COLAB_TPU, orbax_module=False)).value
     assert str(auto).startswith("Fenwicks chose the jax engine (this TPU host's "
                                 "TensorFlow cannot reach the TPU), but orbax-checkpoint")
-    assert _engine.choose_engine({}, dataclasses.replace(
-        COLAB_GPU, orbax_module=False)).engine == "tf"  # the tf engine needs no orbax
+    # The tf engine writes the same checkpoints (the run format), with orbax too.
+    tf = pytest.raises(_engine.EngineError, _engine.choose_engine, {},
+                       dataclasses.replace(COLAB_GPU, orbax_module=False)).value
+    assert str(tf).startswith("Fenwicks chose the tf engine (auto: not a TPU host), but "
+                              "orbax-checkpoint, which Fenwicks saves its checkpoints with")
     env = {"KERAS_BACKEND": "jax", "FENWICKS_ENGINE": None, "FENWICKS_DEVICE": None,
            "XLA_FLAGS": None}
     hidden = run_json(_ENGINE_PROBE.format(prelude=_NO_ORBAX), env=env, fresh=True)
     assert hidden == {"error": "EngineError", "message": NO_ORBAX}
+
+
+def test_orbax_without_tensorstore_is_named_at_import_on_either_engine():
+    """Was: `import fenwicks` worked and train() raised a raw ModuleNotFoundError."""
+    for env, starts in (({"FENWICKS_ENGINE": "tf"}, "FENWICKS_ENGINE=tf is set"),
+                        ({"KERAS_BACKEND": "jax"}, "KERAS_BACKEND=jax is set")):
+        message = str(pytest.raises(_engine.EngineError, _engine.choose_engine, env,
+                                    dataclasses.replace(COLAB_GPU, tensorstore_module=False)
+                                    ).value)
+        assert message == (f"{starts}, but tensorstore, which orbax-checkpoint writes "
+                           "Fenwicks' checkpoints with, is not installed: pip install "
+                           "tensorstore (a dependency of fenwicks), then restart Python.")
+
+
+def test_the_tf_engine_keeps_jax_off_the_gpu_when_orbax_imports_it():
+    """orbax-checkpoint (and TensorFlow itself) import JAX; on a GPU machine JAX would
+    claim the GPU and preallocate most of its memory, which TensorFlow needs. On the tf
+    engine JAX is imported with JAX_PLATFORMS=cpu for that import only (later processes
+    choose for themselves), and a JAX imported earlier is told through its config."""
+    out = run_json("""
+import json, os, sys
+os.environ.pop("JAX_PLATFORMS", None)
+os.environ.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+import fenwicks as fw
+from fenwicks.train import run_format
+run_format.ocp()  # what a checkpoint does first: imports orbax, and JAX with it
+import jax
+print(json.dumps({"engine": fw.accel.engine(), "platforms": jax.config.jax_platforms,
+                  "devices": sorted({d.platform for d in jax.devices()}),
+                  "env": [os.environ.get("JAX_PLATFORMS"),
+                          os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")]}))
+""", env={"FENWICKS_ENGINE": "tf", "KERAS_BACKEND": None, "JAX_PLATFORMS": None},
+        fresh=True)
+    assert out == {"engine": "tf", "platforms": "cpu", "devices": ["cpu"],
+                   "env": [None, None]}
+    imported_first = run_json("""
+import json, os
+os.environ.pop("JAX_PLATFORMS", None)
+import jax  # a user's import, before fenwicks: its devices not made yet
+import fenwicks as fw
+from fenwicks.train import run_format
+run_format.ocp()
+print(json.dumps([jax.config.jax_platforms, jax.devices()[0].platform]))
+""", env={"FENWICKS_ENGINE": "tf", "KERAS_BACKEND": None, "JAX_PLATFORMS": None},
+        fresh=True)
+    assert imported_first == ["cpu", "cpu"]
 
 
 # ----------------------------------------------------- the strategy is the tf engine's

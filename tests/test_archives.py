@@ -4,8 +4,11 @@ has) refused by name before anything is written."""
 
 from __future__ import annotations
 
+import logging
+import os
 import zipfile
 
+import numpy as np
 import pytest
 
 import fenwicks as fw
@@ -233,3 +236,76 @@ def test_a_member_no_file_can_be_named_after_is_refused_by_name(tmp_path, name, 
     assert message.startswith(f"{path}: member {name[:60]!r}") and says in message, message
     assert "nothing was written. Repack the archive" in message, message
     assert _listing(tmp_path) == ["odd.zip"]
+
+
+def _cut(path, keep: float = 0.5) -> str:
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:int(len(data) * keep)])
+    return str(path)
+
+
+def _tar_mode(path, mode: str, members: dict[str, bytes]) -> str:
+    import io as io_lib
+    import tarfile
+
+    with tarfile.open(path, mode) as tf_archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf_archive.addfile(info, io_lib.BytesIO(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("name, mode, after", [
+    ("cut.tar.gz", "w:gz", "in or after member 'b.bin'"),
+    ("cut.tar.xz", "w:xz", "in or after member 'b.bin'"),
+    ("cut.tar", "w", "in or after member 'b.bin'"),
+    # bzip2 blocks are 900 kB: half the file holds no whole block, so no member at all
+    ("cut.tar.bz2", "w:bz2", "before any member could be read"),
+])
+def test_a_cut_archive_is_named_with_its_last_member_and_nothing_is_written(
+        tmp_path, name, mode, after):
+    """`unzip([good.zip, cut.tar.*])` gave a bare EOFError, or for .tar.bz2 "not a gzip
+    file" (the last format `r:*` tried); now one sentence naming the archive."""
+    rng = np.random.default_rng(0)
+    members = {n: rng.bytes(300_000) for n in ("a.bin", "b.bin", "c.bin")}
+    good = _zip(tmp_path / "good.zip", {"g.txt": b"good"})
+    cut = _cut(_tar_mode(tmp_path / name, mode, members))
+    with pytest.raises(archives.DamagedArchiveError, match=(
+            rf"^{cut}: the archive is cut short or damaged {after} \((EOFError|ReadError): "
+            r".*\); nothing was unpacked from it or the other archives of the call\. "
+            "Download or copy it again$")) as caught:
+        fw.io.unzip([good, cut], str(tmp_path / "data"))
+    assert "gzip" not in str(caught.value) or mode == "w:gz"
+    assert not (tmp_path / "data").exists()
+    assert sorted(os.listdir(tmp_path)) == sorted(["good.zip", name])  # no staging left
+
+
+def test_a_cut_zip_and_a_mislabeled_tar_are_named_or_read_as_what_they_are(tmp_path):
+    cut = _cut(_zip(tmp_path / "cut.zip", {"a.txt": b"a" * 1000, "b.txt": b"b" * 1000}))
+    with pytest.raises(archives.DamagedArchiveError, match=(
+            rf"{cut}: the archive is cut short or damaged before any member could be read "
+            r"\(BadZipFile: File is not a zip file \(its member list, at the end of a zip, "
+            r"is missing: cut short\?\)\)")):
+        fw.io.unzip(cut, str(tmp_path / "d1"))
+    # a gzip tarball named .tar.bz2: opened as what it is
+    wrong = _tar_mode(tmp_path / "x.tar.bz2", "w:gz", {"x.txt": b"x"})
+    assert fw.io.unzip(wrong, str(tmp_path / "d2")) == [str(tmp_path / "d2" / "x.txt")]
+
+
+def test_unzip_into_a_folder_holding_files_says_what_it_skipped(tmp_path, caplog):
+    archive = _zip(tmp_path / "test.zip", {"test/1.png": b"one"})
+    dest = tmp_path / "data"
+    dest.mkdir()
+    (dest / "train.csv").write_bytes(b"mine")
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        assert fw.io.unzip(archive, str(dest)) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        f"fenwicks: unzip skipped {archive}: dest_dir='{dest}' already holds 1 entry (e.g. "
+        "'train.csv'), so nothing was unpacked. Pass overwrite=True to unpack into it "
+        "(files of the same names are replaced, others kept), or a new dest_dir"]
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == {"train.csv": b"mine"}
+    empty = tmp_path / "empty"
+    empty.mkdir()  # an empty folder is unpacked into
+    assert fw.io.unzip(archive, str(empty)) == [str(empty / "test" / "1.png")]

@@ -15,23 +15,36 @@ def _checkpoint(prefix, tensors):
     return prefix
 
 
-def test_scope_and_exact_entries_load_what_they_name_and_report_mismatches(tmp_path):
+def test_scope_and_exact_entries_load_what_they_name_and_report_missing_ones(tmp_path):
     dense = keras.layers.Dense(2, name="head")
     dense.build((None, 3))
     other = keras.layers.Dense(4, name="other")
     other.build((None, 3))
     rng = np.random.default_rng(0)
     saved = {"old/kernel": rng.normal(size=(3, 2)).astype(np.float32),
-             "old/bias": rng.normal(size=(2,)).astype(np.float32),
-             "other_w": np.ones((5, 4), np.float32)}  # wrong shape for other/kernel
+             "old/bias": rng.normal(size=(2,)).astype(np.float32)}
     source = _checkpoint(str(tmp_path / "model.ckpt"), saved)
     variables = dense.variables + other.variables
     report = assignment_map.warm_start(variables, source,
                                        {"old/": "head/", "other_w": "other/kernel"})
     assert sorted(report["loaded"]) == ["head/bias", "head/kernel"]
-    assert report["not_loaded"] == ["other/kernel"]
+    assert report["not_loaded"] == ["other/kernel"]  # 'other_w' is not in the checkpoint
     np.testing.assert_array_equal(dense.kernel.numpy(), saved["old/kernel"])
     np.testing.assert_array_equal(other.bias.numpy(), np.zeros(4))  # not in the map
+
+
+def test_a_shape_mismatch_raises_as_tf1_init_from_checkpoint_did(tmp_path):
+    """Issue 50, item 3: it was skipped silently; TF1 raised ("Shape of variable ...
+    doesn't match with shape of tensor ...")."""
+    other = keras.layers.Dense(4, name="other")
+    other.build((None, 3))
+    source = _checkpoint(str(tmp_path / "model.ckpt"),
+                         {"other_w": np.ones((5, 4), np.float32)})  # other/kernel is [3, 4]
+    with pytest.raises(assignment_map.WarmStartError) as err:
+        assignment_map.warm_start(other.variables, source, {"other_w": "other/kernel"})
+    assert "'other_w' (shape [5, 4] in the checkpoint) to 'other/kernel' (shape [3, 4] " \
+        "here)" in str(err.value)
+    np.testing.assert_array_equal(other.bias.numpy(), np.zeros(4))
 
 
 def test_settings_map_picks_trainable_variables_by_pattern_and_renames():

@@ -1,11 +1,10 @@
-"""No silent wrong numbers, clear errors: bad evaluation data, an untrained model, one-hot
-labels for a sparse classifier, an input_fn without `params`. One trained flagship
-mnist_net (width 4, 8x8 digits) is shared by the module.
+"""No silent wrong numbers, clear errors: bad evaluation data, one-hot labels for a
+sparse classifier, an input_fn without `params`. One trained flagship mnist_net (width 4,
+8x8 digits) is shared by the module. (An untrained model's warning: the shared evaluator's,
+end to end in test_reference_engine.py.)
 """
 
 from __future__ import annotations
-
-import logging
 
 import numpy as np
 import pytest
@@ -44,23 +43,6 @@ def test_evaluation_data_with_nan_features_is_an_error_with_the_count(trained):
         est.evaluate(_eval_fn(x, y))
     good = est.evaluate(_eval_fn(x[:-2], y[:-2]))  # the rest evaluates as before
     assert good["num_examples"] == 771 and np.isfinite(good["loss"])
-
-
-def test_evaluating_or_predicting_without_a_checkpoint_warns_that_it_is_untrained(
-        tmp_path, trained, caplog):
-    _, x, y = trained
-    est = flagship.estimator("mnist_net", str(tmp_path / "empty"))
-    with caplog.at_level(logging.WARNING, logger="fenwicks"):
-        result = est.evaluate(_eval_fn(x, y))
-        est.predict(_eval_fn(x, None))
-    assert result["global_step"] == 0
-    assert caplog.text.count("a model that was never trained") == 2
-    assert str(tmp_path / "empty") in caplog.text
-    caplog.clear()
-    trained_est = trained[0]
-    with caplog.at_level(logging.WARNING, logger="fenwicks"):
-        trained_est.evaluate(_eval_fn(x, y))
-    assert "never trained" not in caplog.text
 
 
 def test_one_hot_labels_for_a_sparse_classifier_name_both_fixes(trained):

@@ -18,7 +18,7 @@ class _Exporting:
     def __init__(self):
         self.global_step, self.fail = 0, False
 
-    def _saved_model_writer(self):
+    def saved_model_writer(self):
         return self._write
 
     def _write(self, export_dir):

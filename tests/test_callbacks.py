@@ -1,7 +1,8 @@
-"""Callbacks: Keras's own (EarlyStopping with restore_best_weights, CSVLogger,
-TerminateOnNaN, LambdaCallback, ModelCheckpoint) on 1 and 8 replicas; the ones that
-cannot apply are refused; Fenwicks' EarlyStopping and BestExporter are exact across a
-resume in a new process."""
+"""Callbacks: Keras's own (EarlyStopping with restore_best_weights, TerminateOnNaN,
+ModelCheckpoint) on 8 replicas; the ones that cannot apply are refused; Fenwicks'
+EarlyStopping and BestExporter are exact across a resume in a new process. (The call
+order, params and logs, CSVLogger and stop_training are the shared code's, checked in
+test_reference_engine.py; test_engine_contract.py runs the hooks on both engines.)"""
 
 from __future__ import annotations
 
@@ -22,21 +23,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 SPE = _callbacks.STEPS_PER_EPOCH
 
 
-@pytest.fixture(scope="module", params=[1, 8], ids=["1-replica", "8-replicas"])
-def runs(request, tmp_path_factory):
-    """The scenarios whose outcome the replica count could change (see `_callbacks`)."""
-    root = str(tmp_path_factory.mktemp(f"callbacks{request.param}"))
-    if request.param == 1:
-        return _callbacks.scenarios(root, _callbacks.EIGHT_REPLICA_SCENARIOS)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The scenarios whose outcome the replica count could change (see `_callbacks`), on
+    8 replicas: weights set back into mirrored variables, a NaN in the all-reduced loss, a
+    Keras file written from mirrored variables. (Their one-replica run, the same Python on
+    plain variables, was a duplicate: the reference engine's tests run restore_best_weights
+    and TerminateOnNaN on a Keras model's plain variables, test_reference_engine.py.)"""
+    root = str(tmp_path_factory.mktemp("callbacks8"))
     return run_module_json("tests._callbacks", root, *_callbacks.EIGHT_REPLICA_SCENARIOS,
                            env={"FENWICKS_DEVICE": "cpu:8"}, timeout=1700)
-
-
-@pytest.fixture(scope="module")
-def one_replica_runs(tmp_path_factory):
-    """Call order, logs and stop_training: the same Python on any replica count."""
-    return _callbacks.scenarios(str(tmp_path_factory.mktemp("callbacks-order")),
-                                ("csv_and_lambda", "stop_training"))
 
 
 def test_early_stopping_stops_and_restores_the_best_weights(runs):
@@ -48,35 +44,6 @@ def test_early_stopping_stops_and_restores_the_best_weights(runs):
     assert out["after"] == pytest.approx(out["evals"][0], abs=1e-6)
     assert out["saved"]
     assert abs(out["evals"][1] - out["evals"][0]) > 1e-4  # so the restore did something
-
-
-def test_callbacks_see_keras_calls_params_and_logs(one_replica_runs):
-    out = one_replica_runs["csv_and_lambda"]
-    assert out["params"] == {"epochs": 2, "steps": SPE, "verbose": 0}
-    kinds = [c[0] for c in out["calls"]]
-    assert kinds[0] == "train_begin" and kinds[-1] == "train_end"
-    assert [c[1] for c in out["calls"] if c[0] == "epoch_begin"] == [0, 1]
-    # Loops of 10 steps, cut at each epoch's end (32 steps).
-    batch_ends = [c[1] for c in out["calls"] if c[0] == "batch_end"]
-    assert batch_ends == [10, 20, 30, 32, 42, 52, 62, 64]
-    losses = out["losses"]
-    for call in (c for c in out["calls"] if c[0] == "batch_end"):
-        assert call[2] == pytest.approx(losses[call[1] - 1])  # the loop's last loss
-    epoch_ends = [c for c in out["calls"] if c[0] == "epoch_end"]
-    for epoch, (_, index, logs) in enumerate(epoch_ends):
-        assert index == epoch
-        assert logs["loss"] == pytest.approx(np.mean(losses[epoch * SPE:(epoch + 1) * SPE]))
-        assert logs["val_loss"] == pytest.approx(out["evals"][epoch]["loss"])
-        assert logs["val_accuracy"] == pytest.approx(out["evals"][epoch]["accuracy"])
-    # CSVLogger wrote one row per epoch with the same numbers.
-    assert [int(r["epoch"]) for r in out["rows"]] == [0, 1]
-    for row, (_, _, logs) in zip(out["rows"], epoch_ends, strict=True):
-        assert {k: pytest.approx(float(row[k])) for k in logs} == logs
-
-
-def test_stop_training_is_honoured_at_the_next_loop_boundary(one_replica_runs):
-    out = one_replica_runs["stop_training"]
-    assert out["step"] == 20 and out["latest"].endswith("ckpt-20")
 
 
 def test_terminate_on_nan_stops_without_an_exception_and_nothing_nan_is_saved(runs):

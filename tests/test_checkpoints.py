@@ -337,3 +337,19 @@ def test_create_chooses_async_sync_or_the_workers_scratch_saves(tmp_path, caplog
     # It took part in the save and kept nothing: the chief's ckpt-4 is the run's.
     assert not os.path.exists(directory) or os.listdir(directory) == []
     assert worker.latest == f"{directory}/ckpt-4"
+
+
+def test_a_failed_saves_clean_up_removes_only_that_checkpoints_files(tmp_path):
+    """Issue 52: the clean-up after a failed save of ckpt-2 globbed ckpt-2*, which also
+    took ckpt-20 and ckpt-21 (another run's, or a later one's)."""
+    from fenwicks.train.tf import checkpoints as tf_checkpoints
+
+    keep = ["ckpt-20.index", "ckpt-20.data-00000-of-00001", "ckpt-21.index", "mine.txt"]
+    partial = ["ckpt-2.index", "ckpt-2.data-00000-of-00001.tempstate123",
+               "ckpt-2_temp/part-00000-of-00001.data-00000-of-00001"]
+    for name in keep + partial:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(name.encode())
+    tf_checkpoints._remove_partial(str(tmp_path / "ckpt-2"))
+    assert sorted(os.listdir(tmp_path)) == sorted(keep)
+    assert all((tmp_path / name).read_bytes() == name.encode() for name in keep)

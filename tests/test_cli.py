@@ -179,7 +179,7 @@ def test_with_debug_the_start_up_lines_are_shown(tmp_path):
         assert any("absl::InitializeLog" in line for line in shown), proc.stderr
 
 
-# Each line TensorFlow 2.21 (tensorflow-cpu 2.21.0) printed at start-up, as printed.
+# Each line TensorFlow 2.21 (tensorflow-cpu 2.21.0) and 2.20 printed at start-up, as printed.
 START_UP = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
     "I0000 00:00:1795879641.610521   21720 port.cc:153] oneDNN custom operations are on. "
@@ -190,8 +190,12 @@ START_UP = [
     "is optimized to use available CPU instructions in performance-critical operations.",
     "To enable the following instructions: AVX2 AVX512F AVX512_VNNI AVX512_BF16 AVX_VNNI "
     "FMA, in other operations, rebuild TensorFlow with the appropriate compiler flags.",
-    "2025-11-03 10:00:00.123456: I tensorflow/core/util/port.cc:153] oneDNN custom "
+    # tensorflow-cpu 2.20.0 writes them with TensorFlow's own prefix:
+    "2026-11-28 16:13:04.049586: I tensorflow/core/util/port.cc:153] oneDNN custom "
     "operations are on. You may see slightly different numerical results.",
+    "2026-11-28 16:13:04.242145: I tensorflow/core/platform/cpu_feature_guard.cc:210] This "
+    "TensorFlow binary is optimized to use available CPU instructions in "
+    "performance-critical operations.",
     "I0000 00:00:1795879697.829073   24380 model_dataset_op.cc:206] Memory patch applied: "
     "M_TRIM_THRESHOLD=128 kb was set.",
 ]

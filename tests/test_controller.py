@@ -1,6 +1,6 @@
 """The estimator's small parts on their own: the action list's order, the callback checks
-and names (the epoch log: test_history.py; the integrated behaviour: test_estimator.py and
-test_callbacks.py)."""
+and names (the epoch log: test_history.py; the integrated behaviour, the end-of-train save
+order included: test_reference_engine.py, test_estimator.py and test_callbacks.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import keras
 import pytest
 import tensorflow as tf
 
-import fenwicks as fw
 from fenwicks.train import actions, callbacks, conditions, controller, progress
 from fenwicks.train.history import History
 
@@ -65,42 +64,3 @@ def test_one_list_built_ins_then_the_users_callbacks_then_stop_and_save():
     finally:
         entries.close()
 
-
-def test_the_last_checkpoint_is_written_while_the_call_closes_unless_callbacks_follow(
-        tmp_path, monkeypatch):
-    """Without callbacks, the end-of-train write starts before the summaries flush and
-    `train` returns once it is complete; with one, on_train_end may change the weights
-    (restore_best_weights), so the write waits until after it."""
-    from fenwicks.train.tf import checkpointer as checkpointer_lib
-    from tests import _estimator_helpers as helpers
-
-    events = []
-    original = {name: getattr(checkpointer_lib.AsyncCheckpointer, name)
-                for name in ("save", "save_and_wait")}
-
-    def spy(name):
-        def method(self, step, *, force=False):
-            events.append((name, step))
-            return original[name](self, step, force=force)
-        return method
-
-    for name in original:
-        monkeypatch.setattr(checkpointer_lib.AsyncCheckpointer, name, spy(name))
-    close = progress.TrainSummaries.close
-    monkeypatch.setattr(progress.TrainSummaries, "close",
-                        lambda self: (events.append(("close",)), close(self))[1])
-
-    class Ended(keras.callbacks.Callback):
-        def on_train_end(self, logs=None):
-            events.append(("on_train_end",))
-
-    x, y = helpers.make_data(96)
-    est = fw.train.get_tpu_estimator(4, helpers.model_func(), str(tmp_path / "run"),
-                                     trn_bs=8, verbose=False, save_every_secs=None)
-    est.train(helpers.train_input(x, y), steps=6)
-    assert events == [("save", 6), ("close",), ("save_and_wait", 6)]
-    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-6")
-    events.clear()
-    est.train(helpers.train_input(x, y), steps=6, callbacks=[Ended()])
-    assert events == [("close",), ("on_train_end",), ("save_and_wait", 12)]
-    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-12")

@@ -1,12 +1,16 @@
-"""One engine's work_dir on the other (`fenwicks/train/cross_engine.py`).
+"""One engine's work_dir on the other: both write the run format
+(`fenwicks/train/run_format.py`), which either reads; `fenwicks/train/cross_engine.py`
+matches variables by name for warm starts (and reads the formats before it:
+tests/test_legacy_work_dirs.py). A run continuing on the other engine, exactly, is
+tests/test_engine_switch.py.
 
 Across real process boundaries, on the product's tutorial-1 network (narrow) and
 scikit-learn's digits (`tests._cross_engine`), three processes in turn:
 
 1. the TensorFlow engine trains ``tf/`` one epoch, evaluates and predicts;
-2. the JAX engine (8 host devices) evaluates and predicts from ``tf/``, is refused
-   `train` there, refuses a different model there, then warm-starts ``jax/`` from
-   ``tf/``, trains it one epoch, evaluates and predicts;
+2. the JAX engine (8 host devices) evaluates and predicts from ``tf/``, refuses a
+   different model there, then warm-starts ``jax/`` from ``tf/``, trains it one epoch,
+   evaluates and predicts, and last continues ``tf/``'s run by one step;
 3. the TensorFlow engine does the same from ``jax/`` (warm-starting ``tf2/``), and
    follows ``jax/`` as its checkpoints are moved away and back.
 
@@ -106,21 +110,14 @@ def test_names_that_keras_made_unique_still_match(runs):
 
 
 @pytest.mark.parametrize("side", ["on_jax", "on_tf"])
-def test_training_on_the_other_engines_work_dir_is_refused_and_nothing_is_lost(runs, side):
+def test_training_on_the_other_engines_work_dir_continues_its_run(runs, side):
     root, _, on_jax, on_tf = runs
     out = {"on_jax": on_jax, "on_tf": on_tf}[side]
-    theirs, ours, work_dir, checkpoint = (
-        ("TensorFlow", "JAX", root / "tf", f"{root / 'tf'}/ckpt-{STEPS}")
-        if side == "on_jax" else ("JAX", "TensorFlow", root / "jax",
-                                  f"{root / 'jax'}/orbax/{STEPS}"))
-    message = out["train_refused"]
-    assert message.startswith("CrossEngineTrainingError")
-    assert f"the {theirs} engine's checkpoint {checkpoint} (step {STEPS})" in message
-    assert f"none of the {ours} engine's" in message
-    assert f"FENWICKS_ENGINE={'tf' if theirs == 'TensorFlow' else 'jax'}" in message
-    assert f"warm_start_from={str(work_dir)!r}" in message
-    assert out["step_after_refusal"] == STEPS
-    assert out["files_kept"]  # every checkpoint file as it was, and no new one
+    work_dir = root / ("tf" if side == "on_jax" else "jax")
+    assert out["train_error"] is None  # no CrossEngineTrainingError any more
+    assert out["continued"] == {"step": STEPS + 1, "input_position": STEPS + 1,
+                                "latest": f"{work_dir}/checkpoints/{STEPS + 1}"}
+    assert out["files_kept"]  # reading it (and a refused model) changed nothing
 
 
 def test_a_work_dir_read_from_the_other_engine_is_followed(runs):
@@ -129,14 +126,16 @@ def test_a_work_dir_read_from_the_other_engine_is_followed(runs):
 
 
 def test_a_different_model_on_the_other_engines_work_dir_is_named(runs):
-    _, _, on_jax, on_tf = runs
-    for out in (on_jax, on_tf):
+    root, _, on_jax, on_tf = runs
+    for out, work_dir in ((on_jax, root / "tf"), (on_tf, root / "jax")):
         message = out["other_model"]
-        assert message.startswith("CrossEngineMismatchError")
-        assert "16 model variable(s) have no match" in message
-        # c=16's first convolution: 3x3, 1 channel in, 16 out
-        assert "/kernel [3, 3, 1, 16]: in the model, not matched" in message
-        assert "Nothing was loaded" in message
+        assert message.startswith(f"ValueError: checkpoint {work_dir}/checkpoints/{STEPS} "
+                                  "does not fit this model: its trainable variables are 10")
+        # c=8's first convolution in the checkpoint: 3x3, 1 channel in, 8 out; the
+        # model's (c=16) 16 out
+        assert "/kernel [3, 3, 1, 8]" in message
+        assert "/kernel [3, 3, 1, 16]" in message
+        assert "Use the model_func that wrote it" in message
 
 
 def test_warm_start_from_the_other_engine(runs):
@@ -149,16 +148,11 @@ def test_warm_start_from_the_other_engine(runs):
         assert before["loss"] == pytest.approx(source["loss"], rel=1e-5)
         after = out["warm"]["eval"]
         assert after["global_step"] == STEPS and after["loss"] < before["loss"]
-    # Each wrote its own engine's checkpoint, in its own new work_dir.
-    assert any(f.startswith(f"orbax/{STEPS}/") for f in on_jax["warm_files"])
-    assert on_tf["warm_files"] == ["checkpoint", f"ckpt-{STEPS}.data-00000-of-00001",
-                                   f"ckpt-{STEPS}.index"]
-
-
-def test_reading_orbax_without_orbax_names_the_install(runs):
-    _, _, _, on_tf = runs
-    assert "pip install orbax-checkpoint" in on_tf["no_orbax"]
-    assert "fenwicks[jax]" in on_tf["no_orbax"]
+    # Each wrote the run format, and only it, in its own new work_dir.
+    for out in (on_jax, on_tf):
+        assert {f.split("/")[:2] == ["checkpoints", str(STEPS)]
+                for f in out["warm_files"]} == {True}
+        assert f"checkpoints/{STEPS}/record/metadata" in out["warm_files"]
 
 
 # --------------------------------------------------------------------------- matching

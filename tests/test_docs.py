@@ -84,15 +84,15 @@ def test_every_page_of_docs_is_in_the_navigation_and_every_entry_exists():
     with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
         config = yaml.safe_load(f)
     nav = _nav_pages(config["nav"])
-    pages = sorted(os.path.relpath(p, DOCS)
-                   for p in glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True))
+    pages = sorted(os.path.relpath(p, DOCS) for ext in ("md", "ipynb")
+                   for p in glob.glob(os.path.join(DOCS, "**", f"*.{ext}"), recursive=True))
     assert sorted(nav) == pages
     for module_name in REFERENCED:  # one reference page per module, by its public name
         with open(os.path.join(DOCS, "api", f"{module_name}.md"), encoding="utf-8") as f:
             assert f"::: fenwicks.{module_name}\n" in f.read()
     # The build needs no network: no plugin that fetches (social cards, privacy).
     assert [p if isinstance(p, str) else next(iter(p)) for p in config["plugins"]] == \
-        ["search", "mkdocstrings"]
+        ["search", "mkdocs-jupyter", "mkdocstrings"]
 
 
 def test_no_dated_measurement_outside_the_generated_tables():
@@ -159,8 +159,9 @@ def test_the_readme_commands_match_ci_and_the_extras():
     assert "\npip install -e '.[cpu,notebooks]' && jupyter lab tutorials/\n" in readme
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
         setup_py = f.read()
-    assert re.search(r'"notebooks": \[[^\]]*"jupyterlab', setup_py)
-    assert re.search(r'"docs": \[[^\]]*"mkdocs-material[^\]]*"mkdocstrings\[python\]', setup_py)
+    assert re.search(r'"notebooks": \[[^\]]*"jupyterlab[^\]]*"ipywidgets', setup_py)
+    assert re.search(r'"docs": \[[^\]]*"mkdocs-material[^\]]*"mkdocstrings\[python\]'
+                     r'[^\]]*"mkdocs-jupyter', setup_py)
     assert len(readme.splitlines()) <= 250
 
 
@@ -219,3 +220,83 @@ def test_every_docstring_example_is_a_highlighted_code_block(site):
                     missing.append(f"{path}: {name}")
     assert missing == [], f"examples not rendered as code: {missing}"
     assert shown >= 100, shown  # the examples were found at all (142 when written)
+
+
+def test_fw_train_is_split_by_what_users_call_first(site):
+    """The estimator's page opens with get_tpu_estimator, Estimator and its config; every
+    public name of fw.train is on exactly one of its pages; no API page lists files."""
+    with open(os.path.join(site, "api", "train", "estimator", "index.html"),
+              encoding="utf-8") as f:
+        first = [m[1] for m in HEADING.finditer(f.read())
+                 if m[1].count(".") == 2][:3]  # fenwicks.train.X, not its members
+    assert first == ["fenwicks.train.get_tpu_estimator", "fenwicks.train.Estimator",
+                     "fenwicks.train.EstimatorConfig"]
+    import fenwicks.train
+
+    shown = []
+    for page in ("estimator", "optimizers", "callbacks", "tpu_estimator", "errors"):
+        with open(os.path.join(DOCS, "api", "train", f"{page}.md"), encoding="utf-8") as f:
+            shown += re.findall(r"^::: fenwicks\.train\.(\w+)$", f.read(), re.M)
+    assert sorted(shown) == sorted(fenwicks.train.__all__)
+    files = {path: re.findall(r"<code>[\w/]+\.py</code>", page)
+             for path, page in _api_pages(site).items()}
+    assert {path: names for path, names in files.items() if names} == {}
+
+
+def _nav_section(title: str) -> list[str]:
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
+        nav = yaml.safe_load(f)["nav"]
+    return next(_nav_pages(entry[title]) for entry in nav
+                if isinstance(entry, dict) and title in entry)
+
+
+def test_the_user_guide_cites_no_test_and_development_is_under_contributing():
+    """How a behaviour is tested, and maintainer notes, are on the Contributing pages;
+    the user guide says what to do (the home page's table links to the proofs page)."""
+    guide = _nav_section("User guide")
+    assert "development.md" not in guide and "reliability.md" not in guide
+    assert {"development.md", "proofs.md", "reliability.md"} <= set(_nav_section("Contributing"))
+    cited = []
+    for page in guide:
+        with open(os.path.join(DOCS, page), encoding="utf-8") as f:
+            cited += [f"{page}:{n}: {line.strip()}" for n, line in enumerate(f, 1)
+                      if re.search(r"\btests/|\btest_\w+\.py\b|tools/tf_matrix", line)]
+    assert cited == []
+
+
+# Each tutorial and the guide page of its topic, which links to it.
+TUTORIAL_TOPICS = {"01": "estimator.md", "02": "models.md", "03": "platforms.md",
+                   "04": "input.md", "05": "models.md", "06": "estimator.md",
+                   "07": "input.md", "08": "performance.md"}
+
+
+def test_each_tutorial_is_linked_from_the_home_page_and_its_guide_page():
+    names = sorted(n for n in os.listdir(os.path.join(ROOT, "tutorials")) if n.endswith(".ipynb"))
+    assert sorted(TUTORIAL_TOPICS) == [n[:2] for n in names]
+    assert sorted(p for p in _nav_section("Tutorials")) == [f"tutorials/{n}" for n in names]
+    for name in names:
+        for page in ("index.md", TUTORIAL_TOPICS[name[:2]]):
+            with open(os.path.join(DOCS, page), encoding="utf-8") as f:
+                assert f"(tutorials/{name})" in f.read(), f"{page} does not link {name}"
+
+
+def test_the_tutorials_are_pages_of_the_site_with_their_outputs(site):
+    names = sorted(n[:-6] for n in os.listdir(os.path.join(ROOT, "tutorials"))
+                   if n.endswith(".ipynb"))
+    with open(os.path.join(site, "index.html"), encoding="utf-8") as f:
+        home = f.read()
+    for name in names:
+        with open(os.path.join(site, "tutorials", name, "index.html"), encoding="utf-8") as f:
+            page = f.read()
+        assert "data:image/png" in page, f"{name}: no plot of its SMOKE run"
+        assert "Run time" in page and "What this page shows" in page, name
+        assert f'href="tutorials/{name}/"' in home, f"the home page does not link {name}"
+    with open(os.path.join(site, "search", "search_index.json"), encoding="utf-8") as f:
+        assert "your own images" in f.read().lower()  # tutorial 7 is found by search
+    # The "Why Fenwicks" table: each row links to what shows it.
+    why = home.split('id="why-fenwicks"', 1)[1].split("</table>", 1)[0]
+    assert why.count('href="proofs/#') == why.count("<tr>") - 1 == 6
+    with open(os.path.join(site, "proofs", "index.html"), encoding="utf-8") as f:
+        proofs = f.read()
+    for anchor in re.findall(r'href="proofs/#([^"]+)"', why):
+        assert f'id="{anchor}"' in proofs, anchor

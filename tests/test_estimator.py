@@ -162,27 +162,6 @@ def test_resume_in_a_new_process_equals_an_uninterrupted_run(tmp_path):
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-6)
 
 
-def test_steps_per_loop_stops_exactly_and_logs_scalars(tmp_path, capsys):
-    x, y = h.make_data()
-    est = fw.train.get_tpu_estimator(10, h.model_func(), str(tmp_path), trn_bs=32,
-                                     steps_per_loop=7, verbose=True)
-    est.train(h.train_input(x, y), steps=20)
-    assert est.global_step == 20 and est.history.steps == list(range(1, 21))
-    assert "20/20" in capsys.readouterr().err  # the progress bar reached the target
-    est.train(h.train_input(x, y), max_steps=20)
-    assert est.global_step == 20
-    est.train(h.train_input(x, y), steps=3)
-    assert est.global_step == 23
-    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-23")
-    tags = set()
-    for path in glob.glob(str(tmp_path / "train" / "events.*")):
-        for record in tf.data.TFRecordDataset(path):
-            event = tf.compat.v1.Event.FromString(record.numpy())
-            tags.update(v.tag for v in event.summary.value)
-    assert {"loss", "learning_rate", "examples_per_sec"} <= tags
-    assert est.history.learning_rates[-1] == (23, pytest.approx(0.1))
-
-
 # --------------------------------------------------------------------------- precision, export
 
 
@@ -425,31 +404,6 @@ def test_out_of_memory_retries_with_smaller_batches(tmp_path, caplog):
     assert "out of memory at evaluation batch 128; retrying with 64" in caplog.text
 
 
-def test_running_out_of_training_data_keeps_the_steps_done(tmp_path):
-    x, y = h.make_data(64)
-    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), trn_bs=32,
-                                     verbose=False)
-
-    def two_batches(params):  # 64 examples, no repeat(): 2 steps of 32
-        return tf.data.Dataset.from_tensor_slices((x, y)).batch(32, drop_remainder=True)
-
-    with pytest.raises(ValueError, match=r"ran out of data at step 2.*\.repeat\(\)"):
-        est.train(two_batches, steps=4)
-    assert est.global_step == 2
-    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")
-
-
-def test_checkpoints_every_n_loops_keep_the_last_few(tmp_path):
-    x, y = h.make_data(64)
-    est = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), trn_bs=32,
-                                     steps_per_loop=2, save_every_loops=1,
-                                     save_every_secs=None, keep_checkpoints=2, verbose=False)
-    est.train(h.train_input(x, y), steps=6)
-    # Saved after steps 2, 4 and 6; only the last two are kept.
-    assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt-*.index"))) == [
-        "ckpt-4.index", "ckpt-6.index"]
-
-
 def test_regression_model_func_reports_exact_mse_and_mae(tmp_path):
     rng = np.random.default_rng(4)
     x = rng.normal(size=(203, 3)).astype(np.float32)
@@ -471,18 +425,6 @@ def test_regression_model_func_reports_exact_mse_and_mae(tmp_path):
     assert abs(result["mae"] - np.mean(np.abs(predicted - y))) < 1e-6
     assert result["loss"] == pytest.approx(result["mse"], rel=1e-6)
     assert result["mse"] < np.mean((y - y.mean()) ** 2) / 10  # it learned the line
-
-
-def test_steps_on_a_resumed_work_dir_count_from_the_restored_step(tmp_path):
-    """train(steps=N) runs N more steps, also when the first call restores a checkpoint."""
-    x, y = h.make_data(64)
-    kwargs = dict(trn_bs=32, verbose=False)
-    fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), **kwargs).train(
-        h.train_input(x, y), steps=10)
-    resumed = fw.train.get_tpu_estimator(4, h.model_func(), str(tmp_path), **kwargs)
-    resumed.train(h.train_input(x, y), steps=3)
-    assert resumed.global_step == 13
-    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-13")
 
 
 # --------------------------------------------------------------------------- sample weights

@@ -164,12 +164,18 @@ def test_a_version_without_its_manifest_is_incomplete_and_skipped(tmp_path):
     assert (cut / "saved_model.pb").read_bytes() == b"half"
 
 
-def test_export_dir_that_is_a_symlink_gets_the_version_in_the_linked_folder(tmp_path):
+def test_export_dir_that_is_a_symlink_gets_the_version_in_the_linked_folder(tmp_path,
+                                                                            caplog):
+    """Was: the link replaced by a local folder, then 'Cannot call rmtree on a symbolic
+    link', and the linked folder got nothing."""
     real = tmp_path / "data" / "models"
     real.mkdir(parents=True)
     (real / "mine.txt").write_bytes(b"keep")
     (tmp_path / "link").symlink_to(real)
-    path = export_dirs.write(str(tmp_path / "link"), _writer(b"v1"))
+    with caplog.at_level(logging.INFO, logger="fenwicks"):
+        path = export_dirs.write(str(tmp_path / "link"), _writer(b"v1"))
+    assert f"fenwicks: export_dir_base='{tmp_path}/link' is a symlink to '{real}'; the new " \
+           "version goes into that folder" in [r.getMessage() for r in caplog.records]
     assert (tmp_path / "link").is_symlink()  # the link is still a link
     assert _tree(real)[f"{os.path.basename(path)}/saved_model.pb"] == b"v1"
     assert (real / "mine.txt").read_bytes() == b"keep"
@@ -187,11 +193,11 @@ def test_export_dir_dot_is_a_version_in_the_current_folder(tmp_path, monkeypatch
 def test_export_dir_that_is_or_lies_under_a_file_is_refused_in_one_sentence(tmp_path):
     (tmp_path / "notes.txt").write_bytes(b"mine")
     calls = []
-    with pytest.raises(ValueError, match=rf"export_dir='{tmp_path}/notes.txt' is a file; "
+    with pytest.raises(ValueError, match=rf"export_dir_base='{tmp_path}/notes.txt' is a file; "
                                          r"exports go to version folders inside a folder\. "
                                          rf"Pass a folder, e\.g\. {tmp_path}/notes.txt_export"):
         export_dirs.write(str(tmp_path / "notes.txt"), calls.append)
-    with pytest.raises(ValueError, match=rf"export_dir='{tmp_path}/notes.txt/model' lies "
+    with pytest.raises(ValueError, match=rf"export_dir_base='{tmp_path}/notes.txt/model' lies "
                                          rf"under '{tmp_path}/notes.txt', which is a file, so "
                                          "no folder can be made there"):
         export_dirs.check_base(str(tmp_path / "notes.txt" / "model"))
@@ -307,3 +313,56 @@ def test_loss_3_on_gcs_an_export_killed_between_objects_leaves_the_earlier_one(
     cut = [n for n in read["entries"] if n.isdigit() and n != os.path.basename(
         first["version"])]
     assert len(cut) == 1  # the cut version is there, without its manifest, and skipped
+
+
+def gcs_losses(root: str) -> dict:
+    """Losses 1, 2 and 4 on ``gs://`` (run inside the emulator's namespace)."""
+    def put(path: str, data: bytes) -> None:
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(data)
+
+    def get(path: str) -> str:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read().decode()
+
+    def writer(payload: bytes):
+        return lambda folder: (put(f"{folder}/saved_model.pb", payload),
+                               put(f"{folder}/variables/variables.index", payload * 2))
+
+    out = {}
+    d = f"{root}/d1"  # loss 1: files of the user's in and beside an earlier export
+    first = export_dirs.write(d, writer(b"v1"))
+    put(f"{first}/assets/vocab.txt", b"vocab")
+    put(f"{d}/assets/vocab.txt", b"top")
+    second = export_dirs.write(d, writer(b"v2"))
+    out["loss1"] = [get(f"{first}/assets/vocab.txt"), get(f"{d}/assets/vocab.txt"),
+                    get(f"{first}/saved_model.pb"), get(f"{second}/saved_model.pb"),
+                    export_dirs.latest_export(d) == second != first]
+    d = f"{root}/d2"  # loss 2: a marker that proves nothing, and CSVs
+    put(f"{d}/fenwicks_export.json", b"not json")
+    put(f"{d}/variables/train.csv", b"x,y")
+    version = export_dirs.write(d, writer(b"v1"))
+    out["loss2"] = [get(f"{d}/variables/train.csv"), get(f"{d}/fenwicks_export.json"),
+                    export_dirs.latest_export(d) == version]
+    d = f"{root}/d4"  # loss 4: files written while the next export runs
+    first = export_dirs.write(d, writer(b"v1"))
+
+    def meanwhile(folder: str) -> None:
+        put(f"{d}/notes.txt", b"meanwhile")
+        put(f"{first}/notes.txt", b"in the old one")
+        writer(b"v2")(folder)
+
+    second = export_dirs.write(d, meanwhile)
+    out["loss4"] = [get(f"{d}/notes.txt"), get(f"{first}/notes.txt"),
+                    get(f"{first}/saved_model.pb"), get(f"{second}/saved_model.pb")]
+    return out
+
+
+def test_losses_1_2_4_on_gcs_keep_the_users_files(gcs_emulator):
+    root = gcs_emulator.unique_url("export-losses")
+    out = gcs_emulator.run_json(
+        "import json\nfrom tests.test_export_dirs import gcs_losses\n"
+        f"print(json.dumps(gcs_losses({root!r})))")
+    assert out == {"loss1": ["vocab", "top", "v1", "v2", True],
+                   "loss2": ["x,y", "not json", True],
+                   "loss4": ["meanwhile", "in the old one", "v1", "v2"]}

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -25,9 +26,9 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train import lock
+from fenwicks.train import input_record, lock
 from tests import _faults, _flagship
-from tests.conftest import run_json, run_process, start_process
+from tests.conftest import run_json, run_module_json, run_process, start_process
 
 pytestmark = pytest.mark.slow
 
@@ -111,38 +112,30 @@ def uninterrupted_30(tmp_path_factory):
     return Trainer(tmp_path_factory.mktemp("reference") / "run", 30).result()
 
 
-# Kill windows x checkpoint modes: async (the default: the background writer is killed
-# while training goes on) in both windows, and sync in one.
-MID_SAVE = [("before the state file", "async"), ("before the merge", "async"),
-            ("before the state file", "sync")]
-
-
-@pytest.mark.parametrize(("window", "mode"), MID_SAVE)
+# Checkpoint modes: async (the default: the background writer is killed while training
+# goes on) and sync.
+@pytest.mark.parametrize("mode", ["async", "sync"])
 def test_killed_mid_save_restarts_from_the_previous_complete_checkpoint(
-        tmp_path, window, mode, uninterrupted_30):
+        tmp_path, mode, uninterrupted_30):
     work = tmp_path / "run"
     sync = {"FAULTS_SYNC": "1"} if mode == "sync" else {}
-    if window == "before the state file":  # ckpt-10's files written, not yet named
-        trainer, marker = Trainer(work, 30, FAULTS_SLOW_STATE="120", **sync), "STATE_UPDATE"
-    else:  # ckpt-10's shards in ckpt-10_temp/, not yet merged
-        trainer, marker = Trainer(work, 30, FAULTS_SLOW_MERGE="120", **sync), "MERGE"
-    trainer.wait_for(f"{marker} ckpt-10")
-    at = trainer.lines.index(f"{marker} ckpt-10") + 1  # then the thread that writes it
-    _wait_until(lambda: len(trainer.lines) > at)
-    writer = trainer.lines[at]
-    assert writer == ("IN_THREAD MainThread" if mode == "sync" else
-                      "IN_THREAD fenwicks checkpoint writer (ckpt-10)")
+    # Step 10's files written (in orbax's temporary folder), not yet committed.
+    trainer = Trainer(work, 30, FAULTS_SLOW_COMMIT="120", **sync)
+    trainer.wait_for("COMMIT 10")
+    writer = next(line for line in trainer.lines if line.startswith("WRITE 10 "))
+    assert writer == ("WRITE 10 IN_THREAD MainThread" if mode == "sync" else
+                      "WRITE 10 IN_THREAD fenwicks checkpoint writer 10")
     trainer.proc.send_signal(signal.SIGKILL)
     trainer.finish()
-    leftover = work / ("ckpt-10.index" if window == "before the state file"
-                       else "ckpt-10_temp")
-    assert leftover.exists()
+    leftover = list((work / "checkpoints").glob("10.orbax-checkpoint-tmp*"))
+    assert leftover and (leftover[0] / "state").is_dir()
     assert _faults.latest_step(str(work)) == 5
     restart = Trainer(work, 30)
     out = restart.result()
     assert out["start"] == 5 and out["step"] == 30
-    if window == "before the merge":  # the partial save is removed at the next start
-        assert not leftover.exists() and "ckpt-10_temp, the partial files" in restart.stderr
+    # the partial save is removed at the next start, by name
+    assert not leftover[0].exists()
+    assert f"{leftover[0]}, the partial files" in restart.stderr
     _assert_same_weights(out, uninterrupted_30)
 
 
@@ -153,15 +146,17 @@ def test_killed_mid_async_save_on_gcs_restarts_from_the_previous_checkpoint(
     def in_namespace(args, env):
         return gcs_emulator.start_module(*args[1:], env=env)
 
-    trainer = Trainer(work, 30, start=in_namespace, FAULTS_SLOW_STATE="120")
-    trainer.wait_for("STATE_UPDATE ckpt-10")  # its data and index are in the bucket
+    trainer = Trainer(work, 30, start=in_namespace, FAULTS_SLOW_COMMIT="120")
+    trainer.wait_for("COMMIT 10")  # its files are in the bucket, not its marker
     trainer.proc.send_signal(signal.SIGKILL)
     trainer.finish()
     listed = gcs_emulator.run_json(f"""
-import json, tensorflow as tf
-print(json.dumps([tf.train.latest_checkpoint({work!r}),
-                  tf.io.gfile.exists({work!r} + "/ckpt-10.index")]))""")
-    assert listed == [work + "/ckpt-5", True]  # written, but never named the latest
+import json
+import fenwicks as fw
+from tests import _faults
+print(json.dumps([_faults.latest_step({work!r}),
+                  fw.io.exists({work!r} + "/checkpoints/10/state")]))""")
+    assert listed == [5, True]  # written, but never committed
     out = Trainer(work, 30, start=in_namespace).result()
     assert out["start"] == 5 and out["step"] == 30
     _assert_same_weights(out, uninterrupted_30)
@@ -197,7 +192,7 @@ def _estimator(work_dir, **kwargs):
 
 @pytest.fixture(scope="module")
 def trained_twice(tmp_path_factory):
-    """ckpt-5 and ckpt-10, trained once for the module's tests (each spoils a copy)."""
+    """Steps 5 and 10, trained once for the module's tests (each spoils a copy)."""
     work = tmp_path_factory.mktemp("two_checkpoints") / "run"
     x, y = _flagship.digits("mnist_net")
     est = _estimator(work)
@@ -210,7 +205,7 @@ def trained_twice(tmp_path_factory):
 
 @pytest.fixture
 def two_checkpoints(trained_twice, tmp_path):
-    """A work_dir of its own holding ckpt-5 and ckpt-10, and the variables at step 5."""
+    """A work_dir of its own holding steps 5 and 10, and the variables at step 5."""
     source, at_five, data = trained_twice
     shutil.copytree(source, tmp_path / "run")
     return tmp_path / "run", at_five, data
@@ -222,73 +217,138 @@ def _reopen(work_dir, data):
     return est
 
 
-def _flip_bytes(path, count=16):
-    raw = bytearray(path.read_bytes())
-    for i in range(len(raw) // 3, len(raw) // 3 + count):
-        raw[i] ^= 0xFF
-    path.write_bytes(bytes(raw))
-
-
-DATA, INDEX = "ckpt-10.data-00000-of-00001", "ckpt-10.index"
-DAMAGES = {  # what is done to ckpt-10, and the file the warning must name
-    "flipped data bytes": (lambda work: _flip_bytes(work / DATA), DATA),
-    "data one byte short": (lambda work: _truncate(work / DATA, 1), DATA),
-    "empty data file": (lambda work: _truncate(work / DATA, None), DATA),
-    "missing data file": (lambda work: (work / DATA).unlink(), DATA),
-    "truncated index": (lambda work: _truncate(work / INDEX, 40, keep=True), INDEX),
-    "empty index": (lambda work: _truncate(work / INDEX, None), INDEX),
-    "missing index": (lambda work: (work / INDEX).unlink(), INDEX),
-}
-
-
-def _truncate(path, count, keep=False):
-    """Cuts `count` bytes off the end (keep=True: keeps only `count`); None: empties."""
-    raw = path.read_bytes()
-    path.write_bytes(b"" if count is None else raw[:count] if keep else raw[:-count])
-
-
-@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("damage", _faults.DAMAGES)
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_with_a_warning(
         two_checkpoints, damage, caplog):
     work, at_five, data = two_checkpoints
-    spoil, named = DAMAGES[damage]
+    spoil, why = _faults.DAMAGES[damage]
     spoil(work)
     with caplog.at_level(logging.WARNING, logger="fenwicks"):
         est = _reopen(work, data)
     assert est.global_step == 5
     for got, want in zip(est.model.variables, at_five, strict=True):
         np.testing.assert_array_equal(np.asarray(got), want)
-    assert "ckpt-10 is unreadable" in caplog.text and "ckpt-5" in caplog.text
-    assert f"{work / named} is" in caplog.text  # the damaged file, by name
-    assert list(work.glob("ckpt-10.*.corrupt"))  # kept, not deleted
-    assert tf.train.latest_checkpoint(str(work)).endswith("ckpt-5")
+    assert f"{_faults.step_dir(work)} is unreadable" in caplog.text
+    assert f"resumed from the older {_faults.step_dir(work, 5)}" in caplog.text
+    assert why in caplog.text
+    assert (work / "checkpoints" / "10.corrupt").is_dir()  # kept, not deleted
+    assert _faults.latest_step(str(work)) == 5
 
 
-def test_a_full_temp_dir_is_not_taken_for_damaged_checkpoints(two_checkpoints, small_disk,
-                                                              monkeypatch):
+def test_a_damaged_record_with_another_trn_bs_is_not_trained_on(two_checkpoints, caplog):
+    """The record deleted, then a resume with another trn_bs: before the run format,
+    training went on silently from step 10 and rewrote the record."""
     work, _, data = two_checkpoints
+    _faults.record_file(work).unlink()
+    est = _estimator(work, trn_bs=2 * _flagship.GLOBAL_BATCH)
+    with pytest.raises(input_record.BatchSizeChangedError,
+                       match=rf"trn_bs={2 * _flagship.GLOBAL_BATCH} differs from the "
+                             rf"trn_bs={_flagship.GLOBAL_BATCH}"):
+        est.train(_flagship.train_input(*data), steps=1)
+    assert est.global_step == 5  # step 5, the intact one, was restored and checked
+
+
+def test_a_read_only_record_cannot_be_met_by_a_fresh_run(tmp_path):
+    """Before the run format a read-only ``fenwicks_input.json`` in a fresh work_dir gave
+    TensorFlow's raw PermissionDeniedError; a fresh run now reads nor writes any such file."""
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "fenwicks_input.json").write_text('{"train_batch_size": 32}')
+    (work / "fenwicks_input.json").chmod(0o444)
+    x, y = _flagship.digits("mnist_net")
+    est = _estimator(work)
+    est.train(_flagship.train_input(x, y), steps=5)
+    assert _faults.latest_step(str(work)) == 5
+    assert (work / "fenwicks_input.json").read_text() == '{"train_batch_size": 32}'
+
+
+@pytest.fixture(scope="module")
+def on_jax(tmp_path_factory):
+    """The damages above, the record's and the work_dir's faults, on the JAX engine: one
+    process runs every case (`tests._faults.damages`)."""
+    root = tmp_path_factory.mktemp("jax_damages")
+    return run_module_json("tests._faults", "damages", str(root),
+                           env={"KERAS_BACKEND": "jax", "FENWICKS_DEVICE": None})
+
+
+@pytest.mark.parametrize("damage", _faults.DAMAGES)
+def test_a_damaged_latest_checkpoint_falls_back_on_the_jax_engine_too(on_jax, damage):
+    """Before the run format the JAX engine trained on silently past a garbled
+    ``_METADATA``, and called the intact steps damaged when the newest lacked its
+    ``default/`` folder ("none can be read")."""
+    assert on_jax["engine"] == "jax"
+    case = on_jax[damage]
+    work = case["work_dir"]
+    assert (case.get("error"), case.get("step"), case.get("same_as_five")) == \
+        (None, 5, True), case
+    assert len(case["warnings"]) == 1, case["warnings"]
+    warning = case["warnings"][0]
+    assert warning.startswith(f"fenwicks: checkpoint {work}/checkpoints/10 is unreadable ("), \
+        warning
+    assert _faults.DAMAGES[damage][1] in warning
+    assert warning.endswith(f"; resumed from the older {work}/checkpoints/5 instead. Its "
+                            f"files are kept as {work}/checkpoints/10.corrupt"), warning
+    assert case["listing"] == ["10.corrupt", "5"]  # kept, not deleted; 5 not called damaged
+
+
+def test_the_record_and_work_dir_faults_on_the_jax_engine(on_jax):
+    other = on_jax["other trn_bs"]
+    assert other["error"] == "BatchSizeChangedError" and other["step"] == 5, other
+    assert other["message"].startswith(f"trn_bs={2 * _flagship.GLOBAL_BATCH} differs from "
+                                       f"the trn_bs={_flagship.GLOBAL_BATCH} this work_dir's")
+    deleted = on_jax["work_dir deleted"]
+    assert deleted["deleted"] and not deleted["recreated"] and deleted["step"] < 40, deleted
+    assert deleted["error"] == "WorkDirLostError", deleted
+    assert re.match(r"work_dir='[^']+/deleted' was deleted while training \(its lock "
+                    r"\S+/fenwicks.lock is gone, and so is the folder\): the checkpoints "
+                    r"saved there, the epoch log epochs.jsonl", deleted["message"]), deleted
+    assert "The model in memory is intact" in deleted["message"]
+    read_only = on_jax["read-only old record"]
+    assert "error" not in read_only and read_only["latest"] == 5, read_only
+    assert read_only["old_record"] == '{"train_batch_size": 32}'
+
+
+def _legacy_tf(tmp_path):
+    """A work_dir of TensorFlow checkpoints (before the run format): ckpt-21."""
+    from tests.test_legacy_work_dirs import LEGACY
+
+    work = tmp_path / "legacy"
+    shutil.copytree(LEGACY / "tf", work)
+    return work
+
+
+def _reopen_legacy(work):
+    from tests import _cross_engine
+
+    est = _cross_engine.estimator(str(work))
+    est.evaluate(_cross_engine.inputs()[1])
+    return est
+
+
+def test_a_full_temp_dir_is_not_taken_for_damaged_checkpoints(tmp_path, small_disk,
+                                                              monkeypatch):
+    """TensorFlow checkpoints (an old work_dir) are restored after a probe write."""
+    work = _legacy_tf(tmp_path)
     _fill(small_disk, leave_bytes=0)
     monkeypatch.setattr(tempfile, "tempdir", str(small_disk))  # as TMPDIR=<tiny tmpfs>
     before = sorted(os.listdir(work))
     with pytest.raises(fw.train.ProbeWriteError, match=rf"{small_disk}.*This is not about "
                                                        r"your checkpoints: nothing in the "
                                                        r"work_dir was read, changed"):
-        _reopen(work, data)
+        _reopen_legacy(work)
     assert sorted(os.listdir(work)) == before  # nothing set aside as corrupt
 
 
-def test_a_file_size_limit_is_not_taken_for_damaged_checkpoints(two_checkpoints):
+def test_a_file_size_limit_is_not_taken_for_damaged_checkpoints(tmp_path):
     """``ulimit -f``: the 20 kB probe cannot be written; the checkpoints are fine."""
-    work, _, _ = two_checkpoints
+    work = _legacy_tf(tmp_path)
     before = sorted(os.listdir(work))
     out = run_json(f"""
 import json, resource
-import fenwicks as fw
-from tests import _flagship
+from tests import _cross_engine
 resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))  # as ulimit -f 10 (kB)
-x, y = _flagship.digits("mnist_net")
 try:
-    _flagship.estimator("mnist_net", {str(work)!r}).evaluate(_flagship.eval_input(x, y))
+    _cross_engine.estimator({str(work)!r}).evaluate(_cross_engine.inputs()[1])
     print(json.dumps(None))
 except Exception as err:
     print(json.dumps([type(err).__name__, str(err)]))
@@ -301,19 +361,21 @@ except Exception as err:
 def test_no_readable_checkpoint_is_a_clear_error_that_changes_nothing(two_checkpoints):
     work, _, data = two_checkpoints
     for step in (5, 10):
-        _flip_bytes(work / f"ckpt-{step}.data-00000-of-00001")
-    before = sorted(os.listdir(work))
-    with pytest.raises(fw.train.CheckpointCorruptError, match="none can be read"):
+        _faults.flip_bytes(_faults.data_file(work, step))
+    before = sorted(p.relative_to(work) for p in work.rglob("*"))
+    with pytest.raises(fw.train.CheckpointCorruptError,
+                       match=r"lists 2 checkpoint\(s\) and none can be read.*checkpoints/10: "
+                             r"the array of .*does not match the checksum"):
         _reopen(work, data)
-    assert sorted(os.listdir(work)) == before
+    assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
 
 
-def test_a_damaged_state_file_finds_the_checkpoints_by_name(two_checkpoints, caplog):
-    work, _, data = two_checkpoints
+def test_a_damaged_state_file_finds_the_checkpoints_by_name(tmp_path, caplog):
+    work = _legacy_tf(tmp_path)
     (work / "checkpoint").write_text("model_checkpoint_path: {{{ not a proto")
     with caplog.at_level(logging.WARNING, logger="fenwicks"):
-        est = _reopen(work, data)
-    assert est.global_step == 10 and "looking for checkpoints by name" in caplog.text
+        est = _reopen_legacy(work)
+    assert est.global_step == 21 and "looking for checkpoints by name" in caplog.text
 
 
 @pytest.fixture
@@ -346,13 +408,14 @@ def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_still_loads(sm
     est = _estimator(work)
     est.train(_flagship.train_input(x, y), steps=5)
     at_five = [np.asarray(v) for v in est.model.variables]
-    size = sum(p.stat().st_size for p in work.glob("ckpt-5.*"))
+    size = sum(p.stat().st_size for p in _faults.step_dir(work, 5).rglob("*") if p.is_file())
     filler = _fill(small_disk, leave_bytes=16 * 1024)  # room for the lock, not a checkpoint
     assert size > 16 * 1024
-    with pytest.raises(fw.train.CheckpointWriteError, match=r"ckpt-10: .*The previous "
-                                                            r"checkpoint .*ckpt-5\) is intact"):
+    with pytest.raises(fw.train.CheckpointWriteError,
+                       match=r"checkpoints/10: .*The previous checkpoint .*checkpoints/5\) "
+                             r"is intact"):
         est.train(_flagship.train_input(x, y), steps=5)
-    assert not list(work.glob("ckpt-10*"))  # partial files removed
+    assert [p.name for p in (work / "checkpoints").iterdir()] == ["5"]  # partial: removed
     reopened = _reopen(work, (x, y))
     assert reopened.global_step == 5
     for got, want in zip(reopened.model.variables, at_five, strict=True):
@@ -407,7 +470,7 @@ def test_the_lock_works_on_gcs(gcs_emulator):
     path = gcs_emulator.unique_url("lock")
     out = gcs_emulator.run_json(f"""
 import json
-from fenwicks.train import lock
+from fenwicks.train import input_record, lock
 first, second = lock.WorkDirLock({path!r}), lock.WorkDirLock({path!r})
 first.acquire()
 try:
@@ -424,11 +487,11 @@ print(json.dumps({{"refused": refused, "holder": second._read()["token"] == seco
 
 
 
-def test_every_temp_dir_full_still_gives_the_probe_message(two_checkpoints, small_disk,
+def test_every_temp_dir_full_still_gives_the_probe_message(tmp_path, small_disk,
                                                            monkeypatch):
     """Every candidate temp dir full: Python's own gettempdir() then raises too; the
     probe's message must still be built (not FileNotFoundError while making it)."""
-    work, _, data = two_checkpoints
+    work = _legacy_tf(tmp_path)
     _fill(small_disk, leave_bytes=0)
     monkeypatch.setattr(tempfile, "tempdir", None)  # forget the temp dir found before
     monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(small_disk)])
@@ -437,7 +500,7 @@ def test_every_temp_dir_full_still_gives_the_probe_message(two_checkpoints, smal
     before = sorted(os.listdir(work))
     with pytest.raises(fw.train.ProbeWriteError, match=rf"a temp dir \(every candidate is full"
                                                        rf".*No usable .*{small_disk}.*TMPDIR"):
-        _reopen(work, data)
+        _reopen_legacy(work)
     assert sorted(os.listdir(work)) == before
 
 
@@ -482,4 +545,4 @@ def test_a_full_disk_during_export_is_one_line_and_leaves_no_partial_folder(tmp_
     reloaded = tf.saved_model.load(fw.train.latest_export(str(previous)))
     got = reloaded.serve(x[:5])["predictions"].numpy()
     np.testing.assert_array_equal(got, want)
-    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-4")
+    assert _faults.latest_step(str(tmp_path / "run")) == 4

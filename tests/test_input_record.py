@@ -13,30 +13,31 @@ from tests.conftest import run_module_json
 from tests.test_jax_engine import _env
 
 
-def _recorded(work_dir) -> int:
-    return json.loads((work_dir / input_record.FILE).read_text())["train_batch_size"]
+def _record(batch_size: int) -> dict:
+    return {"train_batch_size": batch_size, "step": 12, "input_steps": 12}
 
 
-def test_a_fresh_run_records_its_batch_size_and_a_resume_must_match(tmp_path):
-    input_record.check(str(tmp_path), batch_size=32, position=0, write=True)
-    assert _recorded(tmp_path) == 32
-    input_record.check(str(tmp_path), batch_size=32, position=12, write=True)
+def test_a_resume_must_match_the_batch_size_of_the_restored_steps_record(tmp_path):
+    input_record.check(str(tmp_path), batch_size=32, position=12, record=_record(32))
     with pytest.raises(input_record.BatchSizeChangedError,
                        match=r"trn_bs=64 differs from the trn_bs=32 .*\(12 steps\) is counted "
                              r"in batches of 32.*Pass trn_bs=32 to continue"):
-        input_record.check(str(tmp_path), batch_size=64, position=12, write=True)
-    assert _recorded(tmp_path) == 32  # the refusal changed nothing
+        input_record.check(str(tmp_path), batch_size=64, position=12, record=_record(32))
     # position 0: the checkpoints were cleaned away, so the new run is a fresh one
-    input_record.check(str(tmp_path), batch_size=64, position=0, write=True)
-    assert _recorded(tmp_path) == 64
+    input_record.check(str(tmp_path), batch_size=64, position=0, record=None)
+    assert list(tmp_path.iterdir()) == []  # the run format holds the record: no file
 
 
-def test_a_non_chief_worker_writes_no_record_and_an_unrecorded_run_is_adopted(tmp_path):
-    input_record.check(str(tmp_path), batch_size=32, position=0, write=False)
-    assert not (tmp_path / input_record.FILE).exists()
-    # checkpoints from elsewhere, without a record: the batch size cannot be checked
-    input_record.check(str(tmp_path), batch_size=16, position=5, write=True)
-    assert _recorded(tmp_path) == 16
+def test_a_work_dir_of_the_previous_format_is_checked_against_its_file(tmp_path):
+    (tmp_path / input_record.FILE).write_text(json.dumps({"train_batch_size": 32}))
+    input_record.check(str(tmp_path), batch_size=32, position=5)
+    with pytest.raises(input_record.BatchSizeChangedError, match=r"trn_bs=16 differs"):
+        input_record.check(str(tmp_path), batch_size=16, position=5)
+    # the step's own record, when there is one, is what counts
+    input_record.check(str(tmp_path), batch_size=16, position=5, record=_record(16))
+    (tmp_path / input_record.FILE).write_text("{")  # unreadable: cannot be checked
+    input_record.check(str(tmp_path), batch_size=16, position=5)
+    assert (tmp_path / input_record.FILE).read_text() == "{"  # and never rewritten
 
 
 @pytest.mark.slow

@@ -47,6 +47,31 @@ def test_probe_checks_the_batch_and_gives_the_params_and_features_spec():
         _manager().probe(lambda params: _numbered({"batch_size": 2}), "train")
 
 
+def _py_function_input(params: dict) -> tf.data.Dataset:
+    """A tf.py_function (shape unknown to TensorFlow), batched with drop_remainder."""
+    x = tf.data.Dataset.from_tensor_slices(np.zeros((16, 3), np.float32))
+    ds = tf.data.Dataset.zip((x, tf.data.Dataset.range(16)))
+    return ds.map(lambda x, y: (tf.py_function(lambda a: a * 2, [x], tf.float32), y)).batch(
+        params["batch_size"], drop_remainder=True)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_py_function_of_unknown_shape_is_told_ensure_shape_not_batch_it(mode):
+    """Issue 52: it was told "yields unbatched elements; batch it", though it was batched."""
+    what = {"train": "training", "eval": "evaluation"}[mode]
+    with pytest.raises(ValueError, match=(
+            rf"^{what} input_fn yields a tensor of unknown shape \(component 0 of the "
+            r"flattened element .*\), as tf.py_function and tf.numpy_function give: "
+            r"batching cannot restore it\. Set it in the map that calls them, e\.g\. "
+            r"x = tf.ensure_shape\(tf.py_function\(f, \[x\], tf.float32\), \[32, 32, 3\]\)$")):
+        _manager().probe(_py_function_input, mode)
+
+    def fixed(params):  # the advice followed: accepted
+        return _py_function_input(params).map(lambda x, y: (tf.ensure_shape(x, [BATCH, 3]), y))
+
+    assert _manager().probe(fixed, mode).features_spec.shape.as_list() == [BATCH, 3]
+
+
 def test_the_training_iterator_starts_at_the_given_step():
     manager = _manager()
     iterator = manager.train_iterator(_numbered, start_step=3)

@@ -18,10 +18,12 @@ import gc
 import pathlib
 import weakref
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from fenwicks import _tf_internals
+from tests.conftest import run_json
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fenwicks"
 INTERNALS = PACKAGE / "_tf_internals.py"
@@ -373,3 +375,69 @@ def test_keras_base_optimizer_is_the_root_of_every_keras_optimizer():
         assert isinstance(optimizer, base), _needs(
             "keras_base_optimizer", "keras.src.optimizers.base_optimizer.BaseOptimizer",
             "TPUEstimator's replay of optimizers")
+
+
+def test_keras_global_seed_generator_is_found_and_made():
+    import keras
+
+    made = _tf_internals.keras_global_seed_generator(create=True)
+    assert made is _tf_internals.keras_global_seed_generator()
+    before = keras.ops.convert_to_numpy(made.state.value).copy()
+    keras.random.uniform((2,))  # draws from it, advancing its state
+    assert not np.array_equal(before, keras.ops.convert_to_numpy(made.state.value))
+
+
+def test_a_hook_before_thread_pools_shut_down_runs_before_they_refuse_work():
+    out = run_json("""
+import concurrent.futures, json, sys
+from fenwicks import _tf_internals
+pool = concurrent.futures.ThreadPoolExecutor(1)
+
+def at_exit():  # still allowed to use a thread pool (orbax's writes do)
+    sys.stdout.write(json.dumps(pool.submit(lambda: 41 + 1).result()) + "\\n")
+
+_tf_internals.call_before_thread_pools_shut_down(at_exit)
+""", fresh=True)
+    assert out == 42
+def test_keras_losses_per_replica_switches_keras_division_off():
+    import keras
+    from keras.src.losses import loss as module
+
+    loss = keras.losses.MeanSquaredError()
+    y_true, y_pred = tf.constant([[1.0], [3.0]]), tf.constant([[0.0], [0.0]])
+    original = module.scale_loss_for_distribution
+    module.scale_loss_for_distribution = lambda value: value * 8.0  # as 1/8 would be seen
+    try:
+        scaled = float(loss(y_true, y_pred))
+        with _tf_internals.keras_losses_per_replica():
+            plain = float(loss(y_true, y_pred))
+        assert module.scale_loss_for_distribution(1.0) == 8.0  # restored after
+    finally:
+        module.scale_loss_for_distribution = original
+    assert scaled == pytest.approx(40.0), _needs(
+        "keras_losses_per_replica", "keras.src.losses.loss.scale_loss_for_distribution",
+        "Keras loss objects in a TPUEstimator model_fn on several replicas")
+    assert plain == pytest.approx(5.0)
+
+
+def test_cross_shard_reduction_is_read():
+    wrapped = tf.compat.v1.tpu.CrossShardOptimizer(tf.compat.v1.train.GradientDescentOptimizer(
+        0.1), reduction=tf.compat.v1.losses.Reduction.SUM)
+    assert _tf_internals.v1_optimizer_arg(wrapped, "reduction") == "weighted_sum", _needs(
+        "v1_optimizer_arg", "CrossShardOptimizer._reduction",
+        "TPUEstimator's compute_gradients under CrossShardOptimizer")
+
+
+def test_v1_api_modules_are_every_object_a_program_may_hold():
+    import importlib
+    import sys
+
+    before = tf.compat.v1
+    imported = importlib.import_module("tensorflow.compat.v1")  # may rebind tf.compat.v1
+    modules = _tf_internals.v1_api_modules()
+    assert any(m is before for m in modules) and any(m is imported for m in modules), _needs(
+        "v1_api_modules", "sys.modules['tensorflow._api.v2.compat.v1']",
+        "TF1 names replaced in a TPUEstimator model_fn (trainable_variables, get_variable)")
+    assert len({id(m) for m in modules}) == len(modules)
+    assert all(m.train is imported.train for m in modules)  # shared submodules
+    assert sys.modules["tensorflow.compat.v1"] is imported

@@ -230,7 +230,7 @@ def test_loss_5_a_bind_mount_on_the_same_disk_is_refused_and_its_source_kept(tmp
     try:
         assert not os.path.ismount(mount)  # what the check used to rely on
         with pytest.raises(ValueError, match=(
-                rf"path='{mount}/' is a mount point \(a \w+ mount of .*, folder "
+                rf"path='{mount}/' is a mount point \(an? \w+ mount of .*, folder "
                 r"'.*/source' of it\); refusing to delete it \(even with force=True\)")):
             fw.io.create_clean_dir(f"{mount}/", force=True)
         with pytest.raises(ValueError, match=(
@@ -439,7 +439,9 @@ def test_gcs_round_trip_against_emulator(gcs_emulator, tmp_path):
         r["listdir"] = fw.io.listdir(base + "/data/sub")
         for name in ("run/x", "run2/y", "run.txt"):
             fw.io.copy(up + "/a.txt", base + "/" + name)
-        fw.io.create_clean_dir(base + "/run")   # inside gs://$FENWICKS_BUCKET: a root
+        # Prefix safety: run2/ and run.txt share the prefix. 'x' is a user's object, so
+        # this clean needs force (the refusal: test_create_clean_dir_on_gcs_deletes_only_...).
+        fw.io.create_clean_dir(base + "/run", force=True)
         r["after_clean"] = fw.io.glob(base + "/run*") + fw.io.glob(base + "/run*/*")
         r["dirs"] = fw.io.get_project_dirs(base, "proj")
         r["dirs_exist"] = [fw.io.exists(d) for d in r["dirs"]]
@@ -574,3 +576,46 @@ def test_upload_to_gcs_against_emulator(gcs_emulator, tmp_path):
         print(json.dumps(dict(first=first, again=again, data=data)))
     """)
     assert out == {"first": [target], "again": [], "data": "records\n"}
+
+
+def gcs_clean(root: str) -> dict:
+    """create_clean_dir on gs:// (run inside the emulator's namespace): a run's own
+    objects go without force; a folder with a user's object is refused, that object
+    kept; a sibling sharing the prefix survives."""
+    import tensorflow as tf
+
+    def put(path: str, data: bytes = b"x") -> None:
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(data)
+
+    work, out = f"{root}/work/run", {}
+    for name in ("checkpoint", "ckpt-2.index", "fenwicks_input.json",
+                 "train/events.out.tfevents.1.vm.1.0.v2", "orbax/2/_CHECKPOINT_METADATA"):
+        put(f"{work}/{name}")
+    put(f"{work}/notes/train.csv", b"id,label\n")
+    put(f"{root}/work/run2/keep.txt", b"sibling")
+    try:
+        fw.io.create_clean_dir(work)
+    except ValueError as err:
+        out["refused"] = str(err)
+    out["after_refusal"] = sorted(
+        f"{r[len(work):].strip('/')}/{f}".lstrip("/") for r, _, files in tf.io.gfile.walk(work)
+        for f in files)
+    tf.io.gfile.remove(f"{work}/notes/train.csv")  # the user moves it away
+    out["cleaned"] = fw.io.create_clean_dir(work)
+    out["left"] = [f for _, _, files in tf.io.gfile.walk(work) for f in files]
+    with tf.io.gfile.GFile(f"{root}/work/run2/keep.txt", "rb") as f:
+        out["sibling"] = f.read().decode()
+    return out
+
+
+def test_create_clean_dir_on_gcs_deletes_only_fenwicks_objects(gcs_emulator):
+    root = gcs_emulator.unique_url("clean")
+    work = f"{root}/work/run"
+    out = gcs_emulator.run_json("import json\nfrom tests.test_io import gcs_clean\n"
+                                f"print(json.dumps(gcs_clean({root!r})))")
+    assert out["refused"].startswith(
+        f"path='{work}' holds '{work}/notes/train.csv', which Fenwicks did not write; "
+        "create_clean_dir deletes only Fenwicks' own files")
+    assert len(out["after_refusal"]) == 6 and "notes/train.csv" in out["after_refusal"]
+    assert out["cleaned"] == work and out["left"] == [] and out["sibling"] == "sibling"

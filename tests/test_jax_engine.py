@@ -50,11 +50,11 @@ def _run(work_dir, steps, val_sizes=(), devices=8, *flags, check=True):
 def _kill_then_resume(work_dir, reference) -> tuple[object, dict]:
     # The same programs as jax8's (`reference`'s): started once jax8 began its first save
     # (its training step compiled, so in the session's cache), this run reads them.
-    orbax = work_dir.parent / "jax8" / "orbax"
+    orbax = work_dir.parent / "jax8" / "checkpoints"
     while not reference.done() and not (orbax.is_dir() and any(orbax.iterdir())):
         time.sleep(0.5)
     killed = _run(work_dir, STEPS, (), 8, "--kill-during-save", check=False)
-    listing = sorted(os.listdir(work_dir / "orbax"))
+    listing = sorted(os.listdir(work_dir / "checkpoints"))
     resumed = last_json(_run(work_dir, STEPS).stdout)
     return killed, listing, resumed
 
@@ -131,7 +131,7 @@ def test_exact_evaluation_over_odd_batch_sizes(runs):
 
 
 def test_kill_during_an_async_save_then_resume_equals_the_uninterrupted_run(runs):
-    """SIGKILL while orbax writes the second checkpoint: the partial directory is never
+    """SIGKILL while orbax writes the second checkpoint: the partial folder is never
     taken for a checkpoint, the new process resumes from the last complete one (weights,
     optimizer, step, input position) and ends with the uninterrupted run's weights."""
     killed, resumed, whole = runs["killed"], runs["resumed"], runs["jax8"]
@@ -185,7 +185,7 @@ def test_sixteen_bit_precisions(runs):
 def test_demo_on_the_jax_engine_with_eight_devices(tmp_path):
     """The issue's Done-when: ``python -m fenwicks demo`` on the JAX engine over 8 host
     devices reaches the TensorFlow engine's demo accuracy (>= 0.99 of the 450 digits);
-    a second run resumes the first from its orbax checkpoint and says so."""
+    a second run resumes the first from its checkpoint and says so."""
     env = _env(8)  # 8 host devices by XLA_FLAGS: forked from conftest's JAX server
     work_dir = str(tmp_path / "demo")
     out = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
@@ -197,3 +197,33 @@ def test_demo_on_the_jax_engine_with_eight_devices(tmp_path):
     again = run_process(["-m", "fenwicks", "demo", "--work-dir", work_dir], env,
                         timeout=900).stdout
     assert f"resuming {work_dir} at step 252" in again, again
+
+
+def test_a_layer_using_a_tensors_value_in_python_is_one_sentence_naming_its_line(tmp_path):
+    """Issue 52: ``if ops.mean(x) > 0``, np.asarray, ops.nonzero, jnp.unique in a layer
+    gave ``AttributeError: 'str' object has no attribute '_error_repr'`` (Keras rebuilding
+    JAX's error) from both check_tpu_ready and train."""
+    said = last_json(run_process(["-m", "tests._jax_value_in_python", str(tmp_path)],
+                                 _env(1)).stdout)
+    source = open(os.path.join(os.path.dirname(__file__), "_jax_value_in_python.py")).read()
+
+    def at(code: str) -> str:  # the user's line, found independently in the source
+        number = next(i for i, line in enumerate(source.splitlines(), 1) if code in line)
+        return f"at _jax_value_in_python.py:{number} (`{code}"
+
+    use = {"if": "a tensor's value in a Python condition (if, while, and, or) "
+                 + at("if ops.mean(x) > 0:"),
+           "numpy": "a tensor as a NumPy array (np.asarray, .numpy()) "
+                    + at("return x + np.asarray(x).mean()"),
+           "nonzero": "a tensor of data-dependent size " + at("return x + ops.cast(ops.nonzero"),
+           "unique": "a tensor of data-dependent size " + at("return x + jnp.unique(x)[0]")}
+    fix = {"if": "use keras.ops.where (or keras.ops.cond) instead of if",
+           "numpy": "use keras.ops instead of NumPy inside the layer",
+           "nonzero": "keep shapes fixed: a mask", "unique": "keep shapes fixed: a mask"}
+    for kind, calls in said.items():
+        for call, error in (("ready", "NotTPUReadyError"), ("train", "ValueError")):
+            message = calls[call]
+            assert message.startswith(f"{error}: the model uses {use[kind]}"), (kind, message)
+            assert "compiles each step for fixed shapes, without the data: " + fix[kind] \
+                in message and "_error_repr" not in message and "\n" not in message
+    assert not any((tmp_path / kind / "orbax").exists() for kind in said)  # nothing trained

@@ -1,6 +1,7 @@
 """README.md and the user guide are a contract: their Python blocks run as written, top to
 bottom, in a fresh process on local disk, and do what the prose says. The README's quick
-start comes first; the guide's pages continue it, in the order of `CHAIN`."""
+start comes first; then the guide's pages, in the order of `CHAIN`, each of which defines
+what its code uses (`SELF_CONTAINED`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 from tests.conftest import ROOT, run_python
 
-# The pages whose blocks make one script, in order: each continues the one before.
+# The pages whose blocks make one script, in order (checked after the estimator's and
+# the last page: `CHECKS`).
 CHAIN = ("README.md", "docs/storage.md", "docs/input.md", "docs/estimator.md",
          "docs/performance.md", "docs/models.md")
 
@@ -57,7 +59,8 @@ def test_the_quick_start_learns_and_a_second_process_resumes_it(tmp_path):
     assert result["num_examples"] == 1797 - 1500
     assert result["global_step"] == 300
     assert result["accuracy"] >= 0.9, result
-    assert os.path.exists(tmp_path / "root" / "work" / "digits" / "checkpoint")
+    # The run format: one folder per checkpoint step, committed whole (step 300 = max_steps).
+    assert os.path.isdir(tmp_path / "root" / "work" / "digits" / "checkpoints" / "300")
     # Run again, as the README says: the checkpoint is at step 300 already, nothing is
     # trained, and the restored model evaluates exactly as the first process's did.
     second = run_python(code, env=_env(tmp_path), cwd=str(tmp_path))
@@ -67,7 +70,9 @@ def test_the_quick_start_learns_and_a_second_process_resumes_it(tmp_path):
     assert again["loss"] == pytest.approx(result["loss"], rel=1e-5)
 
 
-CHECKS = """
+# What the pages made, printed right after the estimator's page (the pages after it make
+# estimators of their own) and at the end.
+CHECKS = {"docs/estimator.md": """
 import json as _json
 import numpy as _np
 _files = sorted(os.path.basename(p) for p in fw.io.glob(records + '/*'))
@@ -79,18 +84,20 @@ print(_json.dumps({
     "probs_shape": list(probs.shape), "probs_sum": float(_np.abs(probs.sum(1) - 1).max()),
     "served_argmax": _np.asarray(served).argmax(1).tolist(),
     "probs_argmax": probs[:5].argmax(1).tolist(),
-    "lr_steps": len(result.lrs), "suggestion": result.suggestion,
     "export": sorted(os.listdir(export_dir)),
 }))
-"""
+""", "docs/models.md": """
+print(_json.dumps({"lr_steps": len(result.lrs), "suggestion": result.suggestion,
+                   "verdict_steps": est.global_step}))
+"""}
 
 
 def test_every_python_block_runs_in_order_as_written(tmp_path):
-    blocks = _python_blocks()
-    assert len(blocks) >= 5, "quick start, storage, input pipelines, estimator, blocks"
-    proc = run_python("\n".join(blocks) + CHECKS, env=_env(tmp_path), cwd=str(tmp_path),
-                      timeout=600)
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(_python_blocks()) >= 5, "quick start, storage, input pipelines, estimator"
+    code = "\n".join(part for name in CHAIN for part in [*_blocks(name), CHECKS.get(name, "")])
+    proc = run_python(code, env=_env(tmp_path), cwd=str(tmp_path), timeout=600)
+    printed = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"')]
+    out = {**printed[-2], **printed[-1]}  # the estimator's page, then the last page
     # numpy_tfrecord: 4 shards of training digits and one test file, uploaded once.
     assert out["files"] == ["test"] + [f"train-0000{i}-of-00004" for i in range(4)]
     assert out["sent"] == 5 and out["again"] == []
@@ -102,5 +109,35 @@ def test_every_python_block_runs_in_order_as_written(tmp_path):
     assert out["served_argmax"] == out["probs_argmax"]  # the export predicts the same
     assert "saved_model.pb" in out["export"]
     assert 2 <= out["lr_steps"] <= 30 and out["suggestion"] is not None
+    assert out["verdict_steps"] == 20  # the performance page's estimator, then check_input
     # find_lr showed its progress against the 30 steps it expected.
     assert re.search(rf"find_lr: .*\b{out['lr_steps']}/30\b", proc.stderr)
+
+
+# The guide pages whose code runs as written on its own: every name it uses, it defines.
+SELF_CONTAINED = ("docs/storage.md", "docs/input.md", "docs/estimator.md",
+                  "docs/performance.md", "docs/models.md")
+
+
+def _undefined_names(code: str) -> set[str]:
+    """The names `code` reads that it neither assigns, imports nor finds in builtins."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, "<page>", "exec")
+    defined = {s.get_name() for s in top.get_symbols()
+               if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    used = {s.get_name() for s in top.get_symbols() if s.is_referenced()}
+    stack = list(top.get_children())
+    while stack:  # functions and lambdas: the names they read from the page
+        table = stack.pop()
+        used |= {s.get_name() for s in table.get_symbols()
+                 if s.is_referenced() and s.is_global()}
+        stack += table.get_children()
+    return used - defined - set(dir(builtins))
+
+
+@pytest.mark.parametrize("name", SELF_CONTAINED)
+def test_a_guide_page_defines_what_its_code_uses(name):
+    assert _undefined_names("\n".join(_blocks(name))) == set()
+    assert _undefined_names("x = y + 1\nf = lambda p: z(p)") == {"y", "z"}  # the checker

@@ -12,7 +12,9 @@ features end to end in `test_engine_contract.py` and the flagship tests.
 
 from __future__ import annotations
 
+import csv
 import glob
+import logging
 import os
 import re
 import signal
@@ -24,9 +26,10 @@ import tensorflow as tf
 
 import fenwicks as fw
 from fenwicks import _engine
-from fenwicks.train import cross_engine, engines
+from fenwicks.train import cross_engine, engines, progress
 from fenwicks.train.reference import engine as reference_engine
 from fenwicks.train.reference import model as linear
+from fenwicks.train.reference import state as reference_state
 from fenwicks.train.reference import weights
 
 FOLDER = os.path.dirname(reference_engine.__file__)
@@ -61,6 +64,7 @@ def numpy_sgd(x: np.ndarray, y: np.ndarray, steps: int, lr: float = LR, start: i
     """Plain NumPy: `steps` steps of SGD on the mean squared error of ``x @ w + b``,
     global batches of BATCH consecutive examples from batch `start` on (the input
     repeats); from zero weights unless given. Returns (w, b, losses)."""
+    rate = lr if callable(lr) else (lambda step: lr)
     w = np.zeros((FEATURES, 1), np.float64) if w is None else w.astype(np.float64)
     b = np.zeros(1, np.float64) if b is None else b.astype(np.float64)
     per_pass = len(x) // BATCH
@@ -70,8 +74,8 @@ def numpy_sgd(x: np.ndarray, y: np.ndarray, steps: int, lr: float = LR, start: i
         xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
         err = xb @ w + b - yb
         losses.append(float(np.mean(err ** 2)))
-        w = w - lr * 2 * xb.T @ err / BATCH
-        b = b - lr * 2 * err.sum(axis=0) / BATCH
+        w = w - rate(step) * 2 * xb.T @ err / BATCH
+        b = b - rate(step) * 2 * err.sum(axis=0) / BATCH
     return w, b, losses
 
 
@@ -186,6 +190,22 @@ def test_steps_are_sgd_on_the_global_batch_and_history_records_them(tmp_path, re
     assert all(rate > 0 for _, rate in history.examples_per_sec)
 
 
+def test_a_learning_rate_schedule_is_read_at_each_global_step_across_a_resume(tmp_path,
+                                                                          reference):
+    x, y = data()
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([2, 5], [0.1, 0.05, 0.01])
+    rate = lambda step: 0.1 if step <= 2 else 0.05 if step <= 5 else 0.01  # noqa: E731
+    make(tmp_path, lr=schedule, steps_per_loop=3).train(train_input(x, y), steps=4)
+    est = make(tmp_path, lr=schedule, steps_per_loop=3)  # the step from the checkpoint
+    est.train(train_input(x, y), steps=5)
+    w, b, _ = numpy_sgd(x, y, 9, lr=rate)
+    assert_weights(est, w, b)
+    # The rate after each loop (3 steps, cut at the epoch's end, step 8): at the step
+    # the next loop starts from.
+    assert est.history.learning_rates == [(step, pytest.approx(0.01)) for step in (7, 8, 9)]
+    assert int(np.asarray(est.optimizer.iterations)) == 9
+
+
 def test_a_resumed_run_continues_the_input_where_it_stood(tmp_path, reference, replicas):
     x, y = data()
     first = make(tmp_path, steps_per_loop=4)
@@ -262,11 +282,14 @@ class Recorder(keras.callbacks.Callback):
 
 
 def test_callbacks_are_called_as_fit_calls_them_with_the_runs_numbers(tmp_path, reference):
+    # Moved here from test_callbacks.py's one-replica mnist_net run (LambdaCallback and
+    # CSVLogger over two epochs): the call order, params and logs are the shared code's.
     x, y = data()
     recorder = Recorder()
+    log_path = tmp_path / "log.csv"
     est = make(tmp_path, steps_per_epoch=4, steps_per_loop=3)
     est.train_and_evaluate(train_input(x, y), eval_input(x, y), epochs=2,
-                           callbacks=[recorder])
+                           callbacks=[recorder, keras.callbacks.CSVLogger(str(log_path))])
     _, _, losses = numpy_sgd(x, y, 8)
     calls = recorder.calls
     assert calls[0] == ("train_begin", {"epochs": 2, "steps": 4, "verbose": 0})
@@ -286,9 +309,16 @@ def test_callbacks_are_called_as_fit_calls_them_with_the_runs_numbers(tmp_path, 
     assert [e["global_step"] for e in est.history.evals] == [4, 8]
     # The epoch log in work_dir, one line per epoch.
     assert [e["epoch"] for e in fw.train.history.read_epochs(str(tmp_path), 8)] == [0, 1]
+    # CSVLogger wrote one row per epoch with the same numbers.
+    with open(log_path) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    for row, (_, _, logs) in zip(rows, epoch_ends, strict=True):
+        assert {k: pytest.approx(float(row[k])) for k in logs} == logs
 
 
 def test_stop_training_is_honoured_at_the_next_loop_boundary(tmp_path, reference):
+    # Moved here from test_callbacks.py's one-replica mnist_net run.
     x, y = data()
     est = make(tmp_path, steps_per_epoch=100, steps_per_loop=5)
     est.train(train_input(x, y), steps=50, callbacks=[Recorder(stop_after_batch=10)])
@@ -407,10 +437,16 @@ def test_a_second_estimator_cannot_train_in_a_locked_work_dir(tmp_path, referenc
 
 def test_the_bar_and_the_tensorboard_scalars_show_the_runs_numbers(tmp_path, reference,
                                                                  capsys):
+    # With test_estimator.py's steps_per_loop test, moved here (an mnist-sized model
+    # compiled to count steps): steps and max_steps stop exactly, a reached max_steps
+    # trains nothing, the scalars are written.
     x, y = data()
     est = make(tmp_path, steps_per_loop=4, verbose=True)
     est.train(train_input(x, y), steps=8)
     assert "8/8" in capsys.readouterr().err
+    est.train(train_input(x, y), max_steps=8)  # already there: nothing runs or is saved
+    assert est.global_step == 8 and saved_steps(tmp_path) == [8]
+    assert est.history.steps == list(range(1, 9))
     _, _, losses = numpy_sgd(x, y, 8)
     values: dict = {}
     for path in glob.glob(str(tmp_path / "train" / "events.out.tfevents.*")):
@@ -420,6 +456,8 @@ def test_the_bar_and_the_tensorboard_scalars_show_the_runs_numbers(tmp_path, ref
                     (event.step, float(tf.make_ndarray(value.tensor))))
     assert values["loss"] == [(4, pytest.approx(losses[3], rel=1e-5)),
                               (8, pytest.approx(losses[7], rel=1e-5))]
+    assert values["learning_rate"] == [(4, pytest.approx(LR)), (8, pytest.approx(LR))]
+    assert [step for step, _ in values["examples_per_sec"]] == [4, 8]
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -468,12 +506,93 @@ def test_sample_weights_give_the_weighted_mean_and_bad_data_is_named(tmp_path, r
         est.evaluate(eval_input(bad, ey))
 
 
-def test_an_untrained_model_is_evaluated_with_a_warning(tmp_path, reference, caplog):
+def test_evaluating_or_predicting_an_untrained_model_warns_naming_the_work_dir(
+        tmp_path, reference, caplog):
+    # Moved from test_bad_inputs.py (an mnist_net estimator compiled to check a warning).
     x, y = data()
-    result = make(tmp_path).evaluate(eval_input(x, y))
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        result = make(tmp_path / "empty").evaluate(eval_input(x, y))
+        make(tmp_path / "empty").predict(eval_input(x))
     assert result["global_step"] == 0
     assert result["loss"] == pytest.approx(np.mean(y ** 2), rel=1e-5)  # zero weights
-    assert "never trained" in caplog.text
+    assert caplog.text.count("a model that was never trained") == 2
+    assert str(tmp_path / "empty") in caplog.text
+    caplog.clear()
+    trained = make(tmp_path / "run")
+    trained.train(train_input(x, y), steps=1)
+    with caplog.at_level(logging.WARNING, logger="fenwicks"):
+        trained.evaluate(eval_input(x, y))
+        make(tmp_path / "run").evaluate(eval_input(x, y))  # restored: trained too
+    assert "never trained" not in caplog.text
+
+
+def test_features_of_another_shape_than_the_models_are_refused(tmp_path, reference):
+    # Moved from test_work_dir.py (mnist_net is fully convolutional: built for 8x8 digits
+    # it also ran on 9x9 ones); the check is the estimator's, before any engine step.
+    x, y = data()
+    est = make(tmp_path)
+    est.train(train_input(x, y), steps=2)
+    wider = np.pad(x, ((0, 0), (0, 1)))
+    with pytest.raises(ValueError, match=r"the predict input_fn gives features of shape "
+                                         r"\(4,\) per example, but this estimator's "
+                                         r"model was built for \(3,\)"):
+        est.predict(eval_input(wider))
+    with pytest.raises(ValueError, match=r"the eval input_fn gives features of shape "
+                                         r"\(4,\)"):
+        est.evaluate(eval_input(wider, y))
+    assert est.predict(eval_input(x)).shape == (len(x), 1)
+
+
+def test_a_malformed_line_in_the_epoch_log_names_the_file_and_line(tmp_path, reference):
+    # Moved from test_work_dir.py (the flagship mnist_net trained for two epochs).
+    x, y = data()
+    est = make(tmp_path, steps_per_epoch=2)
+    est.train_and_evaluate(train_input(x, y), eval_input(x, y), max_steps=4)
+    log = tmp_path / "epochs.jsonl"
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2  # one entry per evaluated epoch
+    log.write_text(lines[0] + "\n" + lines[1][:-5] + "\n")  # the second line cut short
+    with pytest.raises(ValueError, match=rf"{log}, line 2, is not an epoch entry "
+                                         r"\(JSONDecodeError.*fix or delete that line"):
+        fw.train.history.read_epochs(str(tmp_path), 10**6)
+
+
+def test_the_last_checkpoint_is_written_while_the_call_closes_unless_callbacks_follow(
+        tmp_path, reference, monkeypatch):
+    """Moved from test_controller.py (an estimator compiled to watch the save order).
+    Without callbacks, the end-of-train write starts before the summaries flush and
+    `train` returns once it is complete; with one, on_train_end may change the weights
+    (restore_best_weights), so the write waits until after it."""
+    events = []
+    checkpointer = reference_state.NumpyCheckpointer
+    original = {name: getattr(checkpointer, name) for name in ("save", "save_and_wait")}
+
+    def spy(name):
+        def method(self, step, *, force=False):
+            events.append((name, step))
+            return original[name](self, step, force=force)
+        return method
+
+    for name in original:
+        monkeypatch.setattr(checkpointer, name, spy(name))
+    close = progress.TrainSummaries.close
+    monkeypatch.setattr(progress.TrainSummaries, "close",
+                        lambda self: (events.append(("close",)), close(self))[1])
+
+    class Ended(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            events.append(("on_train_end",))
+
+    x, y = data()
+    est = make(tmp_path, save_every_secs=None)
+    est.train(train_input(x, y), steps=6)
+    # The base save_and_wait is save (already done: skipped inside), then wait.
+    assert events == [("save", 6), ("close",), ("save_and_wait", 6), ("save", 6)]
+    assert saved_steps(tmp_path) == [6]
+    events.clear()
+    est.train(train_input(x, y), steps=6, callbacks=[Ended()])
+    assert events == [("close",), ("on_train_end",), ("save_and_wait", 12), ("save", 12)]
+    assert saved_steps(tmp_path) == [6, 12]
 
 
 # --------------------------------------------------------------------------- work_dir

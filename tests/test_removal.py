@@ -166,3 +166,15 @@ def test_remove_file_and_empty_dir(tmp_path):
     (tmp_path / "d" / "f").write_bytes(b"x")
     assert _removal.remove_empty_dir(str(tmp_path / "d")) is False
     assert _tree(tmp_path) == {"d/f": b"x"}
+
+
+def test_a_work_dir_nested_in_another_is_recognised_by_its_run_record(tmp_path):
+    """Tutorials put an estimator's work_dir inside the project's (work_dir/model)."""
+    root = tmp_path / "run"
+    _work_dir(root / "model")
+    (root / "other").mkdir()
+    (root / "other" / "ckpt-1.index").write_bytes(b"a user's file of that name")
+    own, foreign = _removal.classify_work_dir(str(root))
+    assert foreign == ["other/ckpt-1.index"] and len(own) == 13
+    assert _removal.remove_own_work_files(str(root), own) == ["other/ckpt-1.index"]
+    assert _tree(root) == {"other/ckpt-1.index": b"a user's file of that name"}

@@ -152,6 +152,36 @@ def test_download_false_on_a_missing_dataset_is_an_error_naming_data_dir(tmp_pat
     assert issubclass(fw.data.DatasetUnavailableError, FileNotFoundError)
 
 
+def test_no_warning_about_a_dataset_folder_that_does_not_exist(tmp_path):
+    # tfds warns "Variant folder <data_dir>/mnist/3.0.1 has no dataset_info.json" when it
+    # looks for a dataset not prepared yet: noise about a folder nobody made. tfds logs
+    # through absl's logger; a handler on it sees what reaches any output.
+    import logging
+
+    from absl import logging as absl_logging
+
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("absl")
+    logger.addHandler(handler)
+    verbosity = absl_logging.get_verbosity()  # another test may have set it to errors
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    try:
+        with pytest.raises(fw.data.DatasetUnavailableError):
+            fw.data.tfds_builder("mnist", data_dir=str(tmp_path), download=False)
+        assert [m for m in seen if "Variant folder" in m] == []
+        # A folder that is there but holds no dataset is worth the warning: a broken copy.
+        os.makedirs(tmp_path / "mnist" / "3.0.1")
+        with pytest.raises(fw.data.DatasetUnavailableError):
+            fw.data.tfds_builder("mnist", data_dir=str(tmp_path), download=False)
+    finally:
+        logger.removeHandler(handler)
+        absl_logging.set_verbosity(verbosity)
+    assert [m for m in seen if "Variant folder" in m] == [
+        f"Variant folder {tmp_path}/mnist/3.0.1 has no dataset_info.json"]
+
+
 def _run(code: str, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
     proc = run_process(["-c", textwrap.dedent(code)], cwd=tmp_path, timeout=300, check=False)
     return proc, proc.seconds

@@ -22,6 +22,10 @@ import pytest
 import tensorflow as tf
 
 import fenwicks as fw
+from tests._bert_data import BERT_CONFIG, SEQ
+from tests._bert_data import checkpoint_shapes as _bert_checkpoint_shapes
+from tests._bert_data import write_name_based_checkpoint as _write_name_based_checkpoint
+from tests._bert_data import write_records as _bert_records
 from tests.conftest import run_json
 
 v1 = tf.compat.v1  # the programs' `import tensorflow.compat.v1 as tf`
@@ -215,63 +219,6 @@ def test_ports_on_two_replicas(tmp_path):
 # Stand-in data: random token ids written as TFRecords (PaddingInputExamples included),
 #   and a "pretrained" checkpoint of random values under BERT's TF1 names.
 
-SEQ = 6
-BERT_CONFIG = {"vocab_size": 30, "hidden_size": 8, "num_hidden_layers": 2,
-               "num_attention_heads": 2, "intermediate_size": 16,
-               "max_position_embeddings": 16, "type_vocab_size": 2}
-
-
-def _bert_checkpoint_shapes(config):
-    h, i = config["hidden_size"], config["intermediate_size"]
-    shapes = {"bert/embeddings/word_embeddings": [config["vocab_size"], h],
-              "bert/embeddings/token_type_embeddings": [config["type_vocab_size"], h],
-              "bert/embeddings/position_embeddings": [config["max_position_embeddings"], h],
-              "bert/embeddings/LayerNorm/gamma": [h], "bert/embeddings/LayerNorm/beta": [h],
-              "bert/pooler/dense/kernel": [h, h], "bert/pooler/dense/bias": [h],
-              "cls/predictions/output_bias": [config["vocab_size"]]}  # not in the classifier
-    for layer in range(config["num_hidden_layers"]):
-        prefix = f"bert/encoder/layer_{layer}/"
-        for part, (n_in, n_out) in {"attention/self/query": (h, h),
-                                    "attention/self/key": (h, h),
-                                    "attention/self/value": (h, h),
-                                    "attention/output/dense": (h, h),
-                                    "intermediate/dense": (h, i),
-                                    "output/dense": (i, h)}.items():
-            shapes[prefix + part + "/kernel"] = [n_in, n_out]
-            shapes[prefix + part + "/bias"] = [n_out]
-        for part in ("attention/output/LayerNorm", "output/LayerNorm"):
-            shapes[prefix + part + "/gamma"] = [h]
-            shapes[prefix + part + "/beta"] = [h]
-    return shapes
-
-
-def _bert_records(path, n_real, n_padding, seed):
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 3, n_real + n_padding)
-    # Learnable: each label draws its tokens from its own third of the vocabulary.
-    ids = 3 + labels[:, None] * 9 + rng.integers(0, 9, (n_real + n_padding, SEQ))
-    real = np.array([1] * n_real + [0] * n_padding)
-    ids[n_real:], labels[n_real:] = 0, 0  # PaddingInputExample: all zeros, label 0
-
-    def feature(values):
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
-
-    with tf.io.TFRecordWriter(path) as writer:
-        for i in range(len(ids)):
-            example = tf.train.Example(features=tf.train.Features(feature={
-                "input_ids": feature(ids[i]), "input_mask": feature(ids[i] > 0),
-                "segment_ids": feature([0] * SEQ), "label_ids": feature([labels[i]]),
-                "is_real_example": feature([real[i]])}))
-            writer.write(example.SerializeToString())
-    return ids, labels, real
-
-
-def _write_name_based_checkpoint(prefix, tensors):
-    """A TF1-style checkpoint (variables saved by name), as BERT's pretrained models."""
-    names = sorted(tensors)
-    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.constant(tensors[n]) for n in names])
-    return prefix
 
 
 @pytest.mark.slow  # among the fast subset's longest (several compiled runs)

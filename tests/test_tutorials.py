@@ -51,7 +51,7 @@ NOTEBOOKS = sorted(name for name in os.listdir(TUTORIALS) if name.endswith(".ipy
 EXPECTED_NUMBERS = [f"{i:02d}" for i in range(1, 9)]
 KNOBS = ("SMOKE", "BATCH_SIZE", "EPOCHS", "LEARNING_RATE", "WEIGHT_DECAY")
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
-COLAB_URL = "https://colab.research.google.com/github/fenwicks/fenwicks/blob/main/tutorials/"
+COLAB = "https://colab.research.google.com/github/"
 TFDS_EXAMPLES = {"train": 300, "test": 150}  # above every SMOKE limit (256 / 128)
 CELL_TIMEOUT = 240  # seconds; a smoke cell takes a few
 WORKERS = 3  # notebooks executed at once
@@ -87,11 +87,26 @@ def test_tutorials_are_numbered_01_to_08_once_each():
         assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", name), name
 
 
-def test_notebooks_are_built_from_their_sources():
+def _builder():
     spec = importlib.util.spec_from_file_location(
         "build_notebooks", os.path.join(TUTORIALS, "build_notebooks.py"))
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)
+    return builder
+
+
+def test_the_colab_badge_comes_from_the_one_repository_setting():
+    builder = _builder()
+    first = builder.build("05_learning_rate", url="https://github.com/someone/fenwicks")
+    assert first.cells[0].source.startswith(
+        f"[![Open In Colab]({COLAB_BADGE})]({COLAB}someone/fenwicks/blob/main/tutorials/"
+        "05_learning_rate.ipynb)\n\n# Tutorial 5")
+    for url in ("", "https://gitlab.com/someone/fenwicks"):  # unset; not on GitHub
+        assert builder.build("05_learning_rate", url=url).cells[0].source.startswith("# ")
+
+
+def test_notebooks_are_built_from_their_sources():
+    builder = _builder()
     assert [name + ".ipynb" for name in builder.names()] == NOTEBOOKS
     for name in builder.names():
         built = nbformat.writes(builder.build(name)) + "\n"
@@ -104,8 +119,16 @@ def test_notebook_shape(name):
     nb = _read(name)
     nbformat.validate(nb)
     first = nb.cells[0]
-    assert first.cell_type == "markdown" and COLAB_BADGE in first.source
-    assert COLAB_URL + name in first.source, "the badge must open this very notebook"
+    assert first.cell_type == "markdown" and first.source.lstrip().startswith(
+        "[![Open In Colab]" if _builder().repo_url() else "# Tutorial ")
+    # The badge opens this very notebook of the repository mkdocs.yml's repo_url names,
+    # and there is none while that is unset: no link to a guessed address.
+    url = _builder().repo_url()
+    if url:
+        assert f"{COLAB}{url.split('github.com/')[1]}/blob/main/tutorials/{name}" in \
+            first.source
+    else:
+        assert COLAB not in json.dumps(nb) and COLAB_BADGE not in json.dumps(nb)
     install = next(cell for cell in nb.cells if cell.cell_type == "code")
     assert "'google.colab' in sys.modules" in install.source
     # The Colab install of README.md's "Install": the repository in /content/fenwicks.
@@ -475,3 +498,33 @@ def test_a_fresh_venv_from_the_readme_install_loads_tutorial_1_data(tmp_path, tf
     assert out["train"] == [[256, 28, 28, 1], "uint8"]  # SMOKE: N_TRAIN = 256 of 300
     assert out["test"] == [[128, 28, 28, 1], "uint8"]  # N_TEST = 128 of 150
     assert out["pixels_match_labels"]
+
+
+# ------------------------------------------------- the tutorials as pages of the site
+
+PAGES = os.path.join(ROOT, "docs", "tutorials")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_site_page_is_this_notebook_run_at_its_smoke_size(name):
+    """docs/tutorials/<name> (tools/tutorial_pages.py) holds the notebook's cells as they
+    are, plus the note and the ``SMOKE = True`` cell, with the outputs of that run."""
+    nb, page = _read(name), nbformat.read(os.path.join(PAGES, name), as_version=4)
+    (index,) = _parameters_cells(nb)
+    expected = [cell.source for cell in nb.cells]
+    expected[index + 1:index + 1] = ["SMOKE = True  # the size of this page's run"]
+    expected.insert(1, page.cells[1].source)
+    assert [cell.source for cell in page.cells] == expected, "run tools/tutorial_pages.py"
+    assert page.cells[1].source.startswith("**What this page shows.** ")
+    outputs = [out for cell in page.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert outputs and not [out for out in outputs if out.output_type == "error"]
+    assert any("image/png" in out.get("data", {}) for out in outputs), "its plots"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_each_tutorial_states_its_run_time_at_its_top(name):
+    top = _read(name).cells[0].source
+    assert re.search(r"^- Default size, on a CPU: ", top, re.M), top[:600]
+    assert re.search(r"^- On a GPU or a TPU: ", top, re.M)
+    assert re.search(r"^- The `SMOKE` size .*set `SMOKE = True` in the Parameters cell:\s+"
+                     r"\d+ s on a\s+2-core CPU", top, re.M | re.S), top[:600]

@@ -54,7 +54,7 @@ def test_a_k_fold_loop_that_cleans_the_work_dir_trains_each_fold_from_scratch(
         steps.append(est.global_step)
     assert steps == [10, 10]  # not 20: the second fold did not continue the first
     assert caplog.text.count("starting from a fresh initialisation") == 1
-    assert "no longer holds checkpoint" in caplog.text and "ckpt-10" in caplog.text
+    assert "no longer holds checkpoint" in caplog.text and "checkpoints/10" in caplog.text
     fresh = _estimator(str(tmp_path / "fresh"))  # fold 2 by an estimator of its own
     fresh.train(_fold_input(x, y, 1), steps=10)
     _assert_same(_values(est), _values(fresh))
@@ -65,18 +65,18 @@ def test_checkpoints_replaced_by_another_runs_are_restored(tmp_path, digits):
     x, y = digits
     work, other_dir = tmp_path / "run", tmp_path / "other"
     est = _estimator(str(work))
-    est.train(_fold_input(x, y, 0), steps=10)  # ckpt-10 of this run
+    est.train(_fold_input(x, y, 0), steps=10)  # step 10 of this run
     other = _estimator(str(other_dir))
-    other.train(_fold_input(x, y, 1), steps=10)  # another run's ckpt-10: the same name
-    own = os.stat(work / "ckpt-10.index")
+    other.train(_fold_input(x, y, 1), steps=10)  # another run's step 10: the same name
+    step = work / "checkpoints" / "10"
+    own = os.stat(step / "_CHECKPOINT_METADATA")
     fw.io.create_clean_dir(str(work), force=True)
-    for path in other_dir.glob("ckpt-10.*"):
-        shutil.copy(path, work)
-    shutil.copy(other_dir / "checkpoint", work)
-    # The copy looks like the file it replaced: same name, same size (same model) and,
-    # as when both runs wrote within one second, the same time stamp.
-    assert os.stat(work / "ckpt-10.index").st_size == own.st_size
-    os.utime(work / "ckpt-10.index", ns=(own.st_atime_ns, own.st_mtime_ns))
+    shutil.copytree(other_dir / "checkpoints" / "10", step)
+    # The copy looks like the step it replaced: same name, same metadata size (same
+    # model) and, as when both runs wrote within one second, the same time stamps.
+    assert os.stat(step / "_CHECKPOINT_METADATA").st_size == own.st_size
+    for path in [step, *step.rglob("*")]:
+        os.utime(path, ns=(own.st_atime_ns, own.st_mtime_ns))
     est.train(_fold_input(x, y, 1), steps=5)
     other.train(_fold_input(x, y, 1), steps=5)
     assert est.global_step == other.global_step == 15
@@ -149,7 +149,7 @@ def test_work_dir_export_dir_and_warm_start_accept_paths_and_expand_home(
     est = _estimator(pathlib.Path("~/runs/digits"))
     assert est.config.work_dir == str(tmp_path / "home" / "runs" / "digits")
     est.train(flagship.train_input(x, y), steps=5)
-    assert (tmp_path / "home" / "runs" / "digits" / "ckpt-5.index").exists()
+    assert (tmp_path / "home" / "runs" / "digits" / "checkpoints" / "5" / "state").is_dir()
     assert not (tmp_path / "~").exists()  # never a folder literally named '~'
     warm = _estimator(str(tmp_path / "warm"), warm_start_from=pathlib.Path("~/runs/digits"))
     warm.train(flagship.train_input(x, y), steps=1)
@@ -158,6 +158,18 @@ def test_work_dir_export_dir_and_warm_start_accept_paths_and_expand_home(
     assert fw.io.exists(pathlib.Path("~/scratch")) and not (tmp_path / "~").exists()
     with pytest.raises(ValueError, match=r"work_dir=3 must be a local path"):
         _estimator(3)
+
+
+def test_a_relative_work_dir_is_resumed_and_evaluated(tmp_path, digits, monkeypatch):
+    """A work_dir given relative to the current folder ('runs/demo', as the docstring of
+    get_tpu_estimator shows): orbax reads only absolute paths, the run format resolves it."""
+    x, y = digits
+    monkeypatch.chdir(tmp_path)
+    first = _estimator("runs/demo")
+    first.train(flagship.train_input(x, y), steps=5)
+    again = _estimator("runs/demo")
+    assert again.evaluate(flagship.eval_input(x, y))["global_step"] == 5
+    _assert_same(_values(again), _values(first))  # restored from runs/demo/checkpoints/5
 
 
 def test_a_work_dir_deleted_while_training_stops_it_by_name_and_is_not_recreated(
@@ -188,56 +200,78 @@ def test_a_work_dir_deleted_while_training_stops_it_by_name_and_is_not_recreated
     assert not work.exists(), sorted(str(p.relative_to(work)) for p in work.rglob("*"))
 
 
-def test_predict_and_evaluate_on_features_of_another_shape_are_refused(tmp_path, digits):
-    """mnist_net is fully convolutional: built for 8x8 digits it also runs on 9x9 ones,
-    and predictions came back silently."""
+@pytest.mark.parametrize("write", ["lands", "fails"])
+def test_a_work_dir_deleted_during_a_background_write_says_what_became_of_it(
+        tmp_path, digits, monkeypatch, write):
+    """The work_dir removed while a checkpoint is written in the background: before, the
+    error said every checkpoint went with the folder and that it was empty, while the
+    write recreated it and left step 5 there (or, failing, left a raw write error)."""
+    import threading
+
+    import keras
+
+    from fenwicks.train import run_format
+
+    work = tmp_path / "run"
     x, y = digits
-    est = _estimator(tmp_path / "run")
-    est.train(flagship.train_input(x, y), steps=5)
-    wider = np.pad(x[:40], ((0, 0), (0, 1), (0, 1), (0, 0)))  # 9x9
-    predict_fn = lambda params: fw.data.numpy_ds(  # noqa: E731
-        wider, None, params["batch_size"], training=False)
-    with pytest.raises(ValueError, match=r"the predict input_fn gives features of shape "
-                                         r"\(9, 9, 1\) per example, but this estimator's "
-                                         r"model was built for \(8, 8, 1\)"):
-        est.predict(predict_fn)
-    eval_fn = lambda params: fw.data.numpy_ds(  # noqa: E731
-        wider, y[:40], params["batch_size"], training=False)
-    with pytest.raises(ValueError, match=r"the eval input_fn gives features of shape "
-                                         r"\(9, 9, 1\)"):
-        est.evaluate(eval_fn)
-    assert est.predict(flagship.eval_input(x, y)).shape == (len(x) - flagship.NUM_TRAIN, 10)
+    deleted, writing = threading.Event(), threading.Event()
+    original = run_format.RunCheckpointer._write
+
+    def held_write(self, step, frozen, record, force):
+        if step == 5:  # the first save: held until the folder is gone
+            writing.set()
+            assert deleted.wait(120)
+            if write == "fails":
+                os.makedirs(self.directory)  # as a write recreating its folders would
+                raise FileNotFoundError(2, "No such file or directory", self.directory)
+        return original(self, step, frozen, record, force)
+
+    class DeleteWorkDir(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if writing.is_set() and not deleted.is_set():
+                shutil.rmtree(work)
+                deleted.set()
+
+    monkeypatch.setattr(run_format.RunCheckpointer, "_write", held_write)
+    est = _estimator(work, save_every_loops=1)
+    start = (rf"work_dir='{work}' was deleted while training \(its lock {work}/fenwicks.lock "
+             r"is gone, and so is the folder\): the checkpoints saved there, the epoch log "
+             r"epochs.jsonl and the TensorBoard logs went with it")
+    if write == "lands":
+        match = (rf"{start}, but step 5, being written in the background as the folder "
+                 rf"went, was saved after it: {work}/checkpoints/5 is all the work_dir holds "
+                 r"now, and a new train or evaluate resumes from it. Training stopped there")
+    else:
+        match = (rf"{start}, and so did step 5, being written in the background as the "
+                 r"folder went. Training stopped instead of recreating the folder.*starts "
+                 r"afresh, as it is empty")
+    with pytest.raises(fw.train.lock.WorkDirLostError, match=match):
+        est.train(flagship.train_input(x, y), steps=40, callbacks=[DeleteWorkDir()])
+    if write == "lands":
+        assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["5"]
+        assert _estimator(work).evaluate(flagship.eval_input(x, y))["global_step"] == 5
+    else:
+        assert not work.exists()  # the empty folders the failed write made are removed
 
 
-def test_a_checkpoint_state_file_pointing_outside_the_work_dir_is_refused(tmp_path, digits):
-    """A downloaded or shared work_dir whose ``checkpoint`` file names another folder's
-    checkpoint: restoring it silently loaded that folder's weights."""
-    x, y = digits
+def test_a_checkpoint_state_file_pointing_outside_the_work_dir_is_refused(tmp_path):
+    """A downloaded or shared work_dir of TensorFlow checkpoints (written before the run
+    format) whose ``checkpoint`` file names another folder's checkpoint: restoring it
+    silently loaded that folder's weights."""
+    from tests import _cross_engine
+    from tests.test_legacy_work_dirs import LEGACY
+
     other, work = tmp_path / "other", tmp_path / "run"
-    _estimator(other).train(flagship.train_input(x, y), steps=5)
-    _estimator(work).train(flagship.train_input(x, y), steps=3)
-    (work / "checkpoint").write_text(f'model_checkpoint_path: "{other}/ckpt-5"\n'
-                                     f'all_model_checkpoint_paths: "{other}/ckpt-5"\n')
+    shutil.copytree(LEGACY / "tf", other)
+    shutil.copytree(LEGACY / "tf", work)
+    (work / "checkpoint").write_text(f'model_checkpoint_path: "{other}/ckpt-21"\n'
+                                     f'all_model_checkpoint_paths: "{other}/ckpt-21"\n')
     before = sorted(os.listdir(other))
+    eval_fn = _cross_engine.inputs()[1]
     with pytest.raises(fw.train.tf.checkpoints.ForeignCheckpointError,
                        match=rf"{work}/checkpoint names checkpoint\(s\) outside the "
-                             rf"work_dir: {other}/ckpt-5\..*delete {work}/checkpoint"):
-        _estimator(work).evaluate(flagship.eval_input(x, y))
+                             rf"work_dir: {other}/ckpt-21\..*delete {work}/checkpoint"):
+        _cross_engine.estimator(str(work)).evaluate(eval_fn)
     assert sorted(os.listdir(other)) == before
     (work / "checkpoint").unlink()  # the fix the message gives
-    assert _estimator(work).evaluate(flagship.eval_input(x, y))["global_step"] == 3
-
-
-def test_a_malformed_line_in_the_epoch_log_names_the_file_and_line(tmp_path, digits):
-    x, y = digits
-    work = tmp_path / "run"
-    est = _estimator(work)
-    est.train_and_evaluate(flagship.train_input(x, y), flagship.eval_input(x, y),
-                           max_steps=2 * (flagship.NUM_TRAIN // flagship.GLOBAL_BATCH))
-    log = work / "epochs.jsonl"
-    lines = log.read_text().splitlines()
-    assert len(lines) == 2  # one entry per evaluated epoch
-    log.write_text(lines[0] + "\n" + lines[1][:-5] + "\n")  # the second line cut short
-    with pytest.raises(ValueError, match=rf"{log}, line 2, is not an epoch entry "
-                                         r"\(JSONDecodeError.*fix or delete that line"):
-        fw.train.history.read_epochs(str(work), 10**6)
+    assert _cross_engine.estimator(str(work)).evaluate(eval_fn)["global_step"] == 21

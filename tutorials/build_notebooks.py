@@ -8,7 +8,8 @@ Format of a source: cells start at ``# %%`` (code), ``# %% [markdown]`` (markdow
 line behind ``# ``) or ``# %% tags=["parameters"]`` (the parameters cell); in code, a
 commented magic (``# %%writefile x.py``, ``# !ls``) is uncommented. The builder
 adds what every tutorial shares: the "Open in Colab" badge on top of the first markdown
-cell and, after it, the cell that installs Fenwicks in Colab. Notebooks carry no outputs.
+cell (when ``repo_url`` in mkdocs.yml names a GitHub repository; none while it is unset)
+and, after it, the cell that installs Fenwicks in Colab. Notebooks carry no outputs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import nbformat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = os.path.join(HERE, "src")
-REPO = "fenwicks/fenwicks"
+# The repository's address is one setting, mkdocs.yml's repo_url (the site's link to it
+# too). Colab opens notebooks from GitHub: a badge only for a github.com address.
+MKDOCS_YML = os.path.join(os.path.dirname(HERE), "mkdocs.yml")
 BADGE = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
          "(https://colab.research.google.com/github/{repo}/blob/main/tutorials/{name})")
 # The Colab half of README.md's "Install": the repository copied or cloned to this folder.
@@ -74,13 +77,29 @@ def _cells(text: str) -> list[nbformat.NotebookNode]:
     return cells
 
 
-def build(name: str) -> nbformat.NotebookNode:
-    """The notebook for source ``src/<name>.py``, badge and install cell added."""
+def repo_url() -> str:
+    """mkdocs.yml's ``repo_url``, or "" while it is not set."""
+    with open(MKDOCS_YML, encoding="utf-8") as f:
+        match = re.search(r"^repo_url: *['\"]?([^'\"\s]*)", f.read(), re.M)
+    return match[1] if match else ""
+
+
+def badge(name: str, url: str) -> str:
+    """The "Open in Colab" badge of notebook `name` for repository `url`; "" if `url` is
+    not a GitHub repository (empty included): no link to a guessed address."""
+    match = re.fullmatch(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?", url)
+    return BADGE.format(repo=match[1], name=name + ".ipynb") + "\n\n" if match else ""
+
+
+def build(name: str, url: str | None = None) -> nbformat.NotebookNode:
+    """The notebook for source ``src/<name>.py``, badge (for repository `url`, by default
+    `repo_url()`) and install cell added."""
     with open(os.path.join(SOURCES, name + ".py"), encoding="utf-8") as f:
         cells = _cells(f.read())
     if not cells or cells[0].cell_type != "markdown":
         raise ValueError(f"src/{name}.py must start with a markdown cell (the title)")
-    cells[0].source = BADGE.format(repo=REPO, name=name + ".ipynb") + "\n\n" + cells[0].source
+    url = repo_url() if url is None else url
+    cells[0].source = badge(name, url) + cells[0].source
     cells.insert(1, nbformat.v4.new_code_cell(INSTALL.format(source=COLAB_SOURCE)))
     for i, cell in enumerate(cells):
         cell.id = f"{name[:2]}-{i:02d}"  # stable ids: rebuilding changes nothing

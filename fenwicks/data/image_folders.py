@@ -114,7 +114,15 @@ def class_folders_tfrecord(data_dir: str, output_fn: str, shuffle: bool = True,
         `ImageFiles` ``(paths, y, labels)``, in record order.
 
     Examples:
-        >>> paths, y, labels = fw.data.class_folders_tfrecord('/data/flowers', fn)
+        >>> import os
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> for path in ['flowers/daisy/1.png', 'flowers/daisy/2.png', 'flowers/rose/1.png']:
+        ...     os.makedirs(os.path.dirname(path), exist_ok=True)
+        ...     _ = open(path, 'wb').write(png)
+        >>> paths, y, labels = fw.data.class_folders_tfrecord('flowers', 'records/train')
+        >>> labels, sorted(zip(paths, y))
+        (['daisy', 'rose'],
+         [('flowers/daisy/1.png', 0), ('flowers/daisy/2.png', 0), ('flowers/rose/1.png', 1)])
     """
     records.check_writable(output_fn, overwrite)
     labels, files = _class_folders(data_dir, file_ext, exclude_dirs)
@@ -260,9 +268,16 @@ def data_dir_tfrecord(data_dir: str, fn: str, valid_fraction: float = 0.0,
         The class names, index = class id; with ``shuffle`` given, ``(paths, y, labels)``.
 
     Examples:
-        >>> classes = fw.data.data_dir_tfrecord('/kaggle/input/flowers', 'gs://b/train',
-        ...                                     valid_fraction=0.1, valid_fn='gs://b/valid')
-        >>> paths, y, labels = fw.data.data_dir_tfrecord(flowers_dir, fn, shuffle=True)
+        >>> import os
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> for path in ['flowers/daisy/1.png', 'flowers/daisy/2.png', 'flowers/rose/1.png']:
+        ...     os.makedirs(os.path.dirname(path), exist_ok=True)
+        ...     _ = open(path, 'wb').write(png)
+        >>> fw.data.data_dir_tfrecord('flowers', 'records/train', valid_fraction=0.5,
+        ...                           valid_fn='records/valid')    # or gs:// outputs
+        ['daisy', 'rose']
+        >>> fw.data.count_records('records/train*'), fw.data.count_records('records/valid*')
+        (2, 1)
     """
     if shuffle is not None or file_ext is not None or exclude_dirs:
         if valid_fraction or valid_fn is not None:

@@ -141,8 +141,13 @@ def tfexample_numpy_image_parser(tfexample: tf.Tensor, h: int, w: int, c: int = 
             which ``h, w, c`` and ``dtype=`` to pass).
 
     Examples:
+        >>> fw.data.numpy_tfrecord('cifar/train', np.zeros((8, 32, 32, 3), 'uint8'),
+        ...                        np.arange(8))
+        ['cifar/train']
         >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
-        >>> ds = fw.data.tfrecord_ds('/tmp/cifar/train*', parser, 128)
+        >>> ds = fw.data.tfrecord_ds('cifar/train*', parser, 4)
+        >>> [x.shape for x in next(iter(ds))]
+        [TensorShape([4, 32, 32, 3]), TensorShape([4])]
     """
     h, w, c = _check_size(h, w, c)
     features = _features(tfexample, numpy_meta=True)

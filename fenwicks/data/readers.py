@@ -56,7 +56,11 @@ def count_records(file_pattern: str | Sequence[str], *, skip_corrupt: bool = Fal
         RecordError: naming the first damaged (truncated or corrupted) file.
 
     Examples:
-        >>> steps_per_epoch = fw.data.count_records('/tmp/cifar/train*') // 512
+        >>> fw.data.numpy_tfrecord('cifar/train', np.zeros((1000, 32, 32, 3), 'uint8'),
+        ...                        np.arange(1000) % 10, num_shards=4)[-1]
+        'cifar/train-00003-of-00004'
+        >>> fw.data.count_records('cifar/train*') // 512      # steps per epoch
+        1
     """
     skip_corrupt = _checks.boolean("skip_corrupt", skip_corrupt)
     scans = [scan_tfrecord(f) for f in match_files(file_pattern)]

@@ -141,8 +141,15 @@ def numpy_tfrecord(fn: str, X: np.ndarray, y: np.ndarray, num_shards: int = 1,
         FileExistsError: if ``fn`` was written before and ``overwrite`` is False.
 
     Examples:
-        >>> fw.data.numpy_tfrecord('gs://bucket/cifar/train', X_train, y_train, num_shards=16)
-        >>> ds = fw.data.tfrecord_ds('gs://bucket/cifar/train*', parser, 128)
+        >>> X_train = np.zeros((100, 32, 32, 3), 'uint8')   # a bucket works too: gs://...
+        >>> y_train = np.arange(100) % 10
+        >>> fw.data.numpy_tfrecord('cifar/train', X_train, y_train, num_shards=4)[0]
+        'cifar/train-00000-of-00004'
+        >>> parser = lambda r: fw.data.tfexample_numpy_image_parser(r, 32, 32, 3)
+        >>> ds = fw.data.tfrecord_ds('cifar/train*', parser, 32)
+        >>> images, labels = next(iter(ds))
+        >>> images.shape, images.dtype
+        (TensorShape([32, 32, 32, 3]), tf.uint8)
     """
     X = check_features(X, "X")
     y = np.asarray(y)
@@ -207,7 +214,12 @@ def files_tfrecord(fn: str, paths: Sequence[str], labels: Sequence[int], num_sha
         The paths written.
 
     Examples:
-        >>> fw.data.files_tfrecord('/tmp/pets/train', image_paths, class_ids, num_shards=8)
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> image_paths = [f'{i}.png' for i in range(4)]
+        >>> for path in image_paths:
+        ...     _ = open(path, 'wb').write(png)
+        >>> fw.data.files_tfrecord('pets/train', image_paths, [0, 1, 0, 1], num_shards=2)
+        ['pets/train-00000-of-00002', 'pets/train-00001-of-00002']
     """
     paths = list(paths)
     if not paths:

@@ -9,10 +9,13 @@ the error says so at once and how to point ``data_dir`` at a local copy or a buc
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -81,6 +84,27 @@ def _how_to_fix(name: str) -> str:
             "data_dir=...).download_and_prepare()")
 
 
+def _absent_variant(record: logging.LogRecord) -> bool:
+    """tfds' "Variant folder <dir> has no dataset_info.json" about a folder that does
+    not exist: ``builder.is_prepared()`` looks into the folder a dataset would be in."""
+    return (record.msg == "Variant folder %s has no %s" and bool(record.args)
+            and not fw_io.exists(str(record.args[0])))
+
+
+@contextlib.contextmanager
+def _quiet_absent_variants() -> Iterator[None]:
+    """Drops `_absent_variant` warnings of absl's logger (tfds logs through absl);
+    every other line, and that warning for a folder that exists (a broken copy), still
+    shows."""
+    logger = logging.getLogger("absl")
+    keep = lambda record: not _absent_variant(record)  # noqa: E731
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def _builder(name: str, data_dir: str | None):
     import tensorflow_datasets as tfds
 
@@ -119,7 +143,9 @@ def tfds_builder(name: str, data_dir: str | None = None, download: bool = True):
     """
     data_dir = tfds_data_dir(data_dir)
     builder = _builder(name, data_dir)
-    if builder.is_prepared():
+    with _quiet_absent_variants():
+        prepared = builder.is_prepared()
+    if prepared:
         return builder
     missing = f"{name!r} is not in {_where(data_dir)} (no {builder.data_dir})"
     if not download:

@@ -1,31 +1,12 @@
-"""Training: the estimator, optimizers, schedules, the LR finder and callbacks.
+"""Training: the estimator, optimizers and schedules, callbacks, the LR finder, and
+TPUEstimator's front door for TF1 programs.
 
     est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, work_dir, trn_bs=128)
     est.train_and_evaluate(train_input_func, eval_input_func, epochs=24)
 
-How the estimator is put together (one object per job, as Orbit). Shared by both
-engines, in this folder:
-
-- `options.py`: `EstimatorConfig`, the typed, frozen, validated options.
-- `estimator.py`: `Estimator`, the facade: builds the model from the input's probe and
-  hands the parts to each other. TPUEstimator's front door (`TPUEstimator`, `RunConfig`,
-  ...) is TF1 code and lives with the tf engine, in `tf/`: its names are imported when
-  first used (`__getattr__` below), and on an engine that refuses a TF1 model_fn (jax),
-  ``fw.train.TPUEstimator(...)`` says so before any of that code is imported.
-- `controller.py`: the outer loop: how many steps, ``trainer.train(n)``, the actions;
-  it builds each `train` call's one ordered action list (`default_actions`) and holds
-  its `SavePolicy` (`save_policy.py`: when to save).
-- `actions.py`, `conditions.py`, `progress.py`, `history.py`, `preemption.py`: the
-  entries of that list and the conditions that trigger them; `callbacks.py`: Keras
-  callbacks (`EarlyStopping`, `BestExporter`, `EpochLog`); `lock.py`: the work_dir lock.
-- `export_dirs.py`: versioned exports, written whole, never replacing anything;
-  `input_record.py`: the batch size a run's input position counts in.
-- `model_func.py`, `optimizers.py`, `schedules.py`, `building.py`: what the user builds a
-  run from; `lr_finder.py`, `input_check.py`, `profiling.py`: tools around a run.
-- `engines.py`: the engine seam. Each engine folder implements the roles (state, inputs,
-  trainer, evaluator, checkpoints, export): `tf/` on ``tf.distribute`` and
-  ``tf.function``, `jax/` on ``jax.sharding``, ``jax.jit`` and orbax. `cross_engine.py`:
-  one engine's checkpoints read on the other (evaluate, predict and warm start).
+Start with `get_tpu_estimator` (or `Estimator` with an `EstimatorConfig`), a model
+function from `get_clf_model_func`, and an optimizer from `sgd_optimizer` or
+`adam_optimizer` with a learning-rate schedule.
 """
 
 import importlib

@@ -223,7 +223,7 @@ class BestExporter(_Replaying):
         best = {"step": self.estimator.global_step, "epoch": epoch,
                 "monitor": self.monitor, "value": self.best}
         self.last_export = export_dirs.write(
-            self.export_dir, self.estimator._saved_model_writer(),
+            self.export_dir, self.estimator.saved_model_writer(),
             extra_files={"best.json": json.dumps(best)},
             manifest_extra={"writer": "BestExporter", "best": best})
         self.exports += 1

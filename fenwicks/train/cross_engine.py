@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from fenwicks import _deadline, _engine
+from fenwicks.train import run_format
 from fenwicks.train.checkpointing import step_of
 
 logger = logging.getLogger("fenwicks")
@@ -115,6 +116,8 @@ def any_engines_latest(work_dir: str) -> str | None:
         '/root/fenwicks/work/demo/ckpt-252'
     """
     found = [found for name in _engine.readers() if (found := _reader(name).latest(work_dir))]
+    if (newest := run_format.latest(work_dir)) is not None:
+        found.append(newest)
     return max(found, key=step_of, default=None)
 
 
@@ -125,11 +128,54 @@ def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
         >>> other_engines_checkpoint('/kaggle/working/run', 'tf')
         '/kaggle/working/run/orbax/1000'
     """
+    if run_format.latest(work_dir) is not None:  # the run format is every engine's
+        return None
     # The others' first: absent, as they nearly always are, one listing each answers.
     theirs = [found for reader in _others(engine) if (found := reader.latest(work_dir))]
     if not theirs or _reader(engine).latest(work_dir) is not None:
         return None
     return max(theirs, key=step_of)
+
+
+def _run_format_step(source: str) -> str | None:
+    """`source`'s run-format step: `source` itself if it is one, else the newest of the
+    work_dir `source`; None if it holds none."""
+    source = source.rstrip("/")
+    if run_format.is_step(source):
+        return source
+    if source.endswith(f"/{run_format.SUBDIR}"):
+        source = source[: -len(run_format.SUBDIR) - 1]
+    return run_format.latest(source)
+
+
+def read_run_format(step_dir: str) -> SavedWeights:
+    """The model variables of a run-format step, in the neutral form.
+
+    Examples:
+        >>> read_run_format('/kaggle/working/run/checkpoints/1000').paths[0]
+        'mnist_net/conv_bn/conv2d/kernel'
+    """
+    record = run_format.read_record(step_dir)
+    arrays = _deadline.run(_local_arrays, step_dir, record, what="checkpoint read",
+                           path=step_dir)
+    paths, values = [], []
+    for group in ("trainable", "non_trainable"):
+        paths += [path for path, _, _ in record["layout"][group]]
+        values += arrays[group]
+    return SavedWeights(step_dir, record["engine"], int(record["step"]), paths, values,
+                        in_model_order=False)
+
+
+def _local_arrays(step_dir: str, record: dict) -> dict:
+    if not step_dir.startswith("gs://"):
+        return run_format.read_arrays(step_dir, record)
+    import tempfile
+
+    from fenwicks import io as fw_io
+
+    with tempfile.TemporaryDirectory(prefix="fenwicks-warm-start-") as scratch:
+        fw_io.download(step_dir, scratch, progress=False)
+        return run_format.read_arrays(f"{scratch}/{step_dir.rsplit('/', 1)[-1]}", record)
 
 
 def _source_of_other_engine(source: str, engine: str) -> str | None:
@@ -338,17 +384,27 @@ def refuse_training(work_dir: str, engine: str) -> None:
 
 
 def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | None:
-    """Warm-starts `model` from `source` if that is the other engine's work_dir or
-    checkpoint: the model variables that match by name and shape (not the optimizer).
+    """Warm-starts `model` from `source` if that is a run-format work_dir or step (any
+    engine's), or the other engine's previous format: the model variables that match
+    by name and shape (not the optimizer).
 
     Returns:
         ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths; None if
-        `source` is not the other engine's (the engine's own warm start reads it).
+        `source` is neither (the engine's own previous format: its warm start reads it).
 
     Examples:
         >>> warm_start(model, '/kaggle/input/tpu-run', 'tf')['not_loaded']
         []
     """
+    step_dir = _run_format_step(source)
+    if step_dir is not None:
+        saved = read_run_format(step_dir)
+        report = load_matching(model, saved)
+        logger.warning("fenwicks: warm start from %s (written on the %s, step %d) loaded "
+                       "%d variable(s) by name; not loaded: %s", step_dir,
+                       title(saved.engine), saved.step, len(report["loaded"]),
+                       report["not_loaded"] or "none")
+        return report
     checkpoint = _source_of_other_engine(source, engine)
     if checkpoint is None:
         return None

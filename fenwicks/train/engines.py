@@ -3,14 +3,18 @@ history, save policy, lock, preemption, the LR finder, `check_input`) asks of an
 and which engine runs.
 
 Two engines implement it side by side, neither importing the other:
-`fenwicks.train.tf` (``tf.distribute``, ``tf.function`` loops, TensorFlow checkpoints)
-and `fenwicks.train.jax` (``jax.sharding``, ``jax.jit`` steps, orbax checkpoints).
-Shared code asks the engine; it never branches on its name.
+`fenwicks.train.tf` (``tf.distribute``, ``tf.function`` loops) and `fenwicks.train.jax`
+(``jax.sharding``, ``jax.jit`` steps). Shared code asks the engine; it never branches on
+its name. Both write one checkpoint format, `fenwicks.train.run_format` (Keras's state
+tree as NumPy arrays plus the run record, through orbax): an engine's `RunState` only
+gathers its variables to host arrays and scatters them back (``snapshot``, ``to_host``,
+``scatter``, ``set_counters``), so a run continues on either engine.
 
 =======================  ===================================  ===================================
 role                     TensorFlow engine (`train/tf/`)      JAX engine (`train/jax/`)
 =======================  ===================================  ===================================
-run state, checkpoints   `state.TFRunState`, `checkpointer`   `state.JaxRunState`, `checkpoints`
+gather, scatter          `state.TFRunState`                   `state.JaxRunState`
+old checkpoints (read)   `checkpoints` (``ckpt-N``)           `checkpoints` (``orbax/N``)
 input manager            `inputs.TFInputManager`              `inputs.JaxInputManager`
 trainer                  `trainer.Trainer` (`loops`)          `trainer.JaxTrainer` (`steps`)
 evaluator                `evaluation.TFEvaluator`             `evaluation.JaxEvaluator`

@@ -120,10 +120,20 @@ def get_tpu_estimator(steps_per_epoch: int | None = None, model_func: ModelFunc 
         ValueError: for a batch size not divisible by the replicas, or a bad argument.
 
     Examples:
-        >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=512,
-        ...                                  val_bs=10000, seed=1)
-        >>> fw.train.get_tpu_estimator(model_func=model_func, work_dir=work_dir,
-        ...                            val_bs=10000).evaluate(eval_input_func)
+        >>> X, y = np.random.rand(64, 8, 8, 1).astype('float32'), np.arange(64) % 10
+        >>> model_func = fw.train.get_clf_model_func(
+        ...     lambda: fw.models.mnist_net(input_shape=(8, 8, 1), c=4),
+        ...     fw.train.adam_optimizer(1e-3))
+        >>> train_input_func = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> eval_input_func = lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
+        ...                                                   training=False)
+        >>> est = fw.train.get_tpu_estimator(2, model_func, 'runs/demo', trn_bs=32,
+        ...                                  val_bs=64, seed=1, verbose=False)
+        >>> est.train(train_input_func, steps=2).global_step   # train returns the estimator
+        2
+        >>> fw.train.get_tpu_estimator(model_func=model_func, work_dir='runs/demo', val_bs=64,
+        ...                            verbose=False).evaluate(eval_input_func)['global_step']
+        2
     """
     warm_start_from = _warm_start_source(ws_dir, ws_vars, warm_start_from)
     if steps_per_epoch is None:  # no epochs asked for: they only mark logs and callbacks
@@ -215,8 +225,15 @@ class Estimator:
         warm_start_report: ``{'loaded': [...], 'not_loaded': [...]}`` after a warm start.
 
     Examples:
-        >>> with fw.train.get_tpu_estimator(100, model_func, work_dir) as est:
-        ...     est.train(train_fn, steps=1000)
+        >>> X, y = np.random.rand(64, 8, 8, 1).astype('float32'), np.arange(64) % 10
+        >>> model_func = fw.train.get_clf_model_func(
+        ...     lambda: fw.models.mnist_net(input_shape=(8, 8, 1), c=4),
+        ...     fw.train.adam_optimizer(1e-3))
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> with fw.train.get_tpu_estimator(2, model_func, 'runs/demo', trn_bs=32,
+        ...                                 verbose=False) as est:
+        ...     est.train(train_fn, steps=2).global_step
+        2
     """
 
     def __init__(self, model_func: ModelFunc, config: EstimatorConfig,
@@ -328,7 +345,7 @@ class Estimator:
         building.check_labels(self._engine, self._state.spec, probe.dataset)
         position = self._state.input_position
         input_record.check(self.config.work_dir, self.config.train_batch_size, position,
-                           write=self._state.is_chief)
+                           self._state.restored_record)
         return self._inputs.train_iterator(input_fn, position)
 
     def _build_for(self, input_fn: InputFn, mode: str) -> None:
@@ -573,9 +590,9 @@ class Estimator:
         """
         export_dir_base = path_arg("export_dir_base", export_dir_base)
         export_dirs.check_base(export_dir_base)  # a file in the way: before any work
-        return export_dirs.write(export_dir_base, self._saved_model_writer())
+        return export_dirs.write(export_dir_base, self.saved_model_writer())
 
-    def _saved_model_writer(self) -> Callable[[str], object]:
+    def saved_model_writer(self) -> Callable[[str], object]:
         """The engine's SavedModel writer for this model: ``write(folder)`` writes into
         an existing `folder` (`export_saved_model` and `BestExporter` version it)."""
         spec = self._state.spec

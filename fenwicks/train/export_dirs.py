@@ -173,7 +173,7 @@ def _check_base(base: str) -> None:
     if tf.io.gfile.exists(base):
         if not tf.io.gfile.isdir(base):
             raise ValueError(
-                f"export_dir={base!r} is a file; exports go to version folders inside a "
+                f"export_dir_base={base!r} is a file; exports go to version folders inside a "
                 f"folder. Pass a folder, e.g. {_beside(base)}")
         return
     if "://" in base:
@@ -183,7 +183,7 @@ def _check_base(base: str) -> None:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise ValueError(
-            f"export_dir={base!r} lies under {parent!r}, which is a file, so no folder "
+            f"export_dir_base={base!r} lies under {parent!r}, which is a file, so no folder "
             f"can be made there; pass a folder path elsewhere, e.g. {_beside(parent)}")
 
 
@@ -195,7 +195,7 @@ def _make_base(base: str) -> list[str]:
     """Makes local folder `base`; the folders it made, deepest first."""
     _check_base(base)
     if os.path.islink(base) and "://" not in base:
-        logger.info("fenwicks: export_dir=%r is a symlink to %r; the new version goes "
+        logger.info("fenwicks: export_dir_base=%r is a symlink to %r; the new version goes "
                     "into that folder", base, os.path.realpath(base))
     if "://" in base:
         return []  # object storage: a version's objects need no folder made first
@@ -207,7 +207,7 @@ def _make_base(base: str) -> list[str]:
         os.makedirs(base, exist_ok=True)
         return made
     except OSError as err:
-        raise ValueError(f"export_dir={base!r} cannot be created ({first_line(err)}); "
+        raise ValueError(f"export_dir_base={base!r} cannot be created ({first_line(err)}); "
                          "pass a folder you can write to") from err
 
 

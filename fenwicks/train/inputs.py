@@ -60,7 +60,7 @@ def input_context(num_pipelines: int, pipeline_id: int,
     pipelines (hosts), this one `pipeline_id`, `num_replicas` replicas in all. Every
     engine's input_fns get it, so engines make it here, not from TensorFlow themselves.
 
-    Example:
+    Examples:
         >>> input_context(1, 0, 8).get_per_replica_batch_size(512)
         64
     """
@@ -142,6 +142,19 @@ def _batch_dims(spec: Any) -> set:
     return {s.shape[0] if s.shape.rank else "scalar" for s in tf.nest.flatten(spec)}
 
 
+def _check_known_ranks(spec: Any, what: str) -> None:
+    """A tensor of unknown rank (``shape=<unknown>``) is not unbatched: its shape was
+    lost, typically by tf.py_function or tf.numpy_function, and batching cannot bring it
+    back; tf.ensure_shape can."""
+    unknown = [i for i, s in enumerate(tf.nest.flatten(spec)) if s.shape.rank is None]
+    if unknown:
+        raise ValueError(
+            f"{what} input_fn yields a tensor of unknown shape (component {unknown[0]} of "
+            f"the flattened element {spec}), as tf.py_function and tf.numpy_function "
+            "give: batching cannot restore it. Set it in the map that calls them, e.g. "
+            "x = tf.ensure_shape(tf.py_function(f, [x], tf.float32), [32, 32, 3])")
+
+
 def check_pair(spec: Any, what: str) -> None:
     """The element must be (features, labels) or (features, labels, sample_weight),
     batched."""
@@ -150,6 +163,7 @@ def check_pair(spec: Any, what: str) -> None:
                          f"(features, labels, sample_weight)), but its element spec is "
                          f"{spec}; map the dataset to a tuple, e.g. "
                          "ds.map(lambda d: (d['image'], d['label']))")
+    _check_known_ranks(spec, what)
     if "scalar" in _batch_dims(spec):
         raise ValueError(f"{what} input_fn yields unbatched elements ({spec}); batch it "
                          "with params['batch_size']")
@@ -172,6 +186,7 @@ def check_train_spec(spec: Any, batch_size: int) -> None:
 
 def check_eval_spec(spec: Any, batch_size: int, what: str) -> None:
     """Evaluation batches may be partial but never larger than the per-replica size."""
+    _check_known_ranks(spec, what)
     dims = _batch_dims(spec) - {None}
     if "scalar" in dims:
         raise ValueError(f"{what} input_fn yields unbatched elements ({spec}); batch it "

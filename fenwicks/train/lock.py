@@ -52,9 +52,34 @@ class WorkDirLockedError(RuntimeError):
 class WorkDirLostError(FileNotFoundError):
     """The work_dir (its lock, at least) was deleted by someone else while training."""
 
+    folder_gone = True  # False: only the lock file was deleted
+
 
 class WorkDirNotWritableError(PermissionError):
     """Training needs to write in work_dir, and it is read-only (or not ours)."""
+
+
+def lost_message(work_dir: str, lock_path: str, folder_gone: bool, *,
+                 in_flight: int | None = None, landed: str | None = None) -> str:
+    """The one sentence of `WorkDirLostError`. `in_flight`: the step being written in the
+    background when the folder went, if any; `landed`: where that write still put it
+    (None: it failed, nothing of it is there)."""
+    gone = ", and so is the folder" if folder_gone else ""
+    lost = "the checkpoints saved there, the epoch log epochs.jsonl and the TensorBoard logs"
+    keep = "The model in memory is intact: keep it with export_saved_model(...) now"
+    start = (f"work_dir={work_dir!r} was deleted while training (its lock {lock_path} is "
+             f"gone{gone}): ")
+    end = "; if a script cleans that folder, let it finish first"
+    if landed is not None:
+        return (f"{start}{lost} went with it, but step {in_flight}, being written in the "
+                f"background as the folder went, was saved after it: {landed} is all the "
+                f"work_dir holds now, and a new train or evaluate resumes from it. Training "
+                f"stopped there. {keep}{end}")
+    also = (f", and so did step {in_flight}, being written in the background as the "
+            "folder went" if in_flight is not None else "")
+    return (f"{start}{lost} went with it{also}. Training stopped instead of recreating the "
+            f"folder. {keep} (a new train or evaluate on this work_dir starts afresh, as "
+            f"it is empty){end}")
 
 
 class WorkDirLock:
@@ -126,15 +151,10 @@ class WorkDirLock:
         unnoticed.
         """
         if self._held and not tf.io.gfile.exists(self.path):
-            gone = "" if tf.io.gfile.exists(self._work_dir) else ", and so is the folder"
-            raise WorkDirLostError(
-                f"work_dir={self._work_dir!r} was deleted while training (its lock "
-                f"{self.path} is gone{gone}): the checkpoints saved there, the epoch log "
-                "epochs.jsonl and the TensorBoard logs went with it. Training stopped "
-                "instead of recreating the folder. The model in memory is intact: keep it "
-                "with export_saved_model(...) now (a new train or evaluate on this "
-                "work_dir starts afresh, as it is empty); if a script cleans that folder, "
-                "let it finish first")
+            folder_gone = not tf.io.gfile.exists(self._work_dir)
+            error = WorkDirLostError(lost_message(self._work_dir, self.path, folder_gone))
+            error.folder_gone = folder_gone
+            raise error
 
     def release(self) -> None:
         if not self._held:

@@ -218,8 +218,12 @@ class _DecayMixin:
         """Whether `variable`, one the optimizer was built with, gets weight decay.
 
         Examples:
+            >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='fc')],
+            ...                          name='net')
+            >>> opt = fw.train.sgd_optimizer(0.1, wd=1e-4, exclude_from_wd='bn_and_bias')()
             >>> opt.build(model.trainable_variables)
             >>> [v.path for v in model.trainable_variables if opt.applies_weight_decay(v)]
+            ['net/fc/kernel']
         """
         return self._decays(self._index_of(variable))
 
@@ -457,9 +461,12 @@ def sgd_optimizer(lr_func: Any, mom: float = 0.9, wd: float = 0.0, nesterov: boo
             and for a Keras-spelled argument (``weight_decay=5e-4``: use ``wd=5e-4``).
 
     Examples:
+        >>> spe = 50_000 // 512                              # CIFAR-10: steps per epoch
         >>> lr_func = fw.train.piecewise_linear([0, 5 * spe, 24 * spe], [0, 0.4, 0])
         >>> # DavidNet with reduction='sum': lr per example, decay per batch of 512
         >>> opt_func = fw.train.sgd_optimizer(lr_func / 512, wd=5e-4 * 512)
+        >>> opt_func().wd                                   # a fresh optimizer per call
+        0.256
     """
     # Validate now, in plain Python: creating an optimizer here would initialise
     # TensorFlow's devices before fw.accel chooses them.

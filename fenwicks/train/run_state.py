@@ -2,10 +2,16 @@
 counters, built once and restored from ``work_dir``, the work_dir lock, and the summary
 writers.
 
-Checkpoints belong to the run's `fenwicks.train.checkpointing.Checkpointer`, built by
-the engine's subclass with the model. `RunState` restores through it and waits for it;
-it never saves: the controller's `save_policy.SavePolicy` does. `RunState` knows nothing
-of loops, inputs or callbacks; the estimator, the controller and its actions call it.
+Checkpoints are the run format's (`fenwicks.train.run_format`: Keras's state tree as
+NumPy arrays plus the run record, through orbax), the same for both engines, so a run
+stopped on one engine continues on the other. They belong to the run's
+`run_format.RunCheckpointer`, which `RunState.make_checkpointer` builds with the model.
+An engine's subclass supplies only how its variables reach the host and go back
+(`snapshot`, `to_host`, `scatter`: `run_format.EngineArrays`), how its counters are set
+(`set_counters`), and a reader of its previous checkpoint format, for old work_dirs.
+`RunState` restores and waits; it never saves: the controller's `save_policy.SavePolicy`
+does. `RunState` knows nothing of loops, inputs or callbacks; the estimator, the
+controller and its actions call it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +28,7 @@ import tensorflow as tf  # tf.summary: TensorBoard's writers, on both engines
 from fenwicks import _deadline, accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
-from fenwicks.train import building, checkpointing, cross_engine, lock
+from fenwicks.train import building, checkpointing, cross_engine, lock, run_format
 from fenwicks.train.checkpointing import Checkpointer
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.options import EstimatorConfig
@@ -51,7 +58,8 @@ class RunState(abc.ABC):
 
     Engine-neutral: each engine subclasses it (`fenwicks.train.tf.state.TFRunState`,
     `fenwicks.train.jax.state.JaxRunState`) with how its variables and counters are
-    built, restored and counted.
+    built, gathered to host arrays and scattered back (`snapshot`, `to_host`,
+    `scatter`, `set_counters`).
 
     Args:
         model_func: ``params -> ModelSpec``.
@@ -81,6 +89,7 @@ class RunState(abc.ABC):
         self._lock: lock.WorkDirLock | None = None
         self._writers: dict[str, Any] = {}
         self._checkpointer: Checkpointer | None = None
+        self._groups: dict[str, list[Any]] = {}  # the Keras variables of a checkpoint
 
     # ---------------------------------------------------------------- what is built
 
@@ -131,9 +140,88 @@ class RunState(abc.ABC):
     def build(self, features_spec: Any, params: dict) -> None:
         """Creates model, optimizer and step counters; restores or warm-starts them."""
 
-    def remove_partial_saves(self, work_dir: str) -> None:  # noqa: B027 - optional hook
-        """Removes what a killed process left of a save in `work_dir` (before training).
-        Defaults to nothing: a checkpoint format that never leaves any."""
+    # ---------------------------------------------------------------- the run format
+    # What an engine supplies to write and read the run format (`run_format.EngineArrays`;
+    # the TensorFlow and JAX engines do; an engine with a checkpointer of its own, such as
+    # the reference engine's, need not).
+
+    def snapshot(self) -> Any:
+        """The variables' values now, in copies no later step changes (may be device-side
+        copies still on their way: `to_host` waits for them)."""
+        raise NotImplementedError(f"the {self.engine} engine does not write the run format")
+
+    def to_host(self, frozen: Any) -> run_format.StateTree:
+        """A `snapshot` as NumPy arrays, ``{group: [array, ...]}`` in
+        `run_format.GROUPS`' order (in the writer's thread for an async save)."""
+        raise NotImplementedError(f"the {self.engine} engine does not write the run format")
+
+    def scatter(self, tree: run_format.StateTree) -> None:
+        """Puts host arrays back into the variables, on this engine's devices."""
+        raise NotImplementedError(f"the {self.engine} engine does not read the run format")
+
+    def set_counters(self, step: int, input_steps: int) -> None:
+        """Sets the global step and the input position (a restored run record's)."""
+        raise NotImplementedError(f"the {self.engine} engine does not read the run format")
+
+    # What is the same on every engine:
+
+    def layout(self) -> dict[str, list[list]]:
+        """``{group: [[path, shape, dtype], ...]}`` of the variables a step holds."""
+        return run_format.layout_of(self._groups)
+
+    def record(self) -> dict:
+        """The run record of the live state (`run_format.make_record`)."""
+        return run_format.make_record(
+            engine=self.engine, step=self.global_step, input_steps=self.input_position,
+            train_batch_size=self.config.train_batch_size, layout=self.layout())
+
+    def apply_record(self, record: dict) -> None:
+        """Sets counters and Keras's global seed state from a restored run record, and
+        says so in one line when another engine wrote it."""
+        self.set_counters(record["step"], record["input_steps"])
+        run_format.set_global_seed_state(record.get("seed"))
+        if record["engine"] != self.engine:
+            logger.warning(
+                "fenwicks: %s was trained on the %s; this run continues from its step %d "
+                "on the %s (optimizer slots, input position and learning-rate schedule "
+                "restored)", self.config.work_dir, run_format.title(record["engine"]),
+                record["step"], run_format.title(self.engine))
+
+    @property
+    def restored_record(self) -> dict | None:
+        """The run record of the step restored, or None (a fresh run, or a checkpoint of
+        an engine's previous format)."""
+        checkpointer = self._checkpointer
+        return getattr(checkpointer, "restored_record", None)
+
+    def make_checkpointer(self, groups: dict[str, list[Any]], *, writes: bool,
+                          processes: int = 1, asynchronous: bool | None = None,
+                          legacy: Checkpointer | None = None) -> run_format.RunCheckpointer:
+        """The run's checkpointer over `groups` (`run_format.variable_groups`).
+
+        Args:
+            groups: the Keras variables of a step.
+            writes: whether this process writes checkpoints.
+            processes: processes saving together (the JAX engine's multi-host runs).
+            asynchronous: background writes. Defaults to None: the config's.
+            legacy: the engine's reader of its previous format (old work_dirs).
+        """
+        self._groups = groups
+        return run_format.RunCheckpointer(
+            self.config.work_dir, self, keep=self.config.keep_checkpoints,
+            asynchronous=(self.config.async_checkpoints if asynchronous is None
+                          else asynchronous),
+            writes=writes, processes=processes, legacy=legacy)
+
+    def warm_start_any(self, model: Any, source: str) -> dict[str, list[str]] | None:
+        """Warm-starts `model` from a run-format work_dir or step, or from another
+        engine's previous format (`cross_engine.warm_start`); None if `source` is
+        neither (the engine's own previous format: its reader)."""
+        return cross_engine.warm_start(model, source, self.engine)
+
+    def remove_partial_saves(self, work_dir: str) -> None:
+        """Removes what a killed process left of a save in `work_dir` (before training)."""
+        run_format.remove_partial_saves(work_dir)
 
     def reset(self) -> None:
         """Forgets model, optimizer, counters and checkpointer: the next `build` starts
@@ -268,6 +356,8 @@ class RunState(abc.ABC):
             yield
             self.wait()  # the end of train: its last checkpoint is complete
         except Exception as err:
+            if isinstance(err, lock.WorkDirLostError):
+                raise self._lost(err) from err
             # A checkpoint write that failed in the background is the news, whatever the
             # training thread ran into meanwhile (a summary flush in the same outage).
             failed = self._background_failure() or err
@@ -281,6 +371,26 @@ class RunState(abc.ABC):
             self._wait_quietly()  # never release the lock while a write runs
             _deadline.run(self._lock.release, what="releasing the lock", path=work_dir,
                           best_effort=True, attempt_in_outage=True)
+
+    def _lost(self, err: lock.WorkDirLostError) -> lock.WorkDirLostError:
+        """`err`, told truthfully when a checkpoint was being written in the background
+        as the work_dir went: that write either failed (its leftovers, empty folders it
+        made, are removed) or landed in a folder of its own making, then the only
+        checkpoint there."""
+        checkpointer = self._checkpointer
+        step = checkpointer.pending_step if checkpointer is not None else None
+        if step is None:
+            return err
+        failed = self._background_failure()
+        lock_path = self._lock.path
+        work_dir = lock_path.rsplit("/", 1)[0]
+        folder_gone = err.folder_gone  # the write may have made it again meanwhile
+        if failed is not None and not fw_io.is_gcs(work_dir):
+            _remove_empty_folders(work_dir)
+            folder_gone = folder_gone or not os.path.exists(work_dir)
+        return lock.WorkDirLostError(lock.lost_message(
+            work_dir, lock_path, folder_gone, in_flight=step,
+            landed=checkpointer.latest if failed is None else None))
 
     def _unavailable(self, err: BaseException) -> StorageUnavailableError:
         last, cause = self.last_good_checkpoint, err
@@ -349,3 +459,13 @@ def _is_storage_failure(err: BaseException) -> bool:
     return any(e is not None and (_deadline.is_outage(e) or checkpointing.is_storage_error(e)
                                   or isinstance(e, checkpointing.CheckpointReadError))
                for e in (err, err.__cause__))
+
+
+def _remove_empty_folders(work_dir: str) -> None:
+    """Removes the folders a failed write recreated under a deleted work_dir, if empty
+    (an empty folder holds nothing of anyone's)."""
+    for dirpath, _, _ in sorted(os.walk(work_dir), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            continue  # not empty: something is in it, kept

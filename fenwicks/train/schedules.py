@@ -180,7 +180,7 @@ class ExpDecay(_Decay):
     Unlike the linear and cosine decays it keeps decaying after `decay_steps`.
 
     Examples:
-        >>> ExpDecay(0.01, 2000, base_lr=1e-4, decay_rate=0.5)(2000)
+        >>> round(ExpDecay(0.01, 2000, base_lr=1e-4, decay_rate=0.5)(2000), 8)
         0.00505
     """
 

@@ -1,6 +1,14 @@
 # %% [markdown]
 # # Tutorial 3: the same code on a TPU, a GPU and the CPU
 #
+# **Run time**
+#
+# - Default size, on a CPU: not measured yet.
+# - On a GPU or a TPU: not measured (none was available where this was written).
+# - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
+#   60 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in
+#   the documentation).
+#
 # Fenwicks promises that one notebook trains on whatever accelerator is there. This
 # tutorial opens the hood: it trains one small model under several `FENWICKS_DEVICE`
 # settings and shows what differs underneath and what does not.

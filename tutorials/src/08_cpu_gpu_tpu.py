@@ -1,6 +1,14 @@
 # %% [markdown]
 # # Tutorial 8: CPU vs GPU vs TPU, measured
 #
+# **Run time**
+#
+# - Default size, on a CPU: not measured yet.
+# - On a GPU or a TPU: not measured (none was available where this was written).
+# - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
+#   34 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in
+#   the documentation).
+#
 # How much faster is the accelerator, really? Two measurements answer it:
 #
 # 1. **Matrix-multiply TFLOPS**: the raw arithmetic speed of each device, the number on

@@ -1,5 +1,6 @@
 """The run's state on the JAX engine: model, optimizer and counters, their arrays placed
-on the mesh, and their orbax checkpoints.
+on the mesh, gathered to host arrays for the run format and scattered back onto the mesh
+(`fenwicks.train.run_format`, shared with the TensorFlow engine).
 
 The Keras variables hold the state between calls: a compiled loop takes their arrays
 (`values`), and the arrays it returns are put back (`set_values`), so callbacks, export
@@ -7,9 +8,13 @@ and ``model.get_weights()`` see the current weights, as on the TensorFlow engine
 counters (``global_step`` and the input position) live on the host: the trainer advances
 them by the steps each loop ran.
 
-Everything else (the work_dir lock, summary writers, the reload after a NaN, following a
-work_dir that changed, waiting for writes) is `RunState`'s, shared with the TensorFlow
-engine, through the `checkpoints.OrbaxCheckpointer` this state builds.
+The JAX engine's previous format (``<work_dir>/orbax/<step>``, `checkpoints.py`) is
+only read: a work_dir written before the run format is restored from it, and its next
+checkpoint is in the run format.
+
+Everything else (the checkpointer, the work_dir lock, summary writers, the reload after
+a NaN, following a work_dir that changed, waiting for writes) is `RunState`'s, shared
+with the TensorFlow engine.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import keras
 import numpy as np
 
 from fenwicks import io as fw_io
-from fenwicks.train import building, cross_engine
-from fenwicks.train.jax import checkpoints, mesh, processes
+from fenwicks.train import building, cross_engine, run_format
+from fenwicks.train.jax import checkpoints, mesh, processes, tpu_steps
+from fenwicks.train.jax import weights as jax_weights
 from fenwicks.train.run_state import RunState
 
 logger = logging.getLogger("fenwicks")
@@ -55,10 +61,7 @@ def assign_values(groups: tuple[list, list, list], values: tuple[list, list, lis
 
 
 class JaxRunState(RunState):
-    """`RunState` with the variables on a JAX mesh and orbax checkpoints.
-
-    A work_dir the TensorFlow engine trained is read for `evaluate` and `predict` (model
-    variables by name, `cross_engine`); `train` there is refused (`RunState.locked`).
+    """`RunState` with the variables on a JAX mesh.
 
     Examples:
         >>> state = JaxRunState(model_func, config, fw.accel.current())
@@ -128,18 +131,25 @@ class JaxRunState(RunState):
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
         with building.precision_policy(self.config.precision):
-            spec, self.optimizer = building.build_model(
-                self._model_func, params, self.config.precision, features_spec)
+            try:
+                spec, self.optimizer = building.build_model(
+                    self._model_func, params, self.config.precision, features_spec)
+            except Exception as err:  # Keras's rebuilt AttributeError: JAX's, named
+                found = tpu_steps.traced_value_error(err)
+                if found is None:
+                    raise
+                raise ValueError(tpu_steps.value_in_python("the model", found)) from None
         self.features_spec = features_spec
         self._lists = self._variable_lists(spec)
         self._model_variables = list(spec.model.variables)
         self.step = self.input_steps_taken = 0
-        checkpointer = checkpoints.OrbaxCheckpointer(
-            self.config.work_dir, self.tree, self.set_tree, self.paths,
-            self.config.keep_checkpoints,
-            self.config.async_checkpoints and jax.process_count() == 1, mesh.replicated())
+        checkpointer = self.make_checkpointer(
+            run_format.variable_groups(spec.model, self.optimizer), writes=True,
+            processes=jax.process_count(),
+            asynchronous=self.config.async_checkpoints and jax.process_count() == 1,
+            legacy=self._legacy_reader())
         restored = checkpointer.restore()
-        if restored is None:  # the TensorFlow engine's checkpoint, for evaluate and predict
+        if restored is None:  # the TensorFlow engine's previous format, for evaluate, predict
             saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "jax")
             if saved is not None:
                 self.step, restored = saved.step, saved.checkpoint
@@ -150,6 +160,38 @@ class JaxRunState(RunState):
                                                            self.config.warm_start_from)
         self._place_on_mesh(restored is None)
         self._spec, self._checkpointer = spec, checkpointer
+
+    def _legacy_reader(self) -> checkpoints.OrbaxCheckpointer | None:
+        """A reader of the JAX engine's previous orbax checkpoints (``orbax/<step>``) if
+        work_dir holds some; they are restored, never written."""
+        if jax_weights.latest(self.config.work_dir) is None:
+            return None
+        return checkpoints.OrbaxCheckpointer(
+            self.config.work_dir, self.tree, self.set_tree, self.paths,
+            self.config.keep_checkpoints, False, mesh.replicated())
+
+    # ---------------------------------------------------------------- the run format
+
+    def snapshot(self) -> Any:
+        """Copies of the variables' arrays in host memory, dispatched without waiting
+        (`checkpoints.snapshot`: a later step donates the arrays themselves)."""
+        return checkpoints.snapshot({group: [v.value for v in variables]
+                                     for group, variables in self._groups.items()})
+
+    def to_host(self, frozen: Any) -> run_format.StateTree:
+        """Waits for a `snapshot`'s copies: NumPy arrays."""
+        host = checkpoints.to_host(frozen)
+        return {group: [np.asarray(a) for a in arrays] for group, arrays in host.items()}
+
+    def scatter(self, tree: run_format.StateTree) -> None:
+        """Assigns host arrays to the variables, then replicates them over the mesh."""
+        for group, variables in self._groups.items():
+            for variable, array in zip(variables, tree[group], strict=True):
+                variable.assign(np.asarray(array).astype(variable.dtype))
+        self._place_on_mesh(False)
+
+    def set_counters(self, step: int, input_steps: int) -> None:
+        self.step, self.input_steps_taken = int(step), int(input_steps)
 
     def _place_on_mesh(self, initialised: bool) -> None:
         """Replicates every variable on every device of the mesh. With several processes,

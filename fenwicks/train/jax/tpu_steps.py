@@ -38,9 +38,55 @@ _LIBRARIES = tuple(os.path.dirname(module.__file__) + os.sep for module in (jax,
 
 def build_model(model_func: Any, params: dict, precision: str,
                 features_spec: Any) -> tuple[ModelSpec, Any]:
-    """A fresh model and optimizer for the check (nothing placed on the devices)."""
+    """A fresh model and optimizer for the check (nothing placed on the devices).
+
+    Raises:
+        NotTPUReadyError: a layer uses a tensor's value in Python (`value_in_python`).
+    """
     with building.precision_policy(precision):
-        return building.build_model(model_func, params, precision, features_spec)
+        try:
+            return building.build_model(model_func, params, precision, features_spec)
+        except Exception as err:
+            found = traced_value_error(err)
+            if found is None:
+                raise
+            raise NotTPUReadyError(value_in_python("the model", found)) from None
+
+
+def traced_value_error(err: BaseException) -> BaseException | None:
+    """JAX's error for a value needed while tracing, found in `err`'s chain, or None.
+
+    Keras rebuilds a layer's error with a new message, and JAX's tracer errors cannot be
+    rebuilt from a string: the user sees ``AttributeError: 'str' object has no
+    attribute '_error_repr'`` (Keras 3.x, JAX 0.4+), with JAX's error as its context.
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, _DATA_DEPENDENT):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def value_in_python(subject: str, err: BaseException) -> str:
+    """One sentence: where `subject` (``'the model'``, ``'the training step'``) uses a
+    tensor's value in Python, JAX's words, and the fix for that kind of use."""
+    if isinstance(err, jax.errors.TracerBoolConversionError):
+        use, fix = ("a tensor's value in a Python condition (if, while, and, or)",
+                    "use keras.ops.where (or keras.ops.cond) instead of if")
+    elif isinstance(err, jax.errors.TracerArrayConversionError):
+        use, fix = ("a tensor as a NumPy array (np.asarray, .numpy())",
+                    "use keras.ops instead of NumPy inside the layer")
+    elif isinstance(err, jax.errors.TracerIntegerConversionError):
+        use, fix = ("a tensor's value as a Python int", "keep it a tensor (keras.ops)")
+    else:
+        use, fix = ("a tensor of data-dependent size",
+                    "keep shapes fixed: a mask (keras.ops.where) instead of boolean "
+                    "indexing or unique, or a fixed size (jnp.nonzero(..., size=N))")
+    said = first_line(err).rstrip(".")
+    return (f"{subject} uses {use}{_where(err)}: {said}; a TPU (and jax.jit) compiles each "
+            f"step for fixed shapes, without the data: {fix}")
 
 
 def check_step(mode: str, spec: ModelSpec, optimizer: Any, batch: Any, global_batch: int,
@@ -84,7 +130,13 @@ def _abstract(value: Any, sharding: NamedSharding, replicas: int = 1) -> Any:
 
 def _lower(mode: str, function: Any, args: tuple) -> None:
     try:
-        jax.jit(function).trace(*args).lower(lowering_platforms=("tpu",))
+        try:
+            jax.jit(function).trace(*args).lower(lowering_platforms=("tpu",))
+        except AttributeError as err:  # JAX's error, rebuilt by Keras (traced_value_error)
+            found = traced_value_error(err)
+            if found is None:
+                raise
+            raise NotTPUReadyError(value_in_python(f"the {what(mode)} step", found)) from None
     except _DATA_DEPENDENT as err:
         raise NotTPUReadyError(
             f"the {what(mode)} step has a tensor of data-dependent size{_where(err)}: "

@@ -52,7 +52,7 @@ def eval_row(spec: Any, params: linear.Params, batch: Any, mask: np.ndarray) -> 
 class ReferenceEvaluator(Evaluator):
     """`Evaluator` of the reference engine's linear model, in NumPy.
 
-    Example:
+    Examples:
         >>> evaluator = ReferenceEvaluator(config, fw.accel.current(), state, inputs)
         >>> evaluator.evaluate(eval_input_fn, None)   # {'loss', 'mse', 'mae'}
     """

@@ -29,7 +29,7 @@ def linear_model_func(features: int, outputs: int = 1, learning_rate: Any = 0.1,
     targets on `features` inputs, SGD at `learning_rate` (a float or a Keras schedule);
     ``kernel_initializer='zeros'`` starts from known weights (the bias starts at 0).
 
-    Example:
+    Examples:
         >>> model_func = linear_model_func(4, learning_rate=0.05)
     """
     def build() -> keras.Model:

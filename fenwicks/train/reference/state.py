@@ -65,7 +65,7 @@ class NumpyCheckpointer(Checkpointer):
         apply: puts a restored tree into the live state.
         keep: checkpoints kept (the oldest are removed).
 
-    Example:
+    Examples:
         >>> checkpointer = NumpyCheckpointer(work_dir, state.tree, state.set_tree, 3)
         >>> checkpointer.save(10); checkpointer.restore()
         '/tmp/work/reference/ckpt-10'
@@ -158,7 +158,7 @@ class NumpyCheckpointer(Checkpointer):
 class ReferenceRunState(RunState):
     """`RunState` of a linear model whose state is dicts of NumPy arrays (module doc).
 
-    Example:
+    Examples:
         >>> state = ReferenceRunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.tree()['counters']['global_step']

@@ -27,7 +27,7 @@ class ReferenceTrainer:
         global_batch_size: examples per step.
         stop: a flag with ``numpy()`` (`PreemptionWatcher.flag`), or None.
 
-    Example:
+    Examples:
         >>> trainer = ReferenceTrainer(state, 8)
         >>> trainer.train(batches, 10).losses    # 10 per-step losses
     """

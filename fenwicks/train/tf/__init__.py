@@ -21,8 +21,9 @@ chooses one. The modules:
   `tf1_config.py` (`RunConfig`, `TPUConfig`, `TPUEstimatorSpec`, ...), `model_fn_runner.py`
   (the model_fn as the Keras model the engine trains), `input_fns.py` (the input_fns as
   the engine's), `_model_fn.py` (the model_fn's calls: Keras objects replayed, TF1 names
-  patched), `tf1_metrics.py`, `tf1_optimizers.py`, `tf1_variables.py` (the TF1 names'
-  stand-ins), `assignment_map.py` (warm-start maps by TF1 name).
+  patched), `tf1_gradients.py`, `tf1_metrics.py`, `tf1_optimizers.py`,
+  `tf1_variables.py` (the TF1 names' stand-ins), `assignment_map.py` (warm-start maps
+  by TF1 name).
 """
 
 from fenwicks.train.tf.devices import strategy  # noqa: E402, F401  (public: fw.train.tf.strategy)

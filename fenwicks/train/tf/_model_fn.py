@@ -13,17 +13,21 @@ implementations need a graph collection TensorFlow 2 no longer has:
 - ``tf.compat.v1.metrics.accuracy / mean / mean_squared_error / mean_absolute_error /
   root_mean_squared_error / recall_at_k / precision / recall`` (and Keras mean-type
   metrics' ``update_state``) record per-example values, so evaluation stays exact;
-- ``tf.compat.v1.train.Optimizer.minimize`` records the optimizer, converted to Keras
-  (`convert_v1_optimizer`); ``get_global_step`` / ``get_or_create_global_step`` give the
-  optimizer's step;
+- ``tf.gradients``, ``compute_gradients``, ``apply_gradients`` and ``minimize`` of
+  ``tf.compat.v1.train`` optimizers (`tf1_gradients`): the gradients are real, and the
+  (gradient, variable) pairs given to ``apply_gradients`` are what trains; the optimizer
+  is converted to Keras (`convert_v1_optimizer`); ``get_global_step`` /
+  ``get_or_create_global_step`` give the optimizer's step;
 - ``tf.compat.v1.train.init_from_checkpoint`` records a warm start;
-- ``tf.compat.v1.losses.*`` record their per-example values beside the scalar, so the
-  evaluation loss of a padded last batch leaves the padding rows out;
+- ``tf.compat.v1.losses.*`` and Keras loss objects record their per-example values
+  beside the scalar, so the evaluation loss of a padded last batch leaves the padding rows
+  out; a Keras loss object's value is its replica's batch mean, as TF1's losses' (Keras
+  alone would divide it by the replica count);
 - ``tf.compat.v1.train.Optimizer`` subclasses with their own ``apply_gradients`` are
-  recorded and run by the engine (`V1OptimizerAdapter`); ``tf.gradients`` of
-  ``tf.compat.v1.trainable_variables()`` gives zeros in the model_fn (the engine computes
-  the gradients), ``tf.clip_by_global_norm`` records its norm, ``global_step.assign``
-  does nothing (the engine counts steps);
+  recorded and run by the engine (`V1OptimizerAdapter`) on the recorded gradients;
+  ``global_step.assign`` does nothing (the engine counts steps);
+- ``tf.compat.v1.trainable_variables(scope)`` gives the model's trainable variables under
+  their TF1 names, those whose name `scope` matches;
 - ``tf.compat.v1.get_variable`` makes (on the first calls) or hands back a variable by its
   TF1 scope name (BERT's ``output_weights``); inside a TF1 optimizer's own
   ``apply_gradients`` (BERT's ``AdamWeightDecayOptimizer``) it raises, naming the Keras
@@ -51,6 +55,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -59,9 +64,10 @@ import keras
 import tensorflow as tf
 
 from fenwicks import _tf_internals
+from fenwicks.train.tf import tf1_gradients
 from fenwicks.train.tf import tf1_metrics as metrics
 from fenwicks.train.tf.tf1_config import ModelFnError
-from fenwicks.train.tf.tf1_optimizers import V1Minimize, custom_apply, v1_learning_rate
+from fenwicks.train.tf.tf1_optimizers import V1Minimize
 from fenwicks.train.tf.tf1_variables import GlobalStep, V1Variables, V1View, patched
 
 # --------------------------------------------------------------------------- object replay
@@ -165,11 +171,14 @@ class Replay:
                 if variable.path == f"{obj.name}/{variable.name}":  # its own, not a sublayer's
                     variable.fenwicks_v1_name = f"{scope}/{variable.path}"
 
-    def v1_trainable_variables(self) -> list[Any]:
-        """`tf.compat.v1.trainable_variables()` in a model_fn: each variable with its TF1
-        name (BERT's get_assignment_map_from_checkpoint reads ``var.name``)."""
+    def v1_trainable_variables(self, scope: str | None = None) -> list[Any]:
+        """`tf.compat.v1.trainable_variables(scope)` in a model_fn: each variable with its
+        TF1 name (BERT's get_assignment_map_from_checkpoint reads ``var.name``); a
+        `scope` keeps those whose name it matches at the start (``re.match``), as TF1's
+        collection filter did."""
         self.name_v1()
-        return [V1View(v) for v in self.variables() if v.trainable]
+        views = [V1View(v) for v in self.variables() if v.trainable]
+        return [view for view in views if scope is None or re.match(scope, view.name)]
 
     def check_variants(self) -> None:
         """Raises if a mode's own object (made with other arguments) has weights: they
@@ -245,84 +254,93 @@ def _replaying_new(replay: Replay, base: type) -> Any:
     return __new__
 
 
+def _refused_summary(name: str) -> Callable[..., Any]:
+    def summary(*args: Any, **kwargs: Any) -> Any:
+        raise ModelFnError(
+            f"model_fn called tf.summary.{name}, which TF1 wrote through the graph's "
+            "summary collection, which TensorFlow 2 does not have, so nothing would reach "
+            "TensorBoard: remove it (Fenwicks writes the training loss to TensorBoard "
+            "every loop), and report an evaluation value with eval_metrics=(metric_fn, "
+            "[value]) and tf.compat.v1.metrics.mean(value)")
+    return summary
+
+
+# tf.compat.v1.layers functions and the Keras layer each became.
+V1_LAYERS = {"dense": "Dense", "conv1d": "Conv1D", "conv2d": "Conv2D", "conv3d": "Conv3D",
+             "conv2d_transpose": "Conv2DTranspose", "separable_conv2d": "SeparableConv2D",
+             "max_pooling1d": "MaxPooling1D", "max_pooling2d": "MaxPooling2D",
+             "average_pooling1d": "AveragePooling1D", "average_pooling2d": "AveragePooling2D",
+             "dropout": "Dropout", "batch_normalization": "BatchNormalization",
+             "flatten": "Flatten"}
+
+
+class V1Layers:
+    """``tf.compat.v1.layers`` in a model_fn: Keras 3 removed its functions, and Keras's
+    own error does not say what replaces them; this one names the Keras layer."""
+
+    def __init__(self, original: Any) -> None:
+        self._original = original
+
+    def __getattr__(self, name: str) -> Any:
+        if name in V1_LAYERS:
+            def removed(*args: Any, **kwargs: Any) -> Any:
+                raise ModelFnError(
+                    f"model_fn called tf.compat.v1.layers.{name}, which Keras 3 removed: "
+                    f"call keras.layers.{V1_LAYERS[name]}(...)(inputs) instead, with the "
+                    "same arguments (the inputs go to the call; name= keeps the TF1 "
+                    "variable names, under tf.compat.v1.variable_scope too)")
+            return removed
+        return getattr(self._original, name)
+
+
 @dataclasses.dataclass
 class CallRecord:
     """What one model_fn call asked for beside its spec."""
 
     minimize: V1Minimize | None = None
+    applied: tf1_gradients.AppliedGradients | None = None  # apply_gradients' pairs
     init_from_checkpoint: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
     losses: dict[Any, tf.Tensor] = dataclasses.field(default_factory=dict)
-    clip_norm: float | None = None
 
 
 @contextlib.contextmanager
-def tf1_scope(replay: Replay, record: CallRecord,
-              global_step: Callable[[], tf.Tensor]) -> Iterator[None]:
-    """Patches the TF1 names listed in the module docstring while a model_fn runs."""
+def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.Tensor],
+              replicas: int = 1) -> Iterator[None]:
+    """Patches the TF1 names listed in the module docstring while a model_fn runs on one
+    of `replicas` replicas."""
     v1 = tf.compat.v1
-
-    def minimize(self: Any, loss: Any, global_step: Any = None, *args: Any,
-                 **kwargs: Any) -> Any:
-        record.minimize = V1Minimize(self, v1_learning_rate(self))
-        return tf.no_op()
-
-    def apply_gradients(self: Any, grads_and_vars: Any, global_step: Any = None,
-                        name: Any = None) -> Any:
-        # The update itself runs in the engine's optimizer step (convert_v1_optimizer).
-        record.minimize = V1Minimize(self, v1_learning_rate(self))
-        return tf.no_op()
-
-    original_init = v1.train.Optimizer.__init__
-
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        if custom_apply(self) or "CrossShard" in type(self).__name__:
-            # An instance attribute: it shadows the subclass's own apply_gradients.
-            self.apply_gradients = functools.partial(apply_gradients, self)
-
-    original_clip = tf.clip_by_global_norm
-
-    def clip_by_global_norm(t_list: Any, clip_norm: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(clip_norm, (int, float)):
-            record.clip_norm = float(clip_norm)
-        return original_clip(t_list, clip_norm, *args, **kwargs)
 
     def step() -> GlobalStep:
         return GlobalStep(global_step())
 
-    original_gradients = tf.gradients
-
-    def gradients(ys: Any, xs: Any, *args: Any, **kwargs: Any) -> Any:
-        listed = list(xs) if isinstance(xs, (list, tuple)) else [xs]
-        if any(isinstance(x, V1View) for x in listed):
-            # Gradients of tf.trainable_variables() for an optimizer's apply_gradients
-            # (BERT's create_optimizer): the engine computes them after the model_fn
-            # and hands them to that apply_gradients itself (V1OptimizerAdapter).
-            return [tf.zeros(x.shape, x.dtype) for x in listed]
-        return original_gradients(ys, xs, *args, **kwargs)
-
     def init_from_checkpoint(ckpt_dir_or_file: str, assignment_map: Any) -> None:
         record.init_from_checkpoint.append((ckpt_dir_or_file, assignment_map))
 
-    patches = [(v1.train.Optimizer, "minimize", minimize),
-               (v1.train, "get_global_step", step),
-               (v1.train, "get_or_create_global_step", step),
-               (v1.train.Optimizer, "__init__", init),
-               (v1, "clip_by_global_norm", clip_by_global_norm),
-               (v1, "gradients", gradients), (tf, "gradients", gradients),
-               (tf, "clip_by_global_norm", clip_by_global_norm),
-               (v1.train, "init_from_checkpoint", init_from_checkpoint),
-               (v1, "trainable_variables", lambda *a, **k: replay.v1_trainable_variables()),
-               (v1, "get_variable", functools.partial(replay.v1_variables.get, replay)),
-               (keras.metrics.Mean, "update_state", metrics.keras_mean_update)]
+    patches = tf1_gradients.patches(record, replay, replicas)
+    patches += [(v1.train, "get_global_step", step),
+                (v1.train, "get_or_create_global_step", step),
+                (v1.train, "init_from_checkpoint", init_from_checkpoint),
+                (keras.metrics.Mean, "update_state", metrics.keras_mean_update)]
+    for module in _tf_internals.v1_api_modules():  # a program may hold either object
+        patches += [(module, "trainable_variables", replay.v1_trainable_variables),
+                    (module, "get_variable",
+                     functools.partial(replay.v1_variables.get, replay)),
+                    (module, "layers", V1Layers(v1.layers))]
     patches += [(v1.losses, name, metrics.recording_loss(getattr(v1.losses, name), record))
                 for name in metrics.V1_LOSSES if hasattr(v1.losses, name)]
+    patches.append((keras.losses.Loss, "__call__",
+                    metrics.recording_keras_loss(keras.losses.Loss.__call__, record)))
     patches += [(v1.metrics, name, fn) for name, fn in metrics.V1_METRICS.items()]
     patches += [(v1.metrics, name, metrics.unsupported_metric(name))
                 for name in metrics.UNSUPPORTED_METRICS if hasattr(v1.metrics, name)]
     patches += [(base, "__new__", _replaying_new(replay, base)) for base in _RECORDED_BASES]
+    patches += [(module, name, _refused_summary(name)) for module in (v1.summary, tf.summary)
+                for name in ("scalar", "histogram", "image", "audio", "text")
+                if hasattr(module, name)]
     with contextlib.ExitStack() as stack:
         stack.enter_context(_tf_internals.fresh_variable_scope_counts())
+        # A Keras loss object's value is its replica's batch mean, as tf.compat.v1.losses'.
+        stack.enter_context(_tf_internals.keras_losses_per_replica())
         for target, name, value in patches:
             stack.enter_context(patched(target, name, value))
         yield
@@ -341,6 +359,14 @@ def call_user(model_fn: Callable[..., Any], features: Any, labels: Any, mode: st
                            "(and usually labels, mode, params)")
     if "labels" not in names and labels is not None and mode != "infer":
         raise ModelFnError("model_fn takes no labels, but the input_fn gives labels")
+    extra = [name for name, p in names.items() if name not in given
+             and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if extra:
+        raise ModelFnError(
+            f"model_fn{inspect.signature(model_fn)} requires {', '.join(extra)}, which "
+            "TPUEstimator does not pass (it passes features, labels, mode, params and "
+            f"config, by name): give it a default or bind it first, "
+            f"functools.partial(model_fn, {extra[0]}=...)")
     return model_fn(**kwargs)
 
 

@@ -24,10 +24,34 @@ from typing import Any
 
 import tensorflow as tf
 
+_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"  # the key object-based checkpoints hold
+
+
+def checkpoint_path(source: str, what: str = "warm_start_from") -> str:
+    """The checkpoint prefix `source` names (itself, or a directory's latest).
+
+    Raises:
+        WarmStartError: there is no checkpoint there, in one sentence naming `what`.
+    """
+    path = tf.train.latest_checkpoint(source) if tf.io.gfile.isdir(source) else None
+    path = path or source
+    if not tf.io.gfile.exists(path + ".index"):
+        raise WarmStartError(
+            f"{what}={source!r} holds no checkpoint (no {path}.index, and no checkpoint "
+            "file naming one): give the prefix the checkpoint was written with, e.g. "
+            "'gs://bucket/bert/bert_model.ckpt', or the directory holding it")
+    return path
+
+
+def is_name_based(source: str) -> bool:
+    """True for a TF1 checkpoint (variables saved by their TF1 names), False for an
+    object-based one (TensorFlow 2's, Fenwicks' own)."""
+    reader = tf.train.load_checkpoint(checkpoint_path(source))
+    return not reader.has_tensor(_OBJECT_GRAPH)
+
 
 def _checkpoint_names(source: str) -> tuple[Any, dict[str, list[int]]]:
-    path = tf.train.latest_checkpoint(source) or source
-    reader = tf.train.load_checkpoint(path)
+    reader = tf.train.load_checkpoint(checkpoint_path(source, "the warm start's checkpoint"))
     suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
     names = {}
     for key, shape in reader.get_variable_to_shape_map().items():
@@ -83,10 +107,14 @@ def warm_start(variables: Sequence[Any], source: str,
     """Assigns checkpoint values to `variables` by name through `assignment_map`.
 
     Variables the map does not cover are left alone; a mapped one whose name is missing
-    from the checkpoint, or whose shape differs, is not loaded and is listed so.
+    from the checkpoint is not loaded and is listed so.
 
     Returns:
         ``{'loaded': [current names], 'not_loaded': [current names]}``.
+
+    Raises:
+        WarmStartError: a mapped variable's shape differs from the checkpoint's (TF1's
+            init_from_checkpoint raised too), or the map loads nothing.
     """
     reader, names = _checkpoint_names(source)
     report: dict[str, list[str]] = {"loaded": [], "not_loaded": []}
@@ -97,9 +125,15 @@ def warm_start(variables: Sequence[Any], source: str,
         if old is None:
             continue
         found = names.get(old)
-        if found is None or tuple(found[1]) != tuple(variable.shape):
+        if found is None:
             report["not_loaded"].append(name)
             continue
+        if tuple(found[1]) != tuple(variable.shape):
+            raise WarmStartError(
+                f"the warm start from {source!r} maps {old!r} (shape {list(found[1])} in "
+                f"the checkpoint) to {name!r} (shape {list(variable.shape)} here), as "
+                "TF1's init_from_checkpoint refused too: map it to a variable of its "
+                "shape, or leave it out of the assignment map")
         variable.assign(reader.get_tensor(found[0]))
         report["loaded"].append(name)
     if not report["loaded"]:
@@ -113,7 +147,7 @@ def _nothing_loaded(source: str, assignment_map: Mapping[str, Any], names: Mappi
         return ", ".join(repr(i) for i in items[:3]) + (", ..." if len(items) > 3 else "")
 
     mapped = list(assignment_map.items())
-    mismatched = (f"; {first(report['not_loaded'])} matched by name but not by shape"
+    mismatched = (f"; {first(report['not_loaded'])} are not in the checkpoint"
                   if report["not_loaded"] else "")
     return (f"the warm-start map from {source!r} loads no variable: its first entries are "
             f"{first([f'{k} -> {v}' for k, v in mapped]) or 'none (an empty map)'}, the "

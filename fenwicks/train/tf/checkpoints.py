@@ -471,7 +471,9 @@ def save(manager: Any, step: int) -> str:
 
 
 def _remove_partial(path: str) -> None:
-    for partial in tf.io.gfile.glob(path + "*"):
+    """Removes what a failed save of checkpoint `path` wrote: ``ckpt-2.*`` and its
+    ``ckpt-2_temp`` folder, never ``ckpt-20.*`` (a glob of ``ckpt-2*`` took those)."""
+    for partial in tf.io.gfile.glob(path + ".*") + tf.io.gfile.glob(path + "_temp*"):
         _remove_quietly(partial)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from fenwicks.train.tf.tf1_config import ENGINE_MODE
+from fenwicks.train.tf.tf1_config import ENGINE_MODE, InputPipelineConfig
 from fenwicks.train.tf.tf1_variables import patched
 
 
@@ -31,17 +31,43 @@ def _wrap(front: Any, input_fn: Callable[..., Any], mode: str) -> Callable[[dict
         full = {"use_tpu": front.use_tpu, **front.params, **params,
                 "num_shards": params["num_replicas"]}
         per_replica = params["batch_size"]
-        if mode != "train":
-            # TPUEstimator gave evaluation and prediction input_fns the per-host batch
-            # and split it between the cores: a drop_remainder=True input then keeps
-            # the same examples as it did there.
-            full["batch_size"] = params["global_batch_size"] // _pipelines(params)
+        # A drop_remainder=True input then keeps the examples it kept under TPUEstimator;
+        # the batches are split between the replicas here, as TPUEstimator split them.
+        full["batch_size"] = input_batch_size(front.config.tpu_config, front.use_tpu, mode,
+                                              params)
         dataset = _dataset_of(input_fn, full, front.config, ENGINE_MODE[mode], mode)
         if full["batch_size"] != per_replica:
             dataset = dataset.rebatch(per_replica)
         return dataset.map(_splitter(front, dataset.element_spec, mode))
 
     return wrapped
+
+
+def placement(tpu_config: Any) -> int:
+    """``per_host_input_for_training`` as an `InputPipelineConfig` value (TPUConfig made
+    True PER_HOST_V1 and False PER_SHARD_V1)."""
+    value = tpu_config.per_host_input_for_training
+    if isinstance(value, bool):
+        return InputPipelineConfig.PER_HOST_V1 if value else InputPipelineConfig.PER_SHARD_V1
+    return value
+
+
+def input_batch_size(tpu_config: Any, use_tpu: bool, mode: str, params: dict) -> int:
+    """``params['batch_size']`` for a mode's input_fn, by TPUEstimator's rule
+    (``_TPUContext.batch_size_for_input_fn``): the global batch where the input is
+    broadcast (BROADCAST; SLICED evaluation) or TPUEstimator ran on the CPU
+    (``use_tpu=False``); the per-replica batch for PER_HOST_V2, and for PER_SHARD_V1 in
+    training; else (PER_HOST_V1, the default; PER_SHARD_V1 outside training) the
+    per-host batch."""
+    global_batch, chosen = params["global_batch_size"], placement(tpu_config)
+    sliced = (mode != "train"
+              and tpu_config.eval_training_input_configuration == InputPipelineConfig.SLICED)
+    if not use_tpu or chosen == InputPipelineConfig.BROADCAST or sliced:
+        return global_batch
+    if chosen == InputPipelineConfig.PER_HOST_V2 or (
+            mode == "train" and chosen == InputPipelineConfig.PER_SHARD_V1):
+        return global_batch // params["num_replicas"]
+    return global_batch // _pipelines(params)
 
 
 def _splitter(front: Any, element_spec: Any, mode: str) -> Callable[..., Any]:

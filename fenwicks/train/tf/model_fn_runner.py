@@ -32,8 +32,13 @@ from fenwicks.train.tf.tf1_config import (
     check_spec,
     warn_once,
 )
+from fenwicks.train.tf.tf1_gradients import gradient_surrogate
 from fenwicks.train.tf.tf1_metrics import MetricTerm, example_losses
-from fenwicks.train.tf.tf1_optimizers import V1OptimizerAdapter, convert_v1_optimizer
+from fenwicks.train.tf.tf1_optimizers import (
+    V1OptimizerAdapter,
+    V1SlotsOnly,
+    convert_v1_optimizer,
+)
 
 logger = logging.getLogger("fenwicks")
 
@@ -100,6 +105,23 @@ def _per_row(values: tf.Tensor, features: Any) -> tf.Tensor:
     return tf.broadcast_to(values, [_rows(features)])
 
 
+SCAFFOLD_INIT_FN = (
+    "scaffold_fn returned tf.compat.v1.train.Scaffold({field}=...), which TF1 ran in its "
+    "session before the first step and which has no session to run in here, so it would "
+    "silently never run: warm-start with tf.compat.v1.train.init_from_checkpoint(ckpt, "
+    "assignment_map) inside scaffold_fn (BERT's way), or with TPUEstimator("
+    "warm_start_from=ckpt), and return tf.compat.v1.train.Scaffold() or nothing")
+
+
+def _check_scaffold(scaffold: Any) -> None:
+    """A Scaffold whose init_fn or init_op would never run is refused in one sentence."""
+    if not isinstance(scaffold, tf.compat.v1.train.Scaffold):
+        return
+    for field in ("init_fn", "init_op", "local_init_op", "ready_op", "saver"):
+        if getattr(scaffold, field, None) is not None:
+            raise ModelFnError(SCAFFOLD_INIT_FN.format(field=field))
+
+
 def _zeros(spec: Any, batch: int) -> Any:
     return tf.nest.map_structure(
         lambda s: tf.zeros([batch] + s.shape.as_list()[1:], s.dtype), spec)
@@ -118,6 +140,7 @@ class Runner:
         self.seen: dict[str, tuple[TPUEstimatorSpec, mf.CallRecord, list[str]]] = {}
         self.v1_learning_rate = False
         self.eager: dict[bool, Any] = {}  # the net's eager calls, as graph functions
+        self.predict_error: Exception | None = None  # the PREDICT first call's, if it failed
 
     def _global_step(self) -> tf.Tensor:
         if self.optimizer is None:
@@ -138,18 +161,24 @@ class Runner:
         labels = inputs.get("labels", inputs.get("predict_labels")) if known else None
         record = mf.CallRecord()
         self.replay.start(mode)
-        with mf.tf1_scope(self.replay, record, self._global_step):
+        with mf.tf1_scope(self.replay, record, self._global_step, self.front.num_replicas):
             spec = check_spec(mf.call_user(
                 self.front.model_fn, features, labels, mode,
                 self.front.model_fn_params(mode, _static_rows(features)), self.front.config),
                 mode)
             if spec.scaffold_fn is not None:
-                mf.call_in_scope(spec.scaffold_fn)
+                _check_scaffold(mf.call_in_scope(spec.scaffold_fn))
             terms = self._metric_terms(spec) if mode == ModeKeys.EVAL else {}
         self.seen[mode] = (spec, record, list(terms))
         out: dict[str, Any] = {}
         if mode != ModeKeys.PREDICT:
             out["loss"] = self._per_example_loss(spec.loss, features, mode, record)
+        if mode == ModeKeys.TRAIN and record.applied is not None:
+            # What the model_fn gave apply_gradients is what trains (tf1_gradients).
+            out["loss"] = gradient_surrogate(
+                out["loss"], record.applied,
+                [v for v in self.replay.variables() if v.trainable],
+                self.front.train_batch_size, self.front.num_replicas)
         if terms:
             out["metrics"] = {}
             for name, term in terms.items():
@@ -216,6 +245,7 @@ class Runner:
         # estimator's fresh initialisation does: nothing of the last build is handed back.
         self.replay, self.seen, self.optimizer, self.eager = mf.Replay(), {}, None, {}
         self.v1_learning_rate, self.metric_names = False, []
+        self.predict_error = None
         spec = self.front.element_specs[built_for]
         features_spec = spec[0] if isinstance(spec, tuple) else spec
         self._first_calls(features_spec, built_for)
@@ -260,16 +290,19 @@ class Runner:
                 # A new function per call (only a first call may create variables); a
                 # partial, not a lambda: TensorFlow counts a lambda's traces as retracing.
                 tf.function(functools.partial(self.run, mode=mode), autograph=False)(call)
-            except Exception:  # noqa: BLE001 - reported if predict is ever called
-                if built_for == "predict" and mode == ModeKeys.TRAIN:
-                    # No labels to train on: the optimizer recorded in model_dir is used.
-                    logger.debug("fenwicks: model_fn's TRAIN needs labels", exc_info=True)
+            except Exception as error:  # noqa: BLE001 - reported if predict is ever called
+                if built_for != "train" and mode == ModeKeys.TRAIN:
+                    # Evaluating or predicting only (BERT's --do_eval alone: its TRAIN
+                    # needs num_train_steps): TPUEstimator never called TRAIN there, and
+                    # the optimizer recorded in model_dir gives the checkpoint's slots.
+                    logger.debug("fenwicks: model_fn's TRAIN fails", exc_info=True)
                     continue
                 if mode != ModeKeys.PREDICT or built_for == "predict":
                     raise
                 # TPUEstimator called the model_fn in PREDICT only for predict, and some
-                # model_fns (squeezenet's) fail there: a later predict says why.
+                # model_fns (squeezenet's) fail there: predict() raises this error.
                 logger.debug("fenwicks: model_fn fails in PREDICT mode", exc_info=True)
+                self.predict_error = error
         for variable, value in snapshot:
             variable.assign(value)
 
@@ -285,7 +318,7 @@ class Runner:
             return optimizer
         minimize = record.minimize if record is not None else None
         if minimize is not None:
-            optimizer = convert_v1_optimizer(minimize.optimizer, record.clip_norm)
+            optimizer = convert_v1_optimizer(minimize.optimizer)
             self.v1_learning_rate = not isinstance(minimize.learning_rate, (int, float))
             return optimizer
         if built_for == "train":
@@ -307,7 +340,10 @@ def record_optimizer(model_dir: str, optimizer: Any) -> None:
     import json
 
     if isinstance(optimizer, V1OptimizerAdapter):
-        return  # it runs a TF1 object's code: only the model_fn's TRAIN call makes it
+        # It runs a TF1 object's code, which only the model_fn's TRAIN call makes: its
+        # slots' shapes are recorded when it is built, for V1SlotsOnly to make again.
+        optimizer.on_build = functools.partial(_record_v1_slots, model_dir)
+        return
     try:
         config = keras.optimizers.serialize(optimizer)
         text = json.dumps(config, default=lambda value: None)
@@ -318,6 +354,14 @@ def record_optimizer(model_dir: str, optimizer: Any) -> None:
         f.write(text)
 
 
+def _record_v1_slots(model_dir: str, slots: list[list[tuple[list[int], str]]]) -> None:
+    import json
+
+    tf.io.gfile.makedirs(model_dir)
+    with tf.io.gfile.GFile(f"{model_dir}/{_OPTIMIZER_RECORD}", "w") as f:
+        f.write(json.dumps({"fenwicks_v1_slots": slots}))
+
+
 def recorded_optimizer(model_dir: str) -> Any:
     import json
 
@@ -326,6 +370,8 @@ def recorded_optimizer(model_dir: str) -> Any:
         return None
     with tf.io.gfile.GFile(path) as f:
         config = json.loads(f.read())
+    if "fenwicks_v1_slots" in config:  # a TF1 optimizer subclass's (BERT's)
+        return V1SlotsOnly(config["fenwicks_v1_slots"])
     try:
         optimizer = keras.optimizers.deserialize(config)
     except Exception:  # noqa: BLE001 - any failure means: not rebuilt, said below

@@ -1,9 +1,14 @@
 """The run's state on the TensorFlow engine: model, optimizer and step counters as
-``tf.Variable``s under the strategy, and their TensorFlow checkpoints (`checkpoints.py`,
-through `checkpointer.create`: sync, async or a non-chief worker's).
+``tf.Variable``s under the strategy, gathered to host arrays for the run format and
+scattered back (`fenwicks.train.run_format`, shared with the JAX engine).
 
-Everything else (the work_dir lock, summary writers, the reload after a NaN, following a
-work_dir that changed, waiting for writes) is `fenwicks.train.run_state.RunState`'s.
+TensorFlow checkpoints (``<work_dir>/ckpt-<step>``, `checkpoints.py` through
+`checkpointer.create`) are only read: a work_dir written before the run format is
+restored from them, and its next checkpoint is in the run format.
+
+Everything else (the checkpointer, the work_dir lock, summary writers, the reload after
+a NaN, following a work_dir that changed, waiting for writes) is
+`fenwicks.train.run_state.RunState`'s.
 """
 
 from __future__ import annotations
@@ -11,25 +16,27 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks import io as fw_io
-from fenwicks.train import building, cross_engine
+from fenwicks.train import building, cross_engine, run_format
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.run_state import RunState
 from fenwicks.train.tf import checkpointer as checkpointer_lib
 from fenwicks.train.tf import checkpoints, devices
+from fenwicks.train.tf import weights as tf_weights
 
 
 class TFRunState(RunState):
-    """`RunState` with ``tf.Variable`` counters and TensorFlow checkpoints.
+    """`RunState` with ``tf.Variable`` counters under the strategy.
 
     Examples:
         >>> state = TFRunState(model_func, config, fw.accel.current())
         >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
         >>> state.latest_checkpoint
-        '/content/work/ckpt-1000'
+        '/content/work/run/1000'
     """
 
     engine = "tf"
@@ -43,12 +50,6 @@ class TFRunState(RunState):
     def global_step(self) -> int:
         """Training steps taken so far, including those of runs resumed from work_dir."""
         return int(self.step_counter.numpy()) if self.built else 0
-
-    @property
-    def checkpoint_root(self) -> tf.train.Checkpoint:
-        """What a checkpoint of this run holds (`checkpoints.make_checkpoint`)."""
-        self.spec  # noqa: B018 - raises the "built on first use" error
-        return self._root
 
     @property
     def input_position(self) -> int:
@@ -73,28 +74,54 @@ class TFRunState(RunState):
             self.step_counter = tf.Variable(0, dtype=tf.int64, name="global_step")
             self.input_steps = tf.Variable(0, dtype=tf.int64, name="input_steps")
         self.features_spec = features_spec
-        self._root = checkpoints.make_checkpoint(spec.model, self.optimizer,
-                                                 self.step_counter, self.input_steps)
-        checkpointer = self._create_checkpointer()
+        checkpointer = self.make_checkpointer(
+            run_format.variable_groups(spec.model, self.optimizer), writes=self.is_chief,
+            legacy=self._legacy_reader(spec))
         restored = checkpointer.restore()
-        if restored is None:  # the JAX engine's checkpoint, for evaluate and predict
+        if restored is None:  # the JAX engine's previous format, for evaluate and predict
             saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "tf")
             if saved is not None:
                 self.step_counter.assign(saved.step)
                 restored = self.other_engines_checkpoint = saved.checkpoint
         if restored is None and self.config.warm_start_from:
             source = self.config.warm_start_from
-            self.warm_start_report = (cross_engine.warm_start(spec.model, source, "tf")
+            self.warm_start_report = (self.warm_start_any(spec.model, source)
                                       or checkpoints.warm_start(spec.model, source))
         self._spec, self._checkpointer = spec, checkpointer
 
-    def _create_checkpointer(self) -> checkpointer_lib.SyncCheckpointer:
+    # ---------------------------------------------------------------- the run format
+
+    def snapshot(self) -> dict[str, list[np.ndarray]]:
+        """Host copies of every variable (a mirrored variable's first replica)."""
+        return {group: [np.array(variable.value.numpy(), copy=True)
+                        for variable in variables]
+                for group, variables in self._groups.items()}
+
+    def to_host(self, frozen: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+        return frozen
+
+    def scatter(self, tree: run_format.StateTree) -> None:
+        """Assigns host arrays to the variables (every replica of a mirrored one)."""
+        for group, variables in self._groups.items():
+            for variable, array in zip(variables, tree[group], strict=True):
+                variable.assign(np.asarray(array).astype(variable.dtype))
+
+    def set_counters(self, step: int, input_steps: int) -> None:
+        self.step_counter.assign(step)
+        self.input_steps.assign(input_steps)
+
+    def _legacy_reader(self, spec: Any) -> checkpointer_lib.SyncCheckpointer | None:
+        """A reader of TensorFlow checkpoints (``ckpt-<step>``) if work_dir holds some
+        (written before the run format); they are restored, never written."""
+        if tf_weights.latest(self.config.work_dir) is None:  # by name too
+            return None
+        root = checkpoints.make_checkpoint(spec.model, self.optimizer, self.step_counter,
+                                           self.input_steps)
         # A TPU reached over the network cannot write local files: its probe goes to gs://.
-        return checkpointer_lib.create(
-            self._root, self.config.work_dir, keep=self.config.keep_checkpoints,
-            asynchronous=self.config.async_checkpoints, workers=self.config.num_processes,
-            worker_id=None if self.is_chief else self._strategy.cluster_resolver.task_id,
+        return checkpointer_lib.SyncCheckpointer(
+            root, self.config.work_dir, keep=self.config.keep_checkpoints,
             probe_dir=self.config.work_dir + "/.probe" if self._acc.is_remote else None)
 
     def remove_partial_saves(self, work_dir: str) -> None:
-        checkpoints.remove_partial_saves(work_dir)
+        super().remove_partial_saves(work_dir)
+        checkpoints.remove_partial_saves(work_dir)  # a TensorFlow save's, before the run format

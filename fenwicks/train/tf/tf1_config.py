@@ -34,9 +34,11 @@ class ModeKeys:
 
 class InputPipelineConfig:
     """TPUEstimator's input placement values, for ``TPUConfig(per_host_input_for_training=
-    ...)``. Fenwicks feeds every replica from one pipeline per host whichever is given:
-    the training input_fn gets the per-replica batch (PER_HOST_V2's), the evaluation and
-    prediction ones the per-host batch (TPUEstimator's)."""
+    ...)``. Each input_fn gets ``params['batch_size']`` as TPUEstimator gave it (per host
+    for PER_HOST_V1, the default; per replica for PER_HOST_V2, and for PER_SHARD_V1 in
+    training; the global batch for BROADCAST), and Fenwicks splits the batches between
+    the replicas. BROADCAST on several replicas (each replica a whole copy of the batch)
+    is refused."""
 
     PER_SHARD_V1 = 1
     PER_HOST_V1 = 2
@@ -78,10 +80,15 @@ class TPUConfig:
             Defaults to 2, as TPUEstimator's.
         num_shards: the replica count the program expects. Fenwicks uses every replica
             `fw.accel` found; a different number gives a warning. Defaults to None.
-        per_host_input_for_training: accepted (any `InputPipelineConfig` value): the
-            training input_fn gets the per-replica batch, evaluation and prediction
-            input_fns the per-host batch, whatever it says.
+        per_host_input_for_training: True (PER_HOST_V1), False (PER_SHARD_V1) or an
+            `InputPipelineConfig` value: which ``params['batch_size']`` each input_fn
+            gets, by TPUEstimator's rule (`InputPipelineConfig`). Defaults to True.
+        eval_training_input_configuration: PER_HOST_V1 (None) or SLICED (evaluation
+            and prediction input_fns get the global batch). Defaults to None.
         num_cores_per_replica: None or 1 (model parallelism has no counterpart).
+        tpu_job_name, initial_infeed_sleep_secs: accepted with a warning, once each,
+            that they have no effect, when not TPUEstimator's defaults.
+        input_partition_dims, experimental_host_call_every_n_steps: the same.
 
     Examples:
         >>> fw.train.TPUConfig(iterations_per_loop=100, num_shards=8)
@@ -103,6 +110,20 @@ class TPUConfig:
         if not isinstance(self.iterations_per_loop, int) or self.iterations_per_loop < 1:
             raise ValueError(f"iterations_per_loop={self.iterations_per_loop!r} must be an "
                              "integer >= 1, e.g. 100")
+        value = self.per_host_input_for_training
+        if not (isinstance(value, bool) or (type(value) is int and 1 <= value <= 4)):
+            raise ValueError(f"per_host_input_for_training={self.per_host_input_for_training!r}"
+                             " must be True, False or an InputPipelineConfig value "
+                             "(PER_SHARD_V1, PER_HOST_V1, PER_HOST_V2, BROADCAST)")
+        if self.eval_training_input_configuration not in (None, InputPipelineConfig.PER_HOST_V1,
+                                                          InputPipelineConfig.SLICED):
+            raise ValueError(f"eval_training_input_configuration="
+                             f"{self.eval_training_input_configuration!r} must be "
+                             "InputPipelineConfig.PER_HOST_V1 or SLICED")
+        for name, (default, why) in _IGNORED_TPU_CONFIG.items():
+            if getattr(self, name) != default:
+                warn_once(f"TPUConfig.{name}", f"TPUConfig({name}="
+                          f"{getattr(self, name)!r}) has no effect and is ignored: {why}")
         if self.num_cores_per_replica not in (None, 1):
             raise ValueError(f"num_cores_per_replica={self.num_cores_per_replica!r}: model "
                              "parallelism has no counterpart in Fenwicks; leave it None")
@@ -160,6 +181,17 @@ class RunConfig:
                            f"ignored: {_IGNORED_WHY[name]}")
 
 
+# TPUConfig arguments that change nothing here: their TPUEstimator defaults, and why.
+_IGNORED_TPU_CONFIG = {
+    "tpu_job_name": (None, "fw.accel finds the TPU (FENWICKS_DEVICE=tpu or "
+                           "fw.accel.configure() chooses another)"),
+    "initial_infeed_sleep_secs": (None, "there is no infeed thread to delay: tf.data "
+                                        "feeds the replicas"),
+    "input_partition_dims": (None, "spatial partitioning needs model parallelism, which "
+                                   "Fenwicks does not do: every replica gets whole examples"),
+    "experimental_host_call_every_n_steps": (1, "host_call has no effect either (the loss "
+                                                "is written to TensorBoard every loop)")}
+
 # RunConfig arguments that change nothing here, with their TPUEstimator defaults.
 _IGNORED_RUN_CONFIG = {"cluster": None, "master": None, "evaluation_master": None,
                        "session_config": None, "save_summary_steps": 100,
@@ -214,9 +246,12 @@ class TPUEstimatorSpec:
         loss: a scalar (the batch mean, as TPUEstimator's), or a per-example ``[B]``
             vector. The evaluation 'loss' is exact on a padded last batch for a vector
             and for scalars from ``tf.compat.v1.losses`` or ``reduce_mean(per_example)``.
-        train_op: from ``tf.compat.v1.train.{GradientDescent,Momentum,Adam}Optimizer(...)
-            .minimize(loss, global_step)`` (converted to Keras), or from the
-            ``apply_gradients`` of a TF1 optimizer subclass (run as the update).
+        train_op: from ``minimize``, ``compute_gradients`` or ``apply_gradients`` of
+            ``tf.compat.v1.train.{GradientDescent,Momentum,Adam}Optimizer`` (converted to
+            Keras) or of a TF1 optimizer subclass (its ``apply_gradients`` run as the
+            update), with or without ``CrossShardOptimizer``: the (gradient, variable)
+            pairs the model_fn gives ``apply_gradients`` are what trains
+            (`fenwicks.train.tf.tf1_gradients`).
         eval_metrics: ``(metric_fn, tensors)``; ``metric_fn(*tensors)`` (or
             ``**tensors`` for a dict) returns ``{name: (value, update_op)}`` from
             ``tf.compat.v1.metrics`` (accuracy, mean, mean_squared_error, ...) or
@@ -224,7 +259,9 @@ class TPUEstimatorSpec:
         optimizer: a Keras optimizer, or a zero-argument function making one
             (``fw.train.sgd_optimizer(lr_func)``), instead of ``train_op``.
         scaffold_fn: called once per call; ``tf.compat.v1.train.init_from_checkpoint``
-            inside it (BERT's warm start) is applied when model_dir has no checkpoint.
+            inside it (BERT's warm start) is applied when model_dir has no checkpoint. A
+            returned ``Scaffold(init_fn=...)`` (or ``init_op``, ``ready_op``, ``saver``)
+            is refused: it needs a TF1 session.
         export_outputs, host_call: accepted with a warning, once, that they have no
             effect (TensorBoard scalars are written every loop; `export_saved_model`
             serves the predictions).
@@ -265,7 +302,9 @@ def check_spec(spec: Any, mode: str) -> TPUEstimatorSpec:
     if mode != ModeKeys.PREDICT and spec.loss is None:
         raise ModelFnError(f"model_fn gave no loss in mode {mode!r}")
     if mode == ModeKeys.PREDICT and spec.predictions is None:
-        raise ModelFnError("model_fn gave no predictions in mode 'infer' (PREDICT)")
+        raise ModelFnError("model_fn gave no predictions in mode 'infer' (PREDICT): "
+                           "return TPUEstimatorSpec(mode, predictions=...) when "
+                           "mode == ModeKeys.PREDICT")
     if spec.eval_metric_ops is not None:
         raise ModelFnError("eval_metric_ops is TF1's graph form; give "
                               "eval_metrics=(metric_fn, tensors)")

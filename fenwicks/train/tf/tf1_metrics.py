@@ -24,7 +24,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from fenwicks.train.tf.tf1_config import ModelFnError
+from fenwicks.train.tf.tf1_config import ModelFnError, warn_once
 
 # --------------------------------------------------------------------------- metric terms
 
@@ -73,6 +73,18 @@ def _accuracy(labels, predictions, weights=None, *args, **kwargs):
 
 
 def _mean(values, weights=None, *args, **kwargs):
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank == 0 and weights is None:
+        # tf.metrics.mean(tf.reduce_mean(per_example)): TF1 weighted each batch's mean
+        # alike, so a padded last batch counted its padding rows; the graph shows the
+        # per-example values, which make it exact.
+        per_example = example_losses(values, {}, None)
+        if per_example is not None:
+            return _pair(_per_example(per_example, None))
+        warn_once("metric_mean_scalar", "eval_metrics' tf.compat.v1.metrics.mean of a "
+                  "scalar whose per-example values Fenwicks cannot see counts a padded "
+                  "last batch at that batch's mean, so it is not exact: pass the "
+                  "per-example [batch] values (tf.compat.v1.metrics.mean(per_example))")
     return _pair(_per_example(values, weights))
 
 
@@ -216,3 +228,25 @@ def example_losses(loss: tf.Tensor, recorded: dict[Any, tf.Tensor],
             return _example_means(tf.cast(values, tf.float32))
         return None
     return None
+
+
+def recording_keras_loss(original: Callable[..., Any], record: Any) -> Callable[..., Any]:
+    """`keras.losses.Loss.__call__` in a model_fn: a mean-reduced, unweighted Keras loss
+    object also records its per-example values, as `recording_loss` does for TF1's."""
+
+    def __call__(self: keras.losses.Loss, y_true: Any, y_pred: Any,  # noqa: N807
+                 sample_weight: Any = None) -> Any:
+        scalar = original(self, y_true, y_pred, sample_weight)
+        mean = self.reduction in ("sum_over_batch_size", "mean")
+        if sample_weight is None and mean and tf.is_symbolic_tensor(scalar):
+            def cast(values: Any) -> Any:
+                return tf.nest.map_structure(
+                    lambda v: tf.cast(tf.convert_to_tensor(v), self.dtype), values)
+            per_example = _example_means(tf.cast(self.call(cast(y_true), cast(y_pred)),
+                                                 tf.float32))
+            if per_example is not None:
+                record.losses[scalar.ref()] = per_example
+        return scalar
+
+    return __call__
+

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -38,16 +40,15 @@ def _unwrap(optimizer: Any) -> Any:
     return _tf_internals.unwrap_cross_shard(optimizer)
 
 
-def convert_v1_optimizer(optimizer: Any, clip_norm: float | None = None
-                         ) -> keras.optimizers.Optimizer:
+def convert_v1_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
     """The Keras 3 optimizer that makes the same updates as a `tf.compat.v1` one.
 
     GradientDescent is exactly SGD, and Adam is Keras's Adam (both use TF1's
     epsilon-hat form). Momentum matches exactly at a constant learning rate; under a
     schedule TF1 scaled the accumulated gradients by the current rate, Keras the new one.
     A TF1 optimizer subclass with its own ``apply_gradients`` (BERT's
-    AdamWeightDecayOptimizer) runs that code itself (`V1OptimizerAdapter`), after
-    ``tf.clip_by_global_norm``'s clipping (`clip_norm`) if the model_fn asked for it.
+    AdamWeightDecayOptimizer) runs that code itself (`V1OptimizerAdapter`). The gradients
+    each is given are the model_fn's own (`fenwicks.train.tf.tf1_gradients`).
 
     Raises:
         ModelFnError: for another optimizer class, naming the Keras one to pass instead.
@@ -55,7 +56,7 @@ def convert_v1_optimizer(optimizer: Any, clip_norm: float | None = None
     optimizer = _unwrap(optimizer)
     name = type(optimizer).__name__
     if custom_apply(optimizer):
-        return V1OptimizerAdapter(optimizer, global_clipnorm=clip_norm)
+        return V1OptimizerAdapter(optimizer)
     lr = _tf_internals.v1_optimizer_arg(optimizer, "learning_rate")
     start = float(lr) if isinstance(lr, (int, float)) else 0.0  # a tensor: set per step
     if name == "GradientDescentOptimizer":
@@ -115,22 +116,35 @@ class V1OptimizerAdapter(keras.optimizers.Optimizer):
     """
 
     def __init__(self, v1_optimizer: Any, **kwargs: Any) -> None:
-        super().__init__(learning_rate=0.0, name=type(v1_optimizer).__name__, **kwargs)
+        lr_name = _lr_attribute(v1_optimizer)
+        rate = getattr(v1_optimizer, lr_name)
+        # A Python number is the rate of every step; a tensor (a schedule of the global
+        # step) is set before each step by the model_fn runner.
+        start = float(rate) if isinstance(rate, (int, float)) else 0.0
+        super().__init__(learning_rate=start, name=type(v1_optimizer).__name__, **kwargs)
         self._v1 = v1_optimizer
-        self._v1_lr = _lr_attribute(v1_optimizer)
+        self._v1_lr = lr_name
         self._v1_slots: list[list[Any]] = []
+        # Called with the slots' [shape, dtype] per variable once built (the model_fn
+        # runner records them, for evaluating or predicting only: `V1SlotsOnly`).
+        self.on_build: Callable[[list[list[tuple[list[int], str]]]], None] | None = None
 
     def build(self, variables: list[Any]) -> None:
         if self.built:
             return
         super().build(variables)
+        specs = []
         for variable in variables:
-            slots = []
+            slots, spec = [], []
             for index, (shape, dtype, initializer) in enumerate(self._slot_requests(variable)):
                 slots.append(self.add_variable(
                     shape=shape, dtype=dtype, initializer=initializer or "zeros",
                     name=f"{variable.name}_v1_slot{index}"))
+                spec.append((list(shape), dtype))
             self._v1_slots.append(slots)
+            specs.append(spec)
+        if self.on_build is not None:
+            self.on_build(specs)
 
     def _slot_requests(self, variable: Any) -> list[tuple[Any, Any, Any]]:
         requests: list[tuple[Any, Any, Any]] = []
@@ -157,3 +171,38 @@ class V1OptimizerAdapter(keras.optimizers.Optimizer):
         with patched(tf.compat.v1, "get_variable", lambda *a, **k: next(slots)), \
                 patched(self._v1, self._v1_lr, tf.cast(learning_rate, variable.dtype)):
             type(self._v1).apply_gradients(self._v1, [(gradient, V1View(variable, name))])
+
+
+class V1SlotsOnly(keras.optimizers.Optimizer):
+    """The variables a `V1OptimizerAdapter` made (its slots, by shape and dtype), made
+    again for a TPUEstimator that only evaluates or predicts, whose model_fn cannot make
+    the TF1 optimizer (BERT's ``--do_eval`` alone: ``num_train_steps`` is None): the
+    trained checkpoint's slots then have somewhere to go. It never steps.
+    """
+
+    def __init__(self, slots: list[list[tuple[list[int], str]]], **kwargs: Any) -> None:
+        super().__init__(learning_rate=0.0, name="v1_slots", **kwargs)
+        # A string: a list attribute would be tracked, a node the checkpoint lacks.
+        self._slot_specs = json.dumps(slots)
+        self._v1_slots: list[list[Any]] = []  # as the adapter's: the same checkpoint graph
+
+    def build(self, variables: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        specs = json.loads(self._slot_specs)
+        if len(variables) != len(specs):
+            raise ModelFnError(
+                f"the model has {len(variables)} trainable variables and the TF1 optimizer "
+                f"recorded in model_dir had slots for {len(specs)}: evaluate or predict "
+                "with the model_fn the model_dir was trained with")
+        for variable, spec in zip(variables, specs, strict=True):
+            self._v1_slots.append([
+                self.add_variable(shape=tuple(shape), dtype=dtype, initializer="zeros",
+                                  name=f"{variable.name}_v1_slot{index}")
+                for index, (shape, dtype) in enumerate(spec)])
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        raise ModelFnError("V1SlotsOnly holds a TF1 optimizer's slots for evaluating and "
+                           "predicting; training needs the model_fn's own optimizer")
+

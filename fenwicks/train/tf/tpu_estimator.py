@@ -25,8 +25,11 @@ outside Keras and ``tf.compat.v1.get_variable`` (``tf.compat.v1.layers``, a hand
 ``tf.Variable``), graph collections (``tf.compat.v1.get_collection``: Keras layers apply
 their own batch-norm updates and regularisers), ``train_op``s of stock TF1 optimizers
 other than GradientDescent, Momentum and Adam (pass ``optimizer=`` instead), metrics that
-are not a ratio of per-example sums (``auc``), ``SessionRunHook``s. A TF1 optimizer of a
-program's own (BERT's AdamWeightDecayOptimizer) runs as written. Arguments that have no
+are not a ratio of per-example sums (``auc``), ``SessionRunHook``s, ``tf.summary`` and
+``ExponentialMovingAverage`` in a model_fn, ``Scaffold(init_fn=...)``. Gradient code
+(``tf.gradients``, clipping, ``apply_gradients``, ``CrossShardOptimizer``) trains as TF1
+trained it (`fenwicks.train.tf.tf1_gradients`), and a TF1 optimizer of a program's own
+(BERT's AdamWeightDecayOptimizer) runs as written. Arguments that have no
 effect here (``host_call``, ``RunConfig(session_config=)``, ...) give one warning each.
 On the jax engine the front door is refused at construction, in one sentence
 (`Engine.tf1_model_fn_refusal`), before this module is imported: ``fw.train.TPUEstimator``
@@ -47,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from fenwicks import accel
-from fenwicks.train import engines
+from fenwicks.train import engines, run_format
 from fenwicks.train.estimator import Estimator, get_tpu_estimator
 from fenwicks.train.model_func import ModelSpec
 from fenwicks.train.tf import _model_fn as mf
@@ -56,6 +59,7 @@ from fenwicks.train.tf.model_fn_runner import Runner, Serving, finish_metrics
 from fenwicks.train.tf.tf1_config import (
     DEVICE_WHY,
     ENGINE_MODE_OF,
+    InputPipelineConfig,
     RunConfig,
     TPUEstimatorSpec,
     WarmStartSettings,
@@ -77,19 +81,26 @@ class TPUEstimator:
             ``config.model_dir``, else a new temporary directory (with a warning).
         config: a `RunConfig`. Defaults to ``RunConfig()``.
         params: a dict given to every input_fn and model_fn, beside ``'batch_size'``
-            (the current mode's: per replica for the training input_fn and the model_fn,
-            per host for evaluation and prediction input_fns, as TPUEstimator gave
-            them), ``'num_shards'`` and ``'num_replicas'``
-            (the replica count), ``'use_tpu'`` and Fenwicks' own keys
-            (`fenwicks.train.inputs.make_params`).
-        use_tpu, eval_on_tpu, export_to_tpu, export_to_cpu, batch_axis: accepted; the
-            accelerator is `fw.accel`'s (``fw.accel.configure`` chooses another), and a
-            ``use_tpu`` that says otherwise gives a warning, once.
+            (the model_fn's: per replica; each input_fn's: by TPUEstimator's rule for
+            ``TPUConfig(per_host_input_for_training=...)``, `InputPipelineConfig`),
+            ``'num_shards'`` and ``'num_replicas'`` (the replica count), ``'use_tpu'``
+            and Fenwicks' own keys (`fenwicks.train.inputs.make_params`), which the
+            params may not hold (refused, naming the key).
+        use_tpu, eval_on_tpu: accepted; the accelerator is `fw.accel`'s
+            (``fw.accel.configure`` chooses another), and a ``use_tpu`` that says
+            otherwise gives a warning, once. ``use_tpu=False`` gives input_fns the global
+            batch, as TPUEstimator on the CPU did.
+        export_to_tpu, export_to_cpu, batch_axis, export_saved_model_api_version:
+            accepted with a warning, once each, that they have no effect, when not the
+            defaults.
         train_batch_size: global training batch size. Defaults to 128.
         eval_batch_size: global evaluation batch size. Defaults to `train_batch_size`.
         predict_batch_size: global prediction batch size. Defaults to `eval_batch_size`.
-        warm_start_from: a checkpoint or directory (every variable whose checkpoint name
-            and shape match), or `WarmStartSettings` (by variable name, with renames).
+        warm_start_from: a checkpoint or directory, or `WarmStartSettings` (by variable
+            name, with renames). A TF1 (name-based) checkpoint warm-starts every trainable
+            variable by its TF1 name, as TF1's did; a variable whose shape differs raises;
+            an object-based one (Fenwicks' own) loads every variable whose checkpoint
+            name and shape match. A path holding no checkpoint is refused at once.
         labels_key: for inputs whose features dict holds the labels (BERT's
             ``'label_ids'``): the model_fn gets ``features[labels_key]`` as ``labels``
             (the key stays in the features). Defaults to None.
@@ -132,13 +143,17 @@ class TPUEstimator:
         if "batch_size" in params:
             raise ValueError(f"params['batch_size']={params['batch_size']!r}: give "
                              "train_batch_size= (global), as TPUEstimator required")
+        for key in sorted(set(params) & set(_RESERVED_PARAMS)):
+            raise ValueError(f"params[{key!r}]={params[key]!r}: Fenwicks sets "
+                             f"params[{key!r}] itself ({_RESERVED_PARAMS[key]}), which "
+                             "would replace yours: rename your key")
         self.params = params
         self.use_tpu = bool(use_tpu)
         self.train_batch_size = 128 if train_batch_size is None else train_batch_size
         self.eval_batch_size = eval_batch_size or self.train_batch_size
         self.predict_batch_size = predict_batch_size or self.eval_batch_size
         self.labels_key = labels_key
-        self.warm_start_from = warm_start_from
+        self.warm_start_from = _warm_start_settings(warm_start_from)
         self.warm_start_report: dict[str, list[str]] | None = None
         self.element_specs: dict[str, Any] = {}
         self._steps_per_epoch = steps_per_epoch
@@ -149,6 +164,20 @@ class TPUEstimator:
         self.runner: Runner | None = None
         self._check_shards()
         self._check_device(use_tpu, eval_on_tpu)
+        given = {"export_to_tpu": export_to_tpu, "export_to_cpu": export_to_cpu,
+                 "batch_axis": batch_axis,
+                 "export_saved_model_api_version": export_saved_model_api_version}
+        for name, (default, why) in _IGNORED_ARGUMENTS.items():
+            if given[name] != default:
+                warn_once(f"TPUEstimator.{name}", f"TPUEstimator({name}={given[name]!r}) "
+                          f"has no effect and is ignored: {why}")
+        if (self.config.tpu_config.per_host_input_for_training == InputPipelineConfig.BROADCAST
+                and self.num_replicas > 1):
+            raise ValueError(
+                f"per_host_input_for_training=BROADCAST gives each of the {self.num_replicas}"
+                " replicas a whole copy of every batch, which Fenwicks' engine does not do "
+                "(each replica gets its own slice): use InputPipelineConfig.PER_HOST_V2, "
+                "whose input_fn gets params['batch_size'] per replica")
 
     def _check_shards(self) -> None:
         wanted = self.config.tpu_config.num_shards or self.params.get("num_shards")
@@ -246,7 +275,7 @@ class TPUEstimator:
                 if key not in seen:
                     seen.add(key)
                     sources.append((source, mapping))
-        restored = tf.train.latest_checkpoint(self.model_dir) if sources else None
+        restored = _own_checkpoint(self.model_dir) if sources else None
         if restored is not None:
             # The engine restores model_dir's own checkpoint over any warm start.
             self.warm_start_report = {"loaded": [], "not_loaded": [],
@@ -260,8 +289,10 @@ class TPUEstimator:
             report["not_loaded"] += part["not_loaded"]
         if sources:
             self.warm_start_report = report
-            logger.info("fenwicks: warm start loaded %d variable(s), not %s",
-                        len(report["loaded"]), report["not_loaded"] or "none")
+            # TF1 raised for a variable missing from the checkpoint: say which were not.
+            log = logger.warning if report["not_loaded"] else logger.info
+            log("fenwicks: warm start loaded %d variable(s), not %s (not in the "
+                "checkpoint)", len(report["loaded"]), report["not_loaded"] or "none")
 
     def _wrapped(self, input_fn: Callable[..., Any], mode: str) -> Callable[[dict], Any]:
         return input_fns.engine_input_fn(self, input_fn, mode)
@@ -318,9 +349,18 @@ class TPUEstimator:
         """
         _no_hooks(hooks, None)
         _no_checkpoint_path(checkpoint_path)
+        est = self._estimator("predict")
+        if self.runner is not None and self.runner.predict_error is not None:
+            # The estimator was built for training, and the model_fn failed in PREDICT.
+            raise self.runner.predict_error
         predictions = tf.nest.map_structure(  # plain arrays, as TPUEstimator yielded
             lambda a: np.asarray(a).view(np.ndarray),
-            self._estimator("predict").predict(self._wrapped(input_fn, "predict")))
+            est.predict(self._wrapped(input_fn, "predict")))
+        if not isinstance(predictions, dict) and predict_keys is not None:
+            raise ValueError(f"predict_keys={list(predict_keys)}: the model_fn's predictions "
+                             "are one tensor, not a dict, and TF1's predict refused "
+                             "predict_keys there too: drop predict_keys, or return "
+                             "predictions={'name': tensor, ...}")
         if isinstance(predictions, dict) and predict_keys is not None:
             missing = set(predict_keys) - set(predictions)
             if missing:
@@ -337,7 +377,8 @@ class TPUEstimator:
 
     def export_saved_model(self, export_dir_base: str,
                            serving_input_receiver_fn: Any = None, **unused: Any) -> str:
-        """Writes a SavedModel of the PREDICT-mode predictions to `export_dir_base`; its
+        """Writes a SavedModel of the PREDICT-mode predictions into a new version folder
+        ``<export_dir_base>/<version>``, as TPUEstimator does, and returns its path; its
         ``serve(features)`` takes a batch of features as the predict input_fn yields them.
         ``serving_input_receiver_fn`` and the other TPUEstimator keywords are accepted
         with a warning, once, that they have no effect.
@@ -383,6 +424,50 @@ class TPUEstimator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+# TPUEstimator arguments that change nothing here: their defaults, and why.
+_EXPORT_WHY = ("export_saved_model writes one SavedModel of the PREDICT mode, which serves "
+               "on the CPU or any device")
+_IGNORED_ARGUMENTS = {
+    "export_to_tpu": (True, _EXPORT_WHY), "export_to_cpu": (True, _EXPORT_WHY),
+    "export_saved_model_api_version": (None, _EXPORT_WHY),
+    "batch_axis": (None, "the batch is the first axis of every feature, split between the "
+                         "replicas")}
+
+# The params keys the front door sets for every input_fn and model_fn, and what they say
+# (batch_size and num_shards: see __init__ and _check_shards).
+_RESERVED_PARAMS = {"global_batch_size": "the mode's global batch size",
+                    "num_replicas": "the replica count", "seed": "RunConfig.tf_random_seed",
+                    "mode": "the engine's mode", "precision": "the compute precision",
+                    "steps_per_epoch": "steps per epoch",
+                    "input_context": "tf.distribute's InputContext"}
+
+
+def _warm_start_settings(warm: str | WarmStartSettings | None
+                         ) -> str | WarmStartSettings | None:
+    """``warm_start_from`` as it is applied. A TF1 (name-based) checkpoint given as a path
+    warm-starts every trainable variable by its TF1 name, as TF1's did (a
+    `WarmStartSettings` of all); an object-based one (Fenwicks' own, TensorFlow 2's) is
+    the engine's warm start of the whole model. A path with no checkpoint is refused."""
+    if warm is None:
+        return None
+    if isinstance(warm, WarmStartSettings):
+        assignment_map.checkpoint_path(warm.ckpt_to_initialize_from,
+                                       "WarmStartSettings(ckpt_to_initialize_from)")
+        return warm
+    if not isinstance(warm, str):
+        raise ValueError(f"warm_start_from={warm!r} must be a checkpoint path or "
+                         "fw.train.WarmStartSettings(...)")
+    if run_format.is_step(warm) or _own_checkpoint(warm):
+        return warm  # a Fenwicks run's: the engine's warm start
+    return WarmStartSettings(warm) if assignment_map.is_name_based(warm) else warm
+
+
+def _own_checkpoint(model_dir: str) -> str | None:
+    """The checkpoint a Fenwicks run in `model_dir` restores (its run-format step, or an
+    older run's TensorFlow checkpoint), if any."""
+    return run_format.latest(model_dir) or tf.train.latest_checkpoint(model_dir)
 
 
 def _no_hooks(hooks: Any, listeners: Any) -> None:

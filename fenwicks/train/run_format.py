@@ -1,0 +1,903 @@
+"""One run format for both engines: a checkpoint step is Keras's state tree as NumPy
+arrays plus Fenwicks' run record, written and read with orbax-checkpoint.
+
+A run stopped on one engine continues on the other from its step, with its optimizer
+slots and its input position: nothing in a step is an engine's own object.
+
+Layout (``<work_dir>/checkpoints/<step>/``, one orbax step, renamed into place when complete)::
+
+    state/    the arrays, in orbax's standard (OCDBT) format:
+              {'trainable': [...], 'non_trainable': [...], 'optimizer': [...]}
+              (``model.trainable_variables``, ``model.non_trainable_variables`` with the
+              seed generators' states and BatchNorm statistics, ``optimizer.variables``
+              with ``iterations`` and the slots), in the order Keras lists them
+    record/   the run record (JSON): format, global step, input position (steps), the
+              training batch size it is counted in, the Keras global seed generator's
+              state, the engine and versions that wrote it, and every array's Keras
+              path, shape and dtype (``layout``)
+
+The record is written in the same orbax step as the arrays, so it is committed
+atomically with them and checked when read: a step whose record is missing, cut short,
+empty or ``null`` is damaged, like a step whose data files are, and the newest intact step
+is restored instead, with a warning.
+
+What an engine supplies (`EngineArrays`): how to copy its variables to host arrays
+(``snapshot`` then ``to_host``, the second in the writer's thread) and how to put host
+arrays back onto its devices or sharding (``scatter``). Everything else is here: async
+saves (a background thread of `RunCheckpointer`), keep-N (orbax's ``max_to_keep``),
+atomic commit (orbax's rename; on ``gs://`` the commit marker uploaded last), fallback to
+the newest intact step, and ``gs://`` (staged through local scratch space, as the JAX
+engine's orbax checkpoints were: `StagedBucket`).
+
+Orbax imports JAX. On the TensorFlow engine JAX must never take a GPU: `fenwicks._engine`
+keeps it on the CPU (``JAX_PLATFORMS=cpu``) before anything imports it.
+
+Examples:
+    >>> checkpointer = RunCheckpointer('/content/run', state, keep=3, asynchronous=True)
+    >>> checkpointer.restore()      # '/content/run/checkpoints/1000', or None for a fresh run
+    >>> checkpointer.save(1100)     # returns once the arrays are copied
+    >>> read_record('/content/run/checkpoints/1100')['engine']
+    'tf'
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+import zlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from fenwicks import _deadline, _tf_internals
+from fenwicks import io as fw_io
+from fenwicks._text import first_line
+from fenwicks.train.checkpointing import (
+    Checkpointer,
+    CheckpointReadError,
+    CheckpointWriteError,
+    none_readable,
+    step_of,
+)
+
+logger = logging.getLogger("fenwicks")
+
+SUBDIR = "checkpoints"
+STATE, RECORD = "state", "record"  # the two orbax items of a step
+GROUPS = ("trainable", "non_trainable", "optimizer")
+FORMAT = 1  # the record's "format": bumped when what a step holds changes
+COMMIT_FILE = "commit_success.txt"  # orbax's own completion marker on GCS
+METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax's; holds the commit time of that copy
+CORRUPT_SUFFIX = ".corrupt"  # a damaged step, set aside (kept, not deleted)
+_TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's name for a step being written
+TITLES = {"tf": "TensorFlow engine", "jax": "JAX engine"}
+
+StateTree = dict[str, list[np.ndarray]]
+
+
+class EngineArrays(Protocol):
+    """What an engine supplies to the run format: its variables to host and back.
+
+    The variables are Keras's (`variable_groups`); only where their values live is the
+    engine's. A reference engine implements these three methods and nothing else here.
+    """
+
+    def snapshot(self) -> Any:
+        """The state's values as they are now, in copies no later step changes. Fast:
+        may return before the copies reach the host (device-side copies)."""
+
+    def to_host(self, frozen: Any) -> StateTree:
+        """A `snapshot` as NumPy arrays ``{group: [array, ...]}`` in `GROUPS`' order.
+        Called in the writer's thread for an async save."""
+
+    def scatter(self, tree: StateTree) -> None:
+        """Puts host arrays (cast to each variable's dtype) back into the variables, on
+        the engine's devices or sharding."""
+
+
+class RunParts(EngineArrays, Protocol):
+    """`EngineArrays` plus the engine-neutral part a `RunState` provides."""
+
+    def layout(self) -> dict[str, list[list]]:
+        """``{group: [[path, shape, dtype], ...]}`` of the live variables."""
+
+    def record(self) -> dict:
+        """The run record of the live state (`make_record`)."""
+
+    def apply_record(self, record: dict) -> None:
+        """Sets the counters (and seed state) from a restored run record."""
+
+
+def variable_groups(model: Any, optimizer: Any) -> dict[str, list[Any]]:
+    """The Keras variables of a step, by group, in the order Keras lists them.
+
+    Examples:
+        >>> [len(v) for v in variable_groups(model, optimizer).values()]
+        [10, 4, 21]
+    """
+    return {"trainable": list(model.trainable_variables),
+            "non_trainable": list(model.non_trainable_variables),
+            "optimizer": list(optimizer.variables)}
+
+
+def layout_of(groups: dict[str, list[Any]]) -> dict[str, list[list]]:
+    """``{group: [[path, shape, dtype], ...]}`` of Keras variables."""
+    return {name: [[v.path, [int(d) for d in v.shape], str(np.dtype(_dtype(v)))]
+                   for v in variables] for name, variables in groups.items()}
+
+
+def _dtype(variable: Any) -> Any:
+    dtype = variable.dtype
+    return getattr(dtype, "as_numpy_dtype", dtype)
+
+
+def versions(engine: str) -> dict[str, str]:
+    """The versions of what wrote a step (for the record)."""
+    from importlib import metadata
+
+    names = ["fenwicks", "keras", "orbax-checkpoint",
+             "tensorflow" if engine == "tf" else "jax"]
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "unknown"
+    return found
+
+
+def make_record(*, engine: str, step: int, input_steps: int, train_batch_size: int,
+                layout: dict[str, list[list]]) -> dict:
+    """The run record of one step (JSON-serialisable)."""
+    return {"format": FORMAT, "step": int(step), "input_steps": int(input_steps),
+            "train_batch_size": int(train_batch_size), "engine": engine,
+            "versions": versions(engine), "seed": global_seed_state(),
+            "layout": layout}
+
+
+def global_seed_state() -> list[int] | None:
+    """The state of Keras's global seed generator (``keras.random`` calls without a
+    seed), or None if none was made."""
+    generator = _tf_internals.keras_global_seed_generator()
+    if generator is None:
+        return None
+    import keras
+
+    return [int(x) for x in np.asarray(keras.ops.convert_to_numpy(generator.state.value))
+            .ravel()]
+
+
+def set_global_seed_state(state: list[int] | None) -> None:
+    """Restores Keras's global seed generator from a record (nothing if None)."""
+    if state is None:
+        return
+    generator = _tf_internals.keras_global_seed_generator(create=True)
+    generator.state.assign(np.asarray(state, dtype=_dtype(generator.state))
+                           .reshape(tuple(generator.state.shape)))
+
+
+def check_record(record: Any) -> dict:
+    """`record` if it is a complete run record; `_Damaged` naming what is wrong."""
+    if not isinstance(record, dict):
+        raise _Damaged(f"its run record is {type(record).__name__}, not the record")
+    missing = [key for key in ("format", "step", "input_steps", "train_batch_size",
+                               "engine", "layout", "crc32") if key not in record]
+    if missing:
+        raise _Damaged(f"its run record lacks {', '.join(missing)}")
+    if not isinstance(record["layout"], dict) or set(record["layout"]) != set(GROUPS):
+        raise _Damaged("its run record's layout is not the three groups "
+                       f"{', '.join(GROUPS)}")
+    return record
+
+
+def checksums(tree: StateTree) -> dict[str, list[int]]:
+    """CRC-32 of each array's bytes, by group: orbax's data files carry none, so a
+    flipped byte would otherwise be read back as a wrong weight."""
+    return {group: [zlib.crc32(np.ascontiguousarray(a).data) for a in tree[group]]
+            for group in GROUPS}
+
+
+def check_checksums(tree: StateTree, record: dict) -> None:
+    """`_Damaged` naming the first array whose bytes differ from what was written."""
+    for group in GROUPS:
+        for i, (got, want) in enumerate(zip(checksums(tree)[group], record["crc32"][group],
+                                            strict=True)):
+            if got != want:
+                path = record["layout"][group][i][0]
+                raise _Damaged(f"the array of {path} ({group} #{i}) does not match the "
+                               "checksum written with it: its data file is damaged")
+
+
+def title(engine: str) -> str:
+    """How messages name an engine: ``title('jax') == 'JAX engine'``."""
+    return TITLES.get(engine, f"{engine!r} engine")
+
+
+# --------------------------------------------------------------------------- removal
+# Every file or folder this module removes goes through these two (Fenwicks deletes only
+# what it wrote: here a scratch copy, a step being replaced, a step pruned from gs://).
+
+
+def _remove_tree(path: str) -> None:
+    if fw_io.is_gcs(path):
+        import tensorflow as tf  # gs:// only: the client fenwicks.io uses
+
+        tf.io.gfile.rmtree(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_file(path: str) -> None:
+    if fw_io.is_gcs(path):
+        import tensorflow as tf  # gs:// only: the client fenwicks.io uses
+
+        tf.io.gfile.remove(path)
+    else:
+        os.remove(path)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class _Damaged(Exception):
+    """A step whose files cannot be read (the reason is its text); the next older is."""
+
+
+class CheckpointDownloadError(CheckpointReadError):
+    """A ``gs://`` checkpoint could not be downloaded after gcsfs's retries.
+
+    Nothing was restored or changed: the checkpoint may be perfectly sound.
+    """
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        self.path, self.cause = path, cause
+        if isinstance(cause, fw_io.TransferError) and cause.__cause__ is not None:
+            cause = cause.__cause__  # what storage answered, not the paths again
+        OSError.__init__(
+            self, f"could not read checkpoint {path}: the download failed after the "
+            f"storage client's retries ({type(cause).__name__}: {first_line(cause)}). "
+            "Nothing was restored or changed in the work_dir; the checkpoint is not known "
+            "to be damaged. Check the network or the bucket's status, then create the "
+            "estimator again")
+
+
+def directory(work_dir: str) -> str:
+    """Where a work_dir's run-format steps live."""
+    return f"{work_dir.rstrip('/')}/{SUBDIR}"
+
+
+def is_step(path: str) -> bool:
+    """Whether `path` names a run-format step (``.../checkpoints/<step>``)."""
+    parts = path.rstrip("/").rsplit("/", 2)
+    return len(parts) == 3 and parts[1] == SUBDIR and parts[2].isdigit()
+
+
+def ocp() -> Any:
+    """orbax.checkpoint, imported (JAX kept off any GPU on the TensorFlow engine)."""
+    from fenwicks import accel
+
+    accel.keep_jax_off_accelerators()
+    import orbax.checkpoint
+
+    return orbax.checkpoint
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def latest(work_dir: str) -> str | None:
+    """The newest complete run-format step of `work_dir`, found without orbax.
+
+    Examples:
+        >>> latest('/kaggle/working/run')
+        '/kaggle/working/run/checkpoints/1000'
+    """
+    steps = complete_steps(directory(work_dir))
+    return f"{directory(work_dir)}/{steps[-1]}" if steps else None
+
+
+def complete_steps(folder: str) -> list[int]:
+    """Steps of a ``.../checkpoints`` folder that are complete, oldest first: locally the bare
+    step folders (orbax renames a step into place when complete); on ``gs://`` those
+    whose commit marker was uploaded (last).
+
+    Examples:
+        >>> complete_steps('gs://my-bucket/work/run/checkpoints')
+        [300, 400]
+    """
+    if fw_io.is_gcs(folder):
+        found = _deadline.run(fw_io.glob, f"{folder}/*/{COMMIT_FILE}",
+                              what="checkpoint listing", path=folder)
+        steps = {_step_name(path.rstrip("/").rsplit("/", 2)[-2]) for path in found}
+    else:
+        if not os.path.isdir(folder):
+            return []
+        steps = {_step_name(name) for name in os.listdir(folder)
+                 if os.path.isdir(os.path.join(folder, name))}
+    return sorted(step for step in steps if step is not None)
+
+
+def _step_name(name: str) -> int | None:
+    name = name.rstrip("/")
+    return int(name) if name.isdigit() else None
+
+
+def read_record(step_dir: str) -> dict:
+    """The run record of one step (``.../checkpoints/<step>``), checked.
+
+    Raises:
+        ValueError: the record is missing, unreadable or incomplete.
+    """
+    path = f"{step_dir.rstrip('/')}/{RECORD}/metadata"
+    try:
+        text = _read_text(path)  # bounded on gs:// by fenwicks.io
+        return check_record(json.loads(text))
+    except (_Damaged, OSError, ValueError) as err:
+        raise ValueError(f"the run record {path} cannot be read: {first_line(err)}") \
+            from err
+
+
+def _read_text(path: str) -> str:
+    return fw_io.read_bytes(path).decode()
+
+
+def read_arrays(step_dir: str, record: dict) -> StateTree:
+    """The arrays of a local step, as NumPy arrays, shaped as its record says."""
+    target = {group: [np.empty(shape, dtype=np.dtype(dtype))
+                      for _, shape, dtype in record["layout"][group]] for group in GROUPS}
+    # Orbax takes absolute paths only ('Checkpoint path should be absolute'): a work_dir
+    # given relative ('runs/demo') is resolved against the current folder.
+    restored = _reader().restore(os.path.join(os.path.abspath(step_dir), STATE), target)
+    return {group: [np.asarray(a) for a in restored[group]] for group in GROUPS}
+
+
+@functools.cache
+def _reader() -> Any:
+    """One orbax reader for the process (closing one after a failed read left its
+    event loop's callbacks to fail noisily at exit)."""
+    return ocp().StandardCheckpointer()
+
+
+def _fingerprint(path: str, copy: str | None = None) -> tuple:
+    """``(path, digest)``: which step, and which copy of it. Orbax's metadata file holds
+    the copy's commit time, so another run's step written under the same number has
+    another digest; a copy downloaded from the bucket has the same. `copy`: a local
+    directory known to hold the same files as `path` (read instead of it)."""
+    source = copy or path
+    try:
+        data = _read_bytes(f"{source}/{METADATA_FILE}")  # bounded on gs:// by fenwicks.io
+    except Exception as err:
+        if not isinstance(err, FileNotFoundError) and type(err).__name__ != "NotFoundError":
+            raise  # (TensorFlow's NotFoundError, for gs://, is no OSError)
+        return (path,)
+    return (path, hashlib.sha256(data).hexdigest())
+
+
+def _read_bytes(path: str) -> bytes:
+    return fw_io.read_bytes(path)
+
+
+def remove_partial_saves(work_dir: str) -> list[str]:
+    """Removes what a save cut short left in `work_dir`'s checkpoints folder (orbax's
+    ``<step>.orbax-checkpoint-tmp-*`` folders, never listed as steps), with a warning
+    each. Call only while holding the work_dir's lock; nothing on ``gs://`` (a staged
+    step is written locally and becomes a step only with its commit marker).
+
+    Returns:
+        The folders removed.
+    """
+    folder = directory(work_dir)
+    if fw_io.is_gcs(folder) or not os.path.isdir(folder):
+        return []
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        if _TMP_MARK in name and _step_name(name.split(_TMP_MARK)[0]) is not None:
+            path = f"{folder}/{name}"
+            logger.warning("fenwicks: removing %s, the partial files of a checkpoint save "
+                           "that was cut short", path)
+            _remove_tree(path)
+            removed.append(path)
+    return removed
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class _Write:
+    """One checkpoint write, in a background thread or at once in the caller's; `join`
+    waits for it and raises its error in the caller."""
+
+    def __init__(self, write: Callable[[], None], background: bool, name: str) -> None:
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            # Not a daemon: the interpreter's exit waits for the write to be complete.
+            self._thread = threading.Thread(target=self._run, args=(write,), daemon=False,
+                                            name=name)
+            self._thread.start()
+        else:
+            self._run(write)
+
+    def _run(self, write: Callable[[], None]) -> None:
+        try:
+            write()
+        except BaseException as err:  # noqa: BLE001 - raised by `join`, in the caller
+            self._error = err
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+_WRITING: weakref.WeakSet = weakref.WeakSet()  # checkpointers with a write in progress
+_EXIT_HOOK: list[bool] = []  # registered once, at the first background write
+
+
+def _wait_at_exit() -> None:
+    """At interpreter exit: lets writes in progress finish; reports a failed one."""
+    for checkpointer in list(_WRITING):
+        try:
+            checkpointer.wait()
+        except Exception as err:  # noqa: BLE001 - nobody is left to raise it to
+            logger.error("fenwicks: %s", err)
+
+
+class RunCheckpointer(Checkpointer):
+    """The `Checkpointer` of a run in the run format, for either engine.
+
+    Args:
+        work_dir: the run's work_dir (local path or ``gs://``).
+        parts: the run's state (`RunParts`: the engine's gather and scatter, the
+            neutral layout and record).
+        keep: how many recent steps to keep.
+        asynchronous: write (and upload) in a background thread (`wait` joins it).
+        writes: whether this process writes (False: a TensorFlow multi-worker run's
+            non-chief workers, which hold the same state and write nothing).
+        processes: JAX processes saving together (orbax writes each array once, from
+            process 0); 1 on the TensorFlow engine.
+        legacy: the engine's reader of its previous format (``ckpt-<step>``, or the JAX
+            engine's ``orbax/<step>``), restored when the work_dir holds no run-format
+            step; never written. Defaults to None.
+
+    Raises:
+        ValueError: a ``gs://`` work_dir with several JAX processes.
+
+    Examples:
+        >>> checkpointer = RunCheckpointer('gs://my-bucket/work/run', state, keep=3,
+        ...                                asynchronous=True)
+        >>> checkpointer.save(100)
+        >>> checkpointer.restore()   # 'gs://my-bucket/work/run/checkpoints/100'
+    """
+
+    def __init__(self, work_dir: str, parts: RunParts, *, keep: int, asynchronous: bool,
+                 writes: bool = True, processes: int = 1,
+                 legacy: Checkpointer | None = None) -> None:
+        self._ocp = ocp()
+        self.work_dir = work_dir.rstrip("/")
+        self.directory = directory(self.work_dir)
+        self._parts, self._keep, self._writes = parts, keep, writes
+        self._legacy = legacy
+        self._bucket = (StagedBucket(self.directory, keep, processes)
+                        if fw_io.is_gcs(work_dir) else None)
+        self.asynchronous = asynchronous
+        self._manager_: Any = None
+        self._last_save_secs: float | None = None
+        self.last_blocked_secs: float | None = None  # how long the last save() blocked
+        self._pending: tuple[int, float, _Write] | None = None  # (step, start, write)
+        self._background = False  # whether the pending write runs in the background
+        self._good: tuple | None = None  # fingerprint of the last durable step
+        self._legacy_good: str | None = None  # a previous format's checkpoint restored
+        self.restored_record: dict | None = None  # the record of the step restored
+
+    # ---------------------------------------------------------------- orbax
+
+    @property
+    def _manager(self) -> Any:
+        """Orbax's manager of the local folder (the scratch copy for ``gs://``), made on
+        first use: reading an empty work_dir creates nothing."""
+        if self._manager_ is None:
+            ocp_ = self._ocp
+            local = self._bucket.scratch if self._bucket else os.path.abspath(self.directory)
+            self._manager_ = ocp_.CheckpointManager(
+                local, item_names=(STATE, RECORD),
+                options=ocp_.CheckpointManagerOptions(
+                    # Staged: the bucket keeps `keep`; locally only the newest is needed.
+                    max_to_keep=1 if self._bucket else self._keep,
+                    # Orbax writes in the calling thread: this object's background thread
+                    # when asynchronous (one copy to host, then everything off the loop).
+                    enable_async_checkpointing=False, create=False,
+                    cleanup_tmp_directories=True))
+        return self._manager_
+
+    # ---------------------------------------------------------------- the interface
+
+    @property
+    def pending_step(self) -> int | None:
+        return self._pending[0] if self._pending else None
+
+    @property
+    def last_good(self) -> str | None:
+        """The newest step this object restored or saved durably (no waiting)."""
+        return self._good[0] if self._good else self._legacy_good
+
+    @property
+    def latest(self) -> str | None:
+        """The newest durable step restored or saved; waits for a save in progress."""
+        self.wait()
+        return self.last_good
+
+    @property
+    def last_save_secs(self) -> float | None:
+        return self._last_save_secs
+
+    def _path(self, step: int) -> str:
+        return f"{self.directory}/{step}"
+
+    def _local(self, step: int) -> str:
+        return os.path.join(str(self._manager.directory), str(step))
+
+    def save(self, step: int, *, force: bool = False) -> None:
+        """Checkpoints `step`, unless it is already saved (or being saved) and not `force`.
+
+        Raises:
+            CheckpointWriteError: this write, or the previous background one, failed.
+        """
+        self._save(step, force, self.asynchronous)
+
+    def save_and_wait(self, step: int, *, force: bool = False) -> None:
+        """`save`, written in the calling thread: returns once the step is durable."""
+        self._save(step, force, False)
+
+    def _save(self, step: int, force: bool, background: bool) -> None:
+        if not force and (self.pending_step == step or self.last_good == self._path(step)):
+            self.last_blocked_secs = None
+            return
+        self.wait()
+        started = time.monotonic()
+        try:
+            frozen, record = self._parts.snapshot(), self._parts.record()
+            if not self._writes:  # took part (a collective read may need it); no file
+                self._parts.to_host(frozen)
+                self.last_blocked_secs = time.monotonic() - started
+                self._good = (self._path(step),)
+                return
+            if not self._bucket:
+                os.makedirs(self.directory, exist_ok=True)
+            write = functools.partial(self._write, step, frozen, record, force)
+        except Exception as err:
+            raise self._write_error(step, err) from err
+        # Synchronous: written here, before `wait` (below) raises its error, if any.
+        if background and not _EXIT_HOOK:
+            _tf_internals.call_before_thread_pools_shut_down(_wait_at_exit)
+            _EXIT_HOOK.append(True)
+        self._pending = (step, started, _Write(write, background,
+                                               f"fenwicks checkpoint writer {step}"))
+        self._background = background
+        if background:
+            _WRITING.add(self)
+        self.last_blocked_secs = time.monotonic() - started
+        if not background:
+            self.wait()
+
+    def _write(self, step: int, frozen: Any, record: dict, force: bool) -> None:
+        """Orbax's write of a snapshot and its record, then (``gs://``) the step
+        uploaded and committed."""
+        tree = self._parts.to_host(frozen)
+        tree = {g: [np.require(a, requirements="C") for a in tree[g]] for g in GROUPS}
+        record = {**record, "crc32": checksums(tree)}
+        manager = self._manager
+        manager.reload()
+        if step in manager.all_steps():  # force, or another run's step of that number
+            manager.delete(step)
+        args = self._ocp.args
+        try:
+            manager.save(step, args=args.Composite(**{
+                STATE: args.StandardSave(tree),
+                RECORD: args.JsonSave(record)}), force=True)
+        except BaseException:
+            self._remove_partial(step)  # a full disk: what was written of it goes
+            raise
+        if self._bucket:
+            self._bucket.publish(step, self._local(step))
+
+    def _remove_partial(self, step: int) -> None:
+        """Removes orbax's temporary folder of a write of `step` that failed."""
+        folder = str(self._manager.directory)
+        for name in os.listdir(folder) if os.path.isdir(folder) else ():
+            if name.startswith(f"{step}{_TMP_MARK}"):
+                _remove_tree(os.path.join(folder, name))
+
+    def wait(self) -> None:
+        """Waits for a step being written in the background, if any.
+
+        Raises:
+            CheckpointWriteError: that write failed (raised once); the step before it
+                stays the latest.
+        """
+        if self._pending is None:
+            return
+        step, started, write = self._pending
+        self._pending = None
+        _WRITING.discard(self)
+        try:
+            write.join()
+        except Exception as err:
+            error = self._write_error(step, err)
+            if self._background:
+                error = CheckpointWriteError(
+                    f"{error} (It was written in the background, async_checkpoints=True, "
+                    f"while training went on past step {step}.)")
+            raise error from err
+        self._last_save_secs = time.monotonic() - started
+        # Staged: the bucket's copy holds the local files, byte for byte.
+        self._good = _fingerprint(self._path(step), self._local(step) if self._bucket
+                                  else None)
+
+    def _write_error(self, step: int, err: BaseException) -> CheckpointWriteError:
+        if isinstance(err, fw_io.TransferError) and err.__cause__ is not None:
+            # Its own text names every path again; what storage answered is the news.
+            cause = err.__cause__
+            what = (f"the upload to the bucket failed after the storage client's retries "
+                    f"({type(cause).__name__}: {first_line(cause)[:200]})")
+        else:
+            what = first_line(err)[:200] or type(err).__name__
+        return CheckpointWriteError(
+            f"could not write checkpoint {self._path(step)}: {what}. The previous "
+            f"checkpoint ({self.last_good or 'none'}) is intact: free space or fix the "
+            "storage, then call train() again")
+
+    def _steps_on_disk(self) -> list[int]:
+        if self._bucket:
+            return self._bucket.complete_steps()
+        return complete_steps(self.directory)
+
+    def change_on_disk(self) -> str | None:
+        """None if the newest step on disk is the one this object last wrote or read;
+        ``'removed'`` if there is none any more; else ``'replaced'``."""
+        self.wait()
+        steps = self._steps_on_disk()
+        if not steps:
+            if self._good is None and self._legacy is not None:
+                return self._legacy.change_on_disk()
+            return "removed" if self._good else None
+        return None if _fingerprint(self._path(steps[-1])) == self._good else "replaced"
+
+    def restore(self, path: str | None = None) -> str | None:
+        """Restores `path` (a ``<work_dir>/checkpoints/<step>`` folder), or the newest intact
+        step; the engine's previous format if the work_dir holds no run-format step.
+
+        For the newest, a damaged step (a data file cut short, a garbled orbax metadata
+        file, a missing or damaged run record, a missing ``state`` folder) is never
+        loaded: the next older one is, with a warning naming it, and the damaged step is
+        set aside as ``<step>.corrupt`` (kept, not deleted).
+
+        Returns:
+            The step restored, or None if there is none.
+
+        Raises:
+            ValueError: the step was written for another model.
+            CheckpointCorruptError: steps are there but none can be read.
+            CheckpointDownloadError: a ``gs://`` step could not be downloaded (a
+                `CheckpointReadError`); nothing was restored or changed.
+        """
+        self.wait()
+        if path is not None and is_step(path):
+            try:
+                return self._restore_step(step_of(path))
+            except _Damaged as err:
+                raise ValueError(f"checkpoint {path} cannot be read: {err}") from err
+        if path is not None:
+            return self._restore_legacy(path)
+        steps = self._steps_on_disk()
+        damaged: list[tuple[str, str]] = []
+        for step in reversed(steps):
+            try:
+                restored = self._restore_step(step)
+            except _Damaged as err:
+                damaged.append((self._path(step), str(err)))
+                continue
+            if damaged:
+                self._set_aside(damaged, restored)
+            return restored
+        if steps:
+            raise none_readable(self.work_dir, len(steps), damaged,
+                                f"the step folders of {self.directory}")
+        return self._restore_legacy(None)
+
+    def _restore_legacy(self, path: str | None) -> str | None:
+        if self._legacy is None:
+            return None
+        restored = self._legacy.restore(path)
+        self._legacy_good, self.restored_record = restored, None
+        return restored
+
+    def _restore_step(self, step: int) -> str:
+        """Restores `step`; `_Damaged` if its files cannot be read."""
+        where = self._path(step)
+        good = _fingerprint(where)
+        if self._bucket:
+            self._bucket.fetch(step, self._local(step), good)
+        local = self._local(step) if self._bucket else where
+        try:
+            record = check_record(json.loads(_read_text(f"{local}/{RECORD}/metadata")))
+        except (OSError, ValueError) as err:
+            raise _Damaged(f"its run record is missing or unreadable ({first_line(err)})") \
+                from err
+        self._check_fits(where, record)
+        try:
+            tree = read_arrays(local, record)
+        except Exception as err:  # noqa: BLE001 - whatever orbax met reading it: damage
+            cause = first_line(err).split(" See full TensorStore details")[0][:300]
+            raise _Damaged(f"its arrays cannot be read ({cause or type(err).__name__})") \
+                from err
+        check_checksums(tree, record)
+        self._parts.scatter(tree)
+        self._parts.apply_record(record)
+        self._good, self._legacy_good, self.restored_record = good, None, record
+        return where
+
+    def _check_fits(self, where: str, record: dict) -> None:
+        """ValueError if the step's arrays are not this model's (count or shapes)."""
+        ours = self._parts.layout()
+        for group in GROUPS:
+            theirs = record["layout"][group]
+            shapes = [list(shape) for _, shape, _ in theirs]
+            if shapes != [list(shape) for _, shape, _ in ours[group]]:
+                raise ValueError(
+                    f"checkpoint {where} does not fit this model: its {group} variables "
+                    f"are {_describe(theirs)}, the model's {_describe(ours[group])}. Use "
+                    "the model_func that wrote it, or another work_dir (warm_start_from= "
+                    "loads the variables that match)")
+
+    def _set_aside(self, damaged: list[tuple[str, str]], used: str) -> None:
+        """Warns once per damaged step, and renames it ``<step>.corrupt`` (on ``gs://``
+        its commit marker), so it is no longer a step."""
+        for where, why in damaged:
+            logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the "
+                           "older %s instead. Its files are kept as %s%s", where, why, used,
+                           where, CORRUPT_SUFFIX if not self._bucket else
+                           f" (without {COMMIT_FILE}: renamed {COMMIT_FILE}{CORRUPT_SUFFIX})")
+        if not self._writes:
+            return
+        try:
+            for where, _ in damaged:
+                if self._bucket:
+                    self._bucket.set_aside(step_of(where))
+                else:
+                    os.rename(where, where + CORRUPT_SUFFIX)
+        except Exception as err:  # noqa: BLE001 - a read-only work_dir: read around it
+            logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
+                           "(%s); they stay in place and are skipped", self.directory,
+                           first_line(err))
+
+    def close(self) -> None:
+        """Waits for a write in progress, then closes the manager's threads (and removes
+        a ``gs://`` run's scratch folder)."""
+        try:
+            self.wait()
+        finally:
+            if self._manager_ is not None:
+                self._manager_.close()
+            if self._bucket:
+                self._bucket.close()
+            if self._legacy is not None:
+                self._legacy.close()
+
+
+def _describe(layout: list[list]) -> str:
+    if not layout:
+        return "none"
+    shapes = ", ".join(f"{path} {shape}" for path, shape, _ in layout[:3])
+    return f"{len(layout)} ({shapes}{', ...' if len(layout) > 3 else ''})"
+
+
+# --------------------------------------------------------------------------- gs://
+
+
+class StagedBucket:
+    """The ``gs://`` side of a staged run: which steps are complete, upload, download,
+    prune. Holds the local scratch folder orbax writes and reads.
+
+    Orbax writes each step to local scratch space exactly as for a local work_dir; the
+    completed step folder is then uploaded with `fenwicks.io.upload` (gcsfs), and last of
+    all ``<step>/commit_success.txt``, the marker orbax itself uses on GCS. GCS objects
+    appear whole or not at all, so a step whose upload was cut short is never taken for
+    the latest. Old steps are pruned marker first, for the same reason. gcsfs gives one
+    storage client, one source of credentials and Fenwicks' bounded retries.
+    """
+
+    def __init__(self, remote: str, keep: int, processes: int = 1) -> None:
+        if processes > 1:
+            raise ValueError(
+                f"work_dir={remote.rsplit('/', 1)[0]!r}: Fenwicks stages gs:// "
+                "checkpoints through one process's local disk, and this run has "
+                f"{processes} JAX processes; give a work_dir on a filesystem all hosts "
+                "share, or run on one host")
+        fw_io.check_bucket(remote)
+        self.remote, self.keep = remote, keep
+        self.scratch = tempfile.mkdtemp(prefix="fenwicks-run-")
+        # Removed by `close`, or when this object goes (an estimator never closed).
+        self._cleanup = weakref.finalize(self, _remove_tree, self.scratch)
+        # Steps whose local copy is known to equal the bucket's: {step: fingerprint}.
+        self._copies: dict[int, tuple] = {}
+
+    def complete_steps(self) -> list[int]:
+        return complete_steps(self.remote)
+
+    def publish(self, step: int, local: str) -> None:
+        """Uploads the completed local step folder, commits it, prunes old steps."""
+        target = f"{self.remote}/{step}"
+        self._remove(target)  # a copy being replaced, or an upload cut short earlier
+        for name in sorted(os.listdir(local)):
+            if name != COMMIT_FILE:  # the marker goes last, once everything is there
+                fw_io.upload(os.path.join(local, name), target, progress=False)
+        _deadline.run(_write_text, f"{target}/{COMMIT_FILE}",
+                      f"Checkpoint commit was successful to {target}",
+                      what="checkpoint commit", path=target)
+        self._copies[step] = _fingerprint(target, local)
+        self._prune()
+
+    def fetch(self, step: int, local: str, fingerprint: tuple) -> None:
+        """Makes `local` a copy of the bucket's `step` (downloaded unless known equal).
+
+        Raises:
+            CheckpointDownloadError: the download failed; nothing was restored.
+        """
+        if self._copies.get(step) == fingerprint and len(fingerprint) > 1 \
+                and os.path.isdir(local):
+            return
+        _remove_tree(local)
+        source = f"{self.remote}/{step}"
+        try:
+            fw_io.download(source, self.scratch, progress=False)
+        except Exception as err:
+            _remove_tree(local)  # never restore a partial copy
+            raise CheckpointDownloadError(source, err) from err
+        self._copies = {step: fingerprint}
+
+    def set_aside(self, step: int) -> None:
+        """Renames the commit marker of a damaged `step`: no longer complete, kept."""
+        marker = f"{self.remote}/{step}/{COMMIT_FILE}"
+        fw_io.rename(marker, marker + CORRUPT_SUFFIX)
+
+    def _prune(self) -> None:
+        """Keeps the newest `keep` complete steps; removes older ones and the leftovers
+        of uploads cut short (no marker), marker first."""
+        complete = self.complete_steps()
+        if not complete:
+            return
+        kept = set(complete[-self.keep:])
+        for name in fw_io.listdir(self.remote):
+            step = _step_name(name.rstrip("/").rsplit("/", 1)[-1])
+            if step is not None and step not in kept and step <= complete[-1]:
+                self._remove(f"{self.remote}/{step}")
+
+    def _remove(self, path: str) -> None:
+        if fw_io.exists(path):
+            _deadline.run(_remove_step, path, what="removing an old checkpoint", path=path)
+
+    def close(self) -> None:
+        self._cleanup()
+
+
+def _write_text(path: str, text: str) -> None:
+    fw_io.write_text(path, text)
+
+
+def _remove_step(path: str) -> None:
+    """Marker first: a step half removed is never taken for a checkpoint."""
+    marker = f"{path}/{COMMIT_FILE}"
+    if fw_io.exists(marker):
+        _remove_file(marker)
+    _remove_tree(path)

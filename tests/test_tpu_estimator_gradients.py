@@ -1,0 +1,126 @@
+"""Issue 50, item 1: gradient code in a TPUEstimator model_fn trains as TF1 trained it.
+
+Each idiom of tests/_tf1_gradient_idioms.py trains 2 steps on 1 and on 8 replicas; the
+weights are checked against TF1's rule computed here in NumPy: per replica, the gradient
+of its batch's mean squared error, transformed as the model_fn transforms it; across
+replicas, ``CrossShardOptimizer.apply_gradients`` sums (``cross_replica_sum``), its
+``compute_gradients`` first divides the loss by the replica count, and a plain optimizer's
+gradients are averaged (module docstring of fenwicks/train/tf/tf1_gradients.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests import _tf1_gradient_idioms as idioms
+from tests.conftest import run_module_json
+
+
+def _replica_gradients(w1, w2, x, y):
+    """d/dW of mean((x W1 W2 - y)^2) on one replica's rows."""
+    hidden = x @ w1
+    d_out = 2.0 / len(x) * (hidden @ w2 - y)
+    return [x.T @ (d_out @ w2.T), hidden.T @ d_out]
+
+
+def _clip_global(grads, clip):
+    norm = np.sqrt(sum(np.sum(g ** 2) for g in grads))
+    return [g * clip / max(norm, clip) for g in grads]
+
+
+def _clip_each(grads, clip):
+    return [g * clip / max(np.sqrt(np.sum(g ** 2)), clip) for g in grads]
+
+
+def _transform(name, grads, replicas):
+    if name == "clip_global":
+        return _clip_global(grads, idioms.CLIP)
+    if name == "clip_per_tensor":
+        return _clip_each(grads, idioms.CLIP)
+    if name in ("freeze_body", "tvars_subset", "var_list_scope"):
+        return [np.zeros_like(grads[0]), grads[1]]
+    if name == "compute_gradients_scaled":
+        return [g * 0.5 for g in grads]
+    return grads
+
+
+def tf1_rule(idiom, replicas):
+    """The weights after idioms.STEPS steps of TF1's update on `replicas` shards."""
+    x, y = idioms.data()
+    w = [idioms.W1.astype(np.float64), idioms.W2.astype(np.float64)]
+    cross_shard = idiom.startswith("cs_")
+    name = idiom.removeprefix("cs_")
+    rows = len(x) // replicas
+    for step in range(idioms.STEPS):
+        per_replica = []
+        for r in range(replicas):
+            part = slice(r * rows, (r + 1) * rows)
+            grads = _replica_gradients(*w, x[part], y[part])
+            # CrossShardOptimizer.compute_gradients (minimize too) divides the loss by R.
+            if cross_shard and name in ("minimize", "var_list_scope",
+                                        "compute_gradients_scaled"):
+                grads = [g / replicas for g in grads]
+            per_replica.append(_transform(name, grads, replicas))
+        combined = [sum(parts) for parts in zip(*per_replica, strict=True)]
+        if not cross_shard:  # no cross_replica_sum: the replicas' mean
+            combined = [g / replicas for g in combined]
+        lr = idioms.LR * 0.5 ** step if idiom == "subclass_scheduled" else idioms.LR
+        w = [wi - lr * gi for wi, gi in zip(w, combined, strict=True)]
+    return w
+
+
+@pytest.fixture(scope="module", params=[1, 8], ids=["1_replica", "8_replicas"])
+def trained(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"idioms{request.param}")
+    out = run_module_json("tests._tf1_gradient_idioms", str(root),
+                          env={"FENWICKS_DEVICE": f"cpu:{request.param}"}, timeout=1500)
+    assert out["replicas"] == request.param
+    return out
+
+
+@pytest.mark.parametrize("idiom", [i for i in idioms.IDIOMS if i != "ema"])
+def test_each_gradient_idiom_trains_as_tf1(trained, idiom):
+    result = trained[idiom]
+    assert "error" not in result, result
+    w1, w2 = tf1_rule(idiom, trained["replicas"])
+    np.testing.assert_allclose(result["w1"], w1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result["w2"], w2, rtol=1e-5, atol=1e-6)
+
+
+def test_the_idioms_are_told_apart(trained):
+    """The checks above are not vacuous: clipping to 1e-3 moves the weights by at most
+    1e-3 * lr per step (per replica summed), where minimize moves them far more."""
+    start = np.concatenate([idioms.W1.ravel(), idioms.W2.ravel()])
+
+    def moved(idiom):
+        r = trained[idiom]
+        return np.linalg.norm(np.concatenate([np.ravel(r["w1"]), np.ravel(r["w2"])]) - start)
+
+    assert moved("minimize") > 0.1
+    bound = idioms.STEPS * idioms.LR * idioms.CLIP
+    assert moved("clip_global") <= bound * (1 + 1e-4)
+    assert moved("cs_clip_global") <= trained["replicas"] * bound * (1 + 1e-4)
+    assert np.allclose(trained["freeze_body"]["w1"], idioms.W1)
+
+
+def test_global_norm_of_tf_gradients_is_the_true_norm(trained):
+    """tf.global_norm(tf.gradients(loss, tf.trainable_variables())) in a model_fn is the
+    norm of each replica's gradient (it read 0.0 before), averaged over the replicas'
+    batches by the mean metric, after minimize's 2 steps."""
+    x, y = idioms.data()
+    w1, w2 = tf1_rule("minimize", trained["replicas"])
+    rows = len(x) // trained["replicas"]
+    norms = [np.sqrt(sum(np.sum(g ** 2) for g in _replica_gradients(
+        w1, w2, x[r * rows:(r + 1) * rows], y[r * rows:(r + 1) * rows])))
+        for r in range(trained["replicas"])]
+    assert trained["minimize"]["eval_grad_norm"] == pytest.approx(np.mean(norms), rel=1e-5)
+
+
+def test_exponential_moving_average_is_refused_in_one_sentence(trained):
+    result = trained["ema"]
+    assert result["type"] == "ModelFnError"
+    assert result["error"].startswith(
+        "model_fn called tf.compat.v1.train.ExponentialMovingAverage(...).apply(...)")
+    assert "remove the ExponentialMovingAverage lines" in result["error"]
+    assert result["error"].count(". ") == 0
