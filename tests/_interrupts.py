@@ -21,9 +21,9 @@ import time
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 import fenwicks as fw
+from fenwicks.train import run_format
 from tests import _flagship as flagship
 
 MODEL = "mnist_net"
@@ -75,13 +75,11 @@ def train_until_interrupted(est: Any, input_fn: Any, past: int) -> dict[str, Any
     except fw.train.Interrupted as stop:
         caught = time.monotonic()
         thread.join()
-        reader = tf.train.load_checkpoint(stop.checkpoint)
+        record = run_format.read_record(stop.checkpoint)  # the step's own run record
         return {"step": stop.step, "global_step": est.global_step, "saved": stop.saved,
                 "message": str(stop), "latency": caught - sent[0],
                 "input_steps": int(est.parts.state.input_steps.numpy()),
-                "saved_step": int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE")),
-                "saved_input_steps": int(reader.get_tensor(
-                    "input_steps/.ATTRIBUTES/VARIABLE_VALUE")),
+                "saved_step": record["step"], "saved_input_steps": record["input_steps"],
                 "handler_restored": signal.getsignal(signal.SIGINT) is handler_before}
     raise AssertionError("train() ran to its end: the interrupt did not stop it")
 

@@ -18,10 +18,8 @@ import types
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from fenwicks.train import preemption
-from fenwicks.train.tf import async_checkpoints
+from fenwicks.train import preemption, run_format
 from tests import _flagship as flagship
 from tests import _interrupts
 from tests.conftest import ROOT, run_module_json
@@ -151,7 +149,7 @@ def test_the_stop_button_of_a_jupyter_kernel_stops_within_seconds_and_resumes(tm
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
-    assert 0 < out["stopped"] < 10**6 and f"ckpt-{out['stopped']}" in stop_message
+    assert 0 < out["stopped"] < 10**6 and f"checkpoints/{out['stopped']}" in stop_message
     assert out["step"] == out["stopped"] + 12
     _assert_same(out["variables"], out["reference"])
 
@@ -232,7 +230,7 @@ def test_an_event_loops_wakeup_fd_still_gets_its_signals():
 def test_when_saving_is_slow_ctrl_c_says_what_was_not_saved(tmp_path, monkeypatch):
     est = _interrupts.estimator(str(tmp_path / "run"))
     input_fn = _interrupts.new_input_fn()
-    est.train(input_fn, steps=3)  # ckpt-3
+    est.train(input_fn, steps=3)  # checkpoints/3
     # As if saves took a minute (a slow bucket): what the checkpointer reports of the last.
     monkeypatch.setattr(type(est.parts.state.checkpointer), "last_save_secs",
                         property(lambda self: 60.0))
@@ -243,8 +241,7 @@ def test_when_saving_is_slow_ctrl_c_says_what_was_not_saved(tmp_path, monkeypatc
             f"took 60 s to write; {lost} step(s) are only in memory)") in stop["message"]
     assert stop["input_steps"] == stop["global_step"] == stop["step"]
     est.train(input_fn, steps=1)  # the steps in memory are saved with the next ones
-    latest = tf.train.latest_checkpoint(str(tmp_path / "run"))
-    assert latest.endswith(f"ckpt-{stop['step'] + 1}")
+    assert run_format.latest(str(tmp_path / "run")).endswith(f"checkpoints/{stop['step'] + 1}")
 
 
 class _StartInterrupted(threading.Thread):
@@ -259,19 +256,18 @@ def test_a_second_ctrl_c_while_the_save_starts_is_interrupted_not_a_key_error(
         tmp_path, monkeypatch):
     """The first Ctrl-C stops the loop and starts a save; the second lands inside the
     background writer's start, before its thread runs (the issue's `KeyError: 'path'`
-    from `wait`). The user gets `Interrupted`, not saved, and the work_dir keeps ckpt-3."""
+    from `wait`). The user gets `Interrupted`, not saved, and the work_dir keeps step 3."""
     est = _interrupts.estimator(str(tmp_path / "run"))
     input_fn = _interrupts.new_input_fn()
-    est.train(input_fn, steps=3)  # ckpt-3, written in the background
-    monkeypatch.setattr(async_checkpoints, "threading", types.SimpleNamespace(
+    est.train(input_fn, steps=3)  # checkpoints/3, written in the background
+    monkeypatch.setattr(run_format, "threading", types.SimpleNamespace(
         Thread=_StartInterrupted, Event=threading.Event))
     stop = _interrupts.train_until_interrupted(est, input_fn, past=10)
     assert not stop["saved"] and stop["saved_step"] == 3, stop
     assert "not saved (interrupted again while saving)" in stop["message"], stop
     monkeypatch.undo()
     est.train(input_fn, steps=1)  # the writer is usable again: the next save lands
-    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith(
-        f"ckpt-{stop['step'] + 1}")
+    assert run_format.latest(str(tmp_path / "run")).endswith(f"checkpoints/{stop['step'] + 1}")
 
 
 @pytest.mark.slow

@@ -47,7 +47,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -58,7 +57,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fenwicks import _deadline, _tf_internals
+from fenwicks import _deadline, _removal, _tf_internals
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (
@@ -228,21 +227,12 @@ def title(engine: str) -> str:
 
 
 def _remove_tree(path: str) -> None:
-    if fw_io.is_gcs(path):
-        import tensorflow as tf  # gs:// only: the client fenwicks.io uses
-
-        tf.io.gfile.rmtree(path)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
+    # A local scratch folder may already be gone; a gs:// failure is the caller's to see.
+    _removal.remove_tree(path, ignore_errors=not fw_io.is_gcs(path))
 
 
 def _remove_file(path: str) -> None:
-    if fw_io.is_gcs(path):
-        import tensorflow as tf  # gs:// only: the client fenwicks.io uses
-
-        tf.io.gfile.remove(path)
-    else:
-        os.remove(path)
+    _removal.remove_file(path, missing_ok=False)
 
 
 # --------------------------------------------------------------------------- errors
@@ -599,7 +589,7 @@ class RunCheckpointer(Checkpointer):
         manager = self._manager
         manager.reload()
         if step in manager.all_steps():  # force, or another run's step of that number
-            manager.delete(step)
+            _removal.remove_orbax_step(manager, step)
         args = self._ocp.args
         try:
             manager.save(step, args=args.Composite(**{
