@@ -44,6 +44,7 @@ WORK_DIR_PATTERNS = (
     "ckpt-*",  # TensorFlow checkpoints (.index, .data-*, .corrupt, *.tempstate*)
     ".worker-*/**",  # tf/checkpointer.py: a non-chief worker's scratch checkpoint
     "orbax/[0-9]*/**",  # jax/checkpoints.py: orbax step folders, their tmp and .corrupt
+    "checkpoints/[0-9]*/**",  # train/run_format.py: the run format's steps, tmp, .corrupt
     "fenwicks_*.json", "fenwicks_*.json.*",  # run records (input, optimizer, run format)
     "fenwicks.lock", "fenwicks.lock.*.tmp",  # train/lock.py
     "epochs.jsonl", "epochs.jsonl.tmp",  # train/history.py

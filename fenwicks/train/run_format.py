@@ -47,7 +47,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -58,7 +57,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fenwicks import _deadline, _tf_internals
+from fenwicks import _deadline, _removal, _tf_internals
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (
@@ -228,21 +227,11 @@ def title(engine: str) -> str:
 
 
 def _remove_tree(path: str) -> None:
-    if fw_io.is_gcs(path):
-        import tensorflow as tf  # gs:// only: the client fenwicks.io uses
-
-        tf.io.gfile.rmtree(path)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
+    _removal.remove_tree(path, ignore_errors=not fw_io.is_gcs(path))
 
 
 def _remove_file(path: str) -> None:
-    if fw_io.is_gcs(path):
-        import tensorflow as tf  # gs:// only: the client fenwicks.io uses
-
-        tf.io.gfile.remove(path)
-    else:
-        os.remove(path)
+    _removal.remove_file(path)
 
 
 # --------------------------------------------------------------------------- errors
@@ -826,7 +815,7 @@ class StagedBucket:
         self.remote, self.keep = remote, keep
         self.scratch = tempfile.mkdtemp(prefix="fenwicks-run-")
         # Removed by `close`, or when this object goes (an estimator never closed).
-        self._cleanup = weakref.finalize(self, _remove_tree, self.scratch)
+        self._cleanup = _removal.remove_tree_at_exit(self, self.scratch)
         # Steps whose local copy is known to equal the bucket's: {step: fingerprint}.
         self._copies: dict[int, tuple] = {}
 
