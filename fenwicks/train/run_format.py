@@ -32,7 +32,7 @@ engine's orbax checkpoints were: `StagedBucket`).
 Orbax imports JAX. On the TensorFlow engine JAX must never take a GPU: `fenwicks._engine`
 keeps it on the CPU (``JAX_PLATFORMS=cpu``) before anything imports it.
 
-Examples:
+Example:
     >>> checkpointer = RunCheckpointer('/content/run', state, keep=3, asynchronous=True)
     >>> checkpointer.restore()      # '/content/run/checkpoints/1000', or None for a fresh run
     >>> checkpointer.save(1100)     # returns once the arrays are copied
@@ -119,7 +119,7 @@ class RunParts(EngineArrays, Protocol):
 def variable_groups(model: Any, optimizer: Any) -> dict[str, list[Any]]:
     """The Keras variables of a step, by group, in the order Keras lists them.
 
-    Examples:
+    Example:
         >>> [len(v) for v in variable_groups(model, optimizer).values()]
         [10, 4, 21]
     """
@@ -227,12 +227,11 @@ def title(engine: str) -> str:
 
 
 def _remove_tree(path: str) -> None:
-    # A local scratch folder may already be gone; a gs:// failure is the caller's to see.
     _removal.remove_tree(path, ignore_errors=not fw_io.is_gcs(path))
 
 
 def _remove_file(path: str) -> None:
-    _removal.remove_file(path, missing_ok=False)
+    _removal.remove_file(path)
 
 
 # --------------------------------------------------------------------------- errors
@@ -287,7 +286,7 @@ def ocp() -> Any:
 def latest(work_dir: str) -> str | None:
     """The newest complete run-format step of `work_dir`, found without orbax.
 
-    Examples:
+    Example:
         >>> latest('/kaggle/working/run')
         '/kaggle/working/run/checkpoints/1000'
     """
@@ -300,7 +299,7 @@ def complete_steps(folder: str) -> list[int]:
     step folders (orbax renames a step into place when complete); on ``gs://`` those
     whose commit marker was uploaded (last).
 
-    Examples:
+    Example:
         >>> complete_steps('gs://my-bucket/work/run/checkpoints')
         [300, 400]
     """
@@ -463,7 +462,7 @@ class RunCheckpointer(Checkpointer):
     Raises:
         ValueError: a ``gs://`` work_dir with several JAX processes.
 
-    Examples:
+    Example:
         >>> checkpointer = RunCheckpointer('gs://my-bucket/work/run', state, keep=3,
         ...                                asynchronous=True)
         >>> checkpointer.save(100)
@@ -589,7 +588,7 @@ class RunCheckpointer(Checkpointer):
         manager = self._manager
         manager.reload()
         if step in manager.all_steps():  # force, or another run's step of that number
-            _removal.remove_orbax_step(manager, step)
+            manager.delete(step)
         args = self._ocp.args
         try:
             manager.save(step, args=args.Composite(**{
@@ -818,7 +817,7 @@ class StagedBucket:
         self.remote, self.keep = remote, keep
         self.scratch = tempfile.mkdtemp(prefix="fenwicks-run-")
         # Removed by `close`, or when this object goes (an estimator never closed).
-        self._cleanup = weakref.finalize(self, _remove_tree, self.scratch)
+        self._cleanup = _removal.remove_tree_at_exit(self, self.scratch)
         # Steps whose local copy is known to equal the bucket's: {step: fingerprint}.
         self._copies: dict[int, tuple] = {}
 
