@@ -157,7 +157,8 @@ def temporary_dir(prefix: str = "fenwicks-", dir: str | None = None) -> Iterator
 
 def remove_orbax_step(manager: Any, step: int) -> None:
     """Removes checkpoint `step` of orbax `manager` (one of Fenwicks' own work_dir steps,
-    ``orbax/<step>``), by orbax's own deletion, which knows its layout."""
+    ``orbax/<step>`` or ``checkpoints/<step>``), by orbax's own deletion, which knows its
+    layout."""
     manager.delete(step)
 
 

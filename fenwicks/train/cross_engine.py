@@ -176,9 +176,9 @@ def read_run_format(step_dir: str) -> SavedWeights:
 def _local_arrays(step_dir: str, record: dict) -> dict:
     if not step_dir.startswith("gs://"):
         return run_format.read_arrays(step_dir, record)
-    import tempfile
+    from fenwicks import _removal
 
-    with tempfile.TemporaryDirectory(prefix="fenwicks-warm-start-") as scratch:
+    with _removal.temporary_dir(prefix="fenwicks-warm-start-") as scratch:
         fw_io.download(step_dir, scratch, progress=False)
         return run_format.read_arrays(f"{scratch}/{step_dir.rsplit('/', 1)[-1]}", record)
 

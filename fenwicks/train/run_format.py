@@ -588,7 +588,7 @@ class RunCheckpointer(Checkpointer):
         manager = self._manager
         manager.reload()
         if step in manager.all_steps():  # force, or another run's step of that number
-            manager.delete(step)
+            _removal.remove_orbax_step(manager, step)
         args = self._ocp.args
         try:
             manager.save(step, args=args.Composite(**{
