@@ -143,8 +143,8 @@ def main(argv: list[str]) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         fns = input_fns(directory, args.examples)
-        run = resumed_run(os.path.join(directory, "runs"), fns["numpy_ds"], args.width, args.batch_size,
-                          args.run_steps, args.repeats)
+        run = resumed_run(os.path.join(directory, "runs"), fns["numpy_ds"], args.width,
+                          args.batch_size, args.run_steps, args.repeats)
         for name, input_fn in () if args.skip_pipelines else fns.items():
             first_batch_seconds(input_fn, args.batch_size, 0, True)  # warm: scans, tracing
             for way, fast in (("before (.skip)", False), ("now (position)", True)):

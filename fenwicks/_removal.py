@@ -43,8 +43,8 @@ WORK_DIR_PATTERNS = (
     "checkpoint", "checkpoint.tmp*",  # tf.train.CheckpointManager's state file
     "ckpt-*",  # TensorFlow checkpoints (.index, .data-*, .corrupt, *.tempstate*)
     ".worker-*/**",  # tf/checkpointer.py: a non-chief worker's scratch checkpoint
-    "orbax/[0-9]*/**",  # the jax engine's orbax step folders before the run format
-    "checkpoints/[0-9]*/**",  # run_format.py: a step (orbax), its tmp and .corrupt folders
+    "orbax/[0-9]*/**",  # jax/checkpoints.py: orbax step folders, their tmp and .corrupt
+    "checkpoints/[0-9]*/**",  # train/run_format.py: the run format's steps, tmp, .corrupt
     "fenwicks_*.json", "fenwicks_*.json.*",  # run records (input, optimizer, run format)
     "fenwicks.lock", "fenwicks.lock.*.tmp",  # train/lock.py
     "epochs.jsonl", "epochs.jsonl.tmp",  # train/history.py
@@ -157,7 +157,8 @@ def temporary_dir(prefix: str = "fenwicks-", dir: str | None = None) -> Iterator
 
 def remove_orbax_step(manager: Any, step: int) -> None:
     """Removes checkpoint `step` of orbax `manager` (one of Fenwicks' own work_dir steps,
-    ``orbax/<step>``), by orbax's own deletion, which knows its layout."""
+    ``orbax/<step>`` or ``checkpoints/<step>``), by orbax's own deletion, which knows its
+    layout."""
     manager.delete(step)
 
 

@@ -9,7 +9,7 @@ tf engine the cluster comes from ``TF_CONFIG`` (`MultiWorkerMirroredStrategy`). 
 a small classifier for 2 steps, evaluates it on `NUM_EVAL` examples, runs `find_lr` for
 `LR_STEPS` steps and prints one JSON line: the params each input_fn was called with, the
 per-replica batches the LR finder's pipeline produced, the evaluation's example count and
-the training batch size recorded in the work_dir.
+the training batch size recorded in the work_dir's run record.
 """
 
 from __future__ import annotations
@@ -95,8 +95,10 @@ def run(work_dir: str, port: str | None = None, num_processes: str = "1",
     est.train(train_fn, max_steps=2)
     result = est.evaluate(eval_fn)
     est.close()
-    with open(f"{work_dir}/fenwicks_input.json", encoding="utf-8") as f:
-        recorded = json.load(f)["train_batch_size"]
+    # The run record of the last checkpoint: the batch size its input position counts in.
+    from fenwicks.train import run_format
+
+    recorded = run_format.read_record(run_format.latest(work_dir))["train_batch_size"]
     sweep = fw.train.find_lr(model_func(), lr_fn, start_lr=1e-4, end_lr=1e-3,
                              num_steps=LR_STEPS, batch_size=LR_BS, verbose=False)
     return {"engine": acc.engine, "acc_replicas": acc.num_replicas,

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 
 import fenwicks as fw
-from fenwicks.train.jax import checkpoints
+from fenwicks.train import cross_engine, run_format
 from tests import _fault_proxy as proxy
 from tests import _flagship as flagship
 from tests._storage_faults import _gcsfs_waits_recorded
@@ -57,10 +57,10 @@ def _error(call) -> dict[str, Any] | None:
 
 
 def _bucket_listing(work_dir: str) -> dict[str, Any]:
-    """Step directories under <work_dir>/orbax, and which hold the commit marker."""
+    """Step folders under <work_dir>/checkpoints, and which hold the commit marker."""
     import tensorflow as tf
 
-    orbax = f"{work_dir}/orbax"
+    orbax = f"{work_dir}/checkpoints"
     names = sorted(n.rstrip("/") for n in tf.io.gfile.listdir(orbax))
     return {"steps": names,
             "committed": [n for n in names
@@ -86,11 +86,9 @@ def first(work_dir: str, local_root: str) -> dict[str, Any]:
     est.train(train, max_steps=4)
     est.close()
     missing = _estimator("gs://no-such-bucket-fw-jax/run", False)
-    process_count, checkpoints.jax.process_count = checkpoints.jax.process_count, lambda: 2
-    try:  # as on a multi-host slice (`jax.distributed`): staging is one host's
-        two_processes = _error(lambda: checkpoints.StagedBucket("gs://b/run/orbax", KEEP))
-    finally:
-        checkpoints.jax.process_count = process_count
+    # as on a multi-host slice (`jax.distributed`): staging is one host's
+    two_processes = _error(lambda: run_format.StagedBucket("gs://b/run/checkpoints", KEEP,
+                                                           processes=2))
     return {"engine": keras.backend.backend(), "devices": est.num_replicas,
             "reference_eval": {k: float(v) for k, v in result.items()},
             "step": est.global_step, "listing": _bucket_listing(work_dir),
@@ -166,11 +164,10 @@ def _failed_upload(est, work_dir: str, train) -> dict[str, Any]:
         error = _error(lambda: est.train(train, max_steps=10))
     fired = [rule["fired"] for rule in proxy.report()["rules"]]
     proxy.set_rules([])
-    partial = f"{work_dir}/orbax/10"  # named as a warm-start source: refused, not read
+    partial = f"{work_dir}/checkpoints/10"  # named as a warm-start source: refused
 
     def read_partial():
-        with checkpoints.local_copy(partial):
-            pass
+        cross_engine.warm_start(est.model, partial, "jax")
 
     return {"error": error, "fired": fired, "step": est.global_step,
             "listing": _bucket_listing(work_dir), "warm_from_partial": _error(read_partial)}

@@ -31,7 +31,7 @@ def run(work_dir: str, max_steps: str) -> dict[str, Any]:
     acc = fw.accel.current()
     slow = os.environ.get("MULTIWORKER_SLOW_CHIEF_STATE")
     if slow and json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
-        _faults.slow_state_updates(float(slow))
+        _faults.slow_commits(float(slow), work_dir.startswith("gs://"))
     x, y = flagship.digits(MODEL)
     est = flagship.estimator(MODEL, work_dir, val_bs=64, steps_per_loop=5,
                              save_every_loops=1, save_every_secs=None)

@@ -77,7 +77,7 @@ def _check(results: list[dict], engine: str, replicas: int, processes: int) -> N
                                                                 replicas)
         assert result["lr_steps"] == counts.LR_STEPS
         assert result["lr_batches"] == counts.LR_STEPS * local
-        # The work_dir records the global training batch the input position counts in.
+        # The run record holds the global training batch the input position counts in.
         assert result["recorded_trn_bs"] == counts.TRN_BS
 
 

@@ -70,6 +70,9 @@ SLOW = {
     "fenwicks.train.model_func.get_clf_model_func", "fenwicks.report.info",
     "fenwicks.accel.current", "fenwicks.accel.distribution",
 }
+# These set up the devices differently from the defaults the SLOW examples print: each
+# runs in a process of its own.
+ALONE = {"fenwicks.accel.configure"}
 # Examples that do not run as written yet: each uses names it does not define (a trained
 # estimator, arrays, a work_dir) or prints a machine's own figures. Fix one, then take it
 # off this list.
@@ -82,8 +85,6 @@ NOT_YET = {
     "fenwicks.train.tf.tf1_gradients",
     "fenwicks._deadline.configure_tensorflow",
     "fenwicks._deadline.run",
-    "fenwicks._host.nvidia_device_evidence",
-    "fenwicks._host.tpu_host_evidence",
     "fenwicks._removal",
     "fenwicks._removal.manifest_mismatches",
     "fenwicks._removal.remove_by_manifest",
@@ -253,7 +254,8 @@ def _run(test: doctest.DocTest, tmp_path, monkeypatch) -> str:
     return "".join(lines)
 
 
-FAST = sorted(name for name in EXAMPLES if name not in set(NEEDS) | FIGURES | SLOW | NOT_YET)
+FAST = sorted(name for name in EXAMPLES
+              if name not in set(NEEDS) | FIGURES | SLOW | ALONE | NOT_YET)
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -266,7 +268,7 @@ SLOW_RUN = """
 import json, os, tempfile
 from tests import test_examples as t
 failed = {}
-for name in sorted(t.SLOW):
+for name in NAMES:
     os.chdir(tempfile.mkdtemp(dir=os.environ["TMPDIR"]))
     lines = []
     runner = t.doctest.DocTestRunner(optionflags=t.FLAGS)
@@ -277,14 +279,25 @@ print(json.dumps(failed))
 """
 
 
-@pytest.mark.slow
-def test_the_slow_examples_run_as_written_in_a_process_of_their_own(tmp_path):
+def _run_in_a_process(names: list[str], tmp_path) -> dict[str, str]:
     from tests.conftest import run_python
 
-    proc = run_python(SLOW_RUN, env={"FENWICKS_ROOT": str(tmp_path / "root"),
-                                     "TMPDIR": str(tmp_path), "FENWICKS_DEVICE": None},
-                      timeout=600)
-    failed = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_python(f"NAMES = {names!r}\n" + SLOW_RUN,
+                      env={"FENWICKS_ROOT": str(tmp_path / "root"), "TMPDIR": str(tmp_path),
+                           "FENWICKS_DEVICE": None}, timeout=600)
+    return __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_slow_examples_run_as_written_in_a_process_of_their_own(tmp_path):
+    failed = _run_in_a_process(sorted(SLOW), tmp_path)
+    assert failed == {}, "\n".join(failed.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ALONE))
+def test_the_examples_that_set_up_the_devices_run_each_alone(name, tmp_path):
+    failed = _run_in_a_process([name], tmp_path)
     assert failed == {}, "\n".join(failed.values())
 
 

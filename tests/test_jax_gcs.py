@@ -125,8 +125,8 @@ def test_a_failed_upload_leaves_the_previous_checkpoint_the_latest(runs):
     failed = second["failed_upload"]
     error = failed["error"]
     assert error is not None and error["type"] == "CheckpointWriteError", failed
-    assert f"could not write checkpoint {work_dir}/orbax/10" in error["message"]
-    assert f"previous checkpoint ({work_dir}/orbax/8) is intact" in error["message"]
+    assert f"could not write checkpoint {work_dir}/checkpoints/10" in error["message"]
+    assert f"previous checkpoint ({work_dir}/checkpoints/8) is intact" in error["message"]
     assert failed["fired"][0] >= 6  # gcsfs retried before giving up
     listing = failed["listing"]
     # Step 10 was partly uploaded: there, but not committed; 6 and 8 untouched.
@@ -139,7 +139,7 @@ def test_a_failed_upload_leaves_the_previous_checkpoint_the_latest(runs):
     error = refused["error"]
     assert error["type"] == "CheckpointDownloadError", refused
     assert "CheckpointReadError" in error["mro"]
-    assert f"could not read checkpoint {work_dir}/orbax/8" in error["message"]
+    assert f"could not read checkpoint {work_dir}/checkpoints/8" in error["message"]
     assert "not known to be damaged" in error["message"]
     assert refused["fired"][0] >= 6  # gcsfs retried first
     assert refused["listing"] == listing

@@ -50,7 +50,7 @@ def test_two_workers_evaluate_every_example_once_and_only_the_chief_writes(tmp_p
     work = tmp_path / "run"
     # The chief names each checkpoint late: the other worker's evaluate must not restore
     # the previous one on its own (its collectives would mix two models' numbers). 10
-    # steps: ckpt-5, then ckpt-10 named 3 s late, while the other worker evaluates.
+    # steps: step 5, then step 10 committed 3 s late, while the other worker evaluates.
     chief, other = _results(_start_pair(work, 10, MULTIWORKER_SLOW_CHIEF_STATE="3"))
     y = flagship.digits("mnist_net")[1][flagship.NUM_TRAIN:]
     for result in (chief, other):

@@ -289,7 +289,9 @@ def test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_ex
     assert result["eval_loss"] == pytest.approx(cross_entropy, rel=1e-4)
     assert result["global_step"] == num_train_steps
     assert result["eval_loss"] < before["eval_loss"]  # it learned
-    assert os.path.exists(os.path.join(output_dir, "checkpoint"))
+    from fenwicks.train import run_format
+
+    assert run_format.latest(output_dir) == os.path.join(output_dir, "checkpoints", "40")
 
     # Resumed from the output dir: the checkpoint is restored; the warm start is not
     # applied over it, and the report says so (it said "loaded 39" before).
@@ -485,11 +487,16 @@ def test_labels_key_keras_metrics_tensor_predictions_and_warm_start_settings(tmp
         logits = keras.layers.Dense(3, name="renamed")(features["x"])
         return fw.train.TPUEstimatorSpec(mode, predictions=logits)
 
-    # Checkpoint names as tf.train.list_variables gives them (the object path, without
-    # its '/.ATTRIBUTES/VARIABLE_VALUE'); current names as est.get_variable_names() does.
-    trained = "model/model_fn_layer_0/_kernel"
-    kernel = tf.train.load_checkpoint(str(tmp_path / "a")).get_tensor(
-        trained + "/.ATTRIBUTES/VARIABLE_VALUE")
+    # Checkpoint names as the run's record lists them (Keras paths, run_format's layout);
+    # current names as est.get_variable_names() gives them.
+    from fenwicks.train import run_format
+
+    step = run_format.latest(str(tmp_path / "a"))
+    record = run_format.read_record(step)
+    arrays = run_format.read_arrays(step, record)
+    trained, kernel = next((path, array) for (path, _, _), array in zip(
+        record["layout"]["trainable"], arrays["trainable"], strict=True)
+        if path.endswith("kernel"))
     settings = fw.train.WarmStartSettings(
         str(tmp_path / "a"), vars_to_warm_start="renamed/kernel",
         var_name_to_prev_var_name={"renamed/kernel": trained})

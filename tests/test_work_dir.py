@@ -160,6 +160,18 @@ def test_work_dir_export_dir_and_warm_start_accept_paths_and_expand_home(
         _estimator(3)
 
 
+def test_a_relative_work_dir_is_resumed_and_evaluated(tmp_path, digits, monkeypatch):
+    """A work_dir given relative to the current folder ('runs/demo', as the docstring of
+    get_tpu_estimator shows): orbax reads only absolute paths, the run format resolves it."""
+    x, y = digits
+    monkeypatch.chdir(tmp_path)
+    first = _estimator("runs/demo")
+    first.train(flagship.train_input(x, y), steps=5)
+    again = _estimator("runs/demo")
+    assert again.evaluate(flagship.eval_input(x, y))["global_step"] == 5
+    _assert_same(_values(again), _values(first))  # restored from runs/demo/checkpoints/5
+
+
 def test_a_work_dir_deleted_while_training_stops_it_by_name_and_is_not_recreated(
         tmp_path, digits):
     """Something (a cleanup script, a user in another tab) removes the work_dir during

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from fenwicks import _deadline, _engine
+from fenwicks import io as fw_io
 from fenwicks.train import run_format
 from fenwicks.train.checkpointing import step_of
 
@@ -142,6 +143,12 @@ def _run_format_step(source: str) -> str | None:
     work_dir `source`; None if it holds none."""
     source = source.rstrip("/")
     if run_format.is_step(source):
+        if source.startswith("gs://") and not fw_io.exists(
+                f"{source}/{run_format.COMMIT_FILE}"):
+            raise ValueError(
+                f"warm_start_from={source!r} is not a complete checkpoint (it has no "
+                f"{run_format.COMMIT_FILE}: its upload was cut short); give the work_dir "
+                "to use its latest complete checkpoint")
         return source
     if source.endswith(f"/{run_format.SUBDIR}"):
         source = source[: -len(run_format.SUBDIR) - 1]
@@ -151,7 +158,7 @@ def _run_format_step(source: str) -> str | None:
 def read_run_format(step_dir: str) -> SavedWeights:
     """The model variables of a run-format step, in the neutral form.
 
-    Examples:
+    Example:
         >>> read_run_format('/kaggle/working/run/checkpoints/1000').paths[0]
         'mnist_net/conv_bn/conv2d/kernel'
     """
@@ -169,11 +176,9 @@ def read_run_format(step_dir: str) -> SavedWeights:
 def _local_arrays(step_dir: str, record: dict) -> dict:
     if not step_dir.startswith("gs://"):
         return run_format.read_arrays(step_dir, record)
-    import tempfile
+    from fenwicks import _removal
 
-    from fenwicks import io as fw_io
-
-    with tempfile.TemporaryDirectory(prefix="fenwicks-warm-start-") as scratch:
+    with _removal.temporary_dir(prefix="fenwicks-warm-start-") as scratch:
         fw_io.download(step_dir, scratch, progress=False)
         return run_format.read_arrays(f"{scratch}/{step_dir.rsplit('/', 1)[-1]}", record)
 

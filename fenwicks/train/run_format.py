@@ -32,7 +32,7 @@ engine's orbax checkpoints were: `StagedBucket`).
 Orbax imports JAX. On the TensorFlow engine JAX must never take a GPU: `fenwicks._engine`
 keeps it on the CPU (``JAX_PLATFORMS=cpu``) before anything imports it.
 
-Examples:
+Example:
     >>> checkpointer = RunCheckpointer('/content/run', state, keep=3, asynchronous=True)
     >>> checkpointer.restore()      # '/content/run/checkpoints/1000', or None for a fresh run
     >>> checkpointer.save(1100)     # returns once the arrays are copied
@@ -47,7 +47,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -58,7 +57,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fenwicks import _deadline, _tf_internals
+from fenwicks import _deadline, _removal, _tf_internals
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (
@@ -120,7 +119,7 @@ class RunParts(EngineArrays, Protocol):
 def variable_groups(model: Any, optimizer: Any) -> dict[str, list[Any]]:
     """The Keras variables of a step, by group, in the order Keras lists them.
 
-    Examples:
+    Example:
         >>> [len(v) for v in variable_groups(model, optimizer).values()]
         [10, 4, 21]
     """
@@ -228,21 +227,11 @@ def title(engine: str) -> str:
 
 
 def _remove_tree(path: str) -> None:
-    if fw_io.is_gcs(path):
-        import tensorflow as tf  # gs:// only: the client fenwicks.io uses
-
-        tf.io.gfile.rmtree(path)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
+    _removal.remove_tree(path, ignore_errors=not fw_io.is_gcs(path))
 
 
 def _remove_file(path: str) -> None:
-    if fw_io.is_gcs(path):
-        import tensorflow as tf  # gs:// only: the client fenwicks.io uses
-
-        tf.io.gfile.remove(path)
-    else:
-        os.remove(path)
+    _removal.remove_file(path)
 
 
 # --------------------------------------------------------------------------- errors
@@ -297,7 +286,7 @@ def ocp() -> Any:
 def latest(work_dir: str) -> str | None:
     """The newest complete run-format step of `work_dir`, found without orbax.
 
-    Examples:
+    Example:
         >>> latest('/kaggle/working/run')
         '/kaggle/working/run/checkpoints/1000'
     """
@@ -310,7 +299,7 @@ def complete_steps(folder: str) -> list[int]:
     step folders (orbax renames a step into place when complete); on ``gs://`` those
     whose commit marker was uploaded (last).
 
-    Examples:
+    Example:
         >>> complete_steps('gs://my-bucket/work/run/checkpoints')
         [300, 400]
     """
@@ -354,7 +343,9 @@ def read_arrays(step_dir: str, record: dict) -> StateTree:
     """The arrays of a local step, as NumPy arrays, shaped as its record says."""
     target = {group: [np.empty(shape, dtype=np.dtype(dtype))
                       for _, shape, dtype in record["layout"][group]] for group in GROUPS}
-    restored = _reader().restore(os.path.join(step_dir, STATE), target)
+    # Orbax takes absolute paths only ('Checkpoint path should be absolute'): a work_dir
+    # given relative ('runs/demo') is resolved against the current folder.
+    restored = _reader().restore(os.path.join(os.path.abspath(step_dir), STATE), target)
     return {group: [np.asarray(a) for a in restored[group]] for group in GROUPS}
 
 
@@ -471,7 +462,7 @@ class RunCheckpointer(Checkpointer):
     Raises:
         ValueError: a ``gs://`` work_dir with several JAX processes.
 
-    Examples:
+    Example:
         >>> checkpointer = RunCheckpointer('gs://my-bucket/work/run', state, keep=3,
         ...                                asynchronous=True)
         >>> checkpointer.save(100)
@@ -597,7 +588,7 @@ class RunCheckpointer(Checkpointer):
         manager = self._manager
         manager.reload()
         if step in manager.all_steps():  # force, or another run's step of that number
-            manager.delete(step)
+            _removal.remove_orbax_step(manager, step)
         args = self._ocp.args
         try:
             manager.save(step, args=args.Composite(**{
@@ -826,7 +817,7 @@ class StagedBucket:
         self.remote, self.keep = remote, keep
         self.scratch = tempfile.mkdtemp(prefix="fenwicks-run-")
         # Removed by `close`, or when this object goes (an estimator never closed).
-        self._cleanup = weakref.finalize(self, _remove_tree, self.scratch)
+        self._cleanup = _removal.remove_tree_at_exit(self, self.scratch)
         # Steps whose local copy is known to equal the bucket's: {step: fingerprint}.
         self._copies: dict[int, tuple] = {}
 

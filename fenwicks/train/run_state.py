@@ -25,7 +25,7 @@ from typing import Any
 
 import tensorflow as tf  # tf.summary: TensorBoard's writers, on both engines
 
-from fenwicks import _deadline, accel
+from fenwicks import _deadline, _removal, accel
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train import building, checkpointing, cross_engine, lock, run_format
@@ -465,7 +465,4 @@ def _remove_empty_folders(work_dir: str) -> None:
     """Removes the folders a failed write recreated under a deleted work_dir, if empty
     (an empty folder holds nothing of anyone's)."""
     for dirpath, _, _ in sorted(os.walk(work_dir), key=lambda w: -len(w[0])):
-        try:
-            os.rmdir(dirpath)
-        except OSError:
-            continue  # not empty: something is in it, kept
+        _removal.remove_empty_dir(dirpath)  # not empty: something is in it, kept

@@ -22,17 +22,46 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 _OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"  # the key object-based checkpoints hold
 
 
+def _run_step(source: str) -> str | None:
+    """The Fenwicks run-format step `source` names (a work_dir's newest, or the step)."""
+    from fenwicks.train import run_format
+
+    return source if run_format.is_step(source) else run_format.latest(source)
+
+
+class _RunStepReader:
+    """A Fenwicks run-format step's model variables by their Keras paths (its record's
+    layout), read as a TF1 checkpoint reader is: ``get_tensor(name)``."""
+
+    def __init__(self, step_dir: str) -> None:
+        from fenwicks.train import run_format
+
+        record = run_format.read_record(step_dir)
+        arrays = run_format.read_arrays(step_dir, record)
+        self.tensors = {path: array for group in ("trainable", "non_trainable")
+                        for (path, _, _), array in zip(record["layout"][group],
+                                                       arrays[group], strict=True)}
+
+    def get_tensor(self, name: str) -> Any:
+        return self.tensors[name]
+
+
 def checkpoint_path(source: str, what: str = "warm_start_from") -> str:
-    """The checkpoint prefix `source` names (itself, or a directory's latest).
+    """The checkpoint prefix `source` names (itself, or a directory's latest), or the
+    Fenwicks run-format step.
 
     Raises:
         WarmStartError: there is no checkpoint there, in one sentence naming `what`.
     """
+    step = _run_step(source)
+    if step is not None:
+        return step
     path = tf.train.latest_checkpoint(source) if tf.io.gfile.isdir(source) else None
     path = path or source
     if not tf.io.gfile.exists(path + ".index"):
@@ -45,13 +74,20 @@ def checkpoint_path(source: str, what: str = "warm_start_from") -> str:
 
 def is_name_based(source: str) -> bool:
     """True for a TF1 checkpoint (variables saved by their TF1 names), False for an
-    object-based one (TensorFlow 2's, Fenwicks' own)."""
+    object-based one (TensorFlow 2's, Fenwicks' own) and a Fenwicks run's."""
+    if _run_step(source) is not None:
+        return False
     reader = tf.train.load_checkpoint(checkpoint_path(source))
     return not reader.has_tensor(_OBJECT_GRAPH)
 
 
 def _checkpoint_names(source: str) -> tuple[Any, dict[str, list[int]]]:
-    reader = tf.train.load_checkpoint(checkpoint_path(source, "the warm start's checkpoint"))
+    path = checkpoint_path(source, "the warm start's checkpoint")
+    if _run_step(source) is not None:  # a Fenwicks run's: its variables by Keras path
+        reader = _RunStepReader(path)
+        return reader, {name: (name, list(np.shape(value)))
+                        for name, value in reader.tensors.items()}
+    reader = tf.train.load_checkpoint(path)
     suffix = "/.ATTRIBUTES/VARIABLE_VALUE"
     names = {}
     for key, shape in reader.get_variable_to_shape_map().items():
