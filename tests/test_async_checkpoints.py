@@ -188,3 +188,36 @@ print(json.dumps(est.parts.state.checkpointer.pending_step))  # then the interpr
     assert run_format.latest(str(work)) == f"{work}/checkpoints/7"
     assert json.loads((work / "checkpoints" / "7" / "record" / "metadata").read_text())[
         "step"] == 7
+
+
+def test_several_processes_agree_on_a_save_that_one_of_them_found_due(tmp_path,
+                                                                      monkeypatch):
+    """With several JAX processes a save is a collective (orbax's barriers): SIGTERM to
+    one host, or one host's clock past save_every_secs, makes every process save and
+    stop together. `agree` asks all processes (`processes_where`, faked here: which
+    processes' flag is set); with one process it answers the flag itself, asking none."""
+    import sys
+    import types
+
+    import fenwicks.train.jax as jax_package
+
+    asked = []
+
+    def processes_where(flag):
+        asked.append(flag)
+        return [1] if flag else [1] if len(asked) == 2 else []  # 2nd call: process 1's
+
+    fake = types.SimpleNamespace(processes_where=processes_where)
+    monkeypatch.setitem(sys.modules, "fenwicks.train.jax.processes", fake)
+    monkeypatch.setattr(jax_package, "processes", fake, raising=False)
+    several = run_format.RunCheckpointer(str(tmp_path / "two"), None, keep=1,
+                                         asynchronous=False, processes=2)
+    assert several.agree(False) is False  # nobody's flag set
+    assert several.agree(False) is True  # process 1's set, this one's not: both save
+    assert several.agree(True) is True
+    assert asked == [False, False, True]
+    one = run_format.RunCheckpointer(str(tmp_path / "one"), None, keep=1,
+                                     asynchronous=False)
+    assert (one.agree(False), one.agree(True)) == (False, True)
+    assert len(asked) == 3  # one process: no collective
+    assert not (tmp_path / "two").exists() and not (tmp_path / "one").exists()

@@ -84,9 +84,12 @@ def test_two_processes_train_to_one_process_weights_and_resume_exactly(runs):
     assert len(theirs.files) == len(ours.files) > 10
     worst = max(float(np.max(np.abs(theirs[k] - ours[k]))) for k in theirs.files)
     assert worst < 1e-5, worst
-    # Loops of 3 steps, cut at the epoch's end (10): the last three checkpoints.
-    assert sorted(os.listdir(runs["root"] / "two" / "orbax"), key=int) == ["9", "10", "12"]
+    # Loops of 3 steps, cut at the epoch's end (10): the last three checkpoints, in the
+    # run format (written once, by process 0); nothing in the previous orbax/ layout.
+    assert sorted(os.listdir(runs["root"] / "two" / "checkpoints"), key=int) == [
+        "9", "10", "12"]
     assert "fenwicks.lock" not in os.listdir(runs["root"] / "two")
+    assert "orbax" not in os.listdir(runs["root"] / "two")
     # Summaries from process 0 alone: one event file per run of it (two runs, one
     # evaluation); process 1 would add its own.
     work = runs["root"] / "two"

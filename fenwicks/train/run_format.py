@@ -476,6 +476,7 @@ class RunCheckpointer(Checkpointer):
         self.work_dir = work_dir.rstrip("/")
         self.directory = directory(self.work_dir)
         self._parts, self._keep, self._writes = parts, keep, writes
+        self._processes = processes
         self._legacy = legacy
         self._bucket = (StagedBucket(self.directory, keep, processes)
                         if fw_io.is_gcs(work_dir) else None)
@@ -632,6 +633,17 @@ class RunCheckpointer(Checkpointer):
         # Staged: the bucket's copy holds the local files, byte for byte.
         self._good = _fingerprint(self._path(step), self._local(step) if self._bucket
                                   else None)
+
+    def agree(self, due: bool) -> bool:
+        """True on every process if a save is due on any: with several JAX processes
+        each reads its own clock (``save_every_secs``) and its own signals (SIGTERM to one
+        host), and a save is a collective of them all (orbax's barriers). `due` itself
+        with one process."""
+        if self._processes == 1:
+            return due
+        from fenwicks.train.jax import processes
+
+        return bool(processes.processes_where(due))
 
     def _write_error(self, step: int, err: BaseException) -> CheckpointWriteError:
         if isinstance(err, fw_io.TransferError) and err.__cause__ is not None:
