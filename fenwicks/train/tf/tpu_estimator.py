@@ -181,7 +181,7 @@ class TPUEstimator:
 
     def _check_shards(self) -> None:
         wanted = self.config.tpu_config.num_shards or self.params.get("num_shards")
-        replicas = accel.current().num_replicas
+        replicas = self.num_replicas
         if wanted is not None and wanted != replicas:
             logger.warning("fenwicks: num_shards=%d asked for, but %d replica(s) are "
                            "available: training runs on %d, and params['num_shards'] says "
@@ -211,7 +211,7 @@ class TPUEstimator:
 
     @property
     def num_replicas(self) -> int:
-        return accel.current().num_replicas
+        return engines.current().num_replicas(accel.current())  # the engine: one truth
 
     def batch_per_replica(self, mode: str) -> int:
         size = {"train": self.train_batch_size, "eval": self.eval_batch_size,
