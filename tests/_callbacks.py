@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import fenwicks as fw
-from fenwicks.train.tf import checkpoints
+from fenwicks.train import run_format
 from tests import _flagship as flagship
 
 MODEL = "mnist_net"
@@ -52,11 +52,11 @@ def checkpoint_holds(est: Any, work_dir: str) -> bool:
     """Whether work_dir's newest checkpoint holds each model variable's value, bit for
     bit, as read from the file (not through an estimator: a new 8-replica one costs
     ~10 s to build and compile)."""
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(work_dir))
-    keys = checkpoints.model_variable_keys(est.model)
-    return len(keys) == len(est.model.variables) > 0 and all(
-        np.array_equal(reader.get_tensor(key), np.asarray(variable))
-        for key, variable in keys.items())
+    saved = run_format.read_values(run_format.latest(work_dir))
+    variables = est.model.variables
+    return len(variables) > 0 and all(
+        variable.path in saved and np.array_equal(saved[variable.path], np.asarray(variable))
+        for variable in variables)
 
 
 def terminate_on_nan(work_dir: str) -> dict[str, Any]:

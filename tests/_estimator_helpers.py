@@ -173,16 +173,22 @@ def replicas(work_root: str, bad_root: str | None = None) -> dict:
     return out
 
 
+def _files(work_dir: str) -> list[str]:
+    """The work_dir's files and its checkpoint steps (``checkpoints/<step>``)."""
+    steps = os.path.join(work_dir, "checkpoints")
+    return sorted(os.listdir(work_dir)) + sorted(
+        f"checkpoints/{name}" for name in os.listdir(steps) if os.path.isdir(steps))
+
+
 def resume(work_dir: str) -> dict:
     """Resumes a run to step 40 (then asks for 40 again: nothing must happen)."""
     x, y = make_data()
     est = fw.train.get_tpu_estimator(10, model_func(dropout=0.25), work_dir, trn_bs=32,
                                      seed=1, steps_per_loop=7, verbose=False)
     est.train(train_input(x, y), max_steps=40)
-    files = sorted(os.listdir(work_dir))
+    files = _files(work_dir)
     est.train(train_input(x, y), max_steps=40)  # already there: nothing happens
-    return {"step": est.global_step, "files": files,
-            "files_after": sorted(os.listdir(work_dir)),
+    return {"step": est.global_step, "files": files, "files_after": _files(work_dir),
             "weights": [w.tolist() for w in est.model.get_weights()]}
 
 

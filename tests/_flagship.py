@@ -24,10 +24,10 @@ import sys
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 from sklearn.datasets import load_digits
 
 import fenwicks as fw
+from fenwicks.train import run_format
 
 MODELS = ("mnist_net", "resnet9")
 NUM_TRAIN = 1024        # the other 773 digits are the evaluation set (773 is prime)
@@ -113,7 +113,7 @@ def exact(work_root: str, batch_sizes: str) -> dict[str, Any]:
     for name in MODELS:
         x, y = digits(name)
         work_dir = os.path.join(work_root, f"{name}-replica")
-        if tf.train.latest_checkpoint(work_dir) is None:
+        if run_format.latest(work_dir) is None:
             estimator(name, work_dir).train(train_input(x, y), steps=10)
         runs = {}
         for batch_size in (int(b) for b in batch_sizes.split(",")):

@@ -350,6 +350,21 @@ def read_arrays(step_dir: str, record: dict) -> StateTree:
 
 
 @functools.cache
+def read_values(step_dir: str) -> dict[str, np.ndarray]:
+    """Every array of a local step (model and optimizer variables) by its Keras path.
+
+    Examples:
+        >>> values = read_values(latest('/content/run'))
+        >>> values['sequential/dense/kernel'].shape
+        (64, 10)
+    """
+    record = read_record(step_dir)
+    arrays = read_arrays(step_dir, record)
+    return {path: array for group in GROUPS
+            for (path, _, _), array in zip(record["layout"][group], arrays[group],
+                                           strict=True)}
+
+
 def _reader() -> Any:
     """One orbax reader for the process (closing one after a failed read left its
     event loop's callbacks to fail noisily at exit)."""
