@@ -277,17 +277,17 @@ def _eval_rates(trials: int) -> dict[str, float]:
 def _save_blocking(loops: int) -> dict[str, float]:
     """Median seconds `save` blocked training per save, sync and async (JAX engine)."""
     import fenwicks as fw
-    from fenwicks.train.jax import checkpoints
+    from fenwicks.train import run_format
 
     blocked: list[float] = []
-    save = checkpoints.OrbaxCheckpointer.save
+    save = run_format.RunCheckpointer.save  # the run format: both engines' checkpoints
 
     def timed(self, step, *, force=False):
         save(self, step, force=force)
         if self.last_blocked_secs is not None:  # None: nothing new to save
             blocked.append(self.last_blocked_secs)
 
-    checkpoints.OrbaxCheckpointer.save = timed
+    run_format.RunCheckpointer.save = timed
     # 8x8 inputs and one example per device: the checkpoint's size is the same and a
     # step costs ~200 times less (what is measured is the save, not the step).
     x, y = _data(NUM_TRAIN)
