@@ -27,20 +27,40 @@ import numpy as np
 
 from tests import _fault_proxy as proxy
 
-# Requests for checkpoint objects: data, index, the temp dir and the state file.
-CHECKPOINT_OBJECTS = "ckpt-|checkpoint"
+# Requests for checkpoint objects: every request under <work_dir>/checkpoints/ (the step
+# folders' files, their commit markers, the listing of steps), URL-encoded or not.
+CHECKPOINT_OBJECTS = "checkpoints"
+# Uploads of checkpoint objects: TensorFlow's name the object in the URL; gcsfs's (the step
+# folders' files) name it in the body, and are the only gcsfs uploads while training.
+CHECKPOINT_UPLOADS = "checkpoints|uploadType=multipart"
+# The marker a gs:// step is uploaded with, last (orbax's items have their own inside).
+COMMIT_MARKER = "commit_success"
+
+
+def _step_objects(step: int) -> str:
+    """The regex of the requests for the objects of one step folder."""
+    return rf"checkpoints(/|%2F){step}(/|%2F)"
+
+
 UPLOADS = ("POST", "PUT")
 _last_error: list[BaseException] = []  # the exceptions `_phase` caught, newest last
 
 
-def _phase(action, rules: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _phase(action, rules: list[dict[str, Any]] | None,
+           scaled_waits: bool = False) -> dict[str, Any]:
     """Runs `action()` with `rules` in force (None: the action sets them); what happened,
-    then clears the rules."""
+    then clears the rules. `scaled_waits`: gcsfs's retry waits recorded (``gcsfs_waits``)
+    and slept GCSFS_WAIT_SCALE of."""
     proxy.set_rules(rules or [])
     start = time.monotonic()
     outcome: dict[str, Any] = {"error": None}
     try:
-        outcome["value"] = action()
+        with _gcsfs_waits_recorded() if scaled_waits else contextlib.nullcontext([]) \
+                as waits:
+            try:
+                outcome["value"] = action()
+            finally:
+                outcome["gcsfs_waits"] = list(waits)
     except Exception as err:  # noqa: BLE001 - the scenario reports every failure
         _last_error.append(err)
         outcome["error"] = {"type": type(err).__name__, "message": str(err),
@@ -56,10 +76,34 @@ def _phase(action, rules: list[dict[str, Any]] | None) -> dict[str, Any]:
 
 
 def _objects(work_dir: str) -> list[str]:
+    """Every object under `work_dir`/checkpoints, relative to it (``4/commit_success.txt``)."""
     import tensorflow as tf
 
-    return sorted(name for name in tf.io.gfile.listdir(work_dir)
-                  if name.startswith(("ckpt-", "checkpoint")))
+    from fenwicks.train import run_format
+
+    folder = run_format.directory(work_dir)
+    return sorted(f"{root[len(folder):].strip('/')}/{name}".lstrip("/")
+                  for root, _, files in tf.io.gfile.walk(folder) for name in files)
+
+
+def _latest(work_dir: str) -> str | None:
+    from fenwicks.train import run_format
+
+    return run_format.latest(work_dir)
+
+
+def _md5s(folder: str) -> dict[str, str]:
+    """md5 of every file under a local `folder`, by relative path."""
+    import hashlib
+
+    digest = {}
+    for root, _, files in os.walk(folder):
+        for file in files:
+            path = os.path.join(root, file)
+            with open(path, "rb") as f:
+                digest[os.path.relpath(path, folder)] = hashlib.md5(
+                    f.read(), usedforsecurity=False).hexdigest()
+    return digest
 
 
 def _estimator(work_dir: str):
@@ -77,8 +121,6 @@ def _weights(est) -> list[list[float]]:
 
 def save_and_restore(work_dir: str) -> dict[str, Any]:
     """Transient faults while saving and restoring; a save that cannot succeed."""
-    import tensorflow as tf
-
     from tests import _estimator_helpers as helpers
 
     x, y = helpers.make_data(200)
@@ -86,30 +128,37 @@ def save_and_restore(work_dir: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     est = _estimator(work_dir)
     # Every kind of fault, a few times each, on the requests that write checkpoints.
+    # Reads (the listing of steps, existence checks) and writes get different faults: one
+    # request meets at most 4 in a row, within both clients' retries (6 attempts each).
     transient = [
-        {"fault": "503", "path": CHECKPOINT_OBJECTS, "times": 3},
-        {"fault": "reset", "method": "POST", "path": CHECKPOINT_OBJECTS, "times": 1},
+        {"fault": "503", "method": "GET", "path": CHECKPOINT_OBJECTS, "times": 3},
+        {"fault": "503", "method": "POST", "path": CHECKPOINT_UPLOADS, "times": 1},
+        {"fault": "reset", "method": "POST", "path": CHECKPOINT_UPLOADS, "times": 1},
         {"fault": "reset", "method": "PUT", "path": CHECKPOINT_OBJECTS, "times": 1},
-        {"fault": "truncate", "path": CHECKPOINT_OBJECTS, "times": 2},
-        {"fault": "delay", "path": CHECKPOINT_OBJECTS, "times": 1, "seconds": 3},
+        {"fault": "truncate", "method": "POST", "path": CHECKPOINT_UPLOADS, "times": 2},
+        {"fault": "delay", "method": "GET", "path": CHECKPOINT_OBJECTS, "times": 1,
+         "seconds": 3},
     ]
-    out["transient_save"] = _phase(lambda: est.train(train, steps=4) and None, transient)
-    out["transient_save"]["latest"] = tf.train.latest_checkpoint(work_dir)
-    out["saved_weights"] = _weights(est)
+    out["transient_save"] = _phase(lambda: est.train(train, steps=4) and None, transient,
+                                   scaled_waits=True)
+    out["transient_save"]["latest"] = _latest(work_dir)
+    out["saved_weights"] = _weights(est) if out["transient_save"]["error"] is None else []
     # Storage refuses every checkpoint upload: the save after steps 5-6 cannot succeed.
-    refuse = [{"fault": "503", "method": method, "path": CHECKPOINT_OBJECTS}
+    refuse = [{"fault": "503", "method": method, "path": CHECKPOINT_UPLOADS}
               for method in UPLOADS]
-    out["failed_save"] = _phase(lambda: est.train(train, steps=2) and None, refuse)
-    out["failed_save"]["latest"] = tf.train.latest_checkpoint(work_dir)
+    out["failed_save"] = _phase(lambda: est.train(train, steps=2) and None, refuse,
+                                scaled_waits=True)
+    out["failed_save"]["latest"] = _latest(work_dir)
     out["failed_save"]["objects"] = _objects(work_dir)
-    # Data and index written, then the state file naming ckpt-N cannot be: the new
-    # checkpoint must not become `latest`.
-    state_file = [{"fault": "503", "method": method, "path": "checkpoint"}
-                  for method in UPLOADS]
+    # The step's files uploaded, then its commit marker cannot be: the new step must not
+    # become the latest.
+    marker = [{"fault": "503", "method": method, "path": _step_objects(6) + COMMIT_MARKER}
+              for method in UPLOADS]
     again = _estimator(work_dir)
-    out["failed_state_file"] = _phase(lambda: again.train(train, steps=2) and None,
-                                      state_file)
-    out["failed_state_file"]["latest"] = tf.train.latest_checkpoint(work_dir)
+    out["failed_marker"] = _phase(lambda: again.train(train, steps=2) and None, marker,
+                                  scaled_waits=True)
+    out["failed_marker"]["latest"] = _latest(work_dir)
+    out["failed_marker"]["objects"] = _objects(work_dir)
     # A new process-like start reads the newest complete checkpoint through faults.
     reads = [
         {"fault": "503", "method": "GET", "path": CHECKPOINT_OBJECTS, "times": 3},
@@ -119,8 +168,10 @@ def save_and_restore(work_dir: str) -> dict[str, Any]:
          "seconds": 3},
     ]
     fresh = _estimator(work_dir)
-    out["transient_restore"] = _phase(lambda: fresh.evaluate(evaluate), reads)
-    out["transient_restore"]["weights"] = _weights(fresh)
+    out["transient_restore"] = _phase(lambda: fresh.evaluate(evaluate), reads,
+                                      scaled_waits=True)
+    out["transient_restore"]["weights"] = (
+        _weights(fresh) if out["transient_restore"]["error"] is None else [])
     out["final_objects"] = _objects(work_dir)
     return out
 
@@ -128,34 +179,36 @@ def save_and_restore(work_dir: str) -> dict[str, Any]:
 def restore_outage(work_dir: str) -> dict[str, Any]:
     """The newest checkpoint cannot be read (storage down for it): a clear error, and
     neither an older checkpoint nor a fresh start is silently taken instead."""
-    import tensorflow as tf
-
+    from fenwicks.train import run_format
     from tests import _estimator_helpers as helpers
 
     x, y = helpers.make_data(200)
     est = _estimator(work_dir)
-    est.train(helpers.train_input(x, y), steps=4)  # ckpt-2 and ckpt-4
-    out: dict[str, Any] = {"latest": tf.train.latest_checkpoint(work_dir)}
-    outage = [{"fault": "503", "method": "GET", "path": "ckpt-4"}]
-    # The helper the estimator restores through, on a bare checkpoint of its own (no
-    # estimator internals): an error naming the prefix, or success through faults.
-    from fenwicks.train.tf import checkpoints
+    est.train(helpers.train_input(x, y), steps=4)  # steps 2 and 4
+    out: dict[str, Any] = {"latest": _latest(work_dir)}
+    outage = [{"fault": "503", "method": "GET", "path": _step_objects(4)}]
+    # The download the estimator restores a gs:// step through (StagedBucket.fetch), on
+    # its own: an error naming the step, or, through transient faults, the bucket's
+    # files byte for byte (compared with a download without faults).
+    bucket = run_format.StagedBucket(run_format.directory(work_dir), keep=3)
+    local = os.path.join(bucket.scratch, "4")
 
-    bare_dir = work_dir + "-bare"
-    variable = tf.Variable([1.0, 2.0, 3.0])
-    root = tf.train.Checkpoint(v=variable)
-    prefix = tf.train.CheckpointManager(root, bare_dir, 1, checkpoint_name="ckpt").save(4)
-    variable.assign([0.0, 0.0, 0.0])
-    out["read_outage"] = _phase(lambda: checkpoints.read(root, prefix, bare_dir), outage)
-    transient = [{"fault": "503", "method": "GET", "path": "ckpt-4", "times": 2}]
-    out["read_transient"] = _phase(
-        lambda: checkpoints.read(root, prefix, bare_dir) or variable.numpy().tolist(),
-        transient)
+    def fetch() -> dict[str, str]:
+        bucket.fetch(4, local, ("not known",))
+        return _md5s(local)
+
+    out["read_outage"] = _phase(fetch, outage, scaled_waits=True)
+    out["read_outage"]["left_locally"] = os.path.exists(local)
+    transient = [{"fault": "503", "method": "GET", "path": _step_objects(4), "times": 2}]
+    out["read_transient"] = _phase(fetch, transient, scaled_waits=True)
+    out["read_clean"] = _phase(fetch, [])
+    bucket.close()
     # The estimator itself, starting on that work_dir during the outage.
     fresh = _estimator(work_dir)
-    out["outage"] = _phase(lambda: fresh.evaluate(helpers.eval_input(x, y)), outage)
+    out["outage"] = _phase(lambda: fresh.evaluate(helpers.eval_input(x, y)), outage,
+                           scaled_waits=True)
     out["objects_after"] = _objects(work_dir)
-    out["latest_after"] = tf.train.latest_checkpoint(work_dir)
+    out["latest_after"] = _latest(work_dir)
     return out
 
 
@@ -234,7 +287,7 @@ def upload(remote_dir: str, local_dir: str) -> dict[str, Any]:
 
 
 # The deadline scenarios train the narrow mnist_net on 8x8 digits, 2 steps per compiled
-# loop and a checkpoint after each: ckpt-2, ckpt-4, ... up to OUTAGE_TARGET.
+# loop and a checkpoint after each: checkpoints/2, checkpoints/4, ... up to OUTAGE_TARGET.
 OUTAGE_AT, OUTAGE_TARGET = 4, 10
 
 
@@ -300,10 +353,8 @@ def _error_of(outcome: dict[str, Any]) -> BaseException | None:
 
 def train_to(work_dir: str, max_steps: str) -> dict[str, Any]:
     """A new process on `work_dir` (resumed or fresh) trains to `max_steps`."""
-    from fenwicks.train import run_format
-
     est, train = _digits_estimator(work_dir)
-    latest = run_format.latest(work_dir)
+    latest = _latest(work_dir)
     est.train(train, max_steps=int(max_steps))
     return {"resumed_from": latest, "step": est.global_step, "variables": _variables(est)}
 

@@ -5,12 +5,17 @@ Transient faults are retried and nothing is lost; an outage ends in an error tha
 the path within a bounded time; a checkpoint that was not completely written is never
 taken for one. The scenarios run in tests/_storage_faults.py inside the namespace.
 
+Checkpoints are in the run format: ``<work_dir>/checkpoints/<step>/``, written by orbax
+to local scratch space, uploaded with gcsfs, and complete once its ``commit_success.txt``
+(written last, through TensorFlow's client) is there; the listing of steps and the
+existence checks go through TensorFlow's client too.
+
 TensorFlow's retries are scaled down here (0.1 s first wait instead of 1 s, 0.5 s cap
 instead of 32 s, 5 retries instead of 10, 1 s idle timeout instead of 60 s) so an outage
 costs seconds, not minutes; the defaults are documented in fw.io and checkpoints.py.
 gcsfs's retries are fixed (6 attempts, 1+2+4+8+16 s of waiting, plus jitter): the upload
-scenario records each wait and sleeps 1/20 of it, and checks the waits a user would see
-(31-36 s in an outage).
+and checkpoint scenarios record each wait and sleep 1/20 of it, and check the waits a
+user would see (31-36 s in an outage).
 
 The deadline tests (a missing bucket, storage gone or paused mid-training, no
 credentials) keep Fenwicks' own TensorFlow retry settings and scale only the
@@ -72,10 +77,12 @@ def restore_outage(gcs_fault_emulator):
 def test_transient_faults_during_saves_are_retried(save_and_restore):
     work_dir, out = save_and_restore
     phase = out["transient_save"]
-    assert phase["error"] is None
-    # 3 x 503, a reset upload POST and PUT, 2 answers cut mid-body, 1 stalled request.
-    assert phase["fired"] == [3, 1, 1, 2, 1]
-    assert phase["latest"] == work_dir + "/ckpt-4"
+    assert phase["error"] is None, phase["error"]
+    # 3 x 503 on reads and 1 on an upload, a reset upload POST and PUT, 2 upload answers
+    # cut mid-body, 1 stalled read.
+    assert phase["fired"] == [3, 1, 1, 1, 2, 1]
+    assert phase["latest"] == work_dir + "/checkpoints/4"
+    assert "4/commit_success.txt" in out["final_objects"]
 
 
 def test_a_save_that_cannot_be_written_names_the_path_and_keeps_the_previous(
@@ -83,29 +90,43 @@ def test_a_save_that_cannot_be_written_names_the_path_and_keeps_the_previous(
     work_dir, out = save_and_restore
     phase = out["failed_save"]
     error = phase["error"]
-    assert error is not None and "OSError" in error["mro"]
-    assert f"{work_dir}/ckpt-6" in error["message"]
+    assert error is not None and error["type"] == "CheckpointWriteError", phase
+    assert "OSError" in error["mro"]
+    assert f"could not write checkpoint {work_dir}/checkpoints/6" in error["message"]
     assert "503" in error["message"]
+    assert f"The previous checkpoint ({work_dir}/checkpoints/4) is intact" \
+        in error["message"]
+    assert phase["fired"][0] >= 6  # gcsfs retried (6 attempts) before giving up
+    # gcsfs's waits (1+2+4+8+16 s plus jitter; slept 1/20 of here), nothing more.
+    waits = phase["gcsfs_waits"]
+    assert len(waits) == 5 and 31 <= sum(waits) <= 36, waits
     assert phase["seconds"] < OUTAGE_BOUND_SECS
-    assert phase["fired"][0] >= 6  # TensorFlow retried before giving up
-    assert phase["latest"] == work_dir + "/ckpt-4"
-    assert not [name for name in phase["objects"] if name.startswith("ckpt-6")]
+    assert phase["latest"] == work_dir + "/checkpoints/4"
+    assert not [name for name in phase["objects"] if name.startswith("6/")]
+    assert "4/commit_success.txt" in phase["objects"]
 
 
-def test_new_checkpoint_without_its_state_file_is_not_taken_as_latest(save_and_restore):
+def test_new_checkpoint_without_its_commit_marker_is_not_taken_as_latest(
+        save_and_restore):
     work_dir, out = save_and_restore
-    phase = out["failed_state_file"]
-    assert phase["error"] is not None and f"{work_dir}/ckpt-6" in phase["error"]["message"]
-    assert phase["latest"] == work_dir + "/ckpt-4"
+    phase = out["failed_marker"]
+    assert phase["error"] is not None, phase
+    assert f"could not write checkpoint {work_dir}/checkpoints/6" in phase["error"]["message"]
+    assert phase["fired"][0] >= 6  # the marker's upload was refused, every attempt
+    # The step's files were uploaded; without its marker it is not a checkpoint.
+    assert [name for name in phase["objects"] if name.startswith("6/")]
+    assert "6/commit_success.txt" not in phase["objects"]
+    assert phase["latest"] == work_dir + "/checkpoints/4"
 
 
 def test_restart_reads_the_last_complete_checkpoint_through_faults(save_and_restore):
     _, out = save_and_restore
     phase = out["transient_restore"]
-    assert phase["error"] is None
+    assert phase["error"] is None, phase["error"]
     assert phase["fired"][0] == 3 and sum(phase["fired"]) >= 4
     assert phase["value"]["global_step"] == 4
     # Data lost: none. The restored weights are those trained to step 4, bit for bit.
+    assert len(phase["weights"]) == len(out["saved_weights"]) > 0
     for restored, saved in zip(phase["weights"], out["saved_weights"], strict=True):
         np.testing.assert_array_equal(restored, saved)
 
@@ -113,22 +134,31 @@ def test_restart_reads_the_last_complete_checkpoint_through_faults(save_and_rest
 def test_read_names_the_checkpoint_when_storage_is_down(restore_outage):
     work_dir, out = restore_outage
     phase = out["read_outage"]
-    assert phase["error"]["type"] == "CheckpointReadError"
-    assert f"could not read checkpoint {work_dir}-bare/ckpt-4" in phase["error"]["message"]
+    assert phase["error"]["type"] == "CheckpointDownloadError", phase
+    assert "CheckpointReadError" in phase["error"]["mro"]
+    assert f"could not read checkpoint {work_dir}/checkpoints/4" in phase["error"]["message"]
     assert "not known to be damaged" in phase["error"]["message"]
     assert phase["seconds"] < OUTAGE_BOUND_SECS
-    assert out["read_transient"]["error"] is None
-    assert out["read_transient"]["value"] == [1.0, 2.0, 3.0]  # what ckpt-4 holds
+    assert not phase["left_locally"]  # no partial copy to restore from
+    assert out["read_transient"]["error"] is None, out["read_transient"]
+    assert out["read_transient"]["fired"] == [2]
+    # What step 4 holds, every file byte for byte, as a download without faults gets it.
+    assert out["read_clean"]["error"] is None
+    assert "record/metadata" in out["read_clean"]["value"]
+    assert out["read_transient"]["value"] == out["read_clean"]["value"]
 
 
 def test_estimator_does_not_take_an_unreachable_checkpoint_for_a_damaged_one(
         restore_outage):
     work_dir, out = restore_outage
-    assert out["latest"] == work_dir + "/ckpt-4"
-    assert out["outage"]["error"]["type"] == "CheckpointReadError"
-    assert work_dir + "/ckpt-4" in out["outage"]["error"]["message"]
-    assert out["latest_after"] == work_dir + "/ckpt-4"
-    assert "ckpt-4.index" in out["objects_after"]
+    assert out["latest"] == work_dir + "/checkpoints/4"
+    error = out["outage"]["error"]
+    assert error is not None and "CheckpointReadError" in error["mro"], out["outage"]
+    assert f"could not read checkpoint {work_dir}/checkpoints/4" in error["message"]
+    assert "not known to be damaged" in error["message"]
+    assert out["latest_after"] == work_dir + "/checkpoints/4"
+    assert "4/commit_success.txt" in out["objects_after"]  # not set aside
+    assert "2/commit_success.txt" in out["objects_after"]
 
 
 def test_upload_retries_transient_faults_then_names_the_path(gcs_fault_emulator, tmp_path):
@@ -232,7 +262,9 @@ def test_storage_gone_mid_training_ends_the_run_naming_the_last_checkpoint(stora
     assert out["step"] == 6, out
     assert out["last_checkpoint"] == f"{work_dir}/checkpoints/2"
     assert f"The last good checkpoint is {work_dir}/checkpoints/2" in error["message"]
-    assert f"checkpoint save of {work_dir}/checkpoints/4 got no answer" in error["message"]
+    # The first storage call of step 4's upload (is a copy there to replace?) met it.
+    assert (f"(checkpoint save of {work_dir}/checkpoints/4 got no answer from Google Cloud "
+            f"Storage within {OPERATION_DEADLINE} s") in error["message"], error["message"]
     # Fenwicks' deadline (not TensorFlow's 47 s of retries) ended the save, then the
     # lock release had its clean-up deadline; nothing else waited on storage.
     assert OPERATION_DEADLINE <= out["seconds_after_outage"]

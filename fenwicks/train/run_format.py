@@ -741,7 +741,12 @@ class RunCheckpointer(Checkpointer):
     def _restore_step(self, step: int) -> str:
         """Restores `step`; `_Damaged` if its files cannot be read."""
         where = self._path(step)
-        good = _fingerprint(where)
+        try:
+            good = _fingerprint(where)
+        except Exception as err:
+            if self._bucket:  # storage did not answer: no sign of damage, nothing changed
+                raise CheckpointDownloadError(where, err) from err
+            raise
         if self._bucket:
             self._bucket.fetch(step, self._local(step), good)
         local = self._local(step) if self._bucket else where
