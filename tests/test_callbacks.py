@@ -70,7 +70,7 @@ def test_callbacks_that_cannot_apply_are_refused_before_training(tmp_path, callb
     x, y = _callbacks.make_data()
     with pytest.raises(ValueError, match=why):
         est.train(flagship.train_input(x, y), steps=5, callbacks=[callback])
-    assert est.global_step == 0 and not (tmp_path / "checkpoint").exists()
+    assert est.global_step == 0 and not (tmp_path / "checkpoints").exists()
 
 
 # --------------------------------------------------------------------------- across resume

@@ -129,8 +129,9 @@ def test_a_different_model_on_the_other_engines_work_dir_is_named(runs):
     root, _, on_jax, on_tf = runs
     for out, work_dir in ((on_jax, root / "tf"), (on_tf, root / "jax")):
         message = out["other_model"]
-        assert message.startswith(f"ValueError: checkpoint {work_dir}/checkpoints/{STEPS} "
-                                  "does not fit this model: its trainable variables are 10")
+        assert message.startswith(
+            f"CheckpointMismatchError: checkpoint {work_dir}/checkpoints/{STEPS} was written "
+            "by a different model: its trainable variables are 10")
         # c=8's first convolution in the checkpoint: 3x3, 1 channel in, 8 out; the
         # model's (c=16) 16 out
         assert "/kernel [3, 3, 1, 8]" in message

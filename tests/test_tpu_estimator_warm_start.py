@@ -117,7 +117,7 @@ def test_a_shape_mismatch_in_the_map_raises_as_tf1_did(tmp_path):
     message = str(err.value)
     assert "'old/kernel' (shape [4, 2] in the checkpoint) to 'dense/kernel' (shape [3, 2]" \
         in message and "TF1's init_from_checkpoint refused too" in message
-    assert not os.path.exists(tmp_path / "m" / "checkpoint")  # before any step
+    assert not os.path.exists(tmp_path / "m" / "checkpoints")  # before any step
 
 
 @pytest.mark.slow  # compiles a model_fn's steps (over ~1 s)

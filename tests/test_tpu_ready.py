@@ -127,7 +127,7 @@ def test_partial_eval_and_predict_batches_are_padded_to_static_shapes(tmp_path):
     assert report.shapes == {"train": [(16, 8, 8, 1), (16,)], "eval": [(16, 8, 8, 1), (16,)],
                              "predict": [(16, 8, 8, 1)]}
     assert report.precision == "bfloat16"
-    assert not tf.io.gfile.exists(str(tmp_path / "work" / "checkpoint"))  # nothing written
+    assert not tf.io.gfile.exists(str(tmp_path / "work" / "checkpoints"))  # nothing written
 
 
 def test_replicas_set_the_per_replica_batch_and_must_divide(tmp_path):

@@ -62,6 +62,7 @@ from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train.checkpointing import (
     Checkpointer,
+    CheckpointMismatchError,
     CheckpointReadError,
     CheckpointWriteError,
     none_readable,
@@ -769,14 +770,16 @@ class RunCheckpointer(Checkpointer):
         return where
 
     def _check_fits(self, where: str, record: dict) -> None:
-        """ValueError if the step's arrays are not this model's (count or shapes)."""
+        """CheckpointMismatchError if the step's arrays are not this model's (count or
+        shapes)."""
         ours = self._parts.layout()
         for group in GROUPS:
             theirs = record["layout"][group]
             shapes = [list(shape) for _, shape, _ in theirs]
             if shapes != [list(shape) for _, shape, _ in ours[group]]:
-                raise ValueError(
-                    f"checkpoint {where} does not fit this model: its {group} variables "
+                raise CheckpointMismatchError(
+                    f"checkpoint {where} was written by a different model: its {group} "
+                    f"variables "
                     f"are {_describe(theirs)}, the model's {_describe(ours[group])}. Use "
                     "the model_func that wrote it, or another work_dir (warm_start_from= "
                     "loads the variables that match)")
