@@ -90,7 +90,7 @@ def gcs(work_dir: str, export_dir: str, local_dir: str) -> dict[str, Any]:
     remote = work_dir.rsplit("/", 1)[0] + "/data"
     out["uploaded"] = fw.io.upload(local_dir, remote, progress=False)
     # A save that fails (storage refuses uploads): its error text is checked too.
-    proxy.set_rules([{"fault": "503", "method": method, "path": "ckpt-"}
+    proxy.set_rules([{"fault": "503", "method": method, "path": "checkpoints|uploadType=multipart"}
                      for method in ("POST", "PUT")])
     est = fw.train.get_tpu_estimator(3, _model_func(), work_dir, trn_bs=32)
     out["errors"] = {"failed_save": _message(lambda: _train_more(est))}

@@ -138,7 +138,7 @@ class NumpyCheckpointer(Checkpointer):
             if not steps:
                 return None
             path = self._path(steps[-1])
-        with np.load(path) as flat:
+        with np.load(path, allow_pickle=False) as flat:
             self._apply(_unflatten(flat))
         self._good = self._fingerprint(path)
         return path

@@ -45,7 +45,7 @@ def work_dir_of(source: str) -> str:
 
 def read(path: str) -> SavedWeights:
     """The model variables and step of checkpoint `path`."""
-    with np.load(path) as flat:
+    with np.load(path, allow_pickle=False) as flat:
         return SavedWeights(path, NAME, int(flat["counters/global_step"]),
                             [str(flat[f"paths/{name}"]) for name in PARAMS],
                             [np.array(flat[f"params/{name}"]) for name in PARAMS],
