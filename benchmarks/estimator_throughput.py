@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from fenwicks import accel, train
 from fenwicks.bench.timing import Timing, measure
+from fenwicks.train import run_format
 
 
 def _check_positive(name: str, value: Any, hint: str) -> int:
@@ -98,8 +99,8 @@ def train_throughput(model_func: Callable[[dict], Any], input_fn: Callable[[dict
     _check_positive("batch_size", batch_size, "e.g. batch_size=512 (global)")
     _check_positive("steps", steps, "e.g. steps=50 per timed call")
     _check_positive("trials", trials, "e.g. trials=3 timed calls for the median")
-    if work_dir is not None and tf.io.gfile.exists(work_dir) and \
-            tf.train.latest_checkpoint(work_dir):
+    if work_dir is not None and tf.io.gfile.exists(work_dir) and (
+            run_format.latest(work_dir) or tf.train.latest_checkpoint(work_dir)):
         raise ValueError(f"work_dir={work_dir!r} holds a checkpoint; a throughput run needs "
                          "an empty directory (or None for a temporary one)")
     scratch = tempfile.mkdtemp(prefix="fenwicks-bench-") if work_dir is None else None
