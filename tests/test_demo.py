@@ -63,7 +63,8 @@ def test_demo_command_reaches_95_percent_in_time_and_says_where_its_files_are(tm
     assert _field(out, "checkpoints") == work_dir
     assert _field(out, "TensorBoard") == f"tensorboard --logdir {work_dir}"
     files = [os.path.join(d, f) for d, _, names in os.walk(work_dir) for f in names]
-    assert any(f.endswith(".index") for f in files), files  # a TF checkpoint
+    # The run format's last step (252 steps: 6 epochs of 42), its run record with it
+    assert f"{work_dir}/checkpoints/252/record/metadata" in files, files
     assert any("tfevents" in f for f in files), files  # TensorBoard event files
     assert "%|" in proc.stderr  # the tqdm progress bar
     print(f"demo: accuracy {value:.4f} in {seconds:.1f} s")
