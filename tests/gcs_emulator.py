@@ -222,7 +222,7 @@ def start(workdir: Path, bucket: str = "fenwicks-test", timeout: float = 30,
     Raises:
         EmulatorUnavailable: not root, no ``ip``/``openssl``, or the server did not start.
     """
-    _check_prerequisites()
+    check_prerequisites()
     _remove_stale_namespaces()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +261,7 @@ def skip_or_fail(reason: str) -> NoReturn:
     pytest.skip(message)
 
 
-def _check_prerequisites() -> None:
+def check_prerequisites() -> None:
     if os.geteuid() != 0:
         raise EmulatorUnavailable("needs root to create a network namespace (ip netns add)")
     for tool in ("ip", "openssl"):

@@ -75,7 +75,7 @@ def test_the_script_runs_end_to_end(name):
 def test_checkpoint_blocking_runs_on_gs():
     # Its gs:// run starts the tests' emulator itself, in a network namespace (root).
     try:
-        _gcs_emulator._check_prerequisites()
+        _gcs_emulator.check_prerequisites()
     except _gcs_emulator.EmulatorUnavailable as err:
         _gcs_emulator.skip_or_fail(str(err))
     args = SMOKE["checkpoint_blocking.py"]
