@@ -619,10 +619,19 @@ class RunCheckpointer(Checkpointer):
 
     def _remove_partial(self, step: int) -> None:
         """Removes orbax's temporary folder of a write of `step` that failed."""
+        try:  # orbax's and tensorstore's own threads may still be writing into it
+            self._manager.wait_until_finished()
+        except Exception:  # noqa: BLE001 - the write's error is the one raised
+            pass
         folder = str(self._manager.directory)
-        for name in os.listdir(folder) if os.path.isdir(folder) else ():
-            if name.startswith(f"{step}{_TMP_MARK}"):
+        for attempt in range(5):  # a file a late writer adds makes rmtree fail: again
+            leftovers = [name for name in (os.listdir(folder) if os.path.isdir(folder)
+                                           else ()) if name.startswith(f"{step}{_TMP_MARK}")]
+            if not leftovers:
+                return
+            for name in leftovers:
                 _remove_tree(os.path.join(folder, name))
+            time.sleep(0.1 * attempt)
 
     def wait(self) -> None:
         """Waits for a step being written in the background, if any.
