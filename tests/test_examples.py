@@ -81,7 +81,7 @@ NOT_YET = {
     "fenwicks.train.cross_engine.read_run_format", "fenwicks.train.input_record.check",
     "fenwicks.train.run_format", "fenwicks.train.run_format.RunCheckpointer",
     "fenwicks.train.run_format.complete_steps", "fenwicks.train.run_format.latest",
-    "fenwicks.train.run_format.variable_groups",
+    "fenwicks.train.run_format.variable_groups", "fenwicks.train.run_format.read_values",
     "fenwicks.train.tf.tf1_gradients",
     "fenwicks._deadline.configure_tensorflow",
     "fenwicks._deadline.run",

@@ -158,7 +158,7 @@ def _run_format_step(source: str) -> str | None:
 def read_run_format(step_dir: str) -> SavedWeights:
     """The model variables of a run-format step, in the neutral form.
 
-    Example:
+    Examples:
         >>> read_run_format('/kaggle/working/run/checkpoints/1000').paths[0]
         'mnist_net/conv_bn/conv2d/kernel'
     """

@@ -32,7 +32,7 @@ engine's orbax checkpoints were: `StagedBucket`).
 Orbax imports JAX. On the TensorFlow engine JAX must never take a GPU: `fenwicks._engine`
 keeps it on the CPU (``JAX_PLATFORMS=cpu``) before anything imports it.
 
-Example:
+Examples:
     >>> checkpointer = RunCheckpointer('/content/run', state, keep=3, asynchronous=True)
     >>> checkpointer.restore()      # '/content/run/checkpoints/1000', or None for a fresh run
     >>> checkpointer.save(1100)     # returns once the arrays are copied
@@ -120,7 +120,7 @@ class RunParts(EngineArrays, Protocol):
 def variable_groups(model: Any, optimizer: Any) -> dict[str, list[Any]]:
     """The Keras variables of a step, by group, in the order Keras lists them.
 
-    Example:
+    Examples:
         >>> [len(v) for v in variable_groups(model, optimizer).values()]
         [10, 4, 21]
     """
@@ -287,7 +287,7 @@ def ocp() -> Any:
 def latest(work_dir: str) -> str | None:
     """The newest complete run-format step of `work_dir`, found without orbax.
 
-    Example:
+    Examples:
         >>> latest('/kaggle/working/run')
         '/kaggle/working/run/checkpoints/1000'
     """
@@ -300,7 +300,7 @@ def complete_steps(folder: str) -> list[int]:
     step folders (orbax renames a step into place when complete); on ``gs://`` those
     whose commit marker was uploaded (last).
 
-    Example:
+    Examples:
         >>> complete_steps('gs://my-bucket/work/run/checkpoints')
         [300, 400]
     """
@@ -478,7 +478,7 @@ class RunCheckpointer(Checkpointer):
     Raises:
         ValueError: a ``gs://`` work_dir with several JAX processes.
 
-    Example:
+    Examples:
         >>> checkpointer = RunCheckpointer('gs://my-bucket/work/run', state, keep=3,
         ...                                asynchronous=True)
         >>> checkpointer.save(100)
