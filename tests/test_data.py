@@ -770,3 +770,4 @@ def test_numpy_integers_are_accepted_for_sizes_and_counts(tmp_path):
     ds = fw.data.tfrecord_ds(fn + "*", lambda r: fw.data.tfexample_numpy_image_parser(
         r, h, w, c), np.int64(3), training=False, shuffle_buf_sz=np.int32(4))
     assert sorted(int(v) for _, y in ds for v in y) == list(ys)
+

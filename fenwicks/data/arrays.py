@@ -152,7 +152,8 @@ def _buffer_shuffled(n: int, num_pipelines: int, pipeline_id: int, seed: int | N
     indices = tf.data.Dataset.range(pipeline_id, n, num_pipelines)
 
     def epoch(e: tf.Tensor) -> tf.data.Dataset:
-        return indices.shuffle(shuffle_buf_sz, seed=pipeline.epoch_seed(seed, e, 0))
+        return pipeline.seeded_shuffle(indices, shuffle_buf_sz,
+                                       pipeline.epoch_seed(seed, e, 0))
 
     return tf.data.Dataset.counter(first_epoch).flat_map(epoch).skip(offset)
 

@@ -57,8 +57,9 @@ def training_batches(source: Source, parse: Parse, records_per_epoch: int | None
 
     def epoch(e: tf.Tensor) -> tf.data.Dataset:
         records = cached if cache else source(e)
-        return records.shuffle(options.shuffle_buf_sz,
-                               seed=pipeline.epoch_seed(options.seed, e, _RECORD_ORDER_SALT))
+        return pipeline.seeded_shuffle(
+            records, options.shuffle_buf_sz,
+            pipeline.epoch_seed(options.seed, e, _RECORD_ORDER_SALT))
     if options.augmented_epochs:
         records = after_shuffle(tf.data.Dataset.range(options.augmented_epochs).flat_map(epoch))
         ds = _augment_and_batch(records, options, 0, 0)

@@ -89,6 +89,30 @@ def prefetched(ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
     return ds.with_options(options).prefetch(AUTOTUNE)
 
 
+# Stands in for a graph-level seed of 0 while a seeded shuffle is built (see below).
+_ZERO_GLOBAL_SEED_STAND_IN = 0x5EED
+
+
+def seeded_shuffle(ds: tf.data.Dataset, buffer_size: int,
+                   seed: tf.Tensor | int | None) -> tf.data.Dataset:
+    """``ds.shuffle(buffer_size, seed=seed)``, also under a global seed of 0.
+
+    TensorFlow's seed resolution compares ``(global seed, op seed)`` with ``(0, 0)`` in
+    Python: with ``tf.random.set_seed(0)`` (``keras.utils.set_random_seed(0)``, which an
+    estimator with ``seed=0`` calls) and an op seed that is a tensor (`epoch_seed`'s),
+    building the shuffle inside a traced function raised OperatorNotAllowedInGraphError.
+    The traced function's graph seed is set to a fixed stand-in while the shuffle is built.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if tf.executing_eagerly() or seed is None or not tf.is_tensor(seed) or graph.seed != 0:
+        return ds.shuffle(buffer_size, seed=seed)
+    graph.seed = _ZERO_GLOBAL_SEED_STAND_IN
+    try:
+        return ds.shuffle(buffer_size, seed=seed)
+    finally:
+        graph.seed = 0
+
+
 def epoch_seed(seed: int | None, epoch: tf.Tensor, salt: int) -> tf.Tensor | None:
     """A shuffle seed for one epoch, a pure function of (seed, epoch, salt).
 

@@ -400,8 +400,8 @@ def record_source(files: list[str], skips: list[int], takes: list[int], *, shuff
          tf.constant(offsets, tf.int64)))
 
     def epoch_records(epoch: tf.Tensor | None) -> tf.data.Dataset:
-        ordered = names.shuffle(len(files), seed=epochs.file_order_seed(seed, epoch)) \
-            if shuffle else names
+        ordered = pipeline.seeded_shuffle(names, len(files), epochs.file_order_seed(
+            seed, epoch)) if shuffle else names
         records = ordered.interleave(read, cycle_length=max(1, min(cycle_length, len(files))),
                                      num_parallel_calls=pipeline.AUTOTUNE,
                                      deterministic=deterministic)
