@@ -454,6 +454,24 @@ class RunState(abc.ABC):
         self._writers.clear()
 
 
+class HostCountedRunState(RunState):
+    """A `RunState` whose step and input position are Python ints on the host (the jax
+    and reference engines: their steps return values, not variables to count in)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step = 0  # global_step, on the host
+        self.input_steps_taken = 0  # the input position, in steps
+
+    @property
+    def global_step(self) -> int:
+        return self.step if self.built else 0
+
+    @property
+    def input_position(self) -> int:
+        return self.input_steps_taken if self.built else 0
+
+
 def _is_storage_failure(err: BaseException) -> bool:
     """An error (or its cause) that says storage could not be reached."""
     return any(e is not None and (_deadline.is_outage(e) or checkpointing.is_storage_error(e)

@@ -31,7 +31,7 @@ from fenwicks import io as fw_io
 from fenwicks.train import building, cross_engine, run_format
 from fenwicks.train.jax import checkpoints, mesh, processes, tpu_steps
 from fenwicks.train.jax import weights as jax_weights
-from fenwicks.train.run_state import RunState
+from fenwicks.train.run_state import HostCountedRunState
 
 logger = logging.getLogger("fenwicks")
 
@@ -60,7 +60,7 @@ def assign_values(groups: tuple[list, list, list], values: tuple[list, list, lis
             variable.assign(array)
 
 
-class JaxRunState(RunState):
+class JaxRunState(HostCountedRunState):
     """`RunState` with the variables on a JAX mesh.
 
     Examples:
@@ -70,19 +70,6 @@ class JaxRunState(RunState):
     """
 
     engine = "jax"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.step = 0  # global_step, on the host
-        self.input_steps_taken = 0  # the input position, in steps
-
-    @property
-    def global_step(self) -> int:
-        return self.step if self.built else 0
-
-    @property
-    def input_position(self) -> int:
-        return self.input_steps_taken if self.built else 0
 
     # ---------------------------------------------------------------- the arrays
 

@@ -36,7 +36,7 @@ from fenwicks.train.checkpointing import (
 )
 from fenwicks.train.reference import model as linear
 from fenwicks.train.reference import weights
-from fenwicks.train.run_state import RunState
+from fenwicks.train.run_state import HostCountedRunState
 
 logger = logging.getLogger("fenwicks")
 
@@ -155,7 +155,7 @@ class NumpyCheckpointer(Checkpointer):
         return None if self._fingerprint(self._path(steps[-1])) == self._good else "replaced"
 
 
-class ReferenceRunState(RunState):
+class ReferenceRunState(HostCountedRunState):
     """`RunState` of a linear model whose state is dicts of NumPy arrays (module doc).
 
     Examples:
@@ -165,19 +165,6 @@ class ReferenceRunState(RunState):
     """
 
     engine = "reference"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.step = 0  # global_step, on the host
-        self.input_steps_taken = 0  # the input position, in steps
-
-    @property
-    def global_step(self) -> int:
-        return self.step if self.built else 0
-
-    @property
-    def input_position(self) -> int:
-        return self.input_steps_taken if self.built else 0
 
     @property
     def is_chief(self) -> bool:
