@@ -249,7 +249,7 @@ def test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_ex
                                           per_host_input_for_training=is_per_host))
         model_fn = run_classifier.model_fn_builder(
             bert_config=bert_config, num_labels=3, init_checkpoint=init_checkpoint,
-            learning_rate=3e-2, num_train_steps=num_train_steps,
+            learning_rate=1e-2, num_train_steps=num_train_steps,
             num_warmup_steps=num_warmup_steps, use_tpu=True, use_one_hot_embeddings=True)
         return fw.train.TPUEstimator(
             use_tpu=True, model_fn=model_fn, config=run_config,
@@ -288,7 +288,8 @@ def test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_ex
     assert result["eval_accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert result["eval_loss"] == pytest.approx(cross_entropy, rel=1e-4)
     assert result["global_step"] == num_train_steps
-    assert result["eval_loss"] < before["eval_loss"]  # it learned
+    assert before["eval_loss"] > 1.0  # about ln 3: three classes, not yet learned
+    assert result["eval_loss"] < 0.5  # it learned (0.004-0.03 in 11 runs on 1 and 2 replicas)
     from fenwicks.train import run_format
 
     assert run_format.latest(output_dir) == os.path.join(output_dir, "checkpoints", "40")
