@@ -60,10 +60,10 @@ from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train import run_format
 from fenwicks.train.checkpointing import (
-    CheckpointCorruptError,
     Checkpointer,
     CheckpointReadError,
     is_storage_error,
+    none_readable,
     step_of,
 )
 
@@ -342,7 +342,8 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
     saved = read(checkpoint)
     variables = list(model.variables)
     _assign(variables, saved, _match_all(variables, saved, work_dir, engine))
-    _warn_weights_only(work_dir, saved, engine, len(variables))
+    _warn_weights_only(work_dir, saved, engine, len(variables),
+                       f"the {title(engine)} continues no other engine's run")
     return saved
 
 
@@ -358,14 +359,14 @@ def _match_all(variables: Sequence[Any], saved: SavedWeights, work_dir: str,
     return pairs
 
 
-def _warn_weights_only(work_dir: str, saved: SavedWeights, engine: str,
-                       count: int) -> None:
+def _warn_weights_only(work_dir: str, saved: SavedWeights, engine: str, count: int,
+                       why: str) -> None:
     logger.warning(
         "fenwicks: %s holds the %s's checkpoint %s (step %d) and none of the %s's: its "
         "%d model variables were loaded by name, for evaluate() and predict(); train() "
-        "here is refused (warm_start_from=<this work_dir> into a new work_dir continues "
-        "from these weights)", work_dir, title(saved.engine), saved.checkpoint,
-        saved.step, title(engine), count)
+        "here is refused, as %s (warm_start_from=<this work_dir> into a new work_dir "
+        "continues from these weights)", work_dir, title(saved.engine), saved.checkpoint,
+        saved.step, title(engine), count, why)
 
 
 def _mismatch(work_dir: str, saved: SavedWeights, engine: str, missing: list,
@@ -452,7 +453,8 @@ class OtherEnginesReader(Checkpointer):
                  groups: dict[str, list[Any]]) -> None:
         self.directory = self.work_dir = work_dir.rstrip("/")
         self._engine, self._parts, self._groups = engine, parts, groups
-        self._good: str | None = None
+        self._good: str | None = None  # the checkpoint restored
+        self._newest: str | None = None  # the newest there then (damaged, or `_good`)
         self.training_refusal: str | None = None  # why train() cannot continue it
 
     @property
@@ -480,7 +482,7 @@ class OtherEnginesReader(Checkpointer):
         theirs = other_engines_checkpoint(self.work_dir, self._engine)
         if theirs is None:
             return "removed" if self._good else None
-        return None if theirs == self._good else "replaced"
+        return None if theirs == self._newest else "replaced"
 
     def restore(self, path: str | None = None) -> str | None:
         """Restores `path`, or the other engine's newest checkpoint in the work_dir.
@@ -491,12 +493,14 @@ class OtherEnginesReader(Checkpointer):
         Raises:
             CrossEngineMismatchError: a model variable has no match in the checkpoint, or
                 the checkpoint has model variables the model lacks. Nothing was loaded.
-            CheckpointCorruptError: the checkpoint cannot be read.
+            CheckpointCorruptError: the other engine's checkpoints are there but none
+                can be read (a damaged newest one falls back to an older one, with a
+                warning).
         """
-        checkpoint = path or other_engines_checkpoint(self.work_dir, self._engine)
-        if checkpoint is None:
+        saved = self._read(path)
+        if saved is None:
             return None
-        saved = _read_or_corrupt(checkpoint, self.work_dir)
+        checkpoint = saved.checkpoint
         model = self._groups["trainable"] + self._groups["non_trainable"]
         pairs = _match_all(model, saved, self.work_dir, self._engine)
         arrays = [saved.arrays[pairs[i]] for i in range(len(model))]
@@ -513,28 +517,48 @@ class OtherEnginesReader(Checkpointer):
             live = self._parts.to_host(self._parts.snapshot())["optimizer"]
             self._parts.scatter({**tree, "optimizer": live})
             self._parts.set_counters(saved.step, saved.input_steps or 0)
-            _warn_weights_only(self.work_dir, saved, self._engine, len(model))
+            _warn_weights_only(self.work_dir, saved, self._engine, len(model), why)
         self.training_refusal = (None if why is None else
                                  cannot_continue(self.work_dir, saved, self._engine, why))
         self._good = checkpoint
         return checkpoint
 
 
-def _read_or_corrupt(checkpoint: str, work_dir: str) -> SavedWeights:
-    """`read`, a checkpoint whose files cannot be read named in one sentence."""
-    try:
-        return read(checkpoint)
-    except Exception as err:
-        if (isinstance(err, (ImportError, TimeoutError, CheckpointReadError))
-                or _deadline.is_outage(err) or is_storage_error(err)):
-            raise  # not the files' fault: nothing says they are damaged
-        cause = first_line(err).split(" See full TensorStore details")[0][:300]
-        raise CheckpointCorruptError(
-            f"work_dir={work_dir!r} holds the {title(_owner(checkpoint).NAME)}'s "
-            f"checkpoint {checkpoint}, the newest, and it cannot be read "
-            f"({cause or type(err).__name__}); nothing was loaded or written. Move it "
-            "away to use an older checkpoint of that engine, or evaluate and train on "
-            "that engine") from err
+    def _read(self, path: str | None) -> SavedWeights | None:
+        """`path` read, or the newest of the other engine's checkpoints that can be: a
+        damaged one (files cut short, garbled metadata) is skipped with a warning, as
+        each engine skipped its own, and left as it is (this engine changes nothing of
+        the other's).
+
+        Raises:
+            CheckpointCorruptError: checkpoints are there but none can be read.
+        """
+        if path is not None:
+            return read(path)
+        newest = self._newest = other_engines_checkpoint(self.work_dir, self._engine)
+        if newest is None:
+            return None
+        owner = _owner(newest)
+        listed = [c for c in owner.all_checkpoints(self.work_dir)
+                  if step_of(c) <= step_of(newest)] or [newest]
+        damaged: list[tuple[str, str]] = []
+        for checkpoint in reversed(listed):
+            try:
+                saved = read(checkpoint)
+            except Exception as err:
+                if (isinstance(err, (ImportError, TimeoutError, CheckpointReadError))
+                        or _deadline.is_outage(err) or is_storage_error(err)):
+                    raise  # not the files' fault: nothing says they are damaged
+                cause = first_line(err).split(" See full TensorStore details")[0][:300]
+                damaged.append((checkpoint, cause or type(err).__name__))
+                continue
+            for where, why in damaged:
+                logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from "
+                               "the older %s instead. Its files are left as they are (the "
+                               "%s's)", where, why, checkpoint, owner.TITLE)
+            return saved
+        raise none_readable(self.work_dir, len(listed), damaged,
+                            f"the {owner.TITLE}'s checkpoints")
 
 
 def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | None:

@@ -32,21 +32,32 @@ def latest(work_dir: str) -> str | None:
     """The JAX engine's newest checkpoint ``<work_dir>/orbax/<step>``, found without
     orbax: orbax writes a step into a temporary directory and renames it to the bare
     step number when complete."""
+    found = all_checkpoints(work_dir, newest_only=True)
+    return found[-1] if found else None
+
+
+def all_checkpoints(work_dir: str, newest_only: bool = False) -> list[str]:
+    """The JAX engine's complete checkpoints ``<work_dir>/orbax/<step>``, oldest first
+    (the older ones a damaged newest falls back to); with `newest_only`, at most the
+    newest."""
     directory = f"{work_dir.rstrip('/')}/{SUBDIR}"
     if not _deadline.run(tf.io.gfile.isdir, directory, what="exists", path=directory):
-        return None
+        return []
     names = _deadline.run(tf.io.gfile.listdir, directory, what="checkpoint listing",
                           path=directory)
     steps = sorted((int(n.rstrip("/")) for n in names if n.rstrip("/").isdigit()),
                    reverse=True)
-    if "://" not in directory:
-        return f"{directory}/{steps[0]}" if steps else None
-    # On GCS a step is complete once its marker is there (uploaded last; nothing renames).
-    for step in steps:
+    found = []
+    for step in steps:  # newest first
         marker = f"{directory}/{step}/{COMMIT_FILE}"
-        if _deadline.run(tf.io.gfile.exists, marker, what="exists", path=marker):
-            return f"{directory}/{step}"
-    return None
+        # On GCS a step is complete once its marker is there (uploaded last; nothing
+        # renames); locally once it has its bare step name.
+        if "://" not in directory or _deadline.run(tf.io.gfile.exists, marker,
+                                                   what="exists", path=marker):
+            found.append(f"{directory}/{step}")
+            if newest_only:
+                break
+    return found[::-1]
 
 
 def is_checkpoint(source: str) -> bool:

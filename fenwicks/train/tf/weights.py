@@ -40,6 +40,15 @@ def latest(work_dir: str) -> str | None:
     return found
 
 
+def all_checkpoints(work_dir: str) -> list[str]:
+    """Every ``ckpt-<step>`` prefix in `work_dir` with an index, oldest first (the older
+    ones a damaged newest falls back to)."""
+    names = _deadline.run(tf.io.gfile.glob, f"{work_dir}/ckpt-*.index",
+                          what="checkpoint listing", path=work_dir)
+    prefixes = [n[: -len(".index")] for n in names]
+    return sorted((p for p in prefixes if re.search(r"/ckpt-\d+$", p)), key=step_of)
+
+
 def work_dir_of(source: str) -> str:
     """`source` as given: a work_dir or a ``ckpt-<step>`` prefix names itself."""
     return source.rstrip("/")
