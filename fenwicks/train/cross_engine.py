@@ -534,6 +534,7 @@ class OtherEnginesReader(Checkpointer):
             CheckpointCorruptError: checkpoints are there but none can be read.
         """
         if path is not None:
+            self._newest = path
             return read(path)
         newest = self._newest = other_engines_checkpoint(self.work_dir, self._engine)
         if newest is None:
