@@ -65,6 +65,7 @@ from fenwicks.train.checkpointing import (
     CheckpointMismatchError,
     CheckpointReadError,
     CheckpointWriteError,
+    is_storage_error,
     none_readable,
     step_of,
 )
@@ -243,21 +244,29 @@ class _Damaged(Exception):
 
 
 class CheckpointDownloadError(CheckpointReadError):
-    """A ``gs://`` checkpoint could not be downloaded after gcsfs's retries.
+    """A ``gs://`` checkpoint could not be downloaded, or the steps of a ``gs://``
+    checkpoints folder could not be listed, after the storage client's retries.
 
-    Nothing was restored or changed: the checkpoint may be perfectly sound.
+    Nothing was restored or changed: the checkpoints may be perfectly sound.
+
+    Args:
+        path: the step folder (or, with `listing`, the checkpoints folder).
+        cause: what the storage client raised.
+        listing: the listing of `path`'s steps failed, not a download. Defaults to False.
     """
 
-    def __init__(self, path: str, cause: BaseException) -> None:
+    def __init__(self, path: str, cause: BaseException, *, listing: bool = False) -> None:
         self.path, self.cause = path, cause
         if isinstance(cause, fw_io.TransferError) and cause.__cause__ is not None:
             cause = cause.__cause__  # what storage answered, not the paths again
+        what = (f"the checkpoints in {path}: listing them failed" if listing else
+                f"checkpoint {path}: the download failed")
         OSError.__init__(
-            self, f"could not read checkpoint {path}: the download failed after the "
-            f"storage client's retries ({type(cause).__name__}: {first_line(cause)}). "
-            "Nothing was restored or changed in the work_dir; the checkpoint is not known "
-            "to be damaged. Check the network or the bucket's status, then create the "
-            "estimator again")
+            self, f"could not read {what} after the storage client's retries "
+            f"({type(cause).__name__}: {first_line(cause)}). Nothing was restored or "
+            f"changed in the work_dir; the checkpoint{'s are' if listing else ' is'} not "
+            "known to be damaged. Check the network or the bucket's status, then create "
+            "the estimator again")
 
 
 def directory(work_dir: str) -> str:
@@ -300,13 +309,24 @@ def complete_steps(folder: str) -> list[int]:
     step folders (orbax renames a step into place when complete); on ``gs://`` those
     whose commit marker was uploaded (last).
 
+    Raises:
+        CheckpointDownloadError: the ``gs://`` listing failed after the storage client's
+            retries (nothing was read or changed).
+
     Examples:
         >>> complete_steps('gs://my-bucket/work/run/checkpoints')
         [300, 400]
     """
     if fw_io.is_gcs(folder):
-        found = _deadline.run(fw_io.glob, f"{folder}/*/{COMMIT_FILE}",
-                              what="checkpoint listing", path=folder)
+        try:
+            found = _deadline.run(fw_io.glob, f"{folder}/*/{COMMIT_FILE}",
+                                  what="checkpoint listing", path=folder)
+        except Exception as err:
+            # TensorFlow's client used up its retries ("AbortedError: All 10 retry
+            # attempts failed"): storage did not answer, which says nothing of the steps.
+            if is_storage_error(err):
+                raise CheckpointDownloadError(folder, err, listing=True) from err
+            raise
         steps = {_step_name(path.rstrip("/").rsplit("/", 2)[-2]) for path in found}
     else:
         if not os.path.isdir(folder):
@@ -372,11 +392,19 @@ def _reader() -> Any:
     return ocp().StandardCheckpointer()
 
 
-def _fingerprint(path: str, copy: str | None = None) -> tuple:
+def fingerprint(path: str, copy: str | None = None) -> tuple:
     """``(path, digest)``: which step, and which copy of it. Orbax's metadata file holds
     the copy's commit time, so another run's step written under the same number has
     another digest; a copy downloaded from the bucket has the same. `copy`: a local
-    directory known to hold the same files as `path` (read instead of it)."""
+    directory known to hold the same files as `path` (read instead of it). Also reads
+    the JAX engine's older ``orbax/<step>`` folders, which orbax wrote the same way.
+
+    Examples:
+        >>> fingerprint('/content/run/checkpoints/100')[0]
+        '/content/run/checkpoints/100'
+        >>> fingerprint('/content/run/checkpoints/999')   # no such step
+        ('/content/run/checkpoints/999',)
+    """
     source = copy or path
     try:
         data = _read_bytes(f"{source}/{METADATA_FILE}")  # bounded on gs:// by fenwicks.io
@@ -656,7 +684,7 @@ class RunCheckpointer(Checkpointer):
             raise error from err
         self._last_save_secs = time.monotonic() - started
         # Staged: the bucket's copy holds the local files, byte for byte.
-        self._good = _fingerprint(self._path(step), self._local(step) if self._bucket
+        self._good = fingerprint(self._path(step), self._local(step) if self._bucket
                                   else None)
 
     def agree(self, due: bool) -> bool:
@@ -697,7 +725,7 @@ class RunCheckpointer(Checkpointer):
             if self._good is None and self._legacy is not None:
                 return self._legacy.change_on_disk()
             return "removed" if self._good else None
-        return None if _fingerprint(self._path(steps[-1])) == self._good else "replaced"
+        return None if fingerprint(self._path(steps[-1])) == self._good else "replaced"
 
     def restore(self, path: str | None = None) -> str | None:
         """Restores `path` (a ``<work_dir>/checkpoints/<step>`` folder), or the newest intact
@@ -752,7 +780,7 @@ class RunCheckpointer(Checkpointer):
         """Restores `step`; `_Damaged` if its files cannot be read."""
         where = self._path(step)
         try:
-            good = _fingerprint(where)
+            good = fingerprint(where)
         except Exception as err:
             if self._bucket:  # storage did not answer: no sign of damage, nothing changed
                 raise CheckpointDownloadError(where, err) from err
@@ -879,7 +907,7 @@ class StagedBucket:
         _deadline.run(_write_text, f"{target}/{COMMIT_FILE}",
                       f"Checkpoint commit was successful to {target}",
                       what="checkpoint commit", path=target)
-        self._copies[step] = _fingerprint(target, local)
+        self._copies[step] = fingerprint(target, local)
         self._prune()
 
     def fetch(self, step: int, local: str, fingerprint: tuple) -> None:

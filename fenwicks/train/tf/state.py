@@ -3,7 +3,7 @@
 scattered back (`fenwicks.train.run_format`, shared with the JAX engine).
 
 TensorFlow checkpoints (``<work_dir>/ckpt-<step>``, `checkpoints.py` through
-`checkpointer.create`) are only read: a work_dir written before the run format is
+`legacy_reader.LegacyReader`) are only read: a work_dir written before the run format is
 restored from them, and its next checkpoint is in the run format.
 
 Everything else (the checkpointer, the work_dir lock, summary writers, the reload after
@@ -24,8 +24,7 @@ from fenwicks import io as fw_io
 from fenwicks.train import building, cross_engine, run_format
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.run_state import RunState
-from fenwicks.train.tf import checkpointer as checkpointer_lib
-from fenwicks.train.tf import checkpoints, devices
+from fenwicks.train.tf import checkpoints, devices, legacy_reader
 from fenwicks.train.tf import weights as tf_weights
 
 
@@ -110,7 +109,7 @@ class TFRunState(RunState):
         self.step_counter.assign(step)
         self.input_steps.assign(input_steps)
 
-    def _legacy_reader(self, spec: Any) -> checkpointer_lib.SyncCheckpointer | None:
+    def _legacy_reader(self, spec: Any) -> legacy_reader.LegacyReader | None:
         """A reader of TensorFlow checkpoints (``ckpt-<step>``) if work_dir holds some
         (written before the run format); they are restored, never written."""
         if tf_weights.latest(self.config.work_dir) is None:  # by name too
@@ -118,8 +117,8 @@ class TFRunState(RunState):
         root = checkpoints.make_checkpoint(spec.model, self.optimizer, self.step_counter,
                                            self.input_steps)
         # A TPU reached over the network cannot write local files: its probe goes to gs://.
-        return checkpointer_lib.SyncCheckpointer(
-            root, self.config.work_dir, keep=self.config.keep_checkpoints,
+        return legacy_reader.LegacyReader(
+            root, self.config.work_dir,
             probe_dir=self.config.work_dir + "/.probe" if self._acc.is_remote else None)
 
     def remove_partial_saves(self, work_dir: str) -> None:
