@@ -118,6 +118,21 @@ class RunParts(EngineArrays, Protocol):
         """Sets the counters (and seed state) from a restored run record."""
 
 
+class PreviousFormatReader(Protocol):
+    """A reader of an engine's checkpoints from before the run format (TensorFlow's
+    ``ckpt-<step>``, `fenwicks.train.tf.legacy_reader`; the JAX engine's
+    ``orbax/<step>``, `fenwicks.train.jax.checkpoints`): restored, never written."""
+
+    def restore(self, path: str | None = None) -> str | None:
+        """Restores `path`, or the newest readable checkpoint; None if there is none."""
+
+    def change_on_disk(self) -> str | None:
+        """None, ``'removed'`` or ``'replaced'``: as `RunCheckpointer.change_on_disk`."""
+
+    def close(self) -> None:
+        """Releases what the reader holds."""
+
+
 def variable_groups(model: Any, optimizer: Any) -> dict[str, list[Any]]:
     """The Keras variables of a step, by group, in the order Keras lists them.
 
@@ -187,15 +202,15 @@ def set_global_seed_state(state: list[int] | None) -> None:
 
 
 def check_record(record: Any) -> dict:
-    """`record` if it is a complete run record; `_Damaged` naming what is wrong."""
+    """`record` if it is a complete run record; `DamagedStep` naming what is wrong."""
     if not isinstance(record, dict):
-        raise _Damaged(f"its run record is {type(record).__name__}, not the record")
+        raise DamagedStep(f"its run record is {type(record).__name__}, not the record")
     missing = [key for key in ("format", "step", "input_steps", "train_batch_size",
                                "engine", "layout", "crc32") if key not in record]
     if missing:
-        raise _Damaged(f"its run record lacks {', '.join(missing)}")
+        raise DamagedStep(f"its run record lacks {', '.join(missing)}")
     if not isinstance(record["layout"], dict) or set(record["layout"]) != set(GROUPS):
-        raise _Damaged("its run record's layout is not the three groups "
+        raise DamagedStep("its run record's layout is not the three groups "
                        f"{', '.join(GROUPS)}")
     return record
 
@@ -208,13 +223,13 @@ def checksums(tree: StateTree) -> dict[str, list[int]]:
 
 
 def check_checksums(tree: StateTree, record: dict) -> None:
-    """`_Damaged` naming the first array whose bytes differ from what was written."""
+    """`DamagedStep` naming the first array whose bytes differ from what was written."""
     for group in GROUPS:
         for i, (got, want) in enumerate(zip(checksums(tree)[group], record["crc32"][group],
                                             strict=True)):
             if got != want:
                 path = record["layout"][group][i][0]
-                raise _Damaged(f"the array of {path} ({group} #{i}) does not match the "
+                raise DamagedStep(f"the array of {path} ({group} #{i}) does not match the "
                                "checksum written with it: its data file is damaged")
 
 
@@ -239,8 +254,9 @@ def _remove_file(path: str) -> None:
 # --------------------------------------------------------------------------- errors
 
 
-class _Damaged(Exception):
-    """A step whose files cannot be read (the reason is its text); the next older is."""
+class DamagedStep(Exception):
+    """A step whose files cannot be read (the reason is its text): `restore_newest`
+    restores the next older one instead."""
 
 
 class CheckpointDownloadError(CheckpointReadError):
@@ -351,7 +367,7 @@ def read_record(step_dir: str) -> dict:
     try:
         text = _read_text(path)  # bounded on gs:// by fenwicks.io
         return check_record(json.loads(text))
-    except (_Damaged, OSError, ValueError) as err:
+    except (DamagedStep, OSError, ValueError) as err:
         raise ValueError(f"the run record {path} cannot be read: {first_line(err)}") \
             from err
 
@@ -515,7 +531,7 @@ class RunCheckpointer(Checkpointer):
 
     def __init__(self, work_dir: str, parts: RunParts, *, keep: int, asynchronous: bool,
                  writes: bool = True, processes: int = 1,
-                 legacy: Checkpointer | None = None) -> None:
+                 legacy: PreviousFormatReader | None = None) -> None:
         self._ocp = ocp()
         self.work_dir = work_dir.rstrip("/")
         self.directory = directory(self.work_dir)
@@ -749,25 +765,15 @@ class RunCheckpointer(Checkpointer):
         if path is not None and is_step(path):
             try:
                 return self._restore_step(step_of(path))
-            except _Damaged as err:
+            except DamagedStep as err:
                 raise ValueError(f"checkpoint {path} cannot be read: {err}") from err
         if path is not None:
             return self._restore_legacy(path)
         steps = self._steps_on_disk()
-        damaged: list[tuple[str, str]] = []
-        for step in reversed(steps):
-            try:
-                restored = self._restore_step(step)
-            except _Damaged as err:
-                damaged.append((self._path(step), str(err)))
-                continue
-            if damaged:
-                self._set_aside(damaged, restored)
-            return restored
-        if steps:
-            raise none_readable(self.work_dir, len(steps), damaged,
-                                f"the step folders of {self.directory}")
-        return self._restore_legacy(None)
+        if not steps:
+            return self._restore_legacy(None)
+        return restore_newest(steps, self._restore_step, self._path, self._set_aside,
+                              self.work_dir, self.directory)
 
     def _restore_legacy(self, path: str | None) -> str | None:
         if self._legacy is None:
@@ -777,7 +783,7 @@ class RunCheckpointer(Checkpointer):
         return restored
 
     def _restore_step(self, step: int) -> str:
-        """Restores `step`; `_Damaged` if its files cannot be read."""
+        """Restores `step`; `DamagedStep` if its files cannot be read."""
         where = self._path(step)
         try:
             good = fingerprint(where)
@@ -791,14 +797,14 @@ class RunCheckpointer(Checkpointer):
         try:
             record = check_record(json.loads(_read_text(f"{local}/{RECORD}/metadata")))
         except (OSError, ValueError) as err:
-            raise _Damaged(f"its run record is missing or unreadable ({first_line(err)})") \
+            raise DamagedStep(f"its run record is missing or unreadable ({first_line(err)})") \
                 from err
         self._check_fits(where, record)
         try:
             tree = read_arrays(local, record)
         except Exception as err:  # noqa: BLE001 - whatever orbax met reading it: damage
             cause = first_line(err).split(" See full TensorStore details")[0][:300]
-            raise _Damaged(f"its arrays cannot be read ({cause or type(err).__name__})") \
+            raise DamagedStep(f"its arrays cannot be read ({cause or type(err).__name__})") \
                 from err
         check_checksums(tree, record)
         self._parts.scatter(tree)
@@ -822,25 +828,7 @@ class RunCheckpointer(Checkpointer):
                     "loads the variables that match)")
 
     def _set_aside(self, damaged: list[tuple[str, str]], used: str) -> None:
-        """Warns once per damaged step, and renames it ``<step>.corrupt`` (on ``gs://``
-        its commit marker), so it is no longer a step."""
-        for where, why in damaged:
-            logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the "
-                           "older %s instead. Its files are kept as %s%s", where, why, used,
-                           where, CORRUPT_SUFFIX if not self._bucket else
-                           f" (without {COMMIT_FILE}: renamed {COMMIT_FILE}{CORRUPT_SUFFIX})")
-        if not self._writes:
-            return
-        try:
-            for where, _ in damaged:
-                if self._bucket:
-                    self._bucket.set_aside(step_of(where))
-                else:
-                    os.rename(where, where + CORRUPT_SUFFIX)
-        except Exception as err:  # noqa: BLE001 - a read-only work_dir: read around it
-            logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
-                           "(%s); they stay in place and are skipped", self.directory,
-                           first_line(err))
+        set_aside(damaged, used, self.directory, self._bucket, rename=self._writes)
 
     def close(self) -> None:
         """Waits for a write in progress, then closes the manager's threads (and removes
@@ -861,6 +849,86 @@ def _describe(layout: list[list]) -> str:
         return "none"
     shapes = ", ".join(f"{path} {shape}" for path, shape, _ in layout[:3])
     return f"{len(layout)} ({shapes}{', ...' if len(layout) > 3 else ''})"
+
+
+# --------------------------------------------------------------------------- fallback
+# Shared with the JAX engine's reader of its previous format (`jax.checkpoints`), whose
+# steps are orbax steps too.
+
+
+def restore_newest(steps: list[int], restore_step: Callable[[int], str],
+                   path_of: Callable[[int], str],
+                   set_aside_damaged: Callable[[list[tuple[str, str]], str], None],
+                   work_dir: str, folder: str) -> str | None:
+    """Restores the newest of `steps` that can be read, newest first.
+
+    A step whose `restore_step` raises `DamagedStep` is passed over; once an older one
+    is restored, the damaged ones go to `set_aside_damaged(damaged, restored)`.
+
+    Args:
+        steps: the complete steps, oldest first.
+        restore_step: restores one step; returns its path.
+        path_of: a step's path, for messages.
+        set_aside_damaged: ``([(path, why), ...], restored path) -> None``.
+        work_dir, folder: the work_dir and its steps' folder, for the error.
+
+    Returns:
+        The step restored; None if `steps` is empty.
+
+    Raises:
+        CheckpointCorruptError: every step is damaged; nothing was changed.
+
+    Examples:
+        >>> restore_newest([], print, str, print, '/content/run', '/content/run/checkpoints')
+    """
+    damaged: list[tuple[str, str]] = []
+    for step in reversed(steps):
+        try:
+            restored = restore_step(step)
+        except DamagedStep as err:
+            damaged.append((path_of(step), str(err)))
+            continue
+        if damaged:
+            set_aside_damaged(damaged, restored)
+        return restored
+    if steps:
+        raise none_readable(work_dir, len(steps), damaged,
+                            f"the step folders of {folder}")
+    return None
+
+
+def set_aside(damaged: list[tuple[str, str]], used: str, folder: str,
+              bucket: StagedBucket | None, *, rename: bool = True) -> None:
+    """Warns once per damaged step, and renames it ``<step>.corrupt`` (on ``gs://``
+    its commit marker), so it is no longer a step.
+
+    Args:
+        damaged: ``[(step path, why), ...]``.
+        used: the step restored instead.
+        folder: the steps' folder, for a message.
+        bucket: the ``gs://`` side of a staged work_dir, or None.
+        rename: rename the steps (False: a process that writes nothing only warns).
+            Defaults to True.
+
+    Examples:
+        >>> set_aside([], '/content/run/checkpoints/5', '/content/run/checkpoints', None)
+    """
+    for where, why in damaged:
+        logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the "
+                       "older %s instead. Its files are kept as %s%s", where, why, used,
+                       where, CORRUPT_SUFFIX if not bucket else
+                       f" (without {COMMIT_FILE}: renamed {COMMIT_FILE}{CORRUPT_SUFFIX})")
+    if not rename:
+        return
+    try:
+        for where, _ in damaged:
+            if bucket:
+                bucket.set_aside(step_of(where))
+            else:
+                os.rename(where, where + CORRUPT_SUFFIX)
+    except Exception as err:  # noqa: BLE001 - a read-only work_dir: read around it
+        logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
+                       "(%s); they stay in place and are skipped", folder, first_line(err))
 
 
 # --------------------------------------------------------------------------- gs://

@@ -196,7 +196,8 @@ class RunState(abc.ABC):
 
     def make_checkpointer(self, groups: dict[str, list[Any]], *, writes: bool,
                           processes: int = 1, asynchronous: bool | None = None,
-                          legacy: Checkpointer | None = None) -> run_format.RunCheckpointer:
+                          legacy: run_format.PreviousFormatReader | None = None
+                          ) -> run_format.RunCheckpointer:
         """The run's checkpointer over `groups` (`run_format.variable_groups`).
 
         Args:

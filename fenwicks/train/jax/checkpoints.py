@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,19 +37,12 @@ from fenwicks import _removal
 from fenwicks import io as fw_io
 from fenwicks._text import first_line
 from fenwicks.train import run_format
-from fenwicks.train.checkpointing import none_readable, step_of
-from fenwicks.train.run_format import CheckpointDownloadError, fingerprint
-
-logger = logging.getLogger("fenwicks")
+from fenwicks.train.checkpointing import step_of
+from fenwicks.train.run_format import CheckpointDownloadError, DamagedStep, fingerprint
 
 SUBDIR = "orbax"
 COMMIT_FILE = run_format.COMMIT_FILE  # orbax's own completion marker on GCS
 _TREE_METADATA = "_METADATA"  # orbax's record of the pytree: paths, shapes, dtypes
-CORRUPT_SUFFIX = run_format.CORRUPT_SUFFIX  # as every format's damaged checkpoints
-
-
-class _Damaged(Exception):
-    """A step whose files cannot be read (the reason is its text); the next older is."""
 
 
 def directory(work_dir: str) -> str:
@@ -188,21 +180,9 @@ class LegacyReader:
         """
         if path is not None:
             return self._restore_step(step_of(path))
-        steps = self._steps_on_disk()
-        damaged: list[tuple[str, str]] = []
-        for step in reversed(steps):
-            try:
-                restored = self._restore_step(step)
-            except _Damaged as err:
-                damaged.append((self._path(step), str(err)))
-                continue
-            if damaged:
-                self._set_aside(damaged, restored)
-            return restored
-        if steps:
-            raise none_readable(self.directory.rsplit("/", 1)[0], len(steps), damaged,
-                                f"the step folders of {self.directory}")
-        return None
+        return run_format.restore_newest(
+            self._steps_on_disk(), self._restore_step, self._path, self._set_aside,
+            self.directory.rsplit("/", 1)[0], self.directory)
 
     def _steps_on_disk(self) -> list[int]:
         if self._bucket:
@@ -211,7 +191,7 @@ class LegacyReader:
         return sorted(self._manager.all_steps())
 
     def _restore_step(self, step: int) -> str:
-        """Restores `step`; `_Damaged` if its files cannot be read."""
+        """Restores `step`; `DamagedStep` if its files cannot be read."""
         good = fingerprint(self._path(step))
         if self._bucket:
             self._bucket.fetch(step, self._local(step), good)
@@ -228,19 +208,19 @@ class LegacyReader:
 
     def _raise_mismatch_or_damage(self, step: int, target: Any, err: Exception) -> None:
         """Another model's checkpoint (its recorded shapes differ from the model's) is a
-        ValueError; anything else that failed to read is damage (`_Damaged`)."""
+        ValueError; anything else that failed to read is damage (`DamagedStep`)."""
         # TensorStore's text goes on with a repr of its whole spec: the first words say it
         cause = first_line(err).split(" See full TensorStore details")[0][:300] or \
             type(err).__name__
         saved = self._saved_shapes(step)
         if saved is None:
-            raise _Damaged(f"its {_TREE_METADATA} is unreadable; {cause}") from err
+            raise DamagedStep(f"its {_TREE_METADATA} is unreadable; {cause}") from err
         if saved != [np.shape(leaf) for leaf in jax.tree.leaves(target)]:
             raise ValueError(
                 f"checkpoint {self._path(step)} does not fit this model: {cause}. Use the "
                 "model_func that wrote it, or another work_dir (warm_start_from= loads "
                 "the variables that match)") from err
-        raise _Damaged(f"its data files are cut short or damaged; {cause}") from err
+        raise DamagedStep(f"its data files are cut short or damaged; {cause}") from err
 
     def _saved_shapes(self, step: int) -> list[tuple] | None:
         """The shapes the step's metadata records, in the pytree's order; None if its
@@ -254,23 +234,7 @@ class LegacyReader:
         return [tuple(leaf.shape) for leaf in leaves] if leaves else None
 
     def _set_aside(self, damaged: list[tuple[str, str]], used: str) -> None:
-        """Warns once per damaged step, as the TensorFlow engine does, and renames it
-        ``<step>.corrupt`` (on ``gs://`` its commit marker), so it is no longer a step."""
-        for where, why in damaged:
-            logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the "
-                           "older %s instead. Its files are kept as %s%s", where, why, used,
-                           where, CORRUPT_SUFFIX if not self._bucket else
-                           f" (without {COMMIT_FILE}: renamed {COMMIT_FILE}{CORRUPT_SUFFIX})")
-        try:
-            for where, _ in damaged:
-                if self._bucket:
-                    self._bucket.set_aside(step_of(where))
-                else:
-                    os.rename(where, where + CORRUPT_SUFFIX)
-        except Exception as err:  # noqa: BLE001 - a read-only work_dir: read around it
-            logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
-                           "(%s); they stay in place and are skipped", self.directory,
-                           first_line(err))
+        run_format.set_aside(damaged, used, self.directory, self._bucket)
         self._manager.reload()
 
     def close(self) -> None:
