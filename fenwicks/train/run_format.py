@@ -943,7 +943,12 @@ class StagedBucket:
     all ``<step>/commit_success.txt``, the marker orbax itself uses on GCS. GCS objects
     appear whole or not at all, so a step whose upload was cut short is never taken for
     the latest. Old steps are pruned marker first, for the same reason. gcsfs gives one
-    storage client, one source of credentials and Fenwicks' bounded retries.
+    storage client, one source of credentials and Fenwicks' bounded retries. (Orbax's own
+    ``gs://`` writes go through tensorstore, which has its own credential lookup, retry
+    settings and endpoint variable, and whose OCDBT writes rely on conditional
+    ``ifGenerationMatch`` requests that the offline test emulator does not implement:
+    nothing of it could be tested here. The cost of staging: one local copy of the newest
+    step, and an upload after each write.)
     """
 
     def __init__(self, remote: str, keep: int, processes: int = 1) -> None:
