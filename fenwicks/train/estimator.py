@@ -342,6 +342,7 @@ class Estimator:
             return iterator
         probe = self._inputs.probe(input_fn, "train")
         self._state.build(probe.features_spec, probe.params)
+        self._state.check_trainable()  # another engine's checkpoint read for evaluate only
         building.check_labels(self._engine, self._state.spec, probe.dataset)
         position = self._state.input_position
         input_record.check(self.config.work_dir, self.config.train_batch_size, position,

@@ -549,6 +549,7 @@ class RunCheckpointer(Checkpointer):
         self._good: tuple | None = None  # fingerprint of the last durable step
         self._legacy_good: str | None = None  # a previous format's checkpoint restored
         self.restored_record: dict | None = None  # the record of the step restored
+        self.training_refusal: str | None = None  # the previous format's (`cross_engine`)
 
     # ---------------------------------------------------------------- orbax
 
@@ -780,6 +781,7 @@ class RunCheckpointer(Checkpointer):
             return None
         restored = self._legacy.restore(path)
         self._legacy_good, self.restored_record = restored, None
+        self.training_refusal = getattr(self._legacy, "training_refusal", None)
         return restored
 
     def _restore_step(self, step: int) -> str:
@@ -810,6 +812,7 @@ class RunCheckpointer(Checkpointer):
         self._parts.scatter(tree)
         self._parts.apply_record(record)
         self._good, self._legacy_good, self.restored_record = good, None, record
+        self.training_refusal = None
         return where
 
     def _check_fits(self, where: str, record: dict) -> None:

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 
 from fenwicks import io as fw_io
-from fenwicks.train import building, cross_engine, run_format
+from fenwicks.train import building, run_format
 from fenwicks.train.jax import checkpoints, mesh, processes, tpu_steps
 from fenwicks.train.jax import weights as jax_weights
 from fenwicks.train.run_state import HostCountedRunState
@@ -130,12 +130,8 @@ class JaxRunState(HostCountedRunState):
             processes=jax.process_count(),
             asynchronous=self.config.async_checkpoints and jax.process_count() == 1,
             legacy=self._legacy_reader())
+        # The run format; else this engine's previous format, or the other engine's.
         restored = checkpointer.restore()
-        if restored is None:  # the TensorFlow engine's previous format, for evaluate, predict
-            saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "jax")
-            if saved is not None:
-                self.step, restored = saved.step, saved.checkpoint
-                self.other_engines_checkpoint = restored
         if restored is None and self.config.warm_start_from:
             from fenwicks.train.jax import warm_start
             self.warm_start_report = warm_start.warm_start(spec.model,

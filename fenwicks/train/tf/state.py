@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks import io as fw_io
-from fenwicks.train import building, cross_engine, run_format
+from fenwicks.train import building, run_format
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.run_state import RunState
 from fenwicks.train.tf import checkpoints, devices, legacy_reader
@@ -76,12 +76,8 @@ class TFRunState(RunState):
         checkpointer = self.make_checkpointer(
             run_format.variable_groups(spec.model, self.optimizer), writes=self.is_chief,
             legacy=self._legacy_reader(spec))
+        # The run format; else this engine's previous format, or the other engine's.
         restored = checkpointer.restore()
-        if restored is None:  # the JAX engine's previous format, for evaluate and predict
-            saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "tf")
-            if saved is not None:
-                self.step_counter.assign(saved.step)
-                restored = self.other_engines_checkpoint = saved.checkpoint
         if restored is None and self.config.warm_start_from:
             source = self.config.warm_start_from
             self.warm_start_report = (self.warm_start_any(spec.model, source)
