@@ -18,7 +18,10 @@ implementations need a graph collection TensorFlow 2 no longer has:
   (gradient, variable) pairs given to ``apply_gradients`` are what trains; the optimizer
   is converted to Keras (`convert_v1_optimizer`); ``get_global_step`` /
   ``get_or_create_global_step`` give the optimizer's step;
-- ``tf.compat.v1.train.init_from_checkpoint`` records a warm start;
+- ``tf.compat.v1.train.init_from_checkpoint`` records a warm start, and
+  ``tf.train.list_variables`` / ``load_checkpoint`` read a Fenwicks run (a work_dir, its
+  ``checkpoints`` folder or one step) by its variables' TF1 names (BERT's
+  ``get_assignment_map_from_checkpoint``);
 - ``tf.compat.v1.losses.*`` and Keras loss objects record their per-example values
   beside the scalar, so the evaluation loss of a padded last batch leaves the padding rows
   out; a Keras loss object's value is its replica's batch mean, as TF1's losses' (Keras
@@ -64,6 +67,7 @@ import keras
 import tensorflow as tf
 
 from fenwicks import _tf_internals
+from fenwicks.train.tf import assignment_map as fenwicks_checkpoints
 from fenwicks.train.tf import tf1_gradients
 from fenwicks.train.tf import tf1_metrics as metrics
 from fenwicks.train.tf.tf1_config import ModelFnError
@@ -161,14 +165,19 @@ class Replay:
     def name_v1(self) -> None:
         """Names each variable of a layer made inside ``tf.compat.v1.variable_scope`` as
         TF1 did, ``<scope>/<layer name>/<variable>`` (BERT's ``bert/encoder/layer_0/
-        attention/self/query/kernel`` from ``Dense(name='query')``): the names of a TF1
-        checkpoint, for warm-start maps."""
+        attention/self/query/kernel`` from ``Dense(name='query')``), and one made outside
+        any scope by its Keras path (``dense/kernel``, TF1's name for it too): the names
+        of a TF1 checkpoint, for warm-start maps and the run record (`tf1_names`)."""
         for obj in self.order:
-            scope = self._scopes.get(id(obj))
-            if not scope or not isinstance(obj, keras.layers.Layer):
+            if not isinstance(obj, keras.layers.Layer):
                 continue
+            scope = self._scopes.get(id(obj))
             for variable in obj.weights:
-                if variable.path == f"{obj.name}/{variable.name}":  # its own, not a sublayer's
+                if getattr(variable, "fenwicks_v1_name", None):
+                    continue  # tf.compat.v1.get_variable's, or named before
+                if not scope:
+                    variable.fenwicks_v1_name = variable.path
+                elif variable.path == f"{obj.name}/{variable.name}":  # its own
                     variable.fenwicks_v1_name = f"{scope}/{variable.path}"
 
     def v1_trainable_variables(self, scope: str | None = None) -> list[Any]:
@@ -316,11 +325,26 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
     def init_from_checkpoint(ckpt_dir_or_file: str, assignment_map: Any) -> None:
         record.init_from_checkpoint.append((ckpt_dir_or_file, assignment_map))
 
+    def list_variables(ckpt_dir_or_file: str) -> list[tuple[str, list[int]]]:
+        listed = fenwicks_checkpoints.list_variables(ckpt_dir_or_file)
+        return listed if listed is not None else original_list(ckpt_dir_or_file)
+
+    def load_checkpoint(ckpt_dir_or_file: str) -> Any:
+        reader = fenwicks_checkpoints.load_checkpoint(ckpt_dir_or_file)
+        return reader if reader is not None else original_load(ckpt_dir_or_file)
+
+    original_list, original_load = v1.train.list_variables, v1.train.load_checkpoint
+
     patches = tf1_gradients.patches(record, replay, replicas)
     patches += [(v1.train, "get_global_step", step),
                 (v1.train, "get_or_create_global_step", step),
                 (v1.train, "init_from_checkpoint", init_from_checkpoint),
                 (keras.metrics.Mean, "update_state", metrics.keras_mean_update)]
+    for train in {id(m): m for m in (v1.train, tf.train)}.values():
+        # A Fenwicks run is listed and read by its variables' TF1 names (BERT's
+        # get_assignment_map_from_checkpoint lists its init_checkpoint).
+        patches += [(train, "list_variables", list_variables),
+                    (train, "load_checkpoint", load_checkpoint)]
     for module in _tf_internals.v1_api_modules():  # a program may hold either object
         patches += [(module, "trainable_variables", replay.v1_trainable_variables),
                     (module, "get_variable",
