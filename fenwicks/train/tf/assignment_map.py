@@ -1,10 +1,14 @@
 """Warm start by name through a TF1 assignment map (`tf.compat.v1.train.init_from_checkpoint`,
 `tf.estimator.WarmStartSettings`), for `fw.train.TPUEstimator`.
 
-Current variables are named by their Keras paths (``'dense/kernel'``); a checkpoint's
-variables as `tf.train.list_variables` names them, without the object-based checkpoints'
-``'/.ATTRIBUTES/VARIABLE_VALUE'``. (`fenwicks.train.tf.checkpoints.warm_start` matches whole
-models by checkpoint key instead.)
+Current variables are named by their TF1 names (a model_fn's, `current_name`), else
+their Keras paths (``'dense/kernel'``); a checkpoint's variables as
+`tf.train.list_variables` names them, without the object-based checkpoints'
+``'/.ATTRIBUTES/VARIABLE_VALUE'``. A Fenwicks run (a work_dir, its ``checkpoints`` folder,
+one step) is read as a TF1 checkpoint (`RunStepReader`): by the TF1 names its run record
+holds for a TPUEstimator model_fn's step, else by Keras path.
+(`fenwicks.train.tf.checkpoints.warm_start` matches whole models by checkpoint key
+instead.)
 
     report = warm_start(model.variables, 'bert_model.ckpt',
                         {'bert/pooler/dense/kernel': 'pooler/kernel'})
@@ -12,8 +16,9 @@ models by checkpoint key instead.)
 A map's current name that is no variable's Keras path is matched by path suffix when
 that is unambiguous: Keras 3's ``variable.name`` is the short name (``'kernel'``), and a
 map written from TF1 names (``'bert/pooler/dense/kernel'``) ends with a Keras path
-(``'dense/kernel'``). A map that loads nothing is an error (`WarmStartError`), never a
-silent no-op.
+(``'dense/kernel'``). As in TF1, every mapped variable loads or none does: a mapped name
+missing from the checkpoint, or of another shape, is an error (`WarmStartError`, a
+ValueError as TF1's was), and so is a map that loads nothing, never a silent no-op.
 """
 
 from __future__ import annotations
@@ -258,10 +263,11 @@ def _keras_step_fix(source: str, reader: Any) -> str | None:
     """The fix for a Keras model_func's step, whose variables have no TF1 names."""
     if not isinstance(reader, RunStepReader) or reader.by_tf1_name:
         return None
-    return (f"{source!r} is a Keras model_func's run, whose variables have Keras paths, "
-            "not TF1 names, so pass it as TPUEstimator(warm_start_from=...) instead, "
-            "which loads each variable whose Keras path and shape match, or map its "
-            "Keras paths (tf.compat.v1.train.list_variables in the model_fn lists them)")
+    return (f"{source!r} is a Fenwicks run whose record holds no TF1 names (a Keras "
+            "model_func's, or one written before Fenwicks recorded them), only Keras "
+            "paths, so pass it as TPUEstimator(warm_start_from=...) instead, which loads "
+            "each variable whose Keras path and shape match, or map its Keras paths "
+            "(tf.compat.v1.train.list_variables in the model_fn lists them)")
 
 
 def _not_found(source: str, missing: list[tuple[str, str]], names: Mapping[str, Any],
