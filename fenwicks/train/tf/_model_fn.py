@@ -22,6 +22,8 @@ implementations need a graph collection TensorFlow 2 no longer has:
   get_total_loss`` and ``get_collection(GraphKeys.REGULARIZATION_LOSSES)`` give the
   layers' regulariser values (`Replay.regularization_losses`): as in TF1, a regulariser
   trains only if the model_fn adds it to its loss (the engine adds none);
+  ``get_losses`` / ``get_collection(GraphKeys.LOSSES)`` give this call's
+  ``tf.compat.v1.losses`` values (the graph's collection would hold every replica's);
 - ``tf.compat.v1.train.init_from_checkpoint`` records a warm start, and
   ``tf.train.list_variables`` / ``load_checkpoint`` read a Fenwicks run (a work_dir, its
   ``checkpoints`` folder or one step) by its variables' TF1 names (BERT's
@@ -340,6 +342,8 @@ class CallRecord:
     losses: dict[Any, tf.Tensor] = dataclasses.field(default_factory=dict)
     # refs of the regularisation values handed to the model_fn: the same for every example
     regularization: set[Any] = dataclasses.field(default_factory=set)
+    # this call's TF1 LOSSES collection (tf.compat.v1.losses.* and add_loss)
+    v1_losses: list[tf.Tensor] = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -377,9 +381,24 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
         record.regularization.add(total.ref())
         return total
 
+    def get_losses(scope: str | None = None,
+                   loss_collection: str = v1.GraphKeys.LOSSES) -> list[tf.Tensor]:
+        if loss_collection != v1.GraphKeys.LOSSES:
+            return original_get_losses(scope=scope, loss_collection=loss_collection)
+        # This call's only: the graph's collection also holds the other replicas' losses.
+        return [value for value in record.v1_losses
+                if scope is None or re.search(f"(^|/){scope}", value.name)]
+
+    def add_loss(loss: Any, loss_collection: str = v1.GraphKeys.LOSSES) -> None:
+        if loss_collection == v1.GraphKeys.LOSSES:
+            record.v1_losses.append(loss)
+        original_add_loss(loss, loss_collection=loss_collection)
+
+    original_get_losses, original_add_loss = v1.losses.get_losses, v1.losses.add_loss
+
     def total_loss(add_regularization_losses: bool = True, name: str = "total_loss",
                    scope: str | None = None) -> tf.Tensor:
-        values = list(v1.losses.get_losses(scope=scope))
+        values = get_losses(scope)
         if add_regularization_losses:
             values += regularization_losses(scope)
         if not values:
@@ -389,6 +408,8 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
     def get_collection(original: Callable[..., Any], key: Any, scope: Any = None) -> Any:
         if key == v1.GraphKeys.REGULARIZATION_LOSSES:
             return regularization_losses(scope)
+        if key == v1.GraphKeys.LOSSES:
+            return get_losses(scope)
         return original(key, scope)
 
     patches = tf1_gradients.patches(record, replay, replicas)
@@ -404,7 +425,8 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
     # Layer regularisers reach the loss only through these, as in TF1 (ModelFnNet.losses).
     patches += [(v1.losses, "get_regularization_losses", regularization_losses),
                 (v1.losses, "get_regularization_loss", regularization_loss),
-                (v1.losses, "get_total_loss", total_loss)]
+                (v1.losses, "get_total_loss", total_loss),
+                (v1.losses, "get_losses", get_losses), (v1.losses, "add_loss", add_loss)]
     for module in _tf_internals.v1_api_modules():  # a program may hold either object
         patches += [(module, name, functools.partial(get_collection, getattr(module, name)))
                     for name in ("get_collection", "get_collection_ref")]

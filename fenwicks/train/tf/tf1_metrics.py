@@ -186,7 +186,10 @@ def _example_means(values: tf.Tensor) -> tf.Tensor | None:
 
 
 def recording_loss(original: Callable[..., Any], record: Any) -> Callable[..., Any]:
-    """A `tf.compat.v1.losses` function that also records its per-example values."""
+    """A `tf.compat.v1.losses` function that also records its per-example values, and
+    its scalar in ``record.v1_losses`` if it goes to TF1's ``LOSSES`` collection (the
+    graph's collection would also hold the other replicas' losses, traced in the same
+    graph)."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -194,6 +197,8 @@ def recording_loss(original: Callable[..., Any], record: Any) -> Callable[..., A
         scalar = original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
+        if bound.arguments.get("loss_collection") == tf.compat.v1.GraphKeys.LOSSES:
+            record.v1_losses.append(scalar)
         weights, reduction = bound.arguments.get("weights"), bound.arguments.get("reduction")
         unweighted = isinstance(weights, (int, float)) and weights == 1
         if unweighted and reduction in MEAN_REDUCTIONS and tf.is_symbolic_tensor(scalar):
