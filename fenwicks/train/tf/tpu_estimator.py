@@ -410,7 +410,9 @@ class TPUEstimator:
         return self._estimator(self._built_for or "train")
 
     def get_variable_names(self) -> list[str]:
-        """Names of the model's variables (Keras paths), for warm-start maps."""
+        """Names of the model's variables for warm-start maps: each one's TF1 name
+        (``bert/encoder/layer_0/attention/self/query/kernel``; an unscoped Keras layer's is
+        its Keras path), as ``tf.compat.v1.trainable_variables()`` names them."""
         if self.runner is None:
             return []
         return [assignment_map.current_name(v) for v in self.runner.replay.variables()]
