@@ -312,3 +312,18 @@ def keras_learning_rate_setting(optimizer: Any) -> Any:
     schedule, to evaluate it at the run's global step.
     """
     return optimizer._learning_rate
+
+
+def keras_own_losses(layer: Any) -> list[Any]:
+    """The losses a Keras layer (and its sublayers) added in their calls (``add_loss``,
+    activity regularisers), without its weights' regularisers.
+
+    Why private: Keras 3's public ``layer.losses`` mixes both, and the TPUEstimator front
+    door hands the weights' regularisers to a model_fn separately, per variable (TF1's
+    ``REGULARIZATION_LOSSES`` collection); ``_get_own_losses`` and ``_flatten_layers``
+    (keras/src/layers/layer.py) are the two halves ``losses`` is made of.
+    """
+    found = []
+    for sublayer in layer._flatten_layers(include_self=True):
+        found += sublayer._get_own_losses()
+    return found

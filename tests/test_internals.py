@@ -394,3 +394,20 @@ def test_v1_api_modules_are_every_object_a_program_may_hold():
     assert len({id(m) for m in modules}) == len(modules)
     assert all(m.train is imported.train for m in modules)  # shared submodules
     assert sys.modules["tensorflow.compat.v1"] is imported
+
+
+def test_keras_own_losses_are_the_activity_losses_without_the_weights_regularisers():
+    import keras
+
+    inner = keras.layers.Dense(2, kernel_regularizer=keras.regularizers.l2(1.0),
+                               activity_regularizer=keras.regularizers.l1(1.0))
+    outer = keras.Sequential([inner])
+    x = np.array([[1.0, -2.0]], np.float32)
+    y = keras.ops.convert_to_numpy(outer(x))
+    own = [float(loss) for loss in _tf_internals.keras_own_losses(outer)]
+    # l1 of the sublayer's output, added in its call; not l2 of its kernel.
+    assert own == pytest.approx([np.abs(y).sum()], rel=1e-6), _needs(
+        "keras_own_losses", "keras.src.layers.layer.Layer._get_own_losses / "
+        "_flatten_layers", "layer regularisers in a TPUEstimator model_fn "
+        "(tf.losses.get_regularization_loss)")
+    assert len(outer.losses) == 2  # Keras's public list mixes in the kernel's l2

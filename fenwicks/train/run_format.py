@@ -14,7 +14,12 @@ Layout (``<work_dir>/checkpoints/<step>/``, one orbax step, renamed into place w
     record/   the run record (JSON): format, global step, input position (steps), the
               training batch size it is counted in, the Keras global seed generator's
               state, the engine and versions that wrote it, and every array's Keras
-              path, shape and dtype (``layout``)
+              path, shape and dtype (``layout``); for a step of a TPUEstimator
+              model_fn, also each model array's TF1 name (``tf1_names``: ``{'trainable':
+              [...], 'non_trainable': [...]}`` in ``layout``'s order), so that TF1 code
+              finds the variables by the names it gave them (BERT's
+              ``init_checkpoint``). A step without it (a Keras model_func's, or one
+              written before it existed) names its arrays by Keras path only
 
 The record is written in the same orbax step as the arrays, so it is committed
 atomically with them and checked when read: a step whose record is missing, cut short,
@@ -172,12 +177,22 @@ def versions(engine: str) -> dict[str, str]:
 
 
 def make_record(*, engine: str, step: int, input_steps: int, train_batch_size: int,
-                layout: dict[str, list[list]]) -> dict:
-    """The run record of one step (JSON-serialisable)."""
-    return {"format": FORMAT, "step": int(step), "input_steps": int(input_steps),
-            "train_batch_size": int(train_batch_size), "engine": engine,
-            "versions": versions(engine), "seed": global_seed_state(),
-            "layout": layout}
+                layout: dict[str, list[list]],
+                tf1_names: dict[str, list[str]] | None = None) -> dict:
+    """The run record of one step (JSON-serialisable).
+
+    Args:
+        tf1_names: each model array's TF1 name, ``{'trainable': [...],
+            'non_trainable': [...]}`` in `layout`'s order, if the program named its
+            variables so (a TPUEstimator model_fn); recorded as given, never read here.
+    """
+    record = {"format": FORMAT, "step": int(step), "input_steps": int(input_steps),
+              "train_batch_size": int(train_batch_size), "engine": engine,
+              "versions": versions(engine), "seed": global_seed_state(),
+              "layout": layout}
+    if tf1_names:
+        record["tf1_names"] = tf1_names
+    return record
 
 
 def global_seed_state() -> list[int] | None:

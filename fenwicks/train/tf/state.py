@@ -92,6 +92,19 @@ class TFRunState(RunState):
                         for variable in variables]
                 for group, variables in self._groups.items()}
 
+    def tf1_names(self) -> dict[str, list[str]] | None:
+        """Each model variable's TF1 name (``tf.compat.v1.get_variable``'s, a Keras
+        layer's under ``tf.compat.v1.variable_scope``; else its Keras path, TF1's name
+        for an unscoped layer), if a TPUEstimator model_fn made the model; None for a
+        Keras model_func's, whose variables have Keras paths only."""
+        groups = {group: self._groups.get(group, []) for group in ("trainable",
+                                                                   "non_trainable")}
+        if not any(getattr(v, "fenwicks_v1_name", None) for vs in groups.values()
+                   for v in vs):
+            return None
+        return {group: [getattr(v, "fenwicks_v1_name", None) or v.path for v in vs]
+                for group, vs in groups.items()}
+
     def to_host(self, frozen: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
         return frozen
 
