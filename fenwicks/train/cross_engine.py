@@ -150,9 +150,9 @@ def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
     return max(theirs, key=step_of)
 
 
-def _run_format_step(source: str) -> str | None:
+def run_format_step(source: str) -> str | None:
     """`source`'s run-format step: `source` itself if it is one, else the newest of the
-    work_dir `source`; None if it holds none."""
+    work_dir `source` (or of its ``checkpoints`` folder); None if it holds none."""
     source = source.rstrip("/")
     if run_format.is_step(source):
         if source.startswith("gs://") and not fw_io.exists(
@@ -575,7 +575,7 @@ def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | N
         >>> warm_start(model, '/kaggle/input/tpu-run', 'tf')['not_loaded']
         []
     """
-    step_dir = _run_format_step(source)
+    step_dir = run_format_step(source)
     if step_dir is not None:
         saved = read_run_format(step_dir)
         report = load_matching(model, saved)

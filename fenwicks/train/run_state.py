@@ -176,7 +176,13 @@ class RunState(abc.ABC):
         """The run record of the live state (`run_format.make_record`)."""
         return run_format.make_record(
             engine=self.engine, step=self.global_step, input_steps=self.input_position,
-            train_batch_size=self.config.train_batch_size, layout=self.layout())
+            train_batch_size=self.config.train_batch_size, layout=self.layout(),
+            tf1_names=self.tf1_names())
+
+    def tf1_names(self) -> dict[str, list[str]] | None:
+        """Each model variable's TF1 name, for the run record, if the program gave its
+        variables TF1 names (only the TensorFlow engine runs TF1 code); None here."""
+        return None
 
     def apply_record(self, record: dict) -> None:
         """Sets counters and Keras's global seed state from a restored run record, and
@@ -203,7 +209,8 @@ class RunState(abc.ABC):
 
     def make_checkpointer(self, groups: dict[str, list[Any]], *, writes: bool,
                           processes: int = 1, asynchronous: bool | None = None,
-                          legacy: Checkpointer | None = None) -> run_format.RunCheckpointer:
+                          legacy: run_format.PreviousFormatReader | None = None
+                          ) -> run_format.RunCheckpointer:
         """The run's checkpointer over `groups` (`run_format.variable_groups`).
 
         Args:

@@ -86,19 +86,14 @@ class JaxRunState(HostCountedRunState):
         assign_values(self._lists, values)
 
     def tree(self) -> dict[str, Any]:
-        """What a checkpoint holds: every variable, in the model's and the optimizer's
-        order, and the counters. Positions, not names, key the variables: Keras names a
-        second model built in the same process ``conv2d_1`` where the first had
-        ``conv2d``; the names are kept beside them (`paths`) for a warm start by name."""
+        """What an old checkpoint (``orbax/<step>``, `checkpoints.LegacyReader`) holds:
+        every variable, in the model's and the optimizer's order, and the counters.
+        Positions, not names, key the variables; the names were kept in each step's
+        metadata, for a warm start by name."""
         return {"model": [v.value for v in self._model_variables],
                 "optimizer": [v.value for v in self.optimizer.variables],
                 "counters": {"global_step": np.int64(self.step),
                              "input_steps": np.int64(self.input_steps_taken)}}
-
-    def paths(self) -> dict[str, list[str]]:
-        """The variables' paths, in `tree`'s order (a checkpoint's metadata)."""
-        return {"model": [v.path for v in self._model_variables],
-                "optimizer": [v.path for v in self.optimizer.variables]}
 
     def set_tree(self, tree: dict[str, Any]) -> None:
         for variables, part in ((self._model_variables, "model"),
@@ -144,14 +139,13 @@ class JaxRunState(HostCountedRunState):
         self._place_on_mesh(restored is None)
         self._spec, self._checkpointer = spec, checkpointer
 
-    def _legacy_reader(self) -> checkpoints.OrbaxCheckpointer | None:
+    def _legacy_reader(self) -> checkpoints.LegacyReader | None:
         """A reader of the JAX engine's previous orbax checkpoints (``orbax/<step>``) if
         work_dir holds some; they are restored, never written."""
         if jax_weights.latest(self.config.work_dir) is None:
             return None
-        return checkpoints.OrbaxCheckpointer(
-            self.config.work_dir, self.tree, self.set_tree, self.paths,
-            self.config.keep_checkpoints, False, mesh.replicated())
+        return checkpoints.LegacyReader(self.config.work_dir, self.tree, self.set_tree,
+                                        mesh.replicated())
 
     # ---------------------------------------------------------------- the run format
 
