@@ -523,7 +523,6 @@ class OtherEnginesReader(Checkpointer):
         self._good = checkpoint
         return checkpoint
 
-
     def _read(self, path: str | None) -> SavedWeights | None:
         """`path` read, or the newest of the other engine's checkpoints that can be: a
         damaged one (files cut short, garbled metadata) is skipped with a warning, as
