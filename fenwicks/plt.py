@@ -224,8 +224,15 @@ def show_image_files(paths: Sequence[str], n_img: int = 20, h_inch: float = 2.0,
         The figure; one axes per image.
 
     Examples:
-        >>> paths, y, labels = fw.data.data_dir_tfrecord(data_dir, fn, shuffle=True)
-        >>> fw.plt.show_image_files(paths, labels=y, class_names=labels)
+        >>> import os
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> for path in ['pets/cat/1.png', 'pets/dog/1.png', 'pets/dog/2.png']:
+        ...     os.makedirs(os.path.dirname(path), exist_ok=True)
+        ...     _ = open(path, 'wb').write(png)
+        >>> paths, y, labels = fw.data.data_dir_tfrecord('pets', 'pets.tfrec', shuffle=False)
+        >>> fig = fw.plt.show_image_files(paths, labels=y, class_names=labels)
+        >>> [ax.get_title() for ax in fig.axes]
+        ['cat', 'dog', 'dog']
     """
     import tensorflow as tf  # only for decoding (and reading gs://)
 
