@@ -36,7 +36,8 @@ def scalar_writer(writer: Any) -> Callable[..., None]:
         >>> [(event.step, value.tag) for path in glob.glob(logdir + '/events.*')
         ...  for event in tf.compat.v1.train.summary_iterator(path)
         ...  for value in event.summary.value]
-        [(10, 'loss'), (10, 'examples_per_sec'), (20, 'loss'), (20, 'examples_per_sec'), (10, 'learning_rate')]
+        [(10, 'loss'), (10, 'examples_per_sec'), (20, 'loss'), (20, 'examples_per_sec'),
+         (10, 'learning_rate')]
     """
     if writer in _SCALAR_WRITERS:
         return _SCALAR_WRITERS[writer]

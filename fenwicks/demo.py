@@ -160,8 +160,8 @@ def build_nn(width: int = WIDTH):
     net trains on 28x28 MNIST (tutorial 1) and on these 8x8 digits.
 
     Examples:
-        >>> build_nn().output.shape
-        (None, 10)
+        >>> tuple(build_nn()(np.zeros((2, 8, 8, 1))).shape)   # 10 digits' scores each
+        (2, 10)
     """
     from fenwicks import models
 

@@ -94,7 +94,12 @@ class EpochLog(keras.callbacks.Callback):
     Only the chief writes it (the other workers of a multi-worker run write no files).
 
     Examples:
-        >>> EpochLog(work_dir, lambda: est.global_step).on_epoch_end(0, {'val_loss': 0.5})
+        >>> import tempfile
+        >>> work_dir = tempfile.mkdtemp()
+        >>> EpochLog(work_dir, lambda: 100).on_epoch_end(0, {'val_loss': 0.5})
+        >>> EpochLog(work_dir, lambda: 200).on_epoch_end(1, {'loss': 0.4})  # not evaluated
+        >>> print(open(work_dir + '/epochs.jsonl').read())
+        {"epoch": 0, "step": 100, "logs": {"val_loss": 0.5}}
     """
 
     def __init__(self, work_dir: str, global_step: Callable[[], int],

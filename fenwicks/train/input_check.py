@@ -139,8 +139,18 @@ def advice(dataset: tf.data.Dataset) -> tuple[str, ...]:
     """The fixes that apply to `dataset`, read from its graph, most effective first.
 
     Examples:
-        >>> advice(tf.data.TFRecordDataset(files).map(parse).batch(32))
-        ('cache after decoding (...)', 'more parallel maps (...)', ...)
+        >>> with tf.io.TFRecordWriter('train.tfrec') as writer:
+        ...     writer.write(b'record')
+        >>> for fix in advice(tf.data.TFRecordDataset('train.tfrec').map(tf.strings.length)
+        ...                   .batch(32)):
+        ...     print(fix)
+        cache after decoding (fw.data.tfrecord_ds(..., cache=True), or .cache() after the
+          parsing map)
+        more parallel maps (num_parallel_calls=tf.data.AUTOTUNE; fw.transform
+          augmentations after batching)
+        more parallel reads (num_parallel_reads=tf.data.AUTOTUNE, several files)
+        end with .prefetch(tf.data.AUTOTUNE)
+        the tf.data service: the input work on other machines (...)
     """
     ops, top = _dataset_ops(dataset)
     if ops is None:  # a graph that cannot be serialized: every general fix

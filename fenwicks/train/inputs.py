@@ -75,8 +75,10 @@ def unpack(element: Any) -> tuple[Any, Any, Any]:
     function unpacks element specs. (`keras.utils.unpack_x_y_sample_weight`.)
 
     Examples:
-        >>> unpack((x, y))
-        (x, y, None)
+        >>> unpack(('x', 'y'))
+        ('x', 'y', None)
+        >>> unpack('x'), unpack(('x', 'y', 'w'))
+        (('x', None, None), ('x', 'y', 'w'))
     """
     return keras.utils.unpack_x_y_sample_weight(element)
 
@@ -403,9 +405,12 @@ def discard(holder: list[Any]) -> None:
     iterators (hence a list).
 
     Examples:
-        >>> holder = [iter(strategy.distribute_datasets_from_function(dataset_fn))]
-        >>> loop(holder[0])
-        >>> discard(holder)          # returns at once; holder == []
+        >>> holder = [iter(tf.data.Dataset.range(3))]   # or a distributed iterator
+        >>> int(next(holder[0]))
+        0
+        >>> discard(holder)          # returns at once
+        >>> holder
+        []
     """
     handles = _tf_internals.iterator_resources(holder)
     holder.clear()
