@@ -73,9 +73,14 @@ class InputVerdict:
         seconds: how long those steps took.
 
     Examples:
-        >>> verdict = est.check_input(train_input_func)
-        >>> verdict.input_bound, verdict.ratio
-        (False, 13.29)
+        >>> verdict = InputVerdict(input_examples_per_sec=41200.0,   # est.check_input's
+        ...                        train_examples_per_sec=3100.0, ratio=41200 / 3100,
+        ...                        verdict='not input-bound', advice=(), num_batches=100,
+        ...                        seconds=0.08)
+        >>> verdict.input_bound
+        False
+        >>> print(verdict)
+        input delivers 41,200 ex/s, training consumed 3,100 ex/s (13.29x): not input-bound
     """
 
     input_examples_per_sec: float

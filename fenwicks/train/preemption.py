@@ -238,7 +238,14 @@ class HostFlag:
     an attribute.
 
     Examples:
-        >>> if watcher.flag.numpy(): ...   # stop after the block in progress
+        >>> import os, signal
+        >>> watcher = PreemptionWatcher()
+        >>> with watcher:
+        ...     print(watcher.flag.numpy())   # read between blocks: stop when True
+        ...     os.kill(os.getpid(), signal.SIGTERM)   # what a preempted VM gets
+        ...     print(watcher.flag.numpy())
+        False
+        True
     """
 
     def __init__(self, watcher: PreemptionWatcher) -> None:
@@ -267,11 +274,14 @@ class PreemptionWatcher:
             which gets every signal byte too; -1 for none.
 
     Examples:
+        >>> import os, signal
+        >>> stop = tf.Variable(False)   # a compiled loop reads it before each step
         >>> watcher = PreemptionWatcher()
-        >>> watcher.follow(stop_variable)   # a variable a compiled loop reads
+        >>> watcher.follow(stop)
         >>> with watcher:
-        ...     losses = loop(iterator, num_steps)   # reads stop_variable before each step
-        ...     if watcher.requested or watcher.interrupted: ...
+        ...     os.kill(os.getpid(), signal.SIGTERM)   # what a preempted VM gets
+        ...     print(watcher.requested, watcher.interrupted, bool(stop.numpy()))
+        True False True
     """
 
     def __init__(self) -> None:
@@ -321,7 +331,11 @@ class PreemptionWatcher:
         compiled loop reads) whenever the flag changes, from now on.
 
         Examples:
+            >>> stop = tf.Variable(True)
+            >>> watcher = PreemptionWatcher()
             >>> watcher.follow(stop)   # stop.assign(True) at SIGTERM or Ctrl-C
+            >>> bool(stop.numpy())   # set to the flag at once: no stop requested
+            False
         """
         variable.assign(self.requested or self.interrupted)
         self._followers.append(variable)
