@@ -286,7 +286,21 @@ def check_input(input_fn: inputs.InputFn, config: EstimatorConfig, accelerator: 
         An `InputVerdict`.
 
     Examples:
-        >>> check_input(train_fn, est.config, fw.accel.current(), [(21, 3000.0)])
+        >>> import tempfile
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> config = EstimatorConfig(steps_per_epoch=4, work_dir=tempfile.mkdtemp(),
+        ...                          train_batch_size=8, eval_batch_size=4,
+        ...                          predict_batch_size=4, steps_per_loop=2,
+        ...                          precision='float32', num_replicas=1, verbose=False)
+        >>> X = np.ones((16, 3), 'float32')
+        >>> y = X.sum(1, keepdims=True)   # 3: a zero model's squared error is 9
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> verdict = check_input(train_fn, config, fw.accel.current(),
+        ...                       [(2, 300.0), (4, 3000.0)], num_batches=10)
+        >>> verdict.train_examples_per_sec, verdict.num_batches   # the first loop left out
+        (3000.0, 10)
+        >>> print(verdict)
+        input delivers ... ex/s, training consumed 3,000 ex/s (...x): ...
     """
     num_batches = positive_int("num_batches", num_batches, 100)
     if (isinstance(warmup_batches, bool) or not isinstance(warmup_batches, int)
