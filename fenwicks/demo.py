@@ -301,7 +301,10 @@ def run(epochs: int | None = None, batch_size: int | None = None,
         The process exit status: 0, or 2 after printing what was wrong.
 
     Examples:
-        >>> run(epochs=12)   # prints "test accuracy 0.98..." among other lines
+        >>> run(epochs=0)   # stderr: fenwicks demo: error: epochs=0 must be a positive ...
+        2
+
+        ``run()`` trains 12 epochs and prints `report`'s lines ("test accuracy 0.98...").
     """
     from fenwicks import accel
 

@@ -398,8 +398,12 @@ def plot_history(history: Any, x: str | None = None):
         ValueError: for an empty history, an unknown `x`, or no loss or metric columns.
 
     Examples:
-        >>> est.train(train_input_func, steps=total_steps)
-        >>> fw.plt.plot_history(est.history)
+        >>> history = fw.train.History(   # est.history after est.train(...)
+        ...     steps=[1, 2, 3], losses=[2.3, 1.9, 1.2],
+        ...     evals=[{'global_step': 3, 'loss': 1.4, 'accuracy': 0.6}])
+        >>> fig = fw.plt.plot_history(history)
+        >>> [[line.get_label() for line in ax.get_lines()] for ax in fig.axes]
+        [['loss', 'val_loss'], ['val_accuracy']]
     """
     x_label, curves = _history_curves(history, x)
     if not curves:
@@ -450,8 +454,11 @@ def plot_lr_find(lrs: Any, losses: Sequence[float] | None = None,
         ValueError: if `lrs` and `losses` differ in length, are empty, or an lr <= 0.
 
     Examples:
-        >>> result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
-        >>> fw.plt.plot_lr_find(result)
+        >>> fig = fw.plt.plot_lr_find([1e-4, 1e-3, 1e-2, 1e-1, 1.0],   # or find_lr's result
+        ...                           [2.3, 2.1, 1.5, 1.8, 9.0], suggested_lr=1e-3)
+        >>> axes = fig.axes[0]
+        >>> axes.get_xscale(), axes.get_lines()[0].get_ydata().tolist()
+        ('log', [2.3, 2.1, 1.5, 1.8, 9.0])
     """
     lrs, curves, suggested_lr = _lr_find_arrays(lrs, losses, suggested_lr)
     if skip_end:
