@@ -84,10 +84,23 @@ class Interrupted(KeyboardInterrupt):
             saved (a second Ctrl-C, or saving takes long): they are only in memory.
 
     Examples:
+        >>> import tempfile
+        >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+        ...                                  val_bs=4, verbose=False)
+        >>> import signal
+        >>> class CtrlC(keras.callbacks.Callback):   # presses Ctrl-C after an epoch
+        ...     def on_epoch_end(self, epoch, logs=None):
+        ...         signal.raise_signal(signal.SIGINT)
         >>> try:
-        ...     est.train(train_fn, max_steps=10_000)
+        ...     est.train(train_fn, max_steps=10_000, callbacks=[CtrlC()])
         ... except fw.train.Interrupted as stop:
         ...     print(stop.step, stop.saved)
+        2 True
     """
 
     def __init__(self, step: int, checkpoint: str | None, saved: bool,
