@@ -18,11 +18,14 @@ import os
 import pkgutil
 
 import keras
+import matplotlib
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import fenwicks as fw
+
+matplotlib.use("Agg")  # headless: the fw.plt and fw.anim examples open no window
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
