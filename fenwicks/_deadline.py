@@ -128,6 +128,7 @@ def configure_tensorflow() -> bool:
     ``gs://`` call says so, once (`warn_if_tensorflow_came_first`).
 
     Examples:
+        >>> import os
         >>> configure_tensorflow()   # True at `import fenwicks` before TensorFlow
         False
         >>> os.environ['GCS_RETRY_CONFIG_MAX_RETRIES']   # unless the user had set it

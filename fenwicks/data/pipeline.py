@@ -63,6 +63,7 @@ def finish(ds: tf.data.Dataset, options: PipelineOptions, *, batched: bool = Fal
     ``first_batch`` of the stream (a resumed run), which seeds ``batch_transform``.
 
     Examples:
+        >>> from fenwicks.data.options import PipelineOptions
         >>> ds = finish(tf.data.Dataset.range(5), PipelineOptions(batch_size=2,
         ...                                                       training=False))
         >>> [batch.numpy().tolist() for batch in ds]   # evaluation keeps the last batch

@@ -19,6 +19,7 @@ stops quietly where Fenwicks raises `NonFiniteLossError`; the user may still add
 
 Examples:
     >>> from fenwicks.train import conditions
+    >>> from fenwicks.train.runner import LoopOutput
     >>> class PrintEpoch(Action):   # a user's part of the list
     ...     def on_epoch_end(self, epoch, logs):
     ...         print(epoch, logs)

@@ -171,6 +171,7 @@ class Controller:
         >>> X = np.ones((16, 3), 'float32')
         >>> y = X.sum(1, keepdims=True)   # 3: a zero model's squared error is 9
         >>> from fenwicks.train import engines
+        >>> from fenwicks.train.history import History
         >>> from fenwicks.train.reference.model import linear_model_func
         >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
         >>> with engines.use('reference') as engine:   # NumPy SGD: the same controller

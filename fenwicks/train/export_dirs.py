@@ -107,6 +107,7 @@ def latest_export(export_dir_base: str) -> str:
 
     Examples:
         >>> import tempfile
+        >>> from fenwicks.train.export_dirs import write
         >>> module = tf.Module()   # est.export_saved_model(base) writes a version so
         >>> module.double = tf.function(lambda x: 2 * x,
         ...                             input_signature=[tf.TensorSpec([None], tf.float32)])
