@@ -57,7 +57,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -816,7 +816,10 @@ class RunCheckpointer(Checkpointer):
         except (OSError, ValueError) as err:
             raise DamagedStep(f"its run record is missing or unreadable ({first_line(err)})") \
                 from err
-        self._check_fits(where, record)
+        ours = self._parts.layout()
+        pairs = optimizer_pairs([path for path, _, _ in record["layout"]["optimizer"]],
+                                [path for path, _, _ in ours["optimizer"]])
+        self._check_fits(where, record, ours, pairs)
         try:
             tree = read_arrays(local, record)
         except Exception as err:  # noqa: BLE001 - whatever orbax met reading it: damage
@@ -824,18 +827,26 @@ class RunCheckpointer(Checkpointer):
             raise DamagedStep(f"its arrays cannot be read ({cause or type(err).__name__})") \
                 from err
         check_checksums(tree, record)
+        notes: list[str] = []
+        if pairs is not None:
+            live = self._parts.to_host(self._parts.snapshot())["optimizer"]
+            tree = {**tree, "optimizer": carry(tree["optimizer"], live, pairs)}
+            notes = not_carried(ours["optimizer"], live, pairs)
         self._parts.scatter(tree)
-        self._parts.apply_record(record)
+        self._parts.apply_record({**record, "not_restored": notes} if notes else record)
         self._good, self._legacy_good, self.restored_record = good, None, record
         self.training_refusal = None
         return where
 
-    def _check_fits(self, where: str, record: dict) -> None:
+    def _check_fits(self, where: str, record: dict, ours: dict[str, list[list]],
+                    pairs: list[int | None] | None) -> None:
         """CheckpointMismatchError if the step's arrays are not this model's (count or
-        shapes)."""
-        ours = self._parts.layout()
+        shapes); the optimizer's as `optimizer_pairs` pairs them."""
         for group in GROUPS:
             theirs = record["layout"][group]
+            if group == "optimizer" and pairs is not None:
+                theirs = [theirs[j] if j is not None else mine
+                          for j, mine in zip(pairs, ours[group], strict=True)]
             shapes = [list(shape) for _, shape, _ in theirs]
             if shapes != [list(shape) for _, shape, _ in ours[group]]:
                 raise CheckpointMismatchError(
@@ -867,6 +878,94 @@ def _describe(layout: list[list]) -> str:
         return "none"
     shapes = ", ".join(f"{path} {shape}" for path, shape, _ in layout[:3])
     return f"{len(layout)} ({shapes}{', ...' if len(layout) > 3 else ''})"
+
+
+# --------------------------------------------------------------------------- loss scale
+# float16 wraps the optimizer in Keras's LossScaleOptimizer (`building.build_model`),
+# bfloat16 and float32 do not ('auto' is bfloat16 on a TPU, float16 on a T4): a run that
+# changes precision, on one engine or at a switch, finds the checkpoint's optimizer
+# variables with or without the wrapper's own. They are paired by what they are.
+
+_LOSS_SCALE_OWN = ("step_counter", "dynamic_scale")  # the wrapper's state (Keras 3)
+
+
+def loss_scale_prefix(paths: Sequence[str]) -> str | None:
+    """The path prefix of a `keras.optimizers.LossScaleOptimizer`'s own variables among
+    an optimizer's variable paths (``'loss_scale_optimizer'``), or None without one.
+
+    Examples:
+        >>> loss_scale_prefix(['loss_scale_optimizer/iteration',
+        ...                    'loss_scale_optimizer/step_counter',
+        ...                    'loss_scale_optimizer/dynamic_scale', 'sgd/iteration'])
+        'loss_scale_optimizer'
+        >>> loss_scale_prefix(['sgd/iteration', 'sgd/dense_kernel_momentum']) is None
+        True
+    """
+    listed = set(paths)
+    for path in paths:
+        prefix, _, leaf = path.rpartition("/")
+        if leaf == "dynamic_scale" and f"{prefix}/step_counter" in listed:
+            return prefix
+    return None
+
+
+def optimizer_pairs(theirs: Sequence[str], ours: Sequence[str]) -> list[int | None] | None:
+    """How a checkpoint's optimizer variables (paths `theirs`) fill the live optimizer's
+    (`ours`) when one of the two is wrapped in a loss scale and the other is not.
+
+    The inner optimizer's variables (``iterations``, the slots) are paired in order;
+    the wrapper's own (its loss scale, its step counter) keep their initial values when
+    the checkpoint has none, and are dropped when the live optimizer has none.
+
+    Returns:
+        For each of `ours`, the index in `theirs` of its value, or None (kept as it is);
+        None if both or neither are wrapped, or the inner variables do not number the
+        same (then they are compared in order, as they are).
+
+    Examples:
+        >>> optimizer_pairs(['sgd/iteration', 'sgd/k_momentum'],
+        ...                 ['loss_scale_optimizer/iteration',
+        ...                  'loss_scale_optimizer/step_counter',
+        ...                  'loss_scale_optimizer/dynamic_scale',
+        ...                  'sgd_1/iteration', 'sgd_1/k_momentum'])
+        [None, None, None, 0, 1]
+        >>> optimizer_pairs(['sgd/iteration'], ['sgd_1/iteration']) is None
+        True
+    """
+    wrapped = loss_scale_prefix(theirs), loss_scale_prefix(ours)
+    if (wrapped[0] is None) == (wrapped[1] is None):
+        return None
+
+    def inner(paths: Sequence[str], prefix: str | None) -> list[int]:
+        return [i for i, path in enumerate(paths) if path.rpartition("/")[0] != prefix]
+
+    their_inner, our_inner = inner(theirs, wrapped[0]), inner(ours, wrapped[1])
+    if len(their_inner) != len(our_inner):
+        return None
+    pairs: list[int | None] = [None] * len(ours)
+    for i, j in zip(our_inner, their_inner, strict=True):
+        pairs[i] = j
+    return pairs
+
+
+def carry(theirs: list[np.ndarray], live: list[np.ndarray],
+          pairs: list[int | None]) -> list[np.ndarray]:
+    """The optimizer's arrays to restore: the checkpoint's where `pairs` has one, the
+    live value (the initial one, in a build just made) where it has None."""
+    return [theirs[j] if j is not None else value for j, value in zip(pairs, live,
+                                                                       strict=True)]
+
+
+def not_carried(layout: list[list], live: list[np.ndarray],
+                pairs: list[int | None]) -> list[str]:
+    """What a restore did not carry, for the line that says the run continues: the loss
+    scale, which starts afresh at its initial value (``['the loss scale starts afresh at
+    32768']``); nothing for the wrapper state a checkpoint held and the run drops."""
+    notes = []
+    for (path, _, _), value, j in zip(layout, live, pairs, strict=True):
+        if j is None and path.rpartition("/")[2] == "dynamic_scale":
+            notes.append(f"the loss scale starts afresh at {float(np.asarray(value)):g}")
+    return notes
 
 
 # --------------------------------------------------------------------------- fallback

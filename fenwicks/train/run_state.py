@@ -189,16 +189,27 @@ class RunState(abc.ABC):
         says so in one line when another engine wrote it."""
         self.set_counters(record["step"], record["input_steps"])
         run_format.set_global_seed_state(record.get("seed"))
+        # What the restore did not carry: a loss scale the checkpoint lacked (it was
+        # written at another precision: `run_format.optimizer_pairs`).
+        missing = list(record.get("not_restored", ()))
         if record["engine"] != self.engine:
             # A checkpoint of the formats before the run format (`cross_engine`) holds no
             # seed state at all: the line says what was not restored.
+            if "seed" not in record:
+                missing.insert(0, "not Keras's global seed generator, which checkpoints "
+                                  "before the run format did not hold")
             logger.warning(
                 "fenwicks: %s was trained on the %s; this run continues from its step %d "
                 "on the %s (optimizer slots, input position and learning-rate schedule "
                 "restored%s)", self.config.work_dir, run_format.title(record["engine"]),
                 record["step"], run_format.title(self.engine),
-                "" if "seed" in record else "; not Keras's global seed generator, which "
-                "checkpoints before the run format did not hold")
+                "".join(f"; {note}" for note in missing))
+        elif missing:
+            logger.warning(
+                "fenwicks: %s continues from its step %d at precision=%r (optimizer "
+                "slots, input position and learning-rate schedule restored; %s, as the "
+                "step was written without one)", self.config.work_dir, record["step"],
+                self.config.precision, "; ".join(missing))
 
     @property
     def restored_record(self) -> dict | None:
