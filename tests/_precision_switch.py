@@ -12,6 +12,12 @@ position, ``iterations``, the loss scale (None without one) and the file holding
 model's variables and the inner optimizer's variables (``iterations`` and the momentum
 slots) then. ``zero-slots`` zeroes the momentum slots after the restore, the control
 that shows the test would see slots that were not carried.
+
+    python -m tests._precision_switch legacy WORK_DIR PRECISION
+
+restores a work_dir of the format before the run format (tests/data/legacy_work_dirs,
+float32, AdamW) at PRECISION, prints how far the inner optimizer's restored variables
+are from the checkpoint's (`cross_engine.read`), the loss scale, then trains 2 steps.
 """
 
 from __future__ import annotations
@@ -65,10 +71,33 @@ def main(work_dir: str, max_steps: str, precision: str, control: str = "") -> di
             "variables": path, "latest": state.latest_checkpoint}
 
 
+def legacy(work_dir: str, precision: str) -> dict:
+    from fenwicks.train import cross_engine
+    from tests import _cross_engine
+
+    train_fn, eval_fn, _ = _cross_engine.inputs()
+    est = _cross_engine.estimator(work_dir, precision=precision)
+    state = est.parts.state
+    est.evaluate(eval_fn)  # builds the model, restoring work_dir
+    saved = cross_engine.read(state.latest_checkpoint)
+    restored = [keras.ops.convert_to_numpy(v) for v in inner(state.optimizer).variables]
+    difference = max(float(np.max(np.abs(np.asarray(a, np.float64) - b)))
+                     for a, b in zip(saved.optimizer, restored, strict=True))
+    scale = _scale(state.optimizer)
+    est.train(train_fn, steps=2)
+    return {"engine": fw.accel.engine(), "optimizer": type(state.optimizer).__name__,
+            "checkpoint": saved.checkpoint, "saved_engine": saved.engine,
+            "slots": len(saved.optimizer) - 1, "restored_difference": difference,
+            "loss_scale_at_start": scale, "step": state.global_step,
+            "iterations": int(keras.ops.convert_to_numpy(
+                inner(state.optimizer).iterations))}
+
+
 def _scale(optimizer) -> float | None:
     scale = getattr(optimizer, "dynamic_scale", None)
     return None if scale is None else float(keras.ops.convert_to_numpy(scale))
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:])), flush=True)
+    print(json.dumps(legacy(*sys.argv[2:]) if sys.argv[1] == "legacy"
+                     else main(*sys.argv[1:])), flush=True)

@@ -404,15 +404,18 @@ def cannot_continue(work_dir: str, saved: SavedWeights, engine: str, why: str) -
             "step and the optimizer start afresh); nothing was written")
 
 
-def _why_not_trainable(saved: SavedWeights, optimizer: Sequence[Any]) -> str | None:
+def _why_not_trainable(saved: SavedWeights, optimizer: Sequence[Any],
+                       pairs: list[int | None] | None = None) -> str | None:
     """Why `saved` cannot continue a run with the live `optimizer` variables; None if
-    it can."""
+    it can. `pairs`: `run_format.optimizer_pairs` of the two (None: in order)."""
     if saved.optimizer is None:
         return "it holds no optimizer variables (iterations, slots)"
     if saved.input_steps is None:
         return "it holds no input position"
-    theirs = [list(np.shape(a)) for a in saved.optimizer]
     ours = [[int(d) for d in v.shape] for v in optimizer]
+    theirs = ([list(np.shape(a)) for a in saved.optimizer] if pairs is None else
+              [list(np.shape(saved.optimizer[j])) if j is not None else mine
+               for j, mine in zip(pairs, ours, strict=True)])
     if theirs != ours:
         first = next((i for i, (a, b) in enumerate(zip(theirs, ours, strict=False))
                       if a != b),
@@ -506,13 +509,26 @@ class OtherEnginesReader(Checkpointer):
         arrays = [saved.arrays[pairs[i]] for i in range(len(model))]
         split = len(self._groups["trainable"])
         tree = {"trainable": arrays[:split], "non_trainable": arrays[split:]}
-        why = _why_not_trainable(saved, self._groups["optimizer"])
+        ours = self._groups["optimizer"]
+        # Across a loss scale's wrapper (a checkpoint of another precision), as the run
+        # format pairs them.
+        pairs = run_format.optimizer_pairs(saved.optimizer_paths,
+                                           [v.path for v in ours]) \
+            if saved.optimizer is not None else None
+        why = _why_not_trainable(saved, ours, pairs)
         if why is None:
-            self._parts.scatter({**tree, "optimizer": saved.optimizer})
+            optimizer, notes = saved.optimizer, []
+            if pairs is not None:
+                live = self._parts.to_host(self._parts.snapshot())["optimizer"]
+                optimizer = run_format.carry(saved.optimizer, live, pairs)
+                notes = run_format.not_carried(run_format.layout_of({"o": ours})["o"],
+                                               live, pairs)
+            self._parts.scatter({**tree, "optimizer": optimizer})
             # The run format's record, but for Keras's global seed generator: the formats
             # before it did not hold it (no "seed": `RunState.apply_record` says so).
             self._parts.apply_record({"engine": saved.engine, "step": saved.step,
-                                      "input_steps": saved.input_steps})
+                                      "input_steps": saved.input_steps,
+                                      **({"not_restored": notes} if notes else {})})
         else:
             live = self._parts.to_host(self._parts.snapshot())["optimizer"]
             self._parts.scatter({**tree, "optimizer": live})
