@@ -1,10 +1,15 @@
 """`fenwicks.train.run_format` in this process, where a test needs no training run: a
-``gs://`` listing of steps that storage does not answer. (Saves, restores, damage and
+``gs://`` listing of steps that storage does not answer, and how a step's optimizer
+variables pair with a run at another precision (a loss scale's wrapper; the runs are in
+test_precision_switch.py). (Saves, restores, damage and
 faults through the estimator are in test_async_checkpoints.py, test_faults.py,
 test_storage_faults.py and test_engine_switch.py.)"""
 
 from __future__ import annotations
 
+import zlib
+
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -49,3 +54,62 @@ def test_a_gs_listing_refused_for_another_reason_is_not_called_an_outage(listing
     with pytest.raises(tf.errors.PermissionDeniedError) as raised:
         run_format.complete_steps("gs://bucket/work/run/checkpoints")
     assert raised.value is denied
+
+
+# A LossScaleOptimizer (float16) against a plain optimizer (bfloat16, float32): the paths
+# Keras 3 gives them (`keras.optimizers.LossScaleOptimizer(SGD(momentum=0.9))` built on
+# one Dense layer lists its own four variables, then the inner optimizer's).
+_PLAIN = ["sgd/iteration", "sgd/dense_kernel_momentum", "sgd/dense_bias_momentum"]
+_WRAPPED = ["loss_scale_optimizer/iteration", "loss_scale_optimizer/learning_rate",
+            "loss_scale_optimizer/step_counter", "loss_scale_optimizer/dynamic_scale",
+            "sgd_1/iteration", "sgd_1/dense_kernel_momentum", "sgd_1/dense_bias_momentum"]
+
+
+def test_the_loss_scale_wrapper_is_found_by_its_own_variables():
+    assert run_format.loss_scale_prefix(_WRAPPED) == "loss_scale_optimizer"
+    assert run_format.loss_scale_prefix(_PLAIN) is None
+    # A slot merely named like the scale, without the wrapper's step counter: no wrapper.
+    assert run_format.loss_scale_prefix(["adam/iteration", "adam/dynamic_scale"]) is None
+
+
+def test_optimizer_variables_pair_across_the_wrapper_both_ways():
+    # Plain checkpoint, wrapped run: the inner variables in order, the wrapper's own kept.
+    assert run_format.optimizer_pairs(_PLAIN, _WRAPPED) == [None, None, None, None, 0, 1, 2]
+    # Wrapped checkpoint, plain run: the wrapper's own (indices 0-3) are dropped.
+    assert run_format.optimizer_pairs(_WRAPPED, _PLAIN) == [4, 5, 6]
+    # Both or neither wrapped, or inner variables that do not number the same: in order.
+    assert run_format.optimizer_pairs(_PLAIN, _PLAIN) is None
+    assert run_format.optimizer_pairs(_WRAPPED, _WRAPPED) is None
+    assert run_format.optimizer_pairs(_PLAIN[:2], _WRAPPED) is None
+
+
+def test_only_a_loss_scale_started_afresh_is_reported():
+    pairs = run_format.optimizer_pairs(_PLAIN, _WRAPPED)
+    layout = [[path, [], "float32"] for path in _WRAPPED]
+    live = [np.array(0), np.array(0.0), np.array(0), np.array(32768.0), np.array(0),
+            np.zeros((3, 2)), np.zeros(2)]
+    theirs = [np.array(7), np.full((3, 2), 0.5), np.full(2, 0.25)]
+    carried = run_format.carry(theirs, live, pairs)
+    assert [int(carried[0]), float(carried[3]), int(carried[4])] == [0, 32768.0, 7]
+    assert carried[5] is theirs[1] and carried[6] is theirs[2]
+    assert run_format.not_carried(layout, live, pairs) == [
+        "the loss scale starts afresh at 32768"]
+    back = run_format.optimizer_pairs(_WRAPPED, _PLAIN)
+    assert run_format.not_carried([[p, [], "float32"] for p in _PLAIN], theirs, back) == []
+
+
+def test_checksums_cover_bfloat16_arrays_byte_for_byte():
+    # NumPy's buffer protocol knows no bfloat16 (ml_dtypes): the checksum reads bytes.
+    import ml_dtypes
+
+    tree = {"trainable": [np.arange(6, dtype=ml_dtypes.bfloat16).reshape(2, 3)],
+            "non_trainable": [np.float32(2.5) * np.ones(3, np.float32)],
+            "optimizer": [np.array(7, np.int64)]}
+    sums = run_format.checksums(tree)
+    assert sums["trainable"] == [zlib.crc32(tree["trainable"][0].tobytes())]
+    assert sums["non_trainable"] == [zlib.crc32(np.full(3, 2.5, np.float32).tobytes())]
+    record = {"crc32": sums, "layout": {g: [[f"{g}/v", [], "x"]] for g in sums}}
+    run_format.check_checksums(tree, record)  # the same arrays pass
+    tree["trainable"][0][0, 1] = 3  # one bfloat16 changed
+    with pytest.raises(run_format.DamagedStep, match=r"trainable/v \(trainable #0\)"):
+        run_format.check_checksums(tree, record)

@@ -21,7 +21,10 @@ its variables in model order (orbax does) with the same count and shapes, variab
 paired by position, with a warning. Restoring a work_dir needs every model variable
 matched and raises `CrossEngineMismatchError` naming those that are not; a warm start
 loads what matches and reports the rest, as on one engine. Optimizer variables are paired
-by position (both formats saved them as the optimizer lists them), their shapes checked.
+by position (both formats saved them as the optimizer lists them), their shapes checked;
+across a loss scale's wrapper (a float16 run's `LossScaleOptimizer` against a checkpoint
+of another precision, or the reverse) as the run format pairs them
+(`run_format.optimizer_pairs`).
 
 **A run continues** (`OtherEnginesReader`): a work_dir that holds only the other engine's
 checkpoints of the previous format is restored whole, as a run-format step is: model

@@ -21,6 +21,12 @@ Layout (``<work_dir>/checkpoints/<step>/``, one orbax step, renamed into place w
               ``init_checkpoint``). A step without it (a Keras model_func's, or one
               written before it existed) names its arrays by Keras path only
 
+A step continues at another precision: float16 wraps the optimizer in Keras's
+``LossScaleOptimizer``, bfloat16 and float32 do not, and the optimizer variables are
+paired across the wrapper (`optimizer_pairs`): ``iterations`` and the slots restored, a
+loss scale the step lacks started afresh (the continuation line says so), one it holds
+and the run does not use dropped.
+
 The record is written in the same orbax step as the arrays, so it is committed
 atomically with them and checked when read: a step whose record is missing, cut short,
 empty or ``null`` is damaged, like a step whose data files are, and the newest intact step
@@ -233,7 +239,9 @@ def check_record(record: Any) -> dict:
 def checksums(tree: StateTree) -> dict[str, list[int]]:
     """CRC-32 of each array's bytes, by group: orbax's data files carry none, so a
     flipped byte would otherwise be read back as a wrong weight."""
-    return {group: [zlib.crc32(np.ascontiguousarray(a).data) for a in tree[group]]
+    # As bytes: the buffer protocol knows no bfloat16 (ml_dtypes' 'E'), which a model
+    # with a layer of dtype='bfloat16' holds; the same bytes, so the same CRC, otherwise.
+    return {group: [zlib.crc32(np.ascontiguousarray(a).view(np.uint8)) for a in tree[group]]
             for group in GROUPS}
 
 
