@@ -295,7 +295,8 @@ def test_the_tutorials_are_pages_of_the_site_with_their_outputs(site):
         assert "your own images" in f.read().lower()  # tutorial 7 is found by search
     # The "Why Fenwicks" table: each row links to what shows it.
     why = home.split('id="why-fenwicks"', 1)[1].split("</table>", 1)[0]
-    assert why.count('href="proofs/#') == why.count("<tr>") - 1 == 6
+    assert why.count('href="proofs/#') == why.count("<tr>") - 1 == 7
+    assert 'href="proofs/#a-run-continues-on-the-other-engine"' in why  # the engine switch
     with open(os.path.join(site, "proofs", "index.html"), encoding="utf-8") as f:
         proofs = f.read()
     for anchor in re.findall(r'href="proofs/#([^"]+)"', why):
