@@ -518,6 +518,10 @@ def test_the_site_page_is_this_notebook_run_at_its_smoke_size(name):
     assert page.cells[1].source.startswith("**What this page shows.** ")
     outputs = [out for cell in page.cells if cell.cell_type == "code" for out in cell.outputs]
     assert outputs and not [out for out in outputs if out.output_type == "error"]
+    # The run's temporary folders are shown as a user's (tools/tutorial_pages.user_paths).
+    texts = [str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))
+             for out in outputs]
+    assert not [text for text in texts if "/tmp/" in text], "a temporary path on the page"
     assert any("image/png" in out.get("data", {}) for out in outputs), "its plots"
 
 
