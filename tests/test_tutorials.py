@@ -528,7 +528,7 @@ def test_the_site_page_is_this_notebook_run_at_its_smoke_size(name):
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_each_tutorial_states_its_run_time_at_its_top(name):
     top = _read(name).cells[0].source
-    assert re.search(r"^- Default size, on a CPU: ", top, re.M), top[:600]
+    assert re.search(r"^- Default size, on a 2-core CPU: (up to )?about ", top, re.M), top[:600]
     assert re.search(r"^- On a GPU or a TPU: ", top, re.M)
     assert re.search(r"^- The `SMOKE` size .*set `SMOKE = True` in the Parameters cell:\s+"
                      r"\d+ s on a\s+2-core CPU", top, re.M | re.S), top[:600]

@@ -3,10 +3,8 @@
 #
 # **Run time**
 #
-# - Default size, on a CPU: about 10 minutes, plus MNIST's download the first time (the
-#   run has 702 steps; a step of this network at this batch size took 0.72 s of CPU time
-#   on a 2-core AMD EPYC, measured with tutorial 5's learning-rate finder; wall time on
-#   that CPU shared with other jobs was 2.4 times as long, 35 s for 20 steps).
+# - Default size, on a 2-core CPU: about 10 minutes (702 steps), plus MNIST's download
+#   the first time.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
 #   54 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in

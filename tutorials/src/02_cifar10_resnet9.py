@@ -3,10 +3,8 @@
 #
 # **Run time**
 #
-# - Default size, on a CPU: about 4.5 hours: use a GPU or a TPU (the run has 2,328
-#   steps; a step of this ResNet-9 at this batch size took 6.2 s of CPU time on a 2-core
-#   AMD EPYC, measured with tutorial 8's training, plus 24 evaluations; wall time on that
-#   CPU shared with other jobs was about 4 times longer, 78 s for 3 steps).
+# - Default size, on a 2-core CPU: about 4.5 hours (2,328 steps of a ResNet-9): use a
+#   GPU or a TPU.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
 #   62 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in

@@ -3,9 +3,8 @@
 #
 # **Run time**
 #
-# - Default size, on a CPU: about 2 minutes, plus CIFAR-10's download (162 MiB) the first
-#   time (measured: the whole notebook took 5.3 minutes of wall time and 2.0 minutes of
-#   CPU time on a 2-core AMD EPYC shared with other jobs, load average 9).
+# - Default size, on a 2-core CPU: about 2 minutes, plus CIFAR-10's download (162 MiB)
+#   the first time.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
 #   32 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in

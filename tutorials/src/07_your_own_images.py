@@ -3,11 +3,9 @@
 #
 # **Run time**
 #
-# - Default size, on a CPU: up to about 25 minutes, plus the flower photos' download
-#   (218 MiB) the first time (measured on 3,670 generated JPEGs of the photos' sizes, with
-#   1 epoch in place of 12: that epoch took 128 s of CPU time, compiling and decoding the
-#   JPEGs included, which later epochs skip by reading the cache; the rest of the notebook
-#   12 s; a 2-core AMD EPYC shared with other jobs, load average 18).
+# - Default size, on a 2-core CPU: up to about 25 minutes (the first of the 12 epochs
+#   decodes the JPEGs; later ones read the cache), plus the flower photos' download
+#   (218 MiB) the first time.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
 #   38 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in

@@ -3,10 +3,8 @@
 #
 # **Run time**
 #
-# - Default size, on a CPU: about 30 minutes: both settings, `'auto'` (the CPU here too)
-#   and `'cpu'`, train 7 calls of 20 steps (measured: a step of this ResNet-9 took 6.2 s
-#   of CPU time, from runs of 2 and of 6 steps a call, and the rest of a setting about
-#   25 s, on a 2-core AMD EPYC shared with other jobs, load average 18-23).
+# - Default size, on a 2-core CPU: about 30 minutes: both settings, `'auto'` (the CPU here
+#   too) and `'cpu'`, train 7 calls of 20 steps of a ResNet-9.
 # - On a GPU or a TPU: not measured (none was available where this was written); the
 #   `'cpu'` setting there still takes about 15 minutes on a host CPU like this one.
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
