@@ -281,7 +281,7 @@ def test_a_mapped_variable_missing_from_the_checkpoint_raises_as_tf1_did(tmp_pat
     assert isinstance(err.value, WarmStartError)
     assert str(err.value) == (
         f"the warm start from {ckpt!r} maps 'dense/bias' to 'dense/bias', but the "
-        f"checkpoint holds no 'dense/bias' (its nearest: 'dense/kernel'), and TF1's "
+        f"checkpoint holds no 'dense/bias', and TF1's "
         f"init_from_checkpoint refused that too (\"Tensor dense/bias is not found in "
         f"{ckpt} checkpoint\"): map 'dense/bias' to one of the checkpoint's names "
         "(tf.compat.v1.train.list_variables lists them), or leave it out of the "
