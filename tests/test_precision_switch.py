@@ -22,8 +22,9 @@ tf float16 0.0531 (16-bit rounding over 20 steps of a BatchNorm net, not a lost 
 the zero-slots control 0.544, 8.6 times the largest. `TOLERANCE` and `CONTROL_RATIO`
 sit between.
 
-The other engine's checkpoints of the format before the run format (float32) continue
-at float16 too (`cross_engine.OtherEnginesReader`, same pairing); and a model with
+Checkpoints of the format before the run format (float32) continue at float16 too, on
+the other engine (`cross_engine.OtherEnginesReader`) and on their own
+(`cross_engine.AtAnotherPrecision`), with the same pairing; and a model with
 bfloat16 variables (a layer's own dtype) is checkpointed and continued on the other
 engine.
 """
@@ -178,12 +179,15 @@ def test_variables_are_stored_in_float32_whatever_the_precision(runs):
 LEGACY = pathlib.Path(__file__).parent / "data" / "legacy_work_dirs"
 
 
-@pytest.mark.parametrize("written, engine", [("jax", "tf"), ("tf", "jax")])
-def test_the_other_engines_previous_format_continues_at_float16(tmp_path, written, engine):
-    """`cross_engine.OtherEnginesReader` pairs a float32 checkpoint of the format before
-    the run format (tests/data/legacy_work_dirs: Adam, 21 steps) with a float16 run's
-    LossScaleOptimizer: the inner ``iterations`` and slots are restored exactly, the loss
-    scale starts at its initial value, and training continues from step 21."""
+@pytest.mark.parametrize("written, engine", [("jax", "tf"), ("tf", "jax"), ("tf", "tf"),
+                                             ("jax", "jax")])
+def test_the_previous_format_continues_at_float16(tmp_path, written, engine):
+    """A float32 checkpoint of the format before the run format
+    (tests/data/legacy_work_dirs: Adam, 21 steps) continues in a float16 run, whose
+    optimizer is a LossScaleOptimizer: on the other engine (`cross_engine.
+    OtherEnginesReader`) and on its own (`cross_engine.AtAnotherPrecision`, where the
+    engine's own reader refused it). The inner ``iterations`` and slots are restored
+    exactly, the loss scale starts at its initial value, training continues from 21."""
     work = tmp_path / written
     shutil.copytree(LEGACY / written, work)
     proc = run_process(["-m", "tests._precision_switch", "legacy", str(work), "float16"],
@@ -197,12 +201,17 @@ def test_the_other_engines_previous_format_continues_at_float16(tmp_path, writte
     assert out["loss_scale_at_start"] == INITIAL_SCALE
     assert (out["step"], out["iterations"]) == (23, 23)
     (line,) = [line for line in proc.stderr.splitlines() if "continues from" in line]
-    assert line.endswith(
-        f"this run continues from its step 21 on the {run_format.title(engine)} (optimizer "
-        "slots, input position and learning-rate schedule restored; not Keras's global "
-        "seed generator, which checkpoints before the run format did not hold; the loss "
-        "scale starts afresh at 32768)"), line
-
+    if written != engine:
+        assert line.endswith(
+            f"this run continues from its step 21 on the {run_format.title(engine)} "
+            "(optimizer slots, input position and learning-rate schedule restored; not "
+            "Keras's global seed generator, which checkpoints before the run format did "
+            "not hold; the loss scale starts afresh at 32768)"), line
+    else:
+        assert line.endswith(
+            f"{work} continues from its step 21 at precision='float16' (optimizer slots, "
+            "input position and learning-rate schedule restored; the loss scale starts "
+            "afresh at 32768, as the step was written without one)"), line
 
 def test_a_model_with_bfloat16_variables_is_checkpointed_and_continues(tmp_path):
     """Mixed policies keep variables float32; a layer given ``dtype='bfloat16'`` has

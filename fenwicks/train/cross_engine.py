@@ -24,7 +24,8 @@ loads what matches and reports the rest, as on one engine. Optimizer variables a
 by position (both formats saved them as the optimizer lists them), their shapes checked;
 across a loss scale's wrapper (a float16 run's `LossScaleOptimizer` against a checkpoint
 of another precision, or the reverse) as the run format pairs them
-(`run_format.optimizer_pairs`).
+(`run_format.optimizer_pairs`). The same pairing continues an engine's own checkpoint of
+the previous format that its reader refuses only for that wrapper (`AtAnotherPrecision`).
 
 **A run continues** (`OtherEnginesReader`): a work_dir that holds only the other engine's
 checkpoints of the previous format is restored whole, as a run-format step is: model
@@ -508,30 +509,12 @@ class OtherEnginesReader(Checkpointer):
             return None
         checkpoint = saved.checkpoint
         model = self._groups["trainable"] + self._groups["non_trainable"]
-        pairs = _match_all(model, saved, self.work_dir, self._engine)
-        arrays = [saved.arrays[pairs[i]] for i in range(len(model))]
-        split = len(self._groups["trainable"])
-        tree = {"trainable": arrays[:split], "non_trainable": arrays[split:]}
-        ours = self._groups["optimizer"]
-        # Across a loss scale's wrapper (a checkpoint of another precision), as the run
-        # format pairs them.
-        pairs = run_format.optimizer_pairs(saved.optimizer_paths,
-                                           [v.path for v in ours]) \
-            if saved.optimizer is not None else None
-        why = _why_not_trainable(saved, ours, pairs)
+        tree = _model_tree(self._groups, saved,
+                           _match_all(model, saved, self.work_dir, self._engine))
+        pairs = _optimizer_pairs(saved, self._groups["optimizer"])
+        why = _why_not_trainable(saved, self._groups["optimizer"], pairs)
         if why is None:
-            optimizer, notes = saved.optimizer, []
-            if pairs is not None:
-                live = self._parts.to_host(self._parts.snapshot())["optimizer"]
-                optimizer = run_format.carry(saved.optimizer, live, pairs)
-                notes = run_format.not_carried(run_format.layout_of({"o": ours})["o"],
-                                               live, pairs)
-            self._parts.scatter({**tree, "optimizer": optimizer})
-            # The run format's record, but for Keras's global seed generator: the formats
-            # before it did not hold it (no "seed": `RunState.apply_record` says so).
-            self._parts.apply_record({"engine": saved.engine, "step": saved.step,
-                                      "input_steps": saved.input_steps,
-                                      **({"not_restored": notes} if notes else {})})
+            _restore_whole(self._parts, self._groups, saved, tree, pairs)
         else:
             live = self._parts.to_host(self._parts.snapshot())["optimizer"]
             self._parts.scatter({**tree, "optimizer": live})
@@ -578,6 +561,141 @@ class OtherEnginesReader(Checkpointer):
             return saved
         raise none_readable(self.work_dir, len(listed), damaged,
                             f"the {owner.TITLE}'s checkpoints")
+
+
+def _model_tree(groups: dict[str, list[Any]], saved: SavedWeights,
+                pairs: dict[int, int]) -> run_format.StateTree:
+    """The checkpoint's model arrays as the model's groups list its variables."""
+    arrays = [saved.arrays[pairs[i]] for i in range(len(pairs))]
+    split = len(groups["trainable"])
+    return {"trainable": arrays[:split], "non_trainable": arrays[split:]}
+
+
+def _optimizer_pairs(saved: SavedWeights, ours: Sequence[Any]) -> list[int | None] | None:
+    """`run_format.optimizer_pairs` of a checkpoint's and the live optimizer variables:
+    across a loss scale's wrapper (a checkpoint of another precision); None in order."""
+    if saved.optimizer is None:
+        return None
+    return run_format.optimizer_pairs(saved.optimizer_paths, [v.path for v in ours])
+
+
+def _restore_whole(parts: Any, groups: dict[str, list[Any]], saved: SavedWeights,
+                   tree: run_format.StateTree, pairs: list[int | None] | None) -> None:
+    """Scatters a checkpoint that can continue the run (model arrays `tree`, optimizer
+    paired by `pairs`) and applies its step and input position."""
+    optimizer, notes = saved.optimizer, []
+    if pairs is not None:
+        live = parts.to_host(parts.snapshot())["optimizer"]
+        optimizer = run_format.carry(saved.optimizer, live, pairs)
+        notes = run_format.not_carried(run_format.layout_of(
+            {"optimizer": groups["optimizer"]})["optimizer"], live, pairs)
+    parts.scatter({**tree, "optimizer": optimizer})
+    # The run format's record, but for Keras's global seed generator: the formats
+    # before it did not hold it (no "seed": `RunState.apply_record` says so).
+    parts.apply_record({"engine": saved.engine, "step": saved.step,
+                        "input_steps": saved.input_steps,
+                        **({"not_restored": notes} if notes else {})})
+
+
+class AtAnotherPrecision(Checkpointer):
+    """An engine's reader of its own previous format (`run_format.PreviousFormatReader`)
+    that also continues a checkpoint it refuses only because the run's precision changed:
+    float16 wraps the optimizer in a ``LossScaleOptimizer``, bfloat16 and float32 do not,
+    and the engine's own reader pairs optimizer variables as they are. Such a checkpoint
+    is read into the neutral form (`read`) and restored whole, its optimizer variables
+    paired across the wrapper (`run_format.optimizer_pairs`); any other refusal is the
+    engine reader's, unchanged.
+
+    Args:
+        own: the engine's reader of its previous format.
+        work_dir: the run's work_dir.
+        engine: the engine restoring.
+        parts: the run's state (`run_format.RunParts`).
+        groups: its Keras variables by group (`run_format.variable_groups`).
+
+    Examples:
+        >>> reader = AtAnotherPrecision(legacy_reader, '/content/run', 'tf', state, groups)
+        >>> reader.restore()   # a float32 run's '/content/run/ckpt-21', now at float16
+        '/content/run/ckpt-21'
+    """
+
+    def __init__(self, own: Any, work_dir: str, engine: str, parts: Any,
+                 groups: dict[str, list[Any]]) -> None:
+        self._own, self._engine, self._parts, self._groups = own, engine, parts, groups
+        self.directory = self.work_dir = work_dir.rstrip("/")
+        self._good: str | None = None  # a checkpoint restored across the wrapper
+
+    @property
+    def training_refusal(self) -> str | None:
+        return None if self._good else getattr(self._own, "training_refusal", None)
+
+    @property
+    def latest(self) -> str | None:
+        return self._good or getattr(self._own, "latest", None)
+
+    @property
+    def last_good(self) -> str | None:
+        return self._good or getattr(self._own, "last_good", None)
+
+    @property
+    def last_save_secs(self) -> float | None:
+        return None
+
+    def save(self, step: int, *, force: bool = False) -> None:
+        raise NotImplementedError("an engine's previous format is only read; the run's "
+                                  "checkpoints are written in the run format")
+
+    def wait(self) -> None:
+        """Nothing is ever written."""
+
+    def change_on_disk(self) -> str | None:
+        """As the engine's reader's, for a checkpoint restored across the wrapper."""
+        if self._good is None:
+            return self._own.change_on_disk()
+        newest = _reader(self._engine).latest(self.work_dir)
+        if newest is None:
+            return "removed"
+        return None if newest == self._good else "replaced"
+
+    def restore(self, path: str | None = None) -> str | None:
+        """The engine's reader's restore; for a checkpoint it refuses whose optimizer
+        differs only by a loss scale's wrapper, that checkpoint restored across it.
+
+        Raises:
+            ValueError: the engine's reader's refusal (a `CheckpointMismatchError` on the
+                TensorFlow engine), for any other difference.
+        """
+        try:
+            return self._own.restore(path)
+        except ValueError:
+            restored = self._across_the_wrapper(path)
+            if restored is None:
+                raise
+            return restored
+
+    def _across_the_wrapper(self, path: str | None) -> str | None:
+        checkpoint = path or _reader(self._engine).latest(self.work_dir)
+        if checkpoint is None:
+            return None
+        try:
+            saved = read(checkpoint)
+        except Exception:  # noqa: BLE001 - the engine's reader's refusal is the news
+            return None
+        optimizer = self._groups["optimizer"]
+        pairs = _optimizer_pairs(saved, optimizer)
+        if pairs is None or _why_not_trainable(saved, optimizer, pairs) is not None:
+            return None
+        model = self._groups["trainable"] + self._groups["non_trainable"]
+        matched = match(model, saved)
+        if len(matched) != len(model) or len(set(matched.values())) != len(saved.paths):
+            return None
+        _restore_whole(self._parts, self._groups, saved,
+                       _model_tree(self._groups, saved, matched), pairs)
+        self._good = checkpoint
+        return checkpoint
+
+    def close(self) -> None:
+        self._own.close()
 
 
 def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | None:

@@ -237,6 +237,9 @@ class RunState(abc.ABC):
         if legacy is None:
             legacy = cross_engine.OtherEnginesReader(self.config.work_dir, self.engine,
                                                      self, groups)
+        else:  # and its checkpoints written at another precision
+            legacy = cross_engine.AtAnotherPrecision(legacy, self.config.work_dir,
+                                                     self.engine, self, groups)
         return run_format.RunCheckpointer(
             self.config.work_dir, self, keep=self.config.keep_checkpoints,
             asynchronous=(self.config.async_checkpoints if asynchronous is None
