@@ -110,7 +110,12 @@ def check_coverage(root: Any, variables: Iterable[Any]) -> None:
     """Raises `CheckpointCoverageError` naming each of `variables` that `root` misses.
 
     Examples:
-        >>> check_coverage(tf.train.Checkpoint(model=model), model.variables)
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> step = tf.Variable(0)
+        >>> check_coverage(tf.train.Checkpoint(model=model, step=step), [*model.variables, step])
+        >>> check_coverage(tf.train.Checkpoint(model=model), [*model.variables, step])
+        Traceback (most recent call last):
+        fenwicks.train.checkpointing.CheckpointCoverageError: 1 variable(s) would not be saved ...
     """
     reached = _reachable(root)
     missing = [getattr(v, "path", v.name) for v in variables
@@ -341,8 +346,10 @@ def diagnose(prefix: str) -> str:
     """Which file of checkpoint `prefix` is missing, empty or cut short, in words.
 
     Examples:
-        >>> diagnose('/run/ckpt-10')
-        '/run/ckpt-10.data-00000-of-00001 is missing'
+        >>> prefix = tf.train.Checkpoint(v=tf.Variable(1.0)).write('run/ckpt-10')
+        >>> os.remove(prefix + '.data-00000-of-00001')
+        >>> diagnose(prefix)
+        'run/ckpt-10.data-00000-of-00001 is missing'
     """
     try:
         return _diagnose(prefix)
