@@ -40,8 +40,8 @@ def train_step_fn(spec: ModelSpec, optimizer: Any, global_batch_size: int,
         >>> model = keras.Sequential([keras.Input((2,)),
         ...                            keras.layers.Dense(1, kernel_initializer='ones')])
         >>> spec = fw.train.ModelSpec(model, keras.optimizers.SGD(0.1),
-        ...                           loss_fn=lambda y, out: (y - out[:, 0]) ** 2)
-        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros(2, 'float32')
+        ...                           loss_fn=fw.train.squared_error)
+        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros((2, 1), 'float32')
         >>> step = tf.function(train_step_fn(spec, spec.optimizer, 2, 1))   # batch 2, 1 replica
         >>> float(step((x, y)))   # outputs 3 and 7: the sum of the squared errors
         58.0
@@ -169,8 +169,8 @@ def eval_step_fn(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
         >>> model = keras.Sequential([keras.Input((2,)),
         ...                            keras.layers.Dense(1, kernel_initializer='ones')])
         >>> spec = fw.train.ModelSpec(model, keras.optimizers.SGD(0.1),
-        ...                           loss_fn=lambda y, out: (y - out[:, 0]) ** 2)
-        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros(2, 'float32')
+        ...                           loss_fn=fw.train.squared_error)
+        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros((2, 1), 'float32')
         >>> mask = np.array([True, False])   # the second row pads the batch
         >>> tf.function(eval_step_fn(spec))(((x, y), mask)).numpy()   # 3 x 3 on the first row only
         array([9., 1., 1., 0., 0., 0.], dtype=float32)
@@ -251,8 +251,8 @@ def predict_step_fn(spec: ModelSpec) -> Callable[[Any], Any]:
         >>> model = keras.Sequential([keras.Input((2,)),
         ...                            keras.layers.Dense(1, kernel_initializer='ones')])
         >>> spec = fw.train.ModelSpec(model, keras.optimizers.SGD(0.1),
-        ...                           loss_fn=lambda y, out: (y - out[:, 0]) ** 2)
-        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros(2, 'float32')
+        ...                           loss_fn=fw.train.squared_error)
+        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros((2, 1), 'float32')
         >>> predictions, mask = tf.function(predict_step_fn(spec))((x, np.array([True, False])))
         >>> predictions.numpy()[:, 0], mask.numpy()
         (array([3., 7.], dtype=float32), array([ True, False]))
