@@ -78,6 +78,8 @@ SLOW = {
     "fenwicks.train.tf.tf1_gradients",  # one step of a model_fn's clipped gradients
     # The TF engine's parts under the strategy fw.accel.current() made.
     "fenwicks.train.tf.devices.strategy", "fenwicks.train.tf.trainer.Trainer",
+    "fenwicks.train.tf.inputs.TFInputManager", "fenwicks.train.tf.evaluation.TFEvaluator",
+    "fenwicks.train.tf.state.TFRunState", "fenwicks.train.run_state.RunState",
 }
 # These set up the devices differently from the defaults the SLOW examples print: each
 # runs in a process of its own.
@@ -182,7 +184,6 @@ NOT_YET = {
     "fenwicks.train.reference.state.NumpyCheckpointer",
     "fenwicks.train.reference.state.ReferenceRunState",
     "fenwicks.train.reference.trainer.ReferenceTrainer",
-    "fenwicks.train.run_state.RunState",
     "fenwicks.train.save_policy.SavePolicy",
     "fenwicks.train.tf.async_checkpoints.BackgroundWriter",
     "fenwicks.train.tf.async_checkpoints.CompiledCopy",
@@ -194,12 +195,9 @@ NOT_YET = {
     "fenwicks.train.tf.checkpointer.create",
     "fenwicks.train.tf.checkpoints.read",
     "fenwicks.train.tf.checkpoints.warm_start",
-    "fenwicks.train.tf.evaluation.TFEvaluator",
     "fenwicks.train.tf.export.export_saved_model",
     "fenwicks.train.tf.input_fns",
-    "fenwicks.train.tf.inputs.TFInputManager",
     "fenwicks.train.tf.model_fn_runner",
-    "fenwicks.train.tf.state.TFRunState",
     "fenwicks.train.tpu_ready.check_tpu_ready",
 }
 
