@@ -82,7 +82,7 @@ SLOW = {
     "fenwicks.train.tf.state.TFRunState", "fenwicks.train.run_state.RunState",
     # The run format of a work_dir an estimator trained for 2 steps.
     "fenwicks.train.run_format", "fenwicks.train.run_format.RunCheckpointer",
-    "fenwicks.train.run_format.read_values",
+    "fenwicks.train.run_format.read_values", "fenwicks.train.cross_engine.read_run_format",
 }
 # These set up the devices differently from the defaults the SLOW examples print: each
 # runs in a process of its own.
@@ -91,8 +91,6 @@ ALONE = {"fenwicks.accel.configure"}
 # estimator, arrays, a work_dir) or prints a machine's own figures. Fix one, then take it
 # off this list.
 NOT_YET = {
-    # Added by the checkpoint format's work while this list was made: not self-contained.
-    "fenwicks.train.cross_engine.read_run_format",
     "fenwicks._deadline.configure_tensorflow",
     "fenwicks._deadline.run",
     "fenwicks._removal",
@@ -133,13 +131,6 @@ NOT_YET = {
     "fenwicks.train.callbacks.EpochLog",
     "fenwicks.train.checkpointing.Checkpointer",
     "fenwicks.train.controller.Controller",
-    "fenwicks.train.cross_engine",
-    "fenwicks.train.cross_engine.match",
-    "fenwicks.train.cross_engine.other_engines_checkpoint",
-    "fenwicks.train.cross_engine.read",
-    "fenwicks.train.cross_engine.refuse_training",
-    "fenwicks.train.cross_engine.restore_for_reading",
-    "fenwicks.train.cross_engine.warm_start",
     "fenwicks.train.engines",
     "fenwicks.train.engines.use",
     "fenwicks.train.estimator.Estimator.check_input",

@@ -34,12 +34,24 @@ random state), which across engines holds only to the kernels' rounding. A warm 
 into a new work_dir keeps both runs intact and costs one argument.
 
 Examples:
-    >>> # a work_dir trained on a Kaggle TPU (JAX engine), on a Colab GPU (TF engine):
-    >>> est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, '/content/run')
-    >>> est.evaluate(eval_fn)            # the JAX engine's weights, by path
-    >>> est2 = fw.train.get_tpu_estimator(steps_per_epoch, model_func, '/content/run2',
-    ...                                   warm_start_from='/content/run')
-    >>> est2.train(train_fn, steps=1000)   # continues from those weights, step 0
+    >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+    ...                             name='net')
+    >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+    >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+    'run/ckpt-100'
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+    ...                           name='net')
+    >>> restore_for_reading(model, 'run', 'jax').step   # on the JAX engine: for evaluate
+    100
+    >>> np.array_equal(model.layers[0].kernel.numpy(), trained.layers[0].kernel.numpy())
+    True
+    >>> refuse_training('run', 'jax')   # but train continues it on the engine that wrote it
+    Traceback (most recent call last):
+    fenwicks.train.cross_engine.CrossEngineTrainingError: work_dir='run' holds the ...
+
+    On the JAX engine, ``fw.train.get_tpu_estimator(..., work_dir='run')`` evaluates and
+    predicts from these weights, and ``warm_start_from='run'`` starts a new work_dir
+    from them.
 """
 
 from __future__ import annotations
@@ -126,8 +138,15 @@ def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
     """Another engine's newest checkpoint in `work_dir`, if it holds none of `engine`'s.
 
     Examples:
-        >>> other_engines_checkpoint('/kaggle/working/run', 'tf')
-        '/kaggle/working/run/orbax/1000'
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> other_engines_checkpoint('run', 'jax')   # the JAX engine finds the TF engine's
+        'run/ckpt-100'
+        >>> other_engines_checkpoint('run', 'tf') is None   # the TF engine's own
+        True
     """
     if run_format.latest(work_dir) is not None:  # the run format is every engine's
         return None
@@ -159,8 +178,17 @@ def read_run_format(step_dir: str) -> SavedWeights:
     """The model variables of a run-format step, in the neutral form.
 
     Examples:
-        >>> read_run_format('/kaggle/working/run/checkpoints/1000').paths[0]
-        'mnist_net/conv_bn/conv2d/kernel'
+        >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
+        >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
+        ...           steps=2).global_step
+        2
+        >>> saved = read_run_format('run/checkpoints/2')   # the model's variables only
+        >>> saved.engine, saved.step, saved.paths
+        ('tf', 2, ['net/out/kernel', 'net/out/bias'])
     """
     record = run_format.read_record(step_dir)
     arrays = _deadline.run(_local_arrays, step_dir, record, what="checkpoint read",
@@ -213,9 +241,14 @@ def read(checkpoint: str) -> SavedWeights:
         ImportError: an orbax checkpoint and no orbax-checkpoint installed.
 
     Examples:
-        >>> saved = read('/kaggle/working/run/orbax/1000')
-        >>> saved.engine, saved.step, saved.paths[0]
-        ('jax', 1000, 'mnist_net/conv_bn/conv2d/kernel')
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> saved = read('run/ckpt-100')
+        >>> saved.engine, saved.step, saved.paths
+        ('tf', 100, ['net/out/kernel', 'net/out/bias'])
     """
     return _deadline.run(_owner(checkpoint).read, checkpoint, what="checkpoint read",
                          path=checkpoint)
@@ -253,8 +286,15 @@ def match(variables: Sequence[Any], saved: SavedWeights) -> dict[int, int]:
     model order with the same count and shapes. Only pairs of equal shape are returned.
 
     Examples:
-        >>> match(model.variables, read('/run/ckpt-100'))
-        {0: 3, 1: 0, ...}
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                           name='net')
+        >>> [v.path for v in model.variables]
+        ['net/out/kernel', 'net/out/bias']
+        >>> saved = SavedWeights('run/ckpt-100', 'tf', 100,   # paths of another process
+        ...                      ['net_1/out_1/bias', 'net_1/out_1/kernel'],
+        ...                      [np.zeros(2), np.zeros((3, 2))], in_model_order=False)
+        >>> match(model.variables, saved)   # by path without Keras's _<n>, then shape
+        {0: 1, 1: 0}
     """
     paths = [v.path for v in variables]
     shapes = [tuple(v.shape) for v in variables]
@@ -320,8 +360,17 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
         ImportError: the checkpoint is orbax's and orbax-checkpoint is not installed.
 
     Examples:
-        >>> restore_for_reading(model, '/kaggle/input/run', 'tf').step
-        1000
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                           name='net')
+        >>> restore_for_reading(model, 'run', 'jax').step   # as the JAX engine reads it
+        100
+        >>> np.array_equal(model.layers[0].kernel.numpy(), trained.layers[0].kernel.numpy())
+        True
     """
     checkpoint = other_engines_checkpoint(work_dir, engine)
     if checkpoint is None:
@@ -367,8 +416,15 @@ def refuse_training(work_dir: str, engine: str) -> None:
     checkpoints (see the module's docstring for why training does not continue them).
 
     Examples:
-        >>> refuse_training('/content/run', 'tf')   # a JAX engine's work_dir
-        CrossEngineTrainingError: work_dir='/content/run' holds the JAX engine's ...
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> refuse_training('run', 'tf')   # the TF engine's own: nothing to refuse
+        >>> refuse_training('run', 'jax')
+        Traceback (most recent call last):
+        fenwicks.train.cross_engine.CrossEngineTrainingError: work_dir='run' holds the ...
     """
     checkpoint = other_engines_checkpoint(work_dir, engine)
     if checkpoint is None:
@@ -398,8 +454,15 @@ def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | N
         `source` is neither (the engine's own previous format: its warm start reads it).
 
     Examples:
-        >>> warm_start(model, '/kaggle/input/tpu-run', 'tf')['not_loaded']
-        []
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                           name='net')
+        >>> warm_start(model, 'run', 'jax')   # as the JAX engine warm-starts from it
+        {'loaded': ['net/out/kernel', 'net/out/bias'], 'not_loaded': []}
     """
     step_dir = _run_format_step(source)
     if step_dir is not None:
