@@ -83,6 +83,7 @@ SLOW = {
     # The run format of a work_dir an estimator trained for 2 steps.
     "fenwicks.train.run_format", "fenwicks.train.run_format.RunCheckpointer",
     "fenwicks.train.run_format.read_values", "fenwicks.train.cross_engine.read_run_format",
+    "fenwicks.train.save_policy.SavePolicy", "fenwicks.train.checkpointing.Checkpointer",
 }
 # These set up the devices differently from the defaults the SLOW examples print: each
 # runs in a process of its own.
@@ -129,7 +130,6 @@ NOT_YET = {
     "fenwicks.train.callbacks.BestExporter",
     "fenwicks.train.callbacks.EarlyStopping",
     "fenwicks.train.callbacks.EpochLog",
-    "fenwicks.train.checkpointing.Checkpointer",
     "fenwicks.train.controller.Controller",
     "fenwicks.train.engines",
     "fenwicks.train.engines.use",
@@ -175,7 +175,6 @@ NOT_YET = {
     "fenwicks.train.reference.state.NumpyCheckpointer",
     "fenwicks.train.reference.state.ReferenceRunState",
     "fenwicks.train.reference.trainer.ReferenceTrainer",
-    "fenwicks.train.save_policy.SavePolicy",
     "fenwicks.train.tf.async_checkpoints.BackgroundWriter",
     "fenwicks.train.tf.async_checkpoints.CompiledCopy",
     "fenwicks.train.tf.async_checkpoints.host_copies",

@@ -27,9 +27,24 @@ class Checkpointer(abc.ABC):
         directory: where the checkpoints are (a local path or a ``gs://`` URL).
 
     Examples:
-        >>> with checkpointer_lib.create(root, work_dir) as checkpointer:
-        ...     checkpointer.restore()
-        ...     checkpointer.save(int(global_step.numpy()))
+        >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
+        >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
+        ...           steps=2).global_step
+        2
+        >>> from fenwicks.train.run_format import RunCheckpointer   # both engines' one
+        >>> with RunCheckpointer('copy', est.parts.state, keep=3,
+        ...                      asynchronous=True) as checkpointer:
+        ...     print(checkpointer.restore())   # 'copy' holds no checkpoint yet
+        ...     checkpointer.save(est.global_step)   # returns once the state is copied
+        None
+        >>> checkpointer.latest   # closing waited for the write
+        'copy/checkpoints/2'
+        >>> step_of(checkpointer.latest)
+        2
     """
 
     directory: str

@@ -69,10 +69,23 @@ class SavePolicy:
             refuses when work_dir was deleted meanwhile). Defaults to None.
 
     Examples:
-        >>> saves = SavePolicy(checkpointer, every_loops=None, every_secs=600.0)
-        >>> saves.save(Trigger.EVALUATION, 1000)        # None: ckpt-1000 saved
-        >>> saves.save(Trigger.LOOP, 1100)
+        >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
+        >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
+        ...           steps=2).global_step
+        2
+        >>> saves = SavePolicy(est.parts.state.checkpointer, every_loops=2)
+        >>> saves.save(Trigger.LOOP, 2)   # one loop since the last save
         'not due'
+        >>> saves.save(Trigger.LOOP, 2) is None   # two: saved (step 2 was already: not again)
+        True
+        >>> saves.save(Trigger.INTERRUPTED_TWICE, 2)
+        'interrupted twice'
+        >>> saves.checkpointer.latest
+        'run/checkpoints/2'
     """
 
     def __init__(self, checkpointer: Checkpointer, every_loops: int | None = None,
