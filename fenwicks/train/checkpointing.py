@@ -27,24 +27,22 @@ class Checkpointer(abc.ABC):
         directory: where the checkpoints are (a local path or a ``gs://`` URL).
 
     Examples:
-        >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
-        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
-        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
-        ...     fw.train.sgd_optimizer(0.1))
-        >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
-        >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
-        ...           steps=2).global_step
-        2
-        >>> from fenwicks.train.run_format import RunCheckpointer   # both engines' one
-        >>> with RunCheckpointer('copy', est.parts.state, keep=3,
-        ...                      asynchronous=True) as checkpointer:
-        ...     print(checkpointer.restore())   # 'copy' holds no checkpoint yet
-        ...     checkpointer.save(est.global_step)   # returns once the state is copied
-        None
-        >>> checkpointer.latest   # closing waited for the write
-        'copy/checkpoints/2'
-        >>> step_of(checkpointer.latest)
-        2
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> state = engines.current().RunState(fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1)), config, acc)
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # step 0, nothing restored
+        >>> checkpointer = state.checkpointer   # the run's (`run_format.RunCheckpointer`)
+        >>> checkpointer.save(0)   # returns once the state is copied
+        >>> checkpointer.wait()    # the write is durable (or its error is raised here)
+        >>> checkpointer.latest, step_of(checkpointer.latest)
+        ('run/checkpoints/0', 0)
+        >>> state.close()
     """
 
     directory: str

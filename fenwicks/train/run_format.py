@@ -510,22 +510,25 @@ class RunCheckpointer(Checkpointer):
         ValueError: a ``gs://`` work_dir with several JAX processes.
 
     Examples:
-        >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
-        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
-        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
-        ...     fw.train.sgd_optimizer(0.1))
-        >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
-        >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
-        ...           steps=2).global_step
-        2
-        >>> checkpointer = RunCheckpointer('copy', est.parts.state, keep=3, asynchronous=True)
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> state = engines.current().RunState(fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1)), config, acc)
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # step 0, nothing restored
+        >>> checkpointer = RunCheckpointer('copy', state, keep=3, asynchronous=True)
         >>> checkpointer.restore() is None   # 'copy' holds no step yet: a fresh run
         True
-        >>> checkpointer.save(2)     # returns once the arrays are copied
+        >>> checkpointer.save(0)     # returns once the arrays are copied
         >>> checkpointer.wait()      # the write is complete (or its error raised here)
-        >>> checkpointer.restore()   # the newest readable step, into est's state
-        'copy/checkpoints/2'
-        >>> checkpointer.close()
+        >>> checkpointer.restore()   # the newest readable step, into the state
+        'copy/checkpoints/0'
+        >>> checkpointer.close(), state.close()
+        (None, None)
     """
 
     def __init__(self, work_dir: str, parts: RunParts, *, keep: int, asynchronous: bool,

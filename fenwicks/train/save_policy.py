@@ -69,23 +69,26 @@ class SavePolicy:
             refuses when work_dir was deleted meanwhile). Defaults to None.
 
     Examples:
-        >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
-        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
-        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
-        ...     fw.train.sgd_optimizer(0.1))
-        >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
-        >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
-        ...           steps=2).global_step
-        2
-        >>> saves = SavePolicy(est.parts.state.checkpointer, every_loops=2)
-        >>> saves.save(Trigger.LOOP, 2)   # one loop since the last save
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> state = engines.current().RunState(fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1)), config, acc)
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # step 0, nothing restored
+        >>> saves = SavePolicy(state.checkpointer, every_loops=2)
+        >>> saves.save(Trigger.LOOP, 0)   # one loop since the last save
         'not due'
-        >>> saves.save(Trigger.LOOP, 2) is None   # two: saved (step 2 was already: not again)
+        >>> saves.save(Trigger.LOOP, 0) is None   # two: saved
         True
-        >>> saves.save(Trigger.INTERRUPTED_TWICE, 2)
+        >>> saves.save(Trigger.INTERRUPTED_TWICE, 0)
         'interrupted twice'
-        >>> saves.checkpointer.latest
-        'run/checkpoints/2'
+        >>> state.latest_checkpoint
+        'run/checkpoints/0'
+        >>> state.close()
     """
 
     def __init__(self, checkpointer: Checkpointer, every_loops: int | None = None,

@@ -139,14 +139,14 @@ class TPUEstimator:
         ...     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
         ...     return fw.train.TPUEstimatorSpec(mode, loss=loss,
         ...                                      optimizer=keras.optimizers.SGD(0.5))
-        >>> x, y = np.eye(2, dtype='float32').repeat(5, 0), np.arange(10) // 5   # y = argmax(x)
-        >>> train_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
-        ...     (x, y)).repeat().batch(params['batch_size'], drop_remainder=True)
         >>> est = fw.train.TPUEstimator(model_fn=model_fn, config=fw.train.RunConfig(
         ...     model_dir='run', tpu_config=fw.train.TPUConfig(10)), train_batch_size=8,
         ...     params={'data_dir': 'data'}, verbose=False)
-        >>> est.train(train_input_fn, max_steps=20).estimator.global_step
-        20
+        >>> params = est.model_fn_params(fw.train.ModeKeys.TRAIN)   # what model_fn gets
+        >>> params['data_dir'], params['batch_size'] * params['num_shards']   # global batch
+        ('data', 8)
+
+        ``est.train(train_input_fn, max_steps=1000)`` then trains it (`train`).
     """
 
     def __init__(self, model_fn: Callable[..., TPUEstimatorSpec], model_dir: str | None = None,
