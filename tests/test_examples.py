@@ -183,8 +183,6 @@ NOT_YET = {
     "fenwicks.train.tf.checkpointer.AsyncCheckpointer",
     "fenwicks.train.tf.checkpointer.WorkerCheckpointer",
     "fenwicks.train.tf.checkpointer.create",
-    "fenwicks.train.tf.checkpoints.read",
-    "fenwicks.train.tf.checkpoints.warm_start",
     "fenwicks.train.tf.export.export_saved_model",
     "fenwicks.train.tf.input_fns",
     "fenwicks.train.tf.model_fn_runner",
