@@ -134,9 +134,11 @@ def snapshot(tree: Any) -> Any:
     donates the arrays' buffers.
 
     Examples:
-        >>> frozen = snapshot(state.tree())   # returns at once
-        >>> values = block(state.values(), ...)   # donates the buffers snapshotted
-        >>> to_host(frozen)                   # the values at the snapshot
+        >>> import jax
+        >>> tree = {'kernel': jax.numpy.ones(3), 'step': np.int64(7)}
+        >>> frozen = snapshot(tree)   # returns at once; a step may now donate 'kernel'
+        >>> to_host(frozen)           # waits for the copies: the values at the snapshot
+        {'kernel': array([1., 1., 1.], dtype=float32), 'step': np.int64(7)}
     """
     leaves, treedef = jax.tree.flatten(tree)
     arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
@@ -637,8 +639,13 @@ def local_copy(source: str) -> Iterator[str]:
         ValueError: `source` names a step directory whose upload was not completed.
 
     Examples:
-        >>> with local_copy('gs://my-bucket/work/pretrain') as path:
-        ...     path   # '/tmp/fenwicks-warm-start-xxxx/400'
+        >>> with local_copy('pretrain') as path:   # local: read where it is
+        ...     path
+        'pretrain'
+
+        For ``gs://my-bucket/work/pretrain``, `path` is its newest complete step,
+        downloaded to ``/tmp/fenwicks-warm-start-xxxx/400`` and removed after the
+        ``with``.
     """
     if not fw_io.is_gcs(source):
         yield source
