@@ -69,8 +69,8 @@ class EngineEntry:
             without a backend.
         reader: the module reading this engine's checkpoints into
             `cross_engine.SavedWeights`, importable on any engine (``NAME``, ``TITLE``,
-            ``latest``, ``work_dir_of``, ``is_checkpoint``, ``read``); None if another
-            engine cannot read them.
+            ``latest``, ``all_checkpoints``, ``work_dir_of``, ``is_checkpoint``,
+            ``read``); None if another engine cannot read them.
         libraries: its own libraries beyond TensorFlow and Keras (`fw.info` rows).
         splits_cpu_by_flags: whether ``FENWICKS_DEVICE=cpu:N`` must be set as flags before
             the engine's library makes its devices (JAX's ``XLA_FLAGS``), rather than as

@@ -40,10 +40,14 @@ _CHUNK = 1 << 20  # bytes read at a time for a checksum
 # an fnmatch pattern of one name, and a last part '**' for anything below. Each line
 # names its writer; a new writer adds its names here.
 WORK_DIR_PATTERNS = (
-    "checkpoint", "checkpoint.tmp*",  # tf.train.CheckpointManager's state file
-    "ckpt-*",  # TensorFlow checkpoints (.index, .data-*, .corrupt, *.tempstate*)
-    ".worker-*/**",  # tf/checkpointer.py: a non-chief worker's scratch checkpoint
-    "orbax/[0-9]*/**",  # jax/checkpoints.py: orbax step folders, their tmp and .corrupt
+    # Before the run format (read by tf/legacy_reader.py and jax/checkpoints.py, which
+    # still set damaged ones aside): the TensorFlow engine's state file, its checkpoints
+    # (.index, .data-*, .corrupt, *.tempstate*), a non-chief worker's scratch checkpoint,
+    # and the JAX engine's orbax step folders with their tmp and .corrupt.
+    "checkpoint", "checkpoint.tmp*",
+    "ckpt-*",
+    ".worker-*/**",
+    "orbax/[0-9]*/**",
     "checkpoints/[0-9]*/**",  # train/run_format.py: the run format's steps, tmp, .corrupt
     "fenwicks_*.json", "fenwicks_*.json.*",  # run records (input, optimizer, run format)
     "fenwicks.lock", "fenwicks.lock.*.tmp",  # train/lock.py

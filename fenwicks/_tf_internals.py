@@ -103,95 +103,27 @@ def never_destroy(handle: Any) -> None:
 # ------------------------------------------------------------------ checkpoints
 
 
-def trackable_base() -> type:
-    """TensorFlow's base of every checkpointable object.
-
-    Why private: ``tf.__internal__.tracking.Trackable`` is the only name of it;
-    `tf.Module` and `tf.train.Checkpoint` are subclasses.
-    """
-    import tensorflow as tf
-
-    return tf.__internal__.tracking.Trackable
-
-
-def saves_own_state(node: Any) -> bool:
-    """Whether `node` itself writes tensors to a checkpoint (not only its children).
-
-    Why private: an object writes state by overriding ``_serialize_to_tensors`` (or the
-    legacy ``_gather_saveables_for_checkpoint``); no public API asks whether it does.
-    Asynchronous checkpoints copy only variables, so they refuse such an object.
-    """
-    base = trackable_base()
-    own = type(node)._serialize_to_tensors is not base._serialize_to_tensors  # noqa: SLF001
-    legacy = (type(node)._gather_saveables_for_checkpoint  # noqa: SLF001
-              is not base._gather_saveables_for_checkpoint)  # noqa: SLF001
-    return own or legacy
-
-
-def identity_dict() -> Any:
-    """A dict keyed by object identity: variables (unhashable) to their copies.
-
-    Why private: the saver's object map must be TensorFlow's own
-    ``ObjectIdentityDictionary`` (its lookups go through that type's API).
-    """
-    from tensorflow.python.util import object_identity
-
-    return object_identity.ObjectIdentityDictionary()
-
-
-def write_copies_in_place(checkpoint: Any, object_map: Any) -> None:
-    """`checkpoint` saves, for each object in `object_map`, its entry in that object's
-    place: same keys, same object graph.
-
-    Why private: the saver's ``_object_map`` is the hook TensorFlow's own async
-    checkpoints and SavedModel export use; ``tf.train.CheckpointOptions(enable_async=True)``
-    fails on Keras 3 (see `fenwicks.train.tf.async_checkpoints`).
-    """
-    checkpoint._saver._object_map = object_map  # noqa: SLF001 - see the docstring
-
-
-def update_checkpoint_state(work_dir: str, latest: str, all_paths: list[str], *,
-                            timestamps: list[float] | None = None,
-                            last_preserved: float | None = None) -> None:
-    """Rewrites the ``checkpoint`` state file of `work_dir` with relative paths.
-
-    `timestamps` (when each of `all_paths` was written) and `last_preserved` are what
-    `tf.train.CheckpointManager` records: one opened on the directory later counts the
-    checkpoints with times towards its ``max_to_keep``, and never removes those without.
+def update_checkpoint_state(work_dir: str, latest: str, all_paths: list[str]) -> None:
+    """Rewrites the ``checkpoint`` state file of `work_dir` with relative paths (after
+    damaged TensorFlow checkpoints of an old work_dir were set aside).
 
     Why private: the public ``tf.compat.v1.train.update_checkpoint_state`` writes
     absolute paths (a work_dir copied elsewhere would point back at the old place);
     relative ones need ``update_checkpoint_state_internal`` (exported only as
     ``tf.__internal__.train.update_checkpoint_state``), what `tf.train.CheckpointManager`
-    calls. Called through its module, as the manager does, so that a fault a test injects
-    there (`checkpoint_management_module`) reaches both.
+    calls.
     """
     checkpoint_management_module().update_checkpoint_state_internal(
         work_dir, model_checkpoint_path=latest, all_model_checkpoint_paths=all_paths,
-        save_relative_paths=True,
-        all_model_checkpoint_timestamps=timestamps, last_preserved_timestamp=last_preserved)
+        save_relative_paths=True)
 
 
 def checkpoint_management_module() -> Any:
     """TensorFlow's ``checkpoint_management`` module: `tf.train.CheckpointManager` names
-    each checkpoint in the state file through its ``update_checkpoint_state_internal``.
-
-    Also a documented test hook: tests replace that function to fail or slow down the
-    naming of a checkpoint (a full disk, a kill between a checkpoint's files and its
-    name); no public API lets them in there.
-    """
+    each checkpoint in the state file through its ``update_checkpoint_state_internal``."""
     from tensorflow.python.checkpoint import checkpoint_management
 
     return checkpoint_management
-
-
-def saver_io_ops() -> Any:
-    """The op module TensorFlow's checkpoint saver merges shards with
-    (``merge_v2_checkpoints``). Test hook only: tests slow the merge down to kill a
-    process inside it."""
-    from tensorflow.python.checkpoint import functional_saver
-
-    return functional_saver.gen_io_ops
 
 
 # ------------------------------------------------------------------ tf.data service
@@ -380,3 +312,18 @@ def keras_learning_rate_setting(optimizer: Any) -> Any:
     schedule, to evaluate it at the run's global step.
     """
     return optimizer._learning_rate
+
+
+def keras_own_losses(layer: Any) -> list[Any]:
+    """The losses a Keras layer (and its sublayers) added in their calls (``add_loss``,
+    activity regularisers), without its weights' regularisers.
+
+    Why private: Keras 3's public ``layer.losses`` mixes both, and the TPUEstimator front
+    door hands the weights' regularisers to a model_fn separately, per variable (TF1's
+    ``REGULARIZATION_LOSSES`` collection); ``_get_own_losses`` and ``_flatten_layers``
+    (keras/src/layers/layer.py) are the two halves ``losses`` is made of.
+    """
+    found = []
+    for sublayer in layer._flatten_layers(include_self=True):
+        found += sublayer._get_own_losses()
+    return found

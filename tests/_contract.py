@@ -222,7 +222,8 @@ def gcs(root: str) -> dict:
     exported = est.export_saved_model(f"{work_dir}_export")
     loaded = tf.saved_model.load(exported)  # kept: its variables outlive the call
     served = loaded.serve(x[NUM_TRAIN:NUM_TRAIN + 5])
-    return {"global_step": est.global_step, "losses": est.history.losses,
+    return {"engine": fw.train.engines.current().name,
+            "global_step": est.global_step, "losses": est.history.losses,
             "num_examples": result["num_examples"],
             "served_rows": int(served["predictions"].shape[0]),
             "export_manifest": fw.io.exists(f"{exported}/fenwicks_manifest.json"),
@@ -238,7 +239,8 @@ def service(root: str, records: str, address: str) -> dict:
     est.train(lambda params: fw.data.tfrecord_ds(
         records, parser, params["batch_size"], seed=SEED, data_service=address,
         input_context=params["input_context"]), steps=2)
-    return {"global_step": est.global_step, "losses": est.history.losses}
+    return {"engine": fw.train.engines.current().name, "global_step": est.global_step,
+            "losses": est.history.losses}
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""Process helper of tests/test_jax_checkpoints.py: damaged orbax steps of the JAX
-engine's checkpointer (`fenwicks.train.jax.checkpoints.OrbaxCheckpointer`). Prints one
-JSON line.
+"""Process helper of tests/test_jax_checkpoints.py: damaged orbax steps of a work_dir
+the JAX engine wrote before the run format, read by its reader
+(`fenwicks.train.jax.checkpoints.LegacyReader`). Prints one JSON line.
 
     python -m tests._jax_checkpoints WORK_DIR
 
-Each case saves steps 1 and 2 of a state whose array ``w`` holds step-seeded random
-numbers (incompressible, so the data file is the bulk of the step), damages step 2 (or
-both), and restores with a new checkpointer, as a new estimator would.
+Each case writes steps 1 and 2 of a state whose array ``w`` holds step-seeded random
+numbers (incompressible, so the data file is the bulk of the step) as that engine wrote
+them (`_write_old_step`), damages step 2 (or both), and restores with a new reader, as a
+new estimator would.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from fenwicks.train.jax import checkpoints, mesh
 
@@ -43,20 +45,28 @@ class State:
         self.w, self.step = tree["model"][0], int(tree["counters"]["global_step"])
 
 
-def _checkpointer(work_dir: str, state: State):
-    return checkpoints.OrbaxCheckpointer(work_dir, state.tree, state.set_tree,
-                                         lambda: {"model": ["w"]}, 3, False,
-                                         mesh.replicated())
+def _reader(work_dir: str, state: State) -> checkpoints.LegacyReader:
+    return checkpoints.LegacyReader(work_dir, state.tree, state.set_tree, mesh.replicated())
+
+
+def _write_old_step(work_dir: str, state: State) -> None:
+    """Step ``state.step`` as the JAX engine wrote it before the run format (main
+    5de401d's ``OrbaxCheckpointer.save``): orbax's standard save of the tree, replicated
+    arrays as NumPy, the variables' paths as the step's custom metadata."""
+    folder = os.path.abspath(checkpoints.directory(work_dir))
+    with ocp.CheckpointManager(folder, options=ocp.CheckpointManagerOptions(
+            max_to_keep=3, enable_async_checkpointing=False, create=True)) as manager:
+        tree = checkpoints.to_host(checkpoints.snapshot(state.tree()))
+        manager.save(state.step, args=ocp.args.StandardSave(tree), force=True,
+                     custom_metadata={"model": ["w"], "optimizer": []})
 
 
 def _saved(work_dir: str) -> None:
     state = State()
-    saver = _checkpointer(work_dir, state)
     for step in (1, 2):
         state.w = jax.device_put(values(step), mesh.replicated())
         state.step = step
-        saver.save(step)
-    saver.close()
+        _write_old_step(work_dir, state)
 
 
 def _truncate(step_dir: str) -> None:
@@ -82,22 +92,22 @@ class _Warnings(logging.Handler):
 
 
 def _restore(work_dir: str, size: int = SIZE) -> dict:
-    """A new checkpointer's restore of the latest, twice (the second must be quiet)."""
+    """A new reader's restore of the latest, twice (the second must be quiet)."""
     seen = _Warnings()
     logging.getLogger("fenwicks").addHandler(seen)
     try:
         out: dict = {}
         for attempt in ("first", "second"):
             state = State(size)
-            checkpointer = _checkpointer(work_dir, state)
+            reader = _reader(work_dir, state)
             try:
-                out[attempt] = {"restored": checkpointer.restore(), "step": state.step,
+                out[attempt] = {"restored": reader.restore(), "step": state.step,
                                 "w_is_step_1": bool(np.array_equal(np.asarray(state.w),
                                                                    values(1, size)))}
             except Exception as err:  # noqa: BLE001 - what the test asserts on
                 out[attempt] = {"error": type(err).__name__, "message": str(err)}
             finally:
-                checkpointer.close()
+                reader.close()
         out["warnings"] = [m for m in seen.messages if m.startswith("fenwicks:")]
         out["listing"] = sorted(os.listdir(checkpoints.directory(work_dir)))
         return out

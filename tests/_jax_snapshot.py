@@ -1,6 +1,8 @@
-"""Process helper of tests/test_jax_snapshot.py: the JAX engine's checkpointer
-(`fenwicks.train.jax.checkpoints.OrbaxCheckpointer`) on a plain JAX state over the 8
-host devices, while a donating jitted step keeps changing it. Prints one JSON line.
+"""Process helper of tests/test_jax_snapshot.py: the run format's checkpointer
+(`fenwicks.train.run_format.RunCheckpointer`) over the JAX engine's snapshot of its
+arrays (`fenwicks.train.jax.checkpoints.snapshot`, `to_host`), on a plain JAX state over
+the 8 host devices, while a donating jitted step keeps changing it. Also a step of the
+engine's format before the run format, read by its `LegacyReader`. Prints one JSON line.
 
     python -m tests._jax_snapshot WORK_DIR
 
@@ -24,7 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fenwicks.train import run_format
 from fenwicks.train.jax import checkpoints, mesh
+
+NAMES = ("w", "b", "s")
 
 
 class State:
@@ -43,8 +48,33 @@ class State:
                              "input_steps": np.int64(self.step)}}
 
     def set_tree(self, tree: dict) -> None:
-        self.arrays = dict(zip("wbs", tree["model"], strict=True))
+        self.arrays = dict(zip(NAMES, tree["model"], strict=True))
         self.step = int(tree["counters"]["global_step"])
+
+    # The run format's `RunParts`, as the JAX engine's state implements them.
+
+    def snapshot(self) -> dict:
+        return checkpoints.snapshot({"trainable": [self.arrays[n] for n in NAMES],
+                                     "non_trainable": [], "optimizer": []})
+
+    def to_host(self, frozen: dict) -> dict:
+        host = checkpoints.to_host(frozen)
+        return {group: [np.asarray(a) for a in arrays] for group, arrays in host.items()}
+
+    def scatter(self, tree: dict) -> None:
+        self.arrays = {name: jax.device_put(array, self.arrays[name].sharding)
+                       for name, array in zip(NAMES, tree["trainable"], strict=True)}
+
+    def layout(self) -> dict:
+        return {"trainable": [[n, list(self.arrays[n].shape), str(self.arrays[n].dtype)]
+                              for n in NAMES], "non_trainable": [], "optimizer": []}
+
+    def record(self) -> dict:
+        return run_format.make_record(engine="jax", step=self.step, input_steps=self.step,
+                                      train_batch_size=8, layout=self.layout())
+
+    def apply_record(self, record: dict) -> None:
+        self.step = record["step"]
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -57,20 +87,16 @@ def _step(arrays: dict) -> dict:
 
 
 def _checkpointer(work_dir: str, state: State, asynchronous: bool):
-    return checkpoints.OrbaxCheckpointer(work_dir, state.tree, state.set_tree,
-                                         lambda: {"model": ["w", "b", "s"]}, 3,
-                                         asynchronous, mesh.replicated())
+    return run_format.RunCheckpointer(work_dir, state, keep=3, asynchronous=asynchronous)
 
 
 def _read(work_dir: str, step: int) -> dict:
-    """The checkpoint of `step` as written, read with orbax alone into host arrays."""
-    with ocp.CheckpointManager(os.path.abspath(checkpoints.directory(work_dir)),
-                               options=ocp.CheckpointManagerOptions(read_only=True)) as m:
-        tree = m.restore(step, args=ocp.args.StandardRestore())
-    return {"w": np.unique(tree["model"][0]).tolist(),
-            "b": np.unique(tree["model"][1]).tolist(),
-            "s": np.asarray(tree["model"][2])[:, 0].tolist(),
-            "global_step": int(tree["counters"]["global_step"])}
+    """The step as written, read with the run format's reader alone into host arrays."""
+    folder = f"{run_format.directory(work_dir)}/{step}"
+    record = run_format.read_record(folder)
+    w, b, s = run_format.read_arrays(folder, record)["trainable"]
+    return {"w": np.unique(w).tolist(), "b": np.unique(b).tolist(),
+            "s": np.asarray(s)[:, 0].tolist(), "global_step": record["step"]}
 
 
 def _train_and_save(work_dir: str, asynchronous: bool) -> dict:
@@ -92,15 +118,12 @@ def _train_and_save(work_dir: str, asynchronous: bool) -> dict:
         state.arrays = _step(state.arrays)
         state.step += 1
     saver.close()
-    steps = sorted(int(n) for n in os.listdir(checkpoints.directory(work_dir)) if n.isdigit())
+    steps = sorted(int(n) for n in os.listdir(run_format.directory(work_dir)) if n.isdigit())
     return {"steps": steps, "saved": {step: _read(work_dir, step) for step in steps},
             "blocked": blocked, "donated": donated}
 
 
-def _restore(work_dir: str, step: int) -> dict:
-    state = State()
-    restored = _checkpointer(work_dir, state, True).restore(
-        f"{checkpoints.directory(work_dir)}/{step}")
+def _restored(restored: str | None, state: State) -> dict:
     return {"restored": restored, "step": state.step,
             "w": np.unique(np.asarray(state.arrays["w"])).tolist(),
             "s": np.asarray(state.arrays["s"])[:, 0].tolist(),
@@ -108,9 +131,16 @@ def _restore(work_dir: str, step: int) -> dict:
                               for a in state.arrays.values())}
 
 
+def _restore(work_dir: str, step: int) -> dict:
+    state = State()
+    return _restored(_checkpointer(work_dir, state, True).restore(
+        f"{run_format.directory(work_dir)}/{step}"), state)
+
+
 def _old_format(work_dir: str) -> dict:
     """A checkpoint as the engine wrote it before snapshots (orbax's own save of the
-    device arrays), restored by today's checkpointer."""
+    device arrays, in ``orbax/<step>``), restored by the reader of that format, which
+    puts every array back replicated over the mesh."""
     state = State()
     state.arrays = _step(_step(_step(state.arrays)))
     state.step = 3
@@ -118,8 +148,14 @@ def _old_format(work_dir: str) -> dict:
     with ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
             create=True)) as manager:
         manager.save(3, args=ocp.args.StandardSave(state.tree()),
-                     custom_metadata={"model": ["w", "b", "s"]})
-    return _restore(work_dir, 3)
+                     custom_metadata={"model": list(NAMES)})
+    state = State()
+    reader = checkpoints.LegacyReader(work_dir, state.tree, state.set_tree,
+                                      mesh.replicated())
+    try:
+        return _restored(reader.restore(f"{checkpoints.directory(work_dir)}/3"), state)
+    finally:
+        reader.close()
 
 
 def _write_error(work_dir: str) -> dict:

@@ -203,6 +203,11 @@ def restore_outage(work_dir: str) -> dict[str, Any]:
     out["read_transient"] = _phase(fetch, transient, scaled_waits=True)
     out["read_clean"] = _phase(fetch, [])
     bucket.close()
+    # The listing of the steps (TensorFlow's client: every request a list of objects
+    # with a prefix), its retries used up: one sentence naming the folder.
+    listing = [{"fault": "503", "method": "GET", "path": r"[?&]prefix="}]
+    out["listing_outage"] = _phase(
+        lambda: run_format.complete_steps(run_format.directory(work_dir)), listing)
     # The estimator itself, starting on that work_dir during the outage.
     fresh = _estimator(work_dir)
     out["outage"] = _phase(lambda: fresh.evaluate(helpers.eval_input(x, y)), outage,

@@ -3,7 +3,8 @@ its own: ``python -m tests._tf1_gradient_idioms <model_dir>`` under FENWICKS_DEV
 prints, per idiom, the weights after training (or the error it was refused with).
 
 The network is two bias-free Dense layers, ``body`` (3 -> 2) and ``head`` (2 -> 1), from
-fixed initial weights, with TF1's mean squared error; the NumPy rule the weights are
+fixed initial weights, with TF1's mean squared error (and an L2 regulariser on ``body`` in
+the ``reg_*`` idioms); the NumPy rule the weights are
 checked against is in tests/test_tpu_estimator_gradients.py.
 """
 
@@ -23,6 +24,7 @@ v1 = tf.compat.v1
 W1 = np.array([[0.5, -0.3], [0.2, 0.8], [-0.6, 0.1]], np.float32)
 W2 = np.array([[0.7], [-0.4]], np.float32)
 LR, CLIP, STEPS = 0.1, 1e-3, 2
+REG = 0.05  # body's L2 regulariser in the reg_* idioms: REG * sum(W1 ** 2)
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +58,7 @@ def _optimizer(idiom: str):
 def _train_op(idiom: str, loss, optimizer, step):
     name = idiom.removeprefix("cs_")
     tvars = v1.trainable_variables()
-    if name == "minimize":
+    if name in ("minimize", "reg_ignored", "reg_added", "reg_total_loss"):
         return optimizer.minimize(loss, step)
     if name == "var_list_scope":
         return optimizer.minimize(loss, step, var_list=v1.trainable_variables("head"))
@@ -80,8 +82,10 @@ def _train_op(idiom: str, loss, optimizer, step):
 
 def model_fn_of(idiom: str):
     def model_fn(features, labels, mode, params):
+        regularizer = keras.regularizers.l2(REG) if "reg_" in idiom else None
         body = keras.layers.Dense(2, use_bias=False, name="body",
-                                  kernel_initializer=keras.initializers.Constant(W1))
+                                  kernel_initializer=keras.initializers.Constant(W1),
+                                  kernel_regularizer=regularizer)
         head = keras.layers.Dense(1, use_bias=False, name="head",
                                   kernel_initializer=keras.initializers.Constant(W2))
         outputs = head(body(features))
@@ -90,6 +94,10 @@ def model_fn_of(idiom: str):
             flat = tf.concat([tf.reshape(body.kernel, [-1]), tf.reshape(head.kernel, [-1])], 0)
             return fw.train.TPUEstimatorSpec(mode, predictions=tf.tile(flat[None], [rows, 1]))
         loss = v1.losses.mean_squared_error(labels, outputs)
+        if idiom.endswith("reg_added"):  # TF1's way to train with the layer regularisers
+            loss = loss + v1.losses.get_regularization_loss()
+        elif idiom == "reg_total_loss":  # the LOSSES collection plus the regularisers
+            loss = v1.losses.get_total_loss()
         if mode == fw.train.ModeKeys.EVAL:  # each replica's gradient norm, averaged
             norm = tf.linalg.global_norm(tf.gradients(loss, v1.trainable_variables()))
             return fw.train.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(
@@ -103,7 +111,10 @@ def model_fn_of(idiom: str):
 IDIOMS = ("minimize", "cs_minimize", "clip_global", "cs_clip_global", "clip_per_tensor",
           "cs_clip_per_tensor", "freeze_body", "tvars_subset", "cs_tvars_subset",
           "var_list_scope", "cs_var_list_scope", "compute_gradients_scaled",
-          "cs_compute_gradients_scaled", "subclass_constant", "subclass_scheduled", "ema")
+          "cs_compute_gradients_scaled", "subclass_constant", "subclass_scheduled", "ema",
+          # A regularised layer: it trains with the regulariser only where the model_fn
+          # adds it to its loss, as in TF1 (tf.gradients of a loss without it, too).
+          "reg_ignored", "reg_grads", "cs_reg_added", "reg_total_loss")
 
 
 def run(idiom: str, model_dir: str) -> dict:
@@ -118,13 +129,16 @@ def run(idiom: str, model_dir: str) -> dict:
         return {"error": str(err), "type": type(err).__name__}
     weights = next(iter(est.predict(lambda params: tf.data.Dataset.from_tensor_slices(
         x).batch(params["batch_size"]))))
-    norm = None
+    norm = padded_loss = None
+    if idiom == "reg_total_loss":  # 7 rows: a padded last batch, its padding left out
+        padded_loss = est.evaluate(lambda params: tf.data.Dataset.from_tensor_slices(
+            (x[:7], y[:7])).batch(params["batch_size"]))["loss"]
     if idiom == "minimize":
         norm = est.evaluate(lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
             params["batch_size"], drop_remainder=True))["grad_norm"]
     est.close()
     return {"w1": weights[:6].reshape(3, 2).tolist(), "w2": weights[6:].reshape(2, 1).tolist(),
-            "eval_grad_norm": norm}
+            "eval_grad_norm": norm, "padded_eval_loss": padded_loss}
 
 
 def main(root: str) -> None:

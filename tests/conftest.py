@@ -496,11 +496,15 @@ def pytest_collection_modifyitems(config, items):
 # workers finish together. The JAX engine's and the TPUEstimator front door's joined in
 # session 7 (left out, they started last and ran on alone); the benchmarks' smoke runs
 # (one worker, their child processes one after the other) in session 8. storage_faults, which mostly
-# waits on deadlines, runs beside test_flagship's two busy processes.
+# waits on deadlines, runs beside test_flagship's two busy processes. The engine contract,
+# the engine switch and the TPUEstimator's gradient and batch-size tables joined in
+# session 9: left out, they started after 80-90% of the tests (the engine contract's set-up
+# alone took 85-125 s there), the suite's last minutes on one worker.
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
-    "test_jax_engine", "test_benchmark_scripts", "test_flagship", "test_storage_faults",
-    "test_jax_gcs", "test_jax_multihost", "test_faults",
-    "test_tutorials", "test_callbacks", "test_estimator", "test_tpu_estimator",
+    "test_jax_engine", "test_benchmark_scripts", "test_flagship", "test_engine_contract",
+    "test_storage_faults", "test_jax_gcs", "test_engine_switch", "test_jax_multihost",
+    "test_faults", "test_tutorials", "test_callbacks", "test_tpu_estimator_gradients",
+    "test_estimator", "test_tpu_estimator", "test_tpu_estimator_batch_sizes",
     "test_blocks_jax", "test_resume_position", "test_state", "test_work_dir",
     "test_data_service", "test_cross_engine", "test_jax_blocks", "test_jax_snapshot",
     "test_readme", "test_interrupts", "test_multiworker", "test_security",

@@ -15,22 +15,37 @@ def _checkpoint(prefix, tensors):
     return prefix
 
 
-def test_scope_and_exact_entries_load_what_they_name_and_report_missing_ones(tmp_path):
+def test_scope_and_exact_entries_load_what_they_name_and_refuse_missing_ones(tmp_path):
     dense = keras.layers.Dense(2, name="head")
     dense.build((None, 3))
     other = keras.layers.Dense(4, name="other")
     other.build((None, 3))
     rng = np.random.default_rng(0)
     saved = {"old/kernel": rng.normal(size=(3, 2)).astype(np.float32),
-             "old/bias": rng.normal(size=(2,)).astype(np.float32)}
+             "old/bias": rng.normal(size=(2,)).astype(np.float32),
+             "other_b": rng.normal(size=(4,)).astype(np.float32)}
     source = _checkpoint(str(tmp_path / "model.ckpt"), saved)
     variables = dense.variables + other.variables
     report = assignment_map.warm_start(variables, source,
-                                       {"old/": "head/", "other_w": "other/kernel"})
-    assert sorted(report["loaded"]) == ["head/bias", "head/kernel"]
-    assert report["not_loaded"] == ["other/kernel"]  # 'other_w' is not in the checkpoint
+                                       {"old/": "head/", "other_b": "other/bias"})
+    assert sorted(report["loaded"]) == ["head/bias", "head/kernel", "other/bias"]
+    assert report["not_loaded"] == []
     np.testing.assert_array_equal(dense.kernel.numpy(), saved["old/kernel"])
-    np.testing.assert_array_equal(other.bias.numpy(), np.zeros(4))  # not in the map
+    np.testing.assert_array_equal(other.bias.numpy(), saved["other_b"])
+    # 'other_w' is not in the checkpoint: TF1's init_from_checkpoint raised ValueError
+    # ("Tensor other_w is not found in ... checkpoint"); so does this, assigning nothing.
+    fresh = keras.layers.Dense(2, name="fresh")
+    fresh.build((None, 3))
+    before = fresh.kernel.numpy()
+    with pytest.raises(ValueError) as err:
+        assignment_map.warm_start(fresh.variables + other.variables, source,
+                                  {"old/kernel": "fresh/kernel", "other_w": "other/kernel"})
+    assert isinstance(err.value, assignment_map.WarmStartError)
+    assert str(err.value).startswith(
+        f"the warm start from {source!r} maps 'other_w' to 'other/kernel', but the "
+        "checkpoint holds no 'other_w' (its nearest: 'other_b')")
+    assert "map 'other/kernel' to one of the checkpoint's names" in str(err.value)
+    np.testing.assert_array_equal(fresh.kernel.numpy(), before)  # nothing assigned
 
 
 def test_a_shape_mismatch_raises_as_tf1_init_from_checkpoint_did(tmp_path):

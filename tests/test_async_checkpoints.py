@@ -122,6 +122,30 @@ def test_synchronous_checkpoints_are_an_option(tmp_path, data, monkeypatch):
         _estimator(tmp_path / "bad", async_checkpoints="yes")
 
 
+def test_the_save_train_waits_for_is_written_in_the_calling_thread(tmp_path, data,
+                                                                   monkeypatch):
+    """With a callback of the user's, the end of `train` saves after it (the callback may
+    have changed the weights) and waits (`save_and_wait`): nothing would run beside a
+    background write, so it is written in the calling thread; periodic saves are not.
+    (Without one, the last loop's save overlaps the summaries' flush instead.)"""
+    threads = {}
+    original = ocp.CheckpointManager.save
+
+    def recording(manager, step, *args, **kwargs):
+        threads[step] = threading.current_thread().name
+        return original(manager, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", recording)
+    est = _flagship.estimator(MODEL, str(tmp_path / "run"), steps_per_loop=5,
+                              save_every_loops=2, save_every_secs=None)
+    est.train(_flagship.train_input(*data), steps=15,  # loops end at steps 5, 10, 15
+              callbacks=[keras.callbacks.Callback()])
+    assert threads[10].startswith("fenwicks checkpoint writer")  # every 2nd loop
+    assert threads[15] == threading.main_thread().name  # the end of train
+    assert sorted(threads) == [10, 15]
+    assert run_format.latest(str(tmp_path / "run")) == f"{tmp_path / 'run'}/checkpoints/15"
+
+
 def test_a_failed_background_write_is_raised_at_the_next_save_naming_the_last_good(
         tmp_path, data, monkeypatch):
     work = tmp_path / "run"
@@ -146,6 +170,29 @@ def test_a_failed_background_write_is_raised_at_the_next_save_naming_the_last_go
     monkeypatch.setattr(ocp.CheckpointManager, "save", original)
     est.train(_flagship.train_input(*data), steps=5)  # storage is fine again: saved
     assert run_format.latest(str(work)) == f"{work}/checkpoints/20"
+
+
+def test_a_step_already_saved_is_not_saved_again_unless_forced(tmp_path, data):
+    work = tmp_path / "run"
+    est = _estimator(work)
+    est.train(_flagship.train_input(*data), steps=5)
+    checkpointer = est.parts.state.checkpointer
+    kernel = est.model.trainable_variables[0]
+    saved = keras.ops.convert_to_numpy(kernel).copy()
+    kernel.assign(saved + 1.0)  # other weights at the same step (a callback's restore)
+    checkpointer.save(5)
+    assert checkpointer.last_blocked_secs is None  # nothing was saved
+    checkpointer.wait()
+    np.testing.assert_array_equal(_step(work, 5)[1]["trainable"][0], saved)
+    checkpointer.save(5, force=True)
+    checkpointer.wait()
+    assert checkpointer.last_blocked_secs is not None
+    np.testing.assert_array_equal(_step(work, 5)[1]["trainable"][0], saved + 1.0)
+    # A step restored from disk counts as saved.
+    again = _estimator(work)
+    again.evaluate(_flagship.eval_input(*data))
+    again.parts.state.checkpointer.save(5)
+    assert again.parts.state.checkpointer.last_blocked_secs is None
 
 
 def test_close_and_a_restore_wait_for_the_write(tmp_path, data):

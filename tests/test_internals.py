@@ -171,9 +171,6 @@ TEST_EXCEPTIONS = {
     ("gcs_emulator.py", "request._data"): "(same)",
     ("_faults.py", "path._final_path"): "orbax's atomic rename: the step folder a commit "
         "makes visible, so a fault pauses that step's commit (orbax has no commit hook)",
-    ("test_checkpoints.py", "tf_checkpoints._remove_partial"): "the legacy TensorFlow "
-        "format's clean-up after a failed save, called on files laid out by hand (a failed "
-        "write of exactly those files cannot be caused from outside)",
     ("test_work_dir.py", "monkeypatch.setattr(..., '_write')"): "the run format's write, "
         "held until the test deletes the work_dir: the race of a background write with a "
         "deletion, which no public hook can time",
@@ -263,35 +260,6 @@ def test_never_destroy_keeps_an_object_past_its_last_reference():
     assert alive() is not None
 
 
-def test_checkpoint_hooks():
-    base = _tf_internals.trackable_base()
-    assert issubclass(tf.train.Checkpoint, base) and issubclass(tf.Variable, base), _needs(
-        "trackable_base", "tf.__internal__.tracking.Trackable", "asynchronous checkpoints")
-    for name in ("_serialize_to_tensors", "_gather_saveables_for_checkpoint"):
-        assert hasattr(base, name), _needs("saves_own_state", f"Trackable.{name}",
-                                           "asynchronous checkpoints' state check")
-    assert not _tf_internals.saves_own_state(tf.Module())
-    assert _tf_internals.saves_own_state(tf.Variable(1.0))  # a variable writes its value
-    table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
-    assert _tf_internals.saves_own_state(table)  # its keys and values: not variables
-
-
-def test_write_copies_in_place_writes_the_copy_under_the_original_key(tmp_path):
-    variable = tf.Variable([1.0, 2.0])
-    copy = tf.Variable([5.0, 7.0])
-    checkpoint = tf.train.Checkpoint(v=variable)
-    assert hasattr(checkpoint, "_saver"), _needs("write_copies_in_place",
-                                                 "Checkpoint._saver", "async checkpoints")
-    object_map = _tf_internals.identity_dict()
-    object_map[variable] = copy
-    _tf_internals.write_copies_in_place(checkpoint, object_map)
-    path = checkpoint.write(str(tmp_path / "ckpt"))
-    restored = tf.Variable([0.0, 0.0])
-    tf.train.Checkpoint(v=restored).read(path).assert_consumed()
-    assert restored.numpy().tolist() == [5.0, 7.0], _needs(
-        "write_copies_in_place", "the saver's _object_map hook", "async checkpoints")
-
-
 def test_update_checkpoint_state_writes_relative_paths(tmp_path):
     work = str(tmp_path)
     (tmp_path / "ckpt-3.index").write_bytes(b"")  # what latest_checkpoint looks for
@@ -332,30 +300,6 @@ def test_jax_backend_state():
     assert isinstance(_tf_internals.jax_backend_errors(), dict)
     platforms = _tf_internals.jax_initialized_platforms()
     assert platforms == set() or "cpu" in platforms
-
-
-def test_fault_injection_hooks_reach_what_the_checkpoint_manager_calls(tmp_path):
-    module = _tf_internals.checkpoint_management_module()
-    original = module.update_checkpoint_state_internal
-    named = []
-
-    def recording(*args, **kwargs):
-        named.append(kwargs.get("model_checkpoint_path", args[1:2]))
-        return original(*args, **kwargs)
-
-    module.update_checkpoint_state_internal = recording
-    try:
-        manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)),
-                                             str(tmp_path), 2)
-        manager.save(checkpoint_number=4)
-    finally:
-        module.update_checkpoint_state_internal = original
-    # (The manager writes the state file more than once per save: each names ckpt-4.)
-    assert {str(n).rpartition("/")[2] for n in named} == {"ckpt-4"}, _needs(
-        "checkpoint_management_module", "checkpoint_management.update_checkpoint_state_"
-        "internal", "the tests' checkpoint fault injection")
-    assert hasattr(_tf_internals.saver_io_ops(), "merge_v2_checkpoints"), _needs(
-        "saver_io_ops", "functional_saver.gen_io_ops", "the tests' kill-inside-merge")
 
 
 def test_v1_optimizer_arguments_and_cross_shard_unwrap():
@@ -450,3 +394,20 @@ def test_v1_api_modules_are_every_object_a_program_may_hold():
     assert len({id(m) for m in modules}) == len(modules)
     assert all(m.train is imported.train for m in modules)  # shared submodules
     assert sys.modules["tensorflow.compat.v1"] is imported
+
+
+def test_keras_own_losses_are_the_activity_losses_without_the_weights_regularisers():
+    import keras
+
+    inner = keras.layers.Dense(2, kernel_regularizer=keras.regularizers.l2(1.0),
+                               activity_regularizer=keras.regularizers.l1(1.0))
+    outer = keras.Sequential([inner])
+    x = np.array([[1.0, -2.0]], np.float32)
+    y = keras.ops.convert_to_numpy(outer(x))
+    own = [float(loss) for loss in _tf_internals.keras_own_losses(outer)]
+    # l1 of the sublayer's output, added in its call; not l2 of its kernel.
+    assert own == pytest.approx([np.abs(y).sum()], rel=1e-6), _needs(
+        "keras_own_losses", "keras.src.layers.layer.Layer._get_own_losses / "
+        "_flatten_layers", "layer regularisers in a TPUEstimator model_fn "
+        "(tf.losses.get_regularization_loss)")
+    assert len(outer.losses) == 2  # Keras's public list mixes in the kernel's l2

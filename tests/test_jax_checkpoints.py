@@ -1,6 +1,8 @@
-"""The JAX engine's orbax checkpoints when a step is damaged (`fenwicks.train.jax.
-checkpoints`): the newest intact step is restored, with the TensorFlow engine's warning,
-once. One process (`tests._jax_checkpoints`, on the JAX engine) runs every case."""
+"""A work_dir the JAX engine wrote before the run format (``orbax/<step>``), with a
+damaged step, read by `fenwicks.train.jax.checkpoints.LegacyReader`: the newest intact
+step is restored, with the run format's warning, once. One process
+(`tests._jax_checkpoints`, on the JAX engine) runs every case. The run format's own
+damaged steps are in test_faults.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ proxy, which forwards everything until a test schedules faults).
 
 Orbax writes each checkpoint to local scratch; the completed step is uploaded with gcsfs
 and committed by ``<step>/commit_success.txt`` written last (see
-fenwicks/train/jax/checkpoints.py for why staging). Two processes, as a user runs it:
+`StagedBucket` in fenwicks/train/run_format.py for why staging). Two processes, as a user runs it:
 `tests._jax_gcs` ``first`` (a local reference run, then gs:// to step 4 with sync saves)
 and ``second`` (a new process resumes with async saves to step 8, evaluates, predicts,
 survives a failed upload of step 10 and refused downloads, warm-starts, resumes again,

@@ -1,7 +1,8 @@
-"""The JAX engine's saves take a snapshot of the state (`checkpoints.snapshot`) and write
-it afterwards, in the background when asynchronous: what each checkpoint holds must be
-the state of its step, although the training steps after it donate (free and reuse) the
-buffers saved. One process on 8 host devices (`tests._jax_snapshot`) feeds every test.
+"""The JAX engine's saves of the run format take a snapshot of the state
+(`checkpoints.snapshot`) and write it afterwards (`run_format.RunCheckpointer`), in the
+background when asynchronous: what each checkpoint holds must be the state of its step,
+although the training steps after it donate (free and reuse) the buffers saved. One
+process on 8 host devices (`tests._jax_snapshot`) feeds every test.
 
 Every element of the state moves by 1 a step, so what a checkpoint of step k must hold is
 known by hand: ``w`` all k, ``b`` all 10 + k, row r of the split array ``s`` 100 r + k.
@@ -51,21 +52,27 @@ def test_an_async_save_returns_before_the_write(run):
     assert error["error"] == "CheckpointWriteError"
     assert "No space left on device" in error["message"]
     assert error["returned_secs"] < 0.2
-    assert error["last_good"].endswith("/orbax/1")
+    assert error["last_good"].endswith("/checkpoints/1")
+    assert "(It was written in the background" in error["message"]
 
 
-def test_restore_puts_the_values_back_replicated(run):
+def test_restore_puts_the_values_back(run):
+    """Where they go is the state's own `scatter` (the JAX engine's replicates every
+    variable over the mesh); this test's keeps each array's sharding, so the split ``s``
+    comes back split."""
     restored = run["restored"]
-    assert restored["restored"].endswith("/orbax/14")
+    assert restored["restored"].endswith("/checkpoints/14")
     assert restored["step"] == 14
     assert restored["w"] == [14.0]
     assert restored["s"] == [100.0 * row + 14 for row in range(16)]
-    assert restored["replicated"]
+    assert not restored["replicated"]
 
 
 def test_a_checkpoint_written_before_snapshots_still_restores(run):
-    """Orbax's own save of the device arrays (the engine's format until snapshots)."""
+    """Orbax's own save of the device arrays (the engine's format until snapshots, in
+    ``orbax/<step>``), read by that format's reader, every array back replicated."""
     old = run["old_format"]
     assert old["restored"].endswith("/orbax/3")
     assert (old["step"], old["w"]) == (3, [3.0])
     assert old["s"] == [100.0 * row + 3 for row in range(16)]
+    assert old["replicated"]

@@ -598,12 +598,27 @@ def test_the_last_checkpoint_is_written_while_the_call_closes_unless_callbacks_f
 # --------------------------------------------------------------------------- work_dir
 
 
-def test_another_engine_refuses_to_train_in_its_work_dir(tmp_path, reference):
+def test_another_engine_refuses_to_train_in_its_work_dir(tmp_path):
+    """Its checkpoints hold no optimizer variables, so the TensorFlow engine reads the
+    weights and the step, and refuses to continue the run in one sentence."""
     x, y = data()
-    make(tmp_path).train(train_input(x, y), steps=2)
+    with engines.use("reference"):
+        make(tmp_path).train(train_input(x, y), steps=2)
     assert cross_engine.any_engines_latest(str(tmp_path)) == f"{tmp_path}/reference/ckpt-2"
-    with pytest.raises(cross_engine.CrossEngineTrainingError, match="reference engine"):
-        cross_engine.refuse_training(str(tmp_path), "tf")
+    before = sorted(os.listdir(tmp_path))
+    est = make(tmp_path)  # the TensorFlow engine
+    with pytest.raises(fw.train.CheckpointMismatchError) as refused:
+        est.train(train_input(x, y), steps=1)
+    assert str(refused.value) == (
+        f"work_dir={str(tmp_path)!r} holds the reference engine's checkpoint "
+        f"{tmp_path}/reference/ckpt-2 (step 2), and it holds no optimizer variables "
+        "(iterations, slots), so train() on the TensorFlow engine cannot continue its run "
+        "there: its weights were loaded for evaluate() and predict() only, and "
+        "get_tpu_estimator(..., work_dir=<new>, "
+        f"warm_start_from={str(tmp_path)!r}) continues from them in a new work_dir (the "
+        "step and the optimizer start afresh); nothing was written")
+    assert est.global_step == 2
+    assert sorted(os.listdir(tmp_path)) == before
 
 
 def test_a_work_dir_whose_checkpoints_were_removed_starts_afresh(tmp_path, reference,

@@ -148,6 +148,25 @@ def test_read_names_the_checkpoint_when_storage_is_down(restore_outage):
     assert out["read_transient"]["value"] == out["read_clean"]["value"]
 
 
+def test_a_listing_of_the_steps_without_answer_is_one_sentence(restore_outage):
+    """Was TensorFlow's raw AbortedError ("All 5 retry attempts failed ...")."""
+    work_dir, out = restore_outage
+    phase = out["listing_outage"]
+    error = phase["error"]
+    assert error is not None and error["type"] == "CheckpointDownloadError", phase
+    assert "CheckpointReadError" in error["mro"] and "AbortedError" in error["cause"]
+    assert error["message"].startswith(
+        f"could not read the checkpoints in {work_dir}/checkpoints: listing them failed "
+        "after the storage client's retries (AbortedError: All 5 retry attempts failed")
+    assert error["message"].endswith(
+        "Nothing was restored or changed in the work_dir; the checkpoints are not known "
+        "to be damaged. Check the network or the bucket's status, then create the "
+        "estimator again")
+    assert "\n" not in error["message"]
+    assert phase["fired"][0] == 6  # TensorFlow's client: the request and its 5 retries
+    assert phase["seconds"] < OUTAGE_BOUND_SECS
+
+
 def test_estimator_does_not_take_an_unreachable_checkpoint_for_a_damaged_one(
         restore_outage):
     work_dir, out = restore_outage

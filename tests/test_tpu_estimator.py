@@ -318,8 +318,9 @@ def test_bert_run_classifier_as_written_warm_starts_trains_and_evaluates_real_ex
 # TensorFlow 2 removals (not counted): tf.layers.conv2d / max_pooling2d / dropout /
 #   average_pooling2d / flatten and tf.variable_scope(..., [inputs]) -> Keras layers;
 #   tf.contrib.layers.xavier_initializer_conv2d / l2_regularizer -> keras.initializers /
-#   keras.regularizers (the regulariser loss is added to the loss by Fenwicks, as TF1's
-#   tf.losses.get_total_loss did); tf.contrib.tpu.* -> fw.train.*.
+#   keras.regularizers (squeezenet's loss never added tf.losses.get_regularization_loss(),
+#   so TF1 trained it without the L2 term, and so does Fenwicks); tf.contrib.tpu.* ->
+#   fw.train.*.
 # Stand-in data: random 8x8 images with 5 classes in place of the ImageNet InputReader.
 # Kept as written: params={..., "num_shards": 8, ...} (params["num_shards"] is the replica
 #   count Fenwicks runs on, so params["num_shards"] * params["batch_size"] stays the global

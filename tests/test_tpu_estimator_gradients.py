@@ -57,9 +57,11 @@ def tf1_rule(idiom, replicas):
         for r in range(replicas):
             part = slice(r * rows, (r + 1) * rows)
             grads = _replica_gradients(*w, x[part], y[part])
+            if name in ("reg_added", "reg_total_loss"):  # the model_fn added REG*sum(W1^2)
+                grads[0] = grads[0] + 2 * idioms.REG * w[0]
             # CrossShardOptimizer.compute_gradients (minimize too) divides the loss by R.
             if cross_shard and name in ("minimize", "var_list_scope",
-                                        "compute_gradients_scaled"):
+                                        "compute_gradients_scaled", "reg_added"):
                 grads = [g / replicas for g in grads]
             per_replica.append(_transform(name, grads, replicas))
         combined = [sum(parts) for parts in zip(*per_replica, strict=True)]
@@ -102,6 +104,30 @@ def test_the_idioms_are_told_apart(trained):
     assert moved("clip_global") <= bound * (1 + 1e-4)
     assert moved("cs_clip_global") <= trained["replicas"] * bound * (1 + 1e-4)
     assert np.allclose(trained["freeze_body"]["w1"], idioms.W1)
+
+
+def test_a_layer_regulariser_trains_only_where_the_model_fn_adds_it(trained):
+    """TF1 put kernel_regularizer's value in the REGULARIZATION_LOSSES collection, and
+    only a program that added it (get_regularization_loss, get_total_loss) trained with
+    it. The engine used to add it to every model_fn's loss: reg_ignored and reg_grads
+    moved W1 by the extra 2 * REG * W1 * LR per step."""
+    plain = tf1_rule("minimize", trained["replicas"])
+    added = tf1_rule("reg_added", trained["replicas"])
+    assert np.abs(added[0] - plain[0]).max() > 1e-3  # the rule tells them apart
+    for idiom in ("reg_ignored", "reg_grads"):
+        np.testing.assert_allclose(trained[idiom]["w1"], plain[0], rtol=1e-5, atol=1e-6)
+    for idiom in ("cs_reg_added", "reg_total_loss"):
+        np.testing.assert_allclose(trained[idiom]["w1"], added[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_eval_loss_with_the_regulariser_added_is_exact_on_a_padded_batch(trained):
+    """get_total_loss() in EVAL: each real example's squared error plus the regulariser
+    (the same for every example), over the 7 real rows of a batch padded to 8."""
+    x, y = idioms.data()
+    w1, w2 = tf1_rule("reg_total_loss", trained["replicas"])
+    per_example = ((x[:7] @ w1 @ w2 - y[:7]) ** 2).mean(axis=1)
+    expected = per_example.mean() + idioms.REG * np.sum(w1 ** 2)
+    assert trained["reg_total_loss"]["padded_eval_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_global_norm_of_tf_gradients_is_the_true_norm(trained):

@@ -22,7 +22,6 @@ from fenwicks.train.checkpointing import (  # noqa: E402, F401  (public names)
 )
 from fenwicks.train.cross_engine import (  # noqa: E402, F401  (public names)
     CrossEngineMismatchError,
-    CrossEngineTrainingError,
 )
 from fenwicks.train.estimator import (  # noqa: E402, F401  (public names)
     Estimator,
@@ -88,7 +87,7 @@ __all__ = [
     "absolute_error", "accuracy", "adam_optimizer", "AdamW", "BestExporter", "BN_AND_BIAS",
     "check_tpu_ready", "CheckpointCorruptError", "CheckpointCoverageError",
     "CheckpointMismatchError", "CheckpointWriteError", "Constant", "cosine_decay",
-    "CosineDecay", "CrossEngineMismatchError", "CrossEngineTrainingError", "EarlyStopping",
+    "CosineDecay", "CrossEngineMismatchError", "EarlyStopping",
     "Estimator", "EstimatorConfig", "EstimatorSpec", "exp_decay_lr", "ExpDecay",
     "ExponentialSweep", "ExportError", "find_lr", "FunctionSchedule", "get_clf_model_func",
     "get_model_func", "get_reg_model_func", "get_tpu_estimator", "History", "InputVerdict",

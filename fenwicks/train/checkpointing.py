@@ -1,7 +1,8 @@
-"""What both engines' checkpoints share: the `Checkpointer` interface (the one owner of
-a run's checkpoints, implemented by `fenwicks.train.tf.checkpointer` with TensorFlow's
-checkpoints and by `fenwicks.train.jax.checkpoints` with orbax), how a checkpoint's name
-gives its step, what counts as storage failing, and the errors a user may meet.
+"""What every engine's checkpoints share: the `Checkpointer` interface (the one owner of
+a run's checkpoints, implemented for both real engines by the run format,
+`fenwicks.train.run_format.RunCheckpointer`, and by the reference engine's
+`NumpyCheckpointer`), how a checkpoint's name gives its step, what counts as storage
+failing, and the errors a user may meet.
 
     checkpointer.restore()        # the newest readable checkpoint into the live state
     checkpointer.save(100)        # (async: returns once the state is copied)
@@ -13,9 +14,8 @@ from __future__ import annotations
 
 import abc
 import re
+import sys
 from typing import Any
-
-import tensorflow as tf  # its storage errors: both engines read gs:// through it
 
 from fenwicks._text import first_line
 
@@ -198,8 +198,9 @@ def step_of(prefix: str | None) -> int:
 # says nothing about the checkpoint's content: it must never be taken for a damaged
 # checkpoint and set aside.
 
-# Errors that kept their status code (a failed save raises AbortedError).
-_STORAGE_CODES = (tf.errors.ABORTED, tf.errors.UNAVAILABLE, tf.errors.DEADLINE_EXCEEDED)
+# Errors that kept their status code (a failed save raises AbortedError): ABORTED,
+# UNAVAILABLE and DEADLINE_EXCEEDED, TensorFlow's values of the canonical (gRPC) codes.
+_STORAGE_CODES = (10, 14, 4)
 
 
 class CheckpointReadError(OSError):
@@ -229,10 +230,31 @@ _STORAGE_TEXTS = ("retry attempts failed", "ABORTED:", "UNAVAILABLE:", "DEADLINE
 
 def is_storage_error(err: BaseException) -> bool:
     """True for a failure to reach storage (retries used up, unavailable, timed out),
-    as opposed to a file that was reached and is missing or damaged."""
-    if isinstance(err, tf.errors.OpError) and err.error_code in _STORAGE_CODES:
+    as opposed to a file that was reached and is missing or damaged.
+
+    Examples:
+        >>> is_storage_error(ValueError("All 10 retry attempts failed. The last failure: "
+        ...                             "UNAVAILABLE: 503"))
+        True
+        >>> is_storage_error(FileNotFoundError("gs://bucket/work/checkpoints/4"))
+        False
+    """
+    op_error = _tensorflow_op_error()
+    if op_error is not None and isinstance(err, op_error) \
+            and err.error_code in _STORAGE_CODES:
         return True
-    return (isinstance(err, (tf.errors.OpError, ValueError))
-            and any(text in str(err) for text in _STORAGE_TEXTS))
+    kinds = (ValueError,) if op_error is None else (op_error, ValueError)
+    return isinstance(err, kinds) and any(text in str(err) for text in _STORAGE_TEXTS)
+
+
+def _tensorflow_op_error() -> type | None:
+    """TensorFlow's ``tf.errors.OpError`` if TensorFlow is loaded, else None.
+
+    Looked up, never imported: only a loaded TensorFlow can have raised one (gs:// is
+    read through its client, `fenwicks.io`, on either engine), and the checkpoint code
+    shared by the engines imports no TensorFlow.
+    """
+    errors = getattr(sys.modules.get("tensorflow"), "errors", None)
+    return getattr(errors, "OpError", None)
 
 

@@ -1,15 +1,14 @@
 """One engine's checkpoints read on the other: a work_dir trained on the TensorFlow engine
-is evaluated, predicted from and warm-started on the JAX engine, and back.
+is evaluated, predicted from, warm-started and continued on the JAX engine, and back.
 
-Each engine reads only its own format, into one neutral form, `SavedWeights` (model
-variables by Keras path, and the step): `fenwicks.train.tf.weights` (TensorFlow's
-``<work_dir>/ckpt-<step>``) and `fenwicks.train.jax.weights` (orbax's
-``<work_dir>/orbax/<step>``). Any engine then loads any other's weights by path: N
-engines need N readers (each registry entry's ``reader``, `fenwicks._engine.readers`), not
-one per pair.
-
-Only model variables cross (weights, BatchNorm statistics, seed-generator states) and
-the global step; the optimizer's slots and the input position do not.
+Runs written today are in the run format (`fenwicks.train.run_format`), which every
+engine reads. This module reads the formats before it, each engine's own: each engine's
+reader reads only its own format, into one neutral form, `SavedWeights` (model variables
+by Keras path, optimizer variables in ``optimizer.variables`` order, the step and the
+input position): `fenwicks.train.tf.weights` (TensorFlow's ``<work_dir>/ckpt-<step>``)
+and `fenwicks.train.jax.weights` (orbax's ``<work_dir>/orbax/<step>``). Any engine then
+loads any other's state: N engines need N readers (each registry entry's ``reader``,
+`fenwicks._engine.readers`), not one per pair.
 
 **Matching by name.** A variable of the model is matched to the checkpoint's by its Keras
 path. Keras makes names unique per process (``conv2d``, then ``conv2d_1`` for the next
@@ -19,19 +18,21 @@ whose paths are then equal are paired in the order of those suffixes (Keras coun
 it creates layers, so the order is the creation order in both processes). Shapes are
 checked for every pair. If names leave any variable unmatched and the checkpoint lists
 its variables in model order (orbax does) with the same count and shapes, variables are
-paired by position, with a warning. `evaluate` and `predict` need every variable matched
-and raise `CrossEngineMismatchError` naming those that are not; a warm start loads what
-matches and reports the rest, as on one engine.
+paired by position, with a warning. Restoring a work_dir needs every model variable
+matched and raises `CrossEngineMismatchError` naming those that are not; a warm start
+loads what matches and reports the rest, as on one engine. Optimizer variables are paired
+by position (both formats saved them as the optimizer lists them), their shapes checked.
 
-**Training is refused** (`refuse_training`) on a work_dir that holds only the other
-engine's checkpoints, with `CrossEngineTrainingError` naming both engines, the checkpoint
-and the two fixes (train on the engine that wrote it, or ``warm_start_from=<work_dir>``
-into a new work_dir). Continuing there would write this engine's checkpoints beside the
-other's: the work_dir would then hold two "latest" checkpoints in two formats, and the
-other engine, back on it, would resume from its own older one and silently skip every
-step trained here. A resume also promises exactness (optimizer slots, input position,
-random state), which across engines holds only to the kernels' rounding. A warm start
-into a new work_dir keeps both runs intact and costs one argument.
+**A run continues** (`OtherEnginesReader`): a work_dir that holds only the other engine's
+checkpoints of the previous format is restored whole, as a run-format step is: model
+variables, optimizer ``iterations`` and slots (so the learning-rate schedule continues),
+the step and the input position, with the run format's one-line warning that the run
+continues from the other engine's step. Its next checkpoint is in the run format, and
+every later one (the old checkpoint stays as it was). What those formats never held is
+not restored: Keras's global seed generator (the warning says so). A checkpoint that
+lacks what training needs (the reference engine's hold no optimizer variables) or whose
+optimizer variables are not this optimizer's is loaded for `evaluate` and `predict`
+only, and ``train()`` is refused in one sentence (`cannot_continue`).
 
 Examples:
     >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
@@ -39,19 +40,19 @@ Examples:
     >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
     >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
     'run/ckpt-100'
+    >>> other_engines_checkpoint('run', 'jax')   # what the JAX engine finds there
+    'run/ckpt-100'
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
     ...                           name='net')
-    >>> restore_for_reading(model, 'run', 'jax').step   # on the JAX engine: for evaluate
-    100
+    >>> warm_start(model, 'run', 'jax')   # by Keras path, as warm_start_from='run' does
+    {'loaded': ['net/out/kernel', 'net/out/bias'], 'not_loaded': []}
     >>> np.array_equal(model.layers[0].kernel.numpy(), trained.layers[0].kernel.numpy())
     True
-    >>> refuse_training('run', 'jax')   # but train continues it on the engine that wrote it
-    Traceback (most recent call last):
-    fenwicks.train.cross_engine.CrossEngineTrainingError: work_dir='run' holds the ...
 
-    On the JAX engine, ``fw.train.get_tpu_estimator(..., work_dir='run')`` evaluates and
-    predicts from these weights, and ``warm_start_from='run'`` starts a new work_dir
-    from them.
+    On the JAX engine, ``fw.train.get_tpu_estimator(..., work_dir='run')`` would restore
+    it for evaluate and predict; this checkpoint holds no optimizer variables, so
+    ``train()`` there is refused (`cannot_continue`), while a TensorFlow engine's
+    ``ckpt-<step>`` written with its optimizer and input position continues whole.
 """
 
 from __future__ import annotations
@@ -67,8 +68,15 @@ import numpy as np
 
 from fenwicks import _deadline, _engine
 from fenwicks import io as fw_io
+from fenwicks._text import first_line
 from fenwicks.train import run_format
-from fenwicks.train.checkpointing import step_of
+from fenwicks.train.checkpointing import (
+    Checkpointer,
+    CheckpointReadError,
+    is_storage_error,
+    none_readable,
+    step_of,
+)
 
 logger = logging.getLogger("fenwicks")
 
@@ -79,13 +87,9 @@ class CrossEngineMismatchError(ValueError):
     """The other engine's checkpoint does not hold every variable of this model."""
 
 
-class CrossEngineTrainingError(ValueError):
-    """`train` on a work_dir that holds only the other engine's checkpoints."""
-
-
 @dataclasses.dataclass(frozen=True)
 class SavedWeights:
-    """A checkpoint's model variables, by Keras path.
+    """A checkpoint's model variables by Keras path, and what else it holds of the run.
 
     Attributes:
         checkpoint: the checkpoint read (``.../ckpt-<step>`` or ``.../orbax/<step>``).
@@ -95,6 +99,10 @@ class SavedWeights:
         arrays: their values, in `paths`' order.
         in_model_order: whether `paths` follow ``model.variables`` (orbax's list does;
             TensorFlow's object graph does not).
+        optimizer: the optimizer's variables (``iterations`` and the slots) in
+            ``optimizer.variables`` order; None if the checkpoint holds none.
+        optimizer_paths: their Keras paths, as that engine's process named them.
+        input_steps: the input position, in steps; None if the checkpoint holds none.
     """
 
     checkpoint: str
@@ -103,6 +111,9 @@ class SavedWeights:
     paths: list[str]
     arrays: list[np.ndarray]
     in_model_order: bool
+    optimizer: list[np.ndarray] | None = None
+    optimizer_paths: list[str] = dataclasses.field(default_factory=list)
+    input_steps: int | None = None
 
 
 # --------------------------------------------------------------------------- locating
@@ -157,9 +168,9 @@ def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
     return max(theirs, key=step_of)
 
 
-def _run_format_step(source: str) -> str | None:
+def run_format_step(source: str) -> str | None:
     """`source`'s run-format step: `source` itself if it is one, else the newest of the
-    work_dir `source`; None if it holds none."""
+    work_dir `source` (or of its ``checkpoints`` folder); None if it holds none."""
     source = source.rstrip("/")
     if run_format.is_step(source):
         if source.startswith("gs://") and not fw_io.exists(
@@ -186,7 +197,7 @@ def read_run_format(step_dir: str) -> SavedWeights:
         >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
         ...           steps=2).global_step
         2
-        >>> saved = read_run_format('run/checkpoints/2')   # the model's variables only
+        >>> saved = read_run_format('run/checkpoints/2')
         >>> saved.engine, saved.step, saved.paths
         ('tf', 2, ['net/out/kernel', 'net/out/bias'])
     """
@@ -247,8 +258,8 @@ def read(checkpoint: str) -> SavedWeights:
         >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
         'run/ckpt-100'
         >>> saved = read('run/ckpt-100')
-        >>> saved.engine, saved.step, saved.paths
-        ('tf', 100, ['net/out/kernel', 'net/out/bias'])
+        >>> saved.engine, saved.step, saved.paths, saved.optimizer
+        ('tf', 100, ['net/out/kernel', 'net/out/bias'], None)
     """
     return _deadline.run(_owner(checkpoint).read, checkpoint, what="checkpoint read",
                          path=checkpoint)
@@ -348,8 +359,9 @@ def load_matching(model: Any, saved: SavedWeights) -> dict[str, list[str]]:
 
 def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights | None:
     """Loads the model variables of the other engine's newest checkpoint in `work_dir`,
-    if it holds none of `engine`'s; for `evaluate` and `predict` (`train` is refused:
-    `refuse_training`).
+    if it holds none of `engine`'s; for `evaluate` and `predict` on an engine that does
+    not continue other engines' runs (the reference engine: `cannot_continue`). The
+    TensorFlow and JAX engines restore the whole run instead (`OtherEnginesReader`).
 
     Returns:
         What was read (its `step` is the run's global step), or None if there was none.
@@ -367,7 +379,7 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
         'run/ckpt-100'
         >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
         ...                           name='net')
-        >>> restore_for_reading(model, 'run', 'jax').step   # as the JAX engine reads it
+        >>> restore_for_reading(model, 'run', 'reference').step   # on the reference engine
         100
         >>> np.array_equal(model.layers[0].kernel.numpy(), trained.layers[0].kernel.numpy())
         True
@@ -377,19 +389,32 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
         return None
     saved = read(checkpoint)
     variables = list(model.variables)
+    _assign(variables, saved, _match_all(variables, saved, work_dir, engine))
+    _warn_weights_only(work_dir, saved, engine, len(variables),
+                       f"the {title(engine)} continues no other engine's run")
+    return saved
+
+
+def _match_all(variables: Sequence[Any], saved: SavedWeights, work_dir: str,
+               engine: str) -> dict[int, int]:
+    """`match`, every variable of the model and of the checkpoint paired; else
+    `CrossEngineMismatchError`."""
     pairs = match(variables, saved)
     missing = [v for i, v in enumerate(variables) if i not in pairs]
     unused = [j for j in range(len(saved.paths)) if j not in set(pairs.values())]
     if missing or unused:
         raise _mismatch(work_dir, saved, engine, missing, unused)
-    _assign(variables, saved, pairs)
+    return pairs
+
+
+def _warn_weights_only(work_dir: str, saved: SavedWeights, engine: str, count: int,
+                       why: str) -> None:
     logger.warning(
         "fenwicks: %s holds the %s's checkpoint %s (step %d) and none of the %s's: its "
         "%d model variables were loaded by name, for evaluate() and predict(); train() "
-        "here is refused (warm_start_from=<this work_dir> into a new work_dir continues "
-        "from these weights)", work_dir, title(saved.engine), checkpoint, saved.step,
-        title(engine), len(variables))
-    return saved
+        "here is refused, as %s (warm_start_from=<this work_dir> into a new work_dir "
+        "continues from these weights)", work_dir, title(saved.engine), saved.checkpoint,
+        saved.step, title(engine), count, why)
 
 
 def _mismatch(work_dir: str, saved: SavedWeights, engine: str, missing: list,
@@ -411,37 +436,181 @@ def _mismatch(work_dir: str, saved: SavedWeights, engine: str, missing: list,
         "loads only the variables that match.")
 
 
-def refuse_training(work_dir: str, engine: str) -> None:
-    """Raises `CrossEngineTrainingError` if `work_dir` holds only the other engine's
-    checkpoints (see the module's docstring for why training does not continue them).
+def cannot_continue(work_dir: str, saved: SavedWeights, engine: str, why: str) -> str:
+    """The one sentence refusing ``train()`` on `work_dir`, whose other engine's
+    checkpoint `saved` was loaded for evaluate and predict only, because of `why`.
 
     Examples:
-        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
-        ...                             name='net')
-        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
-        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
-        'run/ckpt-100'
-        >>> refuse_training('run', 'tf')   # the TF engine's own: nothing to refuse
-        >>> refuse_training('run', 'jax')
-        Traceback (most recent call last):
-        fenwicks.train.cross_engine.CrossEngineTrainingError: work_dir='run' holds the ...
+        >>> saved = SavedWeights('run/ckpt-2', 'tf', 2, ['net/out/kernel'], [np.ones((3, 2))],
+        ...                      in_model_order=False)   # no optimizer variables
+        >>> cannot_continue('run', saved, 'jax', 'it holds no optimizer variables')
+        "work_dir='run' holds the TensorFlow engine's checkpoint run/ckpt-2 (step 2), and it
+        holds no optimizer variables, so train() on the JAX engine cannot continue its run
+        there: ..."
     """
-    checkpoint = other_engines_checkpoint(work_dir, engine)
-    if checkpoint is None:
-        return
-    theirs = _owner(checkpoint).NAME
-    raise CrossEngineTrainingError(
-        f"work_dir={work_dir!r} holds the {title(theirs)}'s checkpoint {checkpoint} "
-        f"(step {step_of(checkpoint)}) and none of the {title(engine)}'s, "
-        f"which runs here. train() does not continue another engine's run in its "
-        f"work_dir (its checkpoints would sit beside the {title(theirs)}'s, which would "
-        "resume from its own and skip them). Either train on the "
-        f"{title(theirs)} (FENWICKS_ENGINE={theirs} in a new Python process), or continue "
-        "from "
-        f"its weights here in a new work_dir: get_tpu_estimator(..., work_dir=<new>, "
-        f"warm_start_from={work_dir!r}) (model weights by name; the step and the "
-        "optimizer start afresh). evaluate() and predict() read it on either engine. "
-        "Nothing was read or written")
+    return (f"work_dir={work_dir!r} holds the {title(saved.engine)}'s checkpoint "
+            f"{saved.checkpoint} (step {saved.step}), and {why}, so train() on the "
+            f"{title(engine)} cannot continue its run there: its weights were loaded for "
+            "evaluate() and predict() only, and get_tpu_estimator(..., work_dir=<new>, "
+            f"warm_start_from={work_dir!r}) continues from them in a new work_dir (the "
+            "step and the optimizer start afresh); nothing was written")
+
+
+def _why_not_trainable(saved: SavedWeights, optimizer: Sequence[Any]) -> str | None:
+    """Why `saved` cannot continue a run with the live `optimizer` variables; None if
+    it can."""
+    if saved.optimizer is None:
+        return "it holds no optimizer variables (iterations, slots)"
+    if saved.input_steps is None:
+        return "it holds no input position"
+    theirs = [list(np.shape(a)) for a in saved.optimizer]
+    ours = [[int(d) for d in v.shape] for v in optimizer]
+    if theirs != ours:
+        first = next((i for i, (a, b) in enumerate(zip(theirs, ours, strict=False))
+                      if a != b),
+                     min(len(theirs), len(ours)))
+        return (f"its {len(theirs)} optimizer variables are not this optimizer's "
+                f"{len(ours)} (the first that differs is #{first}: "
+                f"{theirs[first] if first < len(theirs) else 'none'} in the checkpoint, "
+                f"{ours[first] if first < len(ours) else 'none'} here)")
+    return None
+
+
+class OtherEnginesReader(Checkpointer):
+    """Restores the other engine's newest checkpoint of the previous format in `work_dir`
+    (TensorFlow's ``ckpt-<step>``, the JAX engine's ``orbax/<step>``) into this engine's
+    run state, whole, as a run-format step is restored; never writes (the run's
+    `run_format.RunCheckpointer` writes the run format from then on).
+
+    Model variables are matched by Keras path (`match`), optimizer variables by
+    position; the step and the input position are set, and the run format's warning
+    says the run continues from the other engine's step. A checkpoint that cannot be
+    continued (`_why_not_trainable`) has its model variables and step loaded, for
+    evaluate and predict, and `training_refusal` says why, for ``train()``.
+
+    Args:
+        work_dir: the run's work_dir.
+        engine: the engine restoring (``'tf'``, ``'jax'``).
+        parts: the run's state (`run_format.RunParts`: ``scatter``, ``snapshot``,
+            ``to_host``, ``set_counters``, ``apply_record``).
+        groups: its Keras variables by group (`run_format.variable_groups`).
+
+    Examples:
+        >>> reader = OtherEnginesReader('/content/run', 'tf', state, groups)
+        >>> reader.restore()   # the JAX engine's '/content/run/orbax/1000', or None
+        '/content/run/orbax/1000'
+    """
+
+    def __init__(self, work_dir: str, engine: str, parts: Any,
+                 groups: dict[str, list[Any]]) -> None:
+        self.directory = self.work_dir = work_dir.rstrip("/")
+        self._engine, self._parts, self._groups = engine, parts, groups
+        self._good: str | None = None  # the checkpoint restored
+        self._newest: str | None = None  # the newest there then (damaged, or `_good`)
+        self.training_refusal: str | None = None  # why train() cannot continue it
+
+    @property
+    def latest(self) -> str | None:
+        return self._good
+
+    @property
+    def last_good(self) -> str | None:
+        return self._good
+
+    @property
+    def last_save_secs(self) -> float | None:
+        return None
+
+    def save(self, step: int, *, force: bool = False) -> None:
+        raise NotImplementedError("the other engine's previous format is only read; the "
+                                  "run's checkpoints are written in the run format")
+
+    def wait(self) -> None:
+        """Nothing is ever written."""
+
+    def change_on_disk(self) -> str | None:
+        """None if the other engine's newest checkpoint is the one restored; ``'removed'``
+        if there is none any more; else ``'replaced'``."""
+        theirs = other_engines_checkpoint(self.work_dir, self._engine)
+        if theirs is None:
+            return "removed" if self._good else None
+        return None if theirs == self._newest else "replaced"
+
+    def restore(self, path: str | None = None) -> str | None:
+        """Restores `path`, or the other engine's newest checkpoint in the work_dir.
+
+        Returns:
+            The checkpoint restored, or None if the work_dir holds none.
+
+        Raises:
+            CrossEngineMismatchError: a model variable has no match in the checkpoint, or
+                the checkpoint has model variables the model lacks. Nothing was loaded.
+            CheckpointCorruptError: the other engine's checkpoints are there but none
+                can be read (a damaged newest one falls back to an older one, with a
+                warning).
+        """
+        saved = self._read(path)
+        if saved is None:
+            return None
+        checkpoint = saved.checkpoint
+        model = self._groups["trainable"] + self._groups["non_trainable"]
+        pairs = _match_all(model, saved, self.work_dir, self._engine)
+        arrays = [saved.arrays[pairs[i]] for i in range(len(model))]
+        split = len(self._groups["trainable"])
+        tree = {"trainable": arrays[:split], "non_trainable": arrays[split:]}
+        why = _why_not_trainable(saved, self._groups["optimizer"])
+        if why is None:
+            self._parts.scatter({**tree, "optimizer": saved.optimizer})
+            # The run format's record, but for Keras's global seed generator: the formats
+            # before it did not hold it (no "seed": `RunState.apply_record` says so).
+            self._parts.apply_record({"engine": saved.engine, "step": saved.step,
+                                      "input_steps": saved.input_steps})
+        else:
+            live = self._parts.to_host(self._parts.snapshot())["optimizer"]
+            self._parts.scatter({**tree, "optimizer": live})
+            self._parts.set_counters(saved.step, saved.input_steps or 0)
+            _warn_weights_only(self.work_dir, saved, self._engine, len(model), why)
+        self.training_refusal = (None if why is None else
+                                 cannot_continue(self.work_dir, saved, self._engine, why))
+        self._good = checkpoint
+        return checkpoint
+
+
+    def _read(self, path: str | None) -> SavedWeights | None:
+        """`path` read, or the newest of the other engine's checkpoints that can be: a
+        damaged one (files cut short, garbled metadata) is skipped with a warning, as
+        each engine skipped its own, and left as it is (this engine changes nothing of
+        the other's).
+
+        Raises:
+            CheckpointCorruptError: checkpoints are there but none can be read.
+        """
+        if path is not None:
+            return read(path)
+        newest = self._newest = other_engines_checkpoint(self.work_dir, self._engine)
+        if newest is None:
+            return None
+        owner = _owner(newest)
+        listed = [c for c in owner.all_checkpoints(self.work_dir)
+                  if step_of(c) <= step_of(newest)] or [newest]
+        damaged: list[tuple[str, str]] = []
+        for checkpoint in reversed(listed):
+            try:
+                saved = read(checkpoint)
+            except Exception as err:
+                if (isinstance(err, (ImportError, TimeoutError, CheckpointReadError))
+                        or _deadline.is_outage(err) or is_storage_error(err)):
+                    raise  # not the files' fault: nothing says they are damaged
+                cause = first_line(err).split(" See full TensorStore details")[0][:300]
+                damaged.append((checkpoint, cause or type(err).__name__))
+                continue
+            for where, why in damaged:
+                logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from "
+                               "the older %s instead. Its files are left as they are (the "
+                               "%s's)", where, why, checkpoint, owner.TITLE)
+            return saved
+        raise none_readable(self.work_dir, len(listed), damaged,
+                            f"the {owner.TITLE}'s checkpoints")
 
 
 def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | None:
@@ -464,7 +633,7 @@ def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | N
         >>> warm_start(model, 'run', 'jax')   # as the JAX engine warm-starts from it
         {'loaded': ['net/out/kernel', 'net/out/bias'], 'not_loaded': []}
     """
-    step_dir = _run_format_step(source)
+    step_dir = run_format_step(source)
     if step_dir is not None:
         saved = read_run_format(step_dir)
         report = load_matching(model, saved)

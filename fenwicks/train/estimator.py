@@ -108,7 +108,7 @@ def get_tpu_estimator(steps_per_epoch: int | None = None, model_func: ModelFunc 
         keep_checkpoints: how many recent checkpoints to keep. Defaults to 3.
         verbose: show a progress bar. Defaults to True.
         async_checkpoints: write checkpoints in a background thread while training
-            goes on (`fenwicks.train.tf.async_checkpoints`); the next save, the end of
+            goes on (`fenwicks.train.run_format.RunCheckpointer`); the next save, the end of
             `train`, a restore, SIGTERM, `close()` and interpreter exit wait for the
             write, and a failed write is raised there. False: each save blocks until
             its files are written (always so on several workers). Defaults to True.
@@ -342,6 +342,7 @@ class Estimator:
             return iterator
         probe = self._inputs.probe(input_fn, "train")
         self._state.build(probe.features_spec, probe.params)
+        self._state.check_trainable()  # another engine's checkpoint read for evaluate only
         building.check_labels(self._engine, self._state.spec, probe.dataset)
         position = self._state.input_position
         input_record.check(self.config.work_dir, self.config.train_batch_size, position,

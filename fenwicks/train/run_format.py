@@ -14,7 +14,12 @@ Layout (``<work_dir>/checkpoints/<step>/``, one orbax step, renamed into place w
     record/   the run record (JSON): format, global step, input position (steps), the
               training batch size it is counted in, the Keras global seed generator's
               state, the engine and versions that wrote it, and every array's Keras
-              path, shape and dtype (``layout``)
+              path, shape and dtype (``layout``); for a step of a TPUEstimator
+              model_fn, also each model array's TF1 name (``tf1_names``: ``{'trainable':
+              [...], 'non_trainable': [...]}`` in ``layout``'s order), so that TF1 code
+              finds the variables by the names it gave them (BERT's
+              ``init_checkpoint``). A step without it (a Keras model_func's, or one
+              written before it existed) names its arrays by Keras path only
 
 The record is written in the same orbax step as the arrays, so it is committed
 atomically with them and checked when read: a step whose record is missing, cut short,
@@ -75,6 +80,7 @@ from fenwicks.train.checkpointing import (
     CheckpointMismatchError,
     CheckpointReadError,
     CheckpointWriteError,
+    is_storage_error,
     none_readable,
     step_of,
 )
@@ -127,6 +133,21 @@ class RunParts(EngineArrays, Protocol):
         """Sets the counters (and seed state) from a restored run record."""
 
 
+class PreviousFormatReader(Protocol):
+    """A reader of an engine's checkpoints from before the run format (TensorFlow's
+    ``ckpt-<step>``, `fenwicks.train.tf.legacy_reader`; the JAX engine's
+    ``orbax/<step>``, `fenwicks.train.jax.checkpoints`): restored, never written."""
+
+    def restore(self, path: str | None = None) -> str | None:
+        """Restores `path`, or the newest readable checkpoint; None if there is none."""
+
+    def change_on_disk(self) -> str | None:
+        """None, ``'removed'`` or ``'replaced'``: as `RunCheckpointer.change_on_disk`."""
+
+    def close(self) -> None:
+        """Releases what the reader holds."""
+
+
 def variable_groups(model: Any, optimizer: Any) -> dict[str, list[Any]]:
     """The Keras variables of a step, by group, in the order Keras lists them.
 
@@ -173,12 +194,22 @@ def versions(engine: str) -> dict[str, str]:
 
 
 def make_record(*, engine: str, step: int, input_steps: int, train_batch_size: int,
-                layout: dict[str, list[list]]) -> dict:
-    """The run record of one step (JSON-serialisable)."""
-    return {"format": FORMAT, "step": int(step), "input_steps": int(input_steps),
-            "train_batch_size": int(train_batch_size), "engine": engine,
-            "versions": versions(engine), "seed": global_seed_state(),
-            "layout": layout}
+                layout: dict[str, list[list]],
+                tf1_names: dict[str, list[str]] | None = None) -> dict:
+    """The run record of one step (JSON-serialisable).
+
+    Args:
+        tf1_names: each model array's TF1 name, ``{'trainable': [...],
+            'non_trainable': [...]}`` in `layout`'s order, if the program named its
+            variables so (a TPUEstimator model_fn); recorded as given, never read here.
+    """
+    record = {"format": FORMAT, "step": int(step), "input_steps": int(input_steps),
+              "train_batch_size": int(train_batch_size), "engine": engine,
+              "versions": versions(engine), "seed": global_seed_state(),
+              "layout": layout}
+    if tf1_names:
+        record["tf1_names"] = tf1_names
+    return record
 
 
 def global_seed_state() -> list[int] | None:
@@ -203,15 +234,15 @@ def set_global_seed_state(state: list[int] | None) -> None:
 
 
 def check_record(record: Any) -> dict:
-    """`record` if it is a complete run record; `_Damaged` naming what is wrong."""
+    """`record` if it is a complete run record; `DamagedStep` naming what is wrong."""
     if not isinstance(record, dict):
-        raise _Damaged(f"its run record is {type(record).__name__}, not the record")
+        raise DamagedStep(f"its run record is {type(record).__name__}, not the record")
     missing = [key for key in ("format", "step", "input_steps", "train_batch_size",
                                "engine", "layout", "crc32") if key not in record]
     if missing:
-        raise _Damaged(f"its run record lacks {', '.join(missing)}")
+        raise DamagedStep(f"its run record lacks {', '.join(missing)}")
     if not isinstance(record["layout"], dict) or set(record["layout"]) != set(GROUPS):
-        raise _Damaged("its run record's layout is not the three groups "
+        raise DamagedStep("its run record's layout is not the three groups "
                        f"{', '.join(GROUPS)}")
     return record
 
@@ -224,13 +255,13 @@ def checksums(tree: StateTree) -> dict[str, list[int]]:
 
 
 def check_checksums(tree: StateTree, record: dict) -> None:
-    """`_Damaged` naming the first array whose bytes differ from what was written."""
+    """`DamagedStep` naming the first array whose bytes differ from what was written."""
     for group in GROUPS:
         for i, (got, want) in enumerate(zip(checksums(tree)[group], record["crc32"][group],
                                             strict=True)):
             if got != want:
                 path = record["layout"][group][i][0]
-                raise _Damaged(f"the array of {path} ({group} #{i}) does not match the "
+                raise DamagedStep(f"the array of {path} ({group} #{i}) does not match the "
                                "checksum written with it: its data file is damaged")
 
 
@@ -255,26 +286,35 @@ def _remove_file(path: str) -> None:
 # --------------------------------------------------------------------------- errors
 
 
-class _Damaged(Exception):
-    """A step whose files cannot be read (the reason is its text); the next older is."""
+class DamagedStep(Exception):
+    """A step whose files cannot be read (the reason is its text): `restore_newest`
+    restores the next older one instead."""
 
 
 class CheckpointDownloadError(CheckpointReadError):
-    """A ``gs://`` checkpoint could not be downloaded after gcsfs's retries.
+    """A ``gs://`` checkpoint could not be downloaded, or the steps of a ``gs://``
+    checkpoints folder could not be listed, after the storage client's retries.
 
-    Nothing was restored or changed: the checkpoint may be perfectly sound.
+    Nothing was restored or changed: the checkpoints may be perfectly sound.
+
+    Args:
+        path: the step folder (or, with `listing`, the checkpoints folder).
+        cause: what the storage client raised.
+        listing: the listing of `path`'s steps failed, not a download. Defaults to False.
     """
 
-    def __init__(self, path: str, cause: BaseException) -> None:
+    def __init__(self, path: str, cause: BaseException, *, listing: bool = False) -> None:
         self.path, self.cause = path, cause
         if isinstance(cause, fw_io.TransferError) and cause.__cause__ is not None:
             cause = cause.__cause__  # what storage answered, not the paths again
+        what = (f"the checkpoints in {path}: listing them failed" if listing else
+                f"checkpoint {path}: the download failed")
         OSError.__init__(
-            self, f"could not read checkpoint {path}: the download failed after the "
-            f"storage client's retries ({type(cause).__name__}: {first_line(cause)}). "
-            "Nothing was restored or changed in the work_dir; the checkpoint is not known "
-            "to be damaged. Check the network or the bucket's status, then create the "
-            "estimator again")
+            self, f"could not read {what} after the storage client's retries "
+            f"({type(cause).__name__}: {first_line(cause)}). Nothing was restored or "
+            f"changed in the work_dir; the checkpoint{'s are' if listing else ' is'} not "
+            "known to be damaged. Check the network or the bucket's status, then create "
+            "the estimator again")
 
 
 def directory(work_dir: str) -> str:
@@ -319,6 +359,10 @@ def complete_steps(folder: str) -> list[int]:
     step folders (orbax renames a step into place when complete); on ``gs://`` those
     whose commit marker was uploaded (last).
 
+    Raises:
+        CheckpointDownloadError: the ``gs://`` listing failed after the storage client's
+            retries (nothing was read or changed).
+
     Examples:
         >>> for step in ('300', '400', '500.orbax-checkpoint-tmp-1'):   # 500: being written
         ...     os.makedirs(f'run/checkpoints/{step}')
@@ -326,8 +370,15 @@ def complete_steps(folder: str) -> list[int]:
         [300, 400]
     """
     if fw_io.is_gcs(folder):
-        found = _deadline.run(fw_io.glob, f"{folder}/*/{COMMIT_FILE}",
-                              what="checkpoint listing", path=folder)
+        try:
+            found = _deadline.run(fw_io.glob, f"{folder}/*/{COMMIT_FILE}",
+                                  what="checkpoint listing", path=folder)
+        except Exception as err:
+            # TensorFlow's client used up its retries ("AbortedError: All 10 retry
+            # attempts failed"): storage did not answer, which says nothing of the steps.
+            if is_storage_error(err):
+                raise CheckpointDownloadError(folder, err, listing=True) from err
+            raise
         steps = {_step_name(path.rstrip("/").rsplit("/", 2)[-2]) for path in found}
     else:
         if not os.path.isdir(folder):
@@ -352,7 +403,7 @@ def read_record(step_dir: str) -> dict:
     try:
         text = _read_text(path)  # bounded on gs:// by fenwicks.io
         return check_record(json.loads(text))
-    except (_Damaged, OSError, ValueError) as err:
+    except (DamagedStep, OSError, ValueError) as err:
         raise ValueError(f"the run record {path} cannot be read: {first_line(err)}") \
             from err
 
@@ -403,11 +454,19 @@ def _reader() -> Any:
     return ocp().StandardCheckpointer()
 
 
-def _fingerprint(path: str, copy: str | None = None) -> tuple:
+def fingerprint(path: str, copy: str | None = None) -> tuple:
     """``(path, digest)``: which step, and which copy of it. Orbax's metadata file holds
     the copy's commit time, so another run's step written under the same number has
     another digest; a copy downloaded from the bucket has the same. `copy`: a local
-    directory known to hold the same files as `path` (read instead of it)."""
+    directory known to hold the same files as `path` (read instead of it). Also reads
+    the JAX engine's older ``orbax/<step>`` folders, which orbax wrote the same way.
+
+    Examples:
+        >>> fingerprint('/content/run/checkpoints/100')[0]
+        '/content/run/checkpoints/100'
+        >>> fingerprint('/content/run/checkpoints/999')   # no such step
+        ('/content/run/checkpoints/999',)
+    """
     source = copy or path
     try:
         data = _read_bytes(f"{source}/{METADATA_FILE}")  # bounded on gs:// by fenwicks.io
@@ -533,7 +592,7 @@ class RunCheckpointer(Checkpointer):
 
     def __init__(self, work_dir: str, parts: RunParts, *, keep: int, asynchronous: bool,
                  writes: bool = True, processes: int = 1,
-                 legacy: Checkpointer | None = None) -> None:
+                 legacy: PreviousFormatReader | None = None) -> None:
         self._ocp = ocp()
         self.work_dir = work_dir.rstrip("/")
         self.directory = directory(self.work_dir)
@@ -551,6 +610,7 @@ class RunCheckpointer(Checkpointer):
         self._good: tuple | None = None  # fingerprint of the last durable step
         self._legacy_good: str | None = None  # a previous format's checkpoint restored
         self.restored_record: dict | None = None  # the record of the step restored
+        self.training_refusal: str | None = None  # the previous format's (`cross_engine`)
 
     # ---------------------------------------------------------------- orbax
 
@@ -702,7 +762,7 @@ class RunCheckpointer(Checkpointer):
             raise error from err
         self._last_save_secs = time.monotonic() - started
         # Staged: the bucket's copy holds the local files, byte for byte.
-        self._good = _fingerprint(self._path(step), self._local(step) if self._bucket
+        self._good = fingerprint(self._path(step), self._local(step) if self._bucket
                                   else None)
 
     def agree(self, due: bool) -> bool:
@@ -743,7 +803,7 @@ class RunCheckpointer(Checkpointer):
             if self._good is None and self._legacy is not None:
                 return self._legacy.change_on_disk()
             return "removed" if self._good else None
-        return None if _fingerprint(self._path(steps[-1])) == self._good else "replaced"
+        return None if fingerprint(self._path(steps[-1])) == self._good else "replaced"
 
     def restore(self, path: str | None = None) -> str | None:
         """Restores `path` (a ``<work_dir>/checkpoints/<step>`` folder), or the newest intact
@@ -767,38 +827,29 @@ class RunCheckpointer(Checkpointer):
         if path is not None and is_step(path):
             try:
                 return self._restore_step(step_of(path))
-            except _Damaged as err:
+            except DamagedStep as err:
                 raise ValueError(f"checkpoint {path} cannot be read: {err}") from err
         if path is not None:
             return self._restore_legacy(path)
         steps = self._steps_on_disk()
-        damaged: list[tuple[str, str]] = []
-        for step in reversed(steps):
-            try:
-                restored = self._restore_step(step)
-            except _Damaged as err:
-                damaged.append((self._path(step), str(err)))
-                continue
-            if damaged:
-                self._set_aside(damaged, restored)
-            return restored
-        if steps:
-            raise none_readable(self.work_dir, len(steps), damaged,
-                                f"the step folders of {self.directory}")
-        return self._restore_legacy(None)
+        if not steps:
+            return self._restore_legacy(None)
+        return restore_newest(steps, self._restore_step, self._path, self._set_aside,
+                              self.work_dir, self.directory)
 
     def _restore_legacy(self, path: str | None) -> str | None:
         if self._legacy is None:
             return None
         restored = self._legacy.restore(path)
         self._legacy_good, self.restored_record = restored, None
+        self.training_refusal = getattr(self._legacy, "training_refusal", None)
         return restored
 
     def _restore_step(self, step: int) -> str:
-        """Restores `step`; `_Damaged` if its files cannot be read."""
+        """Restores `step`; `DamagedStep` if its files cannot be read."""
         where = self._path(step)
         try:
-            good = _fingerprint(where)
+            good = fingerprint(where)
         except Exception as err:
             if self._bucket:  # storage did not answer: no sign of damage, nothing changed
                 raise CheckpointDownloadError(where, err) from err
@@ -809,19 +860,20 @@ class RunCheckpointer(Checkpointer):
         try:
             record = check_record(json.loads(_read_text(f"{local}/{RECORD}/metadata")))
         except (OSError, ValueError) as err:
-            raise _Damaged(f"its run record is missing or unreadable ({first_line(err)})") \
+            raise DamagedStep(f"its run record is missing or unreadable ({first_line(err)})") \
                 from err
         self._check_fits(where, record)
         try:
             tree = read_arrays(local, record)
         except Exception as err:  # noqa: BLE001 - whatever orbax met reading it: damage
             cause = first_line(err).split(" See full TensorStore details")[0][:300]
-            raise _Damaged(f"its arrays cannot be read ({cause or type(err).__name__})") \
+            raise DamagedStep(f"its arrays cannot be read ({cause or type(err).__name__})") \
                 from err
         check_checksums(tree, record)
         self._parts.scatter(tree)
         self._parts.apply_record(record)
         self._good, self._legacy_good, self.restored_record = good, None, record
+        self.training_refusal = None
         return where
 
     def _check_fits(self, where: str, record: dict) -> None:
@@ -840,25 +892,7 @@ class RunCheckpointer(Checkpointer):
                     "loads the variables that match)")
 
     def _set_aside(self, damaged: list[tuple[str, str]], used: str) -> None:
-        """Warns once per damaged step, and renames it ``<step>.corrupt`` (on ``gs://``
-        its commit marker), so it is no longer a step."""
-        for where, why in damaged:
-            logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the "
-                           "older %s instead. Its files are kept as %s%s", where, why, used,
-                           where, CORRUPT_SUFFIX if not self._bucket else
-                           f" (without {COMMIT_FILE}: renamed {COMMIT_FILE}{CORRUPT_SUFFIX})")
-        if not self._writes:
-            return
-        try:
-            for where, _ in damaged:
-                if self._bucket:
-                    self._bucket.set_aside(step_of(where))
-                else:
-                    os.rename(where, where + CORRUPT_SUFFIX)
-        except Exception as err:  # noqa: BLE001 - a read-only work_dir: read around it
-            logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
-                           "(%s); they stay in place and are skipped", self.directory,
-                           first_line(err))
+        set_aside(damaged, used, self.directory, self._bucket, rename=self._writes)
 
     def close(self) -> None:
         """Waits for a write in progress, then closes the manager's threads (and removes
@@ -881,6 +915,86 @@ def _describe(layout: list[list]) -> str:
     return f"{len(layout)} ({shapes}{', ...' if len(layout) > 3 else ''})"
 
 
+# --------------------------------------------------------------------------- fallback
+# Shared with the JAX engine's reader of its previous format (`jax.checkpoints`), whose
+# steps are orbax steps too.
+
+
+def restore_newest(steps: list[int], restore_step: Callable[[int], str],
+                   path_of: Callable[[int], str],
+                   set_aside_damaged: Callable[[list[tuple[str, str]], str], None],
+                   work_dir: str, folder: str) -> str | None:
+    """Restores the newest of `steps` that can be read, newest first.
+
+    A step whose `restore_step` raises `DamagedStep` is passed over; once an older one
+    is restored, the damaged ones go to `set_aside_damaged(damaged, restored)`.
+
+    Args:
+        steps: the complete steps, oldest first.
+        restore_step: restores one step; returns its path.
+        path_of: a step's path, for messages.
+        set_aside_damaged: ``([(path, why), ...], restored path) -> None``.
+        work_dir, folder: the work_dir and its steps' folder, for the error.
+
+    Returns:
+        The step restored; None if `steps` is empty.
+
+    Raises:
+        CheckpointCorruptError: every step is damaged; nothing was changed.
+
+    Examples:
+        >>> restore_newest([], print, str, print, '/content/run', '/content/run/checkpoints')
+    """
+    damaged: list[tuple[str, str]] = []
+    for step in reversed(steps):
+        try:
+            restored = restore_step(step)
+        except DamagedStep as err:
+            damaged.append((path_of(step), str(err)))
+            continue
+        if damaged:
+            set_aside_damaged(damaged, restored)
+        return restored
+    if steps:
+        raise none_readable(work_dir, len(steps), damaged,
+                            f"the step folders of {folder}")
+    return None
+
+
+def set_aside(damaged: list[tuple[str, str]], used: str, folder: str,
+              bucket: StagedBucket | None, *, rename: bool = True) -> None:
+    """Warns once per damaged step, and renames it ``<step>.corrupt`` (on ``gs://``
+    its commit marker), so it is no longer a step.
+
+    Args:
+        damaged: ``[(step path, why), ...]``.
+        used: the step restored instead.
+        folder: the steps' folder, for a message.
+        bucket: the ``gs://`` side of a staged work_dir, or None.
+        rename: rename the steps (False: a process that writes nothing only warns).
+            Defaults to True.
+
+    Examples:
+        >>> set_aside([], '/content/run/checkpoints/5', '/content/run/checkpoints', None)
+    """
+    for where, why in damaged:
+        logger.warning("fenwicks: checkpoint %s is unreadable (%s); resumed from the "
+                       "older %s instead. Its files are kept as %s%s", where, why, used,
+                       where, CORRUPT_SUFFIX if not bucket else
+                       f" (without {COMMIT_FILE}: renamed {COMMIT_FILE}{CORRUPT_SUFFIX})")
+    if not rename:
+        return
+    try:
+        for where, _ in damaged:
+            if bucket:
+                bucket.set_aside(step_of(where))
+            else:
+                os.rename(where, where + CORRUPT_SUFFIX)
+    except Exception as err:  # noqa: BLE001 - a read-only work_dir: read around it
+        logger.warning("fenwicks: could not set the damaged checkpoint(s) aside in %s "
+                       "(%s); they stay in place and are skipped", folder, first_line(err))
+
+
 # --------------------------------------------------------------------------- gs://
 
 
@@ -893,7 +1007,12 @@ class StagedBucket:
     all ``<step>/commit_success.txt``, the marker orbax itself uses on GCS. GCS objects
     appear whole or not at all, so a step whose upload was cut short is never taken for
     the latest. Old steps are pruned marker first, for the same reason. gcsfs gives one
-    storage client, one source of credentials and Fenwicks' bounded retries.
+    storage client, one source of credentials and Fenwicks' bounded retries. (Orbax's own
+    ``gs://`` writes go through tensorstore, which has its own credential lookup, retry
+    settings and endpoint variable, and whose OCDBT writes rely on conditional
+    ``ifGenerationMatch`` requests that the offline test emulator does not implement:
+    nothing of it could be tested here. The cost of staging: one local copy of the newest
+    step, and an upload after each write.)
     """
 
     def __init__(self, remote: str, keep: int, processes: int = 1) -> None:
@@ -925,7 +1044,7 @@ class StagedBucket:
         _deadline.run(_write_text, f"{target}/{COMMIT_FILE}",
                       f"Checkpoint commit was successful to {target}",
                       what="checkpoint commit", path=target)
-        self._copies[step] = _fingerprint(target, local)
+        self._copies[step] = fingerprint(target, local)
         self._prune()
 
     def fetch(self, step: int, local: str, fingerprint: tuple) -> None:

@@ -8,7 +8,9 @@ stopped on one engine continues on the other. They belong to the run's
 `run_format.RunCheckpointer`, which `RunState.make_checkpointer` builds with the model.
 An engine's subclass supplies only how its variables reach the host and go back
 (`snapshot`, `to_host`, `scatter`: `run_format.EngineArrays`), how its counters are set
-(`set_counters`), and a reader of its previous checkpoint format, for old work_dirs.
+(`set_counters`), and a reader of its previous checkpoint format, for old work_dirs; a
+work_dir that holds only the other engine's previous format is continued too
+(`cross_engine.OtherEnginesReader`).
 `RunState` restores and waits; it never saves: the controller's `save_policy.SavePolicy`
 does. `RunState` knows nothing of loops, inputs or callbacks; the estimator, the
 controller and its actions call it.
@@ -98,6 +100,7 @@ class RunState(abc.ABC):
         self.config = config
         self.warm_start_report: dict[str, list[str]] | None = None
         self.other_engines_checkpoint: str | None = None  # read for evaluate and predict
+        self.training_refusal: str | None = None  # why train() cannot continue what was read
         self.stale = False  # True after a NaN: the weights in memory are not trusted
         self.optimizer: Any = None
         self.features_spec: Any = None
@@ -191,7 +194,13 @@ class RunState(abc.ABC):
         """The run record of the live state (`run_format.make_record`)."""
         return run_format.make_record(
             engine=self.engine, step=self.global_step, input_steps=self.input_position,
-            train_batch_size=self.config.train_batch_size, layout=self.layout())
+            train_batch_size=self.config.train_batch_size, layout=self.layout(),
+            tf1_names=self.tf1_names())
+
+    def tf1_names(self) -> dict[str, list[str]] | None:
+        """Each model variable's TF1 name, for the run record, if the program gave its
+        variables TF1 names (only the TensorFlow engine runs TF1 code); None here."""
+        return None
 
     def apply_record(self, record: dict) -> None:
         """Sets counters and Keras's global seed state from a restored run record, and
@@ -199,11 +208,15 @@ class RunState(abc.ABC):
         self.set_counters(record["step"], record["input_steps"])
         run_format.set_global_seed_state(record.get("seed"))
         if record["engine"] != self.engine:
+            # A checkpoint of the formats before the run format (`cross_engine`) holds no
+            # seed state at all: the line says what was not restored.
             logger.warning(
                 "fenwicks: %s was trained on the %s; this run continues from its step %d "
                 "on the %s (optimizer slots, input position and learning-rate schedule "
-                "restored)", self.config.work_dir, run_format.title(record["engine"]),
-                record["step"], run_format.title(self.engine))
+                "restored%s)", self.config.work_dir, run_format.title(record["engine"]),
+                record["step"], run_format.title(self.engine),
+                "" if "seed" in record else "; not Keras's global seed generator, which "
+                "checkpoints before the run format did not hold")
 
     @property
     def restored_record(self) -> dict | None:
@@ -214,7 +227,8 @@ class RunState(abc.ABC):
 
     def make_checkpointer(self, groups: dict[str, list[Any]], *, writes: bool,
                           processes: int = 1, asynchronous: bool | None = None,
-                          legacy: Checkpointer | None = None) -> run_format.RunCheckpointer:
+                          legacy: run_format.PreviousFormatReader | None = None
+                          ) -> run_format.RunCheckpointer:
         """The run's checkpointer over `groups` (`run_format.variable_groups`).
 
         Args:
@@ -222,9 +236,14 @@ class RunState(abc.ABC):
             writes: whether this process writes checkpoints.
             processes: processes saving together (the JAX engine's multi-host runs).
             asynchronous: background writes. Defaults to None: the config's.
-            legacy: the engine's reader of its previous format (old work_dirs).
+            legacy: the engine's reader of its previous format (old work_dirs). Defaults
+                to None: the other engines' previous formats are read
+                (`cross_engine.OtherEnginesReader`).
         """
         self._groups = groups
+        if legacy is None:
+            legacy = cross_engine.OtherEnginesReader(self.config.work_dir, self.engine,
+                                                     self, groups)
         return run_format.RunCheckpointer(
             self.config.work_dir, self, keep=self.config.keep_checkpoints,
             asynchronous=(self.config.async_checkpoints if asynchronous is None
@@ -246,7 +265,7 @@ class RunState(abc.ABC):
         afresh."""
         checkpointer, self._checkpointer = self._checkpointer, None
         self._spec = self.optimizer = self.warm_start_report = None
-        self.other_engines_checkpoint = None
+        self.other_engines_checkpoint = self.training_refusal = None
         self.stale = False
         if checkpointer is not None:
             checkpointer.close()
@@ -351,17 +370,20 @@ class RunState(abc.ABC):
         except Exception as err:  # noqa: BLE001 - the error in flight is the one raised
             logger.error("fenwicks: %s", err)
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Held while training: one writer of checkpoints per work_dir (see `lock.py`).
+    def check_trainable(self) -> None:
+        """Refuses ``train()`` when what `build` restored cannot be continued (another
+        engine's checkpoint loaded for evaluate and predict only: `cross_engine`).
 
         Raises:
-            CrossEngineTrainingError: work_dir holds only the other engine's checkpoints
-                (see `cross_engine`); nothing was written.
+            CheckpointMismatchError: the one sentence saying why; nothing was written.
         """
-        if self.last_good_checkpoint is None:  # before any write, by any worker
-            cross_engine.refuse_training(fw_io.check_bucket(self.config.work_dir),
-                                         self.engine)
+        why = self.training_refusal or getattr(self._checkpointer, "training_refusal", None)
+        if why:
+            raise checkpointing.CheckpointMismatchError(why)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Held while training: one writer of checkpoints per work_dir (see `lock.py`)."""
         if not self.is_chief:
             yield  # a non-chief worker writes no checkpoint
             return

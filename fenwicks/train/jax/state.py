@@ -28,7 +28,7 @@ import keras
 import numpy as np
 
 from fenwicks import io as fw_io
-from fenwicks.train import building, cross_engine, run_format
+from fenwicks.train import building, run_format
 from fenwicks.train.jax import checkpoints, mesh, processes, tpu_steps
 from fenwicks.train.jax import weights as jax_weights
 from fenwicks.train.run_state import HostCountedRunState
@@ -86,19 +86,14 @@ class JaxRunState(HostCountedRunState):
         assign_values(self._lists, values)
 
     def tree(self) -> dict[str, Any]:
-        """What a checkpoint holds: every variable, in the model's and the optimizer's
-        order, and the counters. Positions, not names, key the variables: Keras names a
-        second model built in the same process ``conv2d_1`` where the first had
-        ``conv2d``; the names are kept beside them (`paths`) for a warm start by name."""
+        """What an old checkpoint (``orbax/<step>``, `checkpoints.LegacyReader`) holds:
+        every variable, in the model's and the optimizer's order, and the counters.
+        Positions, not names, key the variables; the names were kept in each step's
+        metadata, for a warm start by name."""
         return {"model": [v.value for v in self._model_variables],
                 "optimizer": [v.value for v in self.optimizer.variables],
                 "counters": {"global_step": np.int64(self.step),
                              "input_steps": np.int64(self.input_steps_taken)}}
-
-    def paths(self) -> dict[str, list[str]]:
-        """The variables' paths, in `tree`'s order (a checkpoint's metadata)."""
-        return {"model": [v.path for v in self._model_variables],
-                "optimizer": [v.path for v in self.optimizer.variables]}
 
     def set_tree(self, tree: dict[str, Any]) -> None:
         for variables, part in ((self._model_variables, "model"),
@@ -135,12 +130,8 @@ class JaxRunState(HostCountedRunState):
             processes=jax.process_count(),
             asynchronous=self.config.async_checkpoints and jax.process_count() == 1,
             legacy=self._legacy_reader())
+        # The run format; else this engine's previous format, or the other engine's.
         restored = checkpointer.restore()
-        if restored is None:  # the TensorFlow engine's previous format, for evaluate, predict
-            saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "jax")
-            if saved is not None:
-                self.step, restored = saved.step, saved.checkpoint
-                self.other_engines_checkpoint = restored
         if restored is None and self.config.warm_start_from:
             from fenwicks.train.jax import warm_start
             self.warm_start_report = warm_start.warm_start(spec.model,
@@ -148,14 +139,13 @@ class JaxRunState(HostCountedRunState):
         self._place_on_mesh(restored is None)
         self._spec, self._checkpointer = spec, checkpointer
 
-    def _legacy_reader(self) -> checkpoints.OrbaxCheckpointer | None:
+    def _legacy_reader(self) -> checkpoints.LegacyReader | None:
         """A reader of the JAX engine's previous orbax checkpoints (``orbax/<step>``) if
         work_dir holds some; they are restored, never written."""
         if jax_weights.latest(self.config.work_dir) is None:
             return None
-        return checkpoints.OrbaxCheckpointer(
-            self.config.work_dir, self.tree, self.set_tree, self.paths,
-            self.config.keep_checkpoints, False, mesh.replicated())
+        return checkpoints.LegacyReader(self.config.work_dir, self.tree, self.set_tree,
+                                        mesh.replicated())
 
     # ---------------------------------------------------------------- the run format
 

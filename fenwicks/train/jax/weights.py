@@ -1,8 +1,9 @@
 """The JAX engine's orbax checkpoints as `cross_engine` reads them on another engine:
 found without orbax (a step is a folder ``<work_dir>/orbax/<step>``, renamed into place
 when complete, or on GCS marked by its commit file), recognised and read into the neutral
-form (`cross_engine.SavedWeights`: the model's arrays in ``model.variables`` order, their
-paths in the checkpoint's custom metadata).
+form (`cross_engine.SavedWeights`: the model's arrays in ``model.variables`` order and
+the optimizer's in ``optimizer.variables`` order, their paths in the checkpoint's custom
+metadata, the step and the input position).
 
 Importable without JAX: orbax (and with it JAX, kept to the CPU) is imported only to
 read a step.
@@ -31,21 +32,32 @@ def latest(work_dir: str) -> str | None:
     """The JAX engine's newest checkpoint ``<work_dir>/orbax/<step>``, found without
     orbax: orbax writes a step into a temporary directory and renames it to the bare
     step number when complete."""
+    found = all_checkpoints(work_dir, newest_only=True)
+    return found[-1] if found else None
+
+
+def all_checkpoints(work_dir: str, newest_only: bool = False) -> list[str]:
+    """The JAX engine's complete checkpoints ``<work_dir>/orbax/<step>``, oldest first
+    (the older ones a damaged newest falls back to); with `newest_only`, at most the
+    newest."""
     directory = f"{work_dir.rstrip('/')}/{SUBDIR}"
     if not _deadline.run(tf.io.gfile.isdir, directory, what="exists", path=directory):
-        return None
+        return []
     names = _deadline.run(tf.io.gfile.listdir, directory, what="checkpoint listing",
                           path=directory)
     steps = sorted((int(n.rstrip("/")) for n in names if n.rstrip("/").isdigit()),
                    reverse=True)
-    if "://" not in directory:
-        return f"{directory}/{steps[0]}" if steps else None
-    # On GCS a step is complete once its marker is there (uploaded last; nothing renames).
-    for step in steps:
+    found = []
+    for step in steps:  # newest first
         marker = f"{directory}/{step}/{COMMIT_FILE}"
-        if _deadline.run(tf.io.gfile.exists, marker, what="exists", path=marker):
-            return f"{directory}/{step}"
-    return None
+        # On GCS a step is complete once its marker is there (uploaded last; nothing
+        # renames); locally once it has its bare step name.
+        if "://" not in directory or _deadline.run(tf.io.gfile.exists, marker,
+                                                   what="exists", path=marker):
+            found.append(f"{directory}/{step}")
+            if newest_only:
+                break
+    return found[::-1]
 
 
 def is_checkpoint(source: str) -> bool:
@@ -60,7 +72,8 @@ def work_dir_of(source: str) -> str:
 
 
 def read(path: str) -> SavedWeights:
-    """The model variables and step of orbax step `path`.
+    """The model and optimizer variables, the step and the input position of orbax step
+    `path`.
 
     Raises:
         ImportError: orbax-checkpoint is not installed.
@@ -104,14 +117,19 @@ def _read_orbax(path: str) -> SavedWeights:
     directory = directory if "://" in directory else os.path.abspath(directory)
     with ocp.CheckpointManager(directory, item_handlers=ocp.StandardCheckpointHandler(),
                                options=ocp.CheckpointManagerOptions(read_only=True)) as manager:
-        paths = list(manager.metadata(step).custom_metadata["model"])
+        described = manager.metadata(step).custom_metadata
+        paths = list(described["model"])
         # A target of host arrays: the checkpoint's sharding names the devices of the
         # process that wrote it (8 TPU cores), which this one may not have.
         target = _host_arrays(manager.item_metadata(step))
         tree = manager.restore(step, args=ocp.args.StandardRestore(target))
-    step_value = int(tree["counters"]["global_step"])
-    return SavedWeights(path, "jax", step_value, paths,
-                        [np.asarray(a) for a in tree["model"]], in_model_order=True)
+    counters = tree["counters"]
+    return SavedWeights(path, "jax", int(counters["global_step"]), paths,
+                        [np.asarray(a) for a in tree["model"]], in_model_order=True,
+                        optimizer_paths=list(described.get("optimizer", [])),
+                        optimizer=[np.asarray(a) for a in tree.get("optimizer", [])] or None,
+                        input_steps=(int(counters["input_steps"]) if "input_steps" in counters
+                                     else None))
 
 
 def _host_arrays(metadata: Any) -> Any:

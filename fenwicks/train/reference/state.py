@@ -213,6 +213,9 @@ class ReferenceRunState(HostCountedRunState):
                                                      self.engine)
             if saved is not None:
                 self.step, self.other_engines_checkpoint = saved.step, saved.checkpoint
+                self.training_refusal = cross_engine.cannot_continue(
+                    self.config.work_dir, saved, self.engine, "the reference engine "
+                    "continues no other engine's run (it keeps checkpoints of its own)")
         self._spec, self._checkpointer = spec, checkpointer
 
     def reset(self) -> None:

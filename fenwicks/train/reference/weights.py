@@ -32,6 +32,16 @@ def latest(work_dir: str) -> str | None:
     return f"{directory}/ckpt-{max(steps)}" if steps else None
 
 
+def all_checkpoints(work_dir: str) -> list[str]:
+    """Every ``<work_dir>/reference/ckpt-<step>``, oldest first."""
+    newest = latest(work_dir)
+    if newest is None:
+        return []
+    directory = os.path.dirname(newest)
+    return sorted((f"{directory}/{name}" for name in os.listdir(directory)
+                   if re.fullmatch(r"ckpt-\d+", name)), key=step_of)
+
+
 def is_checkpoint(source: str) -> bool:
     """Whether `source` is one of this engine's checkpoints (``.../reference/ckpt-N``)."""
     return bool(re.search(rf"(^|/){SUBDIR}/ckpt-\d+$", source.rstrip("/")))

@@ -1,5 +1,6 @@
 """The TensorFlow engine: ``tf.distribute`` strategies, ``tf.function`` loops of
-``steps_per_loop`` steps, TensorFlow checkpoints and SavedModel export.
+``steps_per_loop`` steps, its variables to and from the run format's host arrays, and
+SavedModel export.
 
 Beside it, `fenwicks.train.jax` implements the same roles on JAX; `fenwicks.train.engines`
 chooses one. The modules:
@@ -13,8 +14,9 @@ chooses one. The modules:
   and exact-evaluation padding.
 - `trainer.py`, `loops.py`: the compiled inner loop.
 - `evaluation.py`: exact evaluation and prediction.
-- `checkpointer.py`, `checkpoint_manager.py`, `async_checkpoints.py`, `checkpoints.py`:
-  a run's checkpoints (what they hold, writes, keep-N, restore, damage, warm start).
+- `legacy_reader.py`, `checkpoints.py`: the TensorFlow checkpoints (``ckpt-<step>``) of
+  work_dirs written before the run format, read only (restore, damage, warm start); a
+  run's checkpoints are the run format's, `fenwicks.train.run_format`.
 - `export.py`: SavedModel export.
 - `tpu_ready.py`: `check_tpu_ready`, XLA compilation of the real steps.
 - TPUEstimator's front door (TF1 code): `tpu_estimator.py` (`TPUEstimator`),

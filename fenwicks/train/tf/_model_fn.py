@@ -18,7 +18,16 @@ implementations need a graph collection TensorFlow 2 no longer has:
   (gradient, variable) pairs given to ``apply_gradients`` are what trains; the optimizer
   is converted to Keras (`convert_v1_optimizer`); ``get_global_step`` /
   ``get_or_create_global_step`` give the optimizer's step;
-- ``tf.compat.v1.train.init_from_checkpoint`` records a warm start;
+- ``tf.compat.v1.losses.get_regularization_loss / get_regularization_losses /
+  get_total_loss`` and ``get_collection(GraphKeys.REGULARIZATION_LOSSES)`` give the
+  layers' regulariser values (`Replay.regularization_losses`): as in TF1, a regulariser
+  trains only if the model_fn adds it to its loss (the engine adds none);
+  ``get_losses`` / ``get_collection(GraphKeys.LOSSES)`` give this call's
+  ``tf.compat.v1.losses`` values (the graph's collection would hold every replica's);
+- ``tf.compat.v1.train.init_from_checkpoint`` records a warm start, and
+  ``tf.train.list_variables`` / ``load_checkpoint`` read a Fenwicks run (a work_dir, its
+  ``checkpoints`` folder or one step) by its variables' TF1 names (BERT's
+  ``get_assignment_map_from_checkpoint``);
 - ``tf.compat.v1.losses.*`` and Keras loss objects record their per-example values
   beside the scalar, so the evaluation loss of a padded last batch leaves the padding rows
   out; a Keras loss object's value is its replica's batch mean, as TF1's losses' (Keras
@@ -73,6 +82,7 @@ import keras
 import tensorflow as tf
 
 from fenwicks import _tf_internals
+from fenwicks.train.tf import assignment_map as fenwicks_checkpoints
 from fenwicks.train.tf import tf1_gradients
 from fenwicks.train.tf import tf1_metrics as metrics
 from fenwicks.train.tf.tf1_config import ModelFnError
@@ -170,15 +180,44 @@ class Replay:
     def name_v1(self) -> None:
         """Names each variable of a layer made inside ``tf.compat.v1.variable_scope`` as
         TF1 did, ``<scope>/<layer name>/<variable>`` (BERT's ``bert/encoder/layer_0/
-        attention/self/query/kernel`` from ``Dense(name='query')``): the names of a TF1
-        checkpoint, for warm-start maps."""
+        attention/self/query/kernel`` from ``Dense(name='query')``), and one made outside
+        any scope by its Keras path (``dense/kernel``, TF1's name for it too): the names
+        of a TF1 checkpoint, for warm-start maps and the run record (`tf1_names`)."""
         for obj in self.order:
-            scope = self._scopes.get(id(obj))
-            if not scope or not isinstance(obj, keras.layers.Layer):
+            if not isinstance(obj, keras.layers.Layer):
                 continue
+            scope = self._scopes.get(id(obj))
             for variable in obj.weights:
-                if variable.path == f"{obj.name}/{variable.name}":  # its own, not a sublayer's
+                if getattr(variable, "fenwicks_v1_name", None):
+                    continue  # tf.compat.v1.get_variable's, or named before
+                if not scope:
+                    variable.fenwicks_v1_name = variable.path
+                elif variable.path == f"{obj.name}/{variable.name}":  # its own
                     variable.fenwicks_v1_name = f"{scope}/{variable.path}"
+
+    def regularization_losses(self, scope: str | None = None) -> list[tf.Tensor]:
+        """TF1's ``REGULARIZATION_LOSSES`` collection in a model_fn: each trainable
+        variable's regulariser value (``kernel_regularizer=``, ``tf.get_variable(...,
+        regularizer=)``) and the activity regularisers of the layers called in this
+        call; a `scope` keeps those whose variable's (or layer's) TF1 name it matches at
+        the start, as TF1's collection filter did."""
+        self.name_v1()
+        graph = tf.compat.v1.get_default_graph()
+        found = []
+        for variable in self.variables():
+            regularizer = getattr(variable, "regularizer", None)
+            name = getattr(variable, "fenwicks_v1_name", None) or variable.path
+            if variable.trainable and regularizer is not None and (
+                    scope is None or re.match(scope, name)):
+                found.append(tf.cast(regularizer(variable), tf.float32))
+        for layer in self.layers():
+            prefix = self._scopes.get(id(layer))
+            name = f"{prefix}/{layer.name}" if prefix else layer.name
+            if scope is not None and not re.match(scope, name):
+                continue
+            found += [tf.cast(loss, tf.float32) for loss in _tf_internals.keras_own_losses(
+                layer) if getattr(loss, "graph", None) is graph]  # this call's only
+        return found
 
     def v1_trainable_variables(self, scope: str | None = None) -> list[Any]:
         """`tf.compat.v1.trainable_variables(scope)` in a model_fn: each variable with its
@@ -310,6 +349,10 @@ class CallRecord:
     applied: tf1_gradients.AppliedGradients | None = None  # apply_gradients' pairs
     init_from_checkpoint: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
     losses: dict[Any, tf.Tensor] = dataclasses.field(default_factory=dict)
+    # refs of the regularisation values handed to the model_fn: the same for every example
+    regularization: set[Any] = dataclasses.field(default_factory=set)
+    # this call's TF1 LOSSES collection (tf.compat.v1.losses.* and add_loss)
+    v1_losses: list[tf.Tensor] = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -325,12 +368,77 @@ def tf1_scope(replay: Replay, record: CallRecord, global_step: Callable[[], tf.T
     def init_from_checkpoint(ckpt_dir_or_file: str, assignment_map: Any) -> None:
         record.init_from_checkpoint.append((ckpt_dir_or_file, assignment_map))
 
+    def list_variables(ckpt_dir_or_file: str) -> list[tuple[str, list[int]]]:
+        listed = fenwicks_checkpoints.list_variables(ckpt_dir_or_file)
+        return listed if listed is not None else original_list(ckpt_dir_or_file)
+
+    def load_checkpoint(ckpt_dir_or_file: str) -> Any:
+        reader = fenwicks_checkpoints.load_checkpoint(ckpt_dir_or_file)
+        return reader if reader is not None else original_load(ckpt_dir_or_file)
+
+    original_list, original_load = v1.train.list_variables, v1.train.load_checkpoint
+
+    def regularization_losses(scope: str | None = None) -> list[tf.Tensor]:
+        values = replay.regularization_losses(scope)
+        record.regularization.update(value.ref() for value in values)
+        return values
+
+    def regularization_loss(scope: str | None = None,
+                            name: str = "total_regularization_loss") -> tf.Tensor:
+        values = regularization_losses(scope)
+        total = tf.add_n(values, name=name) if values else tf.constant(0.0)
+        record.regularization.add(total.ref())
+        return total
+
+    def get_losses(scope: str | None = None,
+                   loss_collection: str = v1.GraphKeys.LOSSES) -> list[tf.Tensor]:
+        if loss_collection != v1.GraphKeys.LOSSES:
+            return original_get_losses(scope=scope, loss_collection=loss_collection)
+        # This call's only: the graph's collection also holds the other replicas' losses.
+        return [value for value in record.v1_losses
+                if scope is None or re.search(f"(^|/){scope}", value.name)]
+
+    def add_loss(loss: Any, loss_collection: str = v1.GraphKeys.LOSSES) -> None:
+        if loss_collection == v1.GraphKeys.LOSSES:
+            record.v1_losses.append(loss)
+        original_add_loss(loss, loss_collection=loss_collection)
+
+    original_get_losses, original_add_loss = v1.losses.get_losses, v1.losses.add_loss
+
+    def total_loss(add_regularization_losses: bool = True, name: str = "total_loss",
+                   scope: str | None = None) -> tf.Tensor:
+        values = get_losses(scope)
+        if add_regularization_losses:
+            values += regularization_losses(scope)
+        if not values:
+            raise ValueError("No losses found.")  # TF1's get_total_loss said so too
+        return tf.add_n(values, name=name)
+
+    def get_collection(original: Callable[..., Any], key: Any, scope: Any = None) -> Any:
+        if key == v1.GraphKeys.REGULARIZATION_LOSSES:
+            return regularization_losses(scope)
+        if key == v1.GraphKeys.LOSSES:
+            return get_losses(scope)
+        return original(key, scope)
+
     patches = tf1_gradients.patches(record, replay, replicas)
     patches += [(v1.train, "get_global_step", step),
                 (v1.train, "get_or_create_global_step", step),
                 (v1.train, "init_from_checkpoint", init_from_checkpoint),
                 (keras.metrics.Mean, "update_state", metrics.keras_mean_update)]
+    for train in {id(m): m for m in (v1.train, tf.train)}.values():
+        # A Fenwicks run is listed and read by its variables' TF1 names (BERT's
+        # get_assignment_map_from_checkpoint lists its init_checkpoint).
+        patches += [(train, "list_variables", list_variables),
+                    (train, "load_checkpoint", load_checkpoint)]
+    # Layer regularisers reach the loss only through these, as in TF1 (ModelFnNet.losses).
+    patches += [(v1.losses, "get_regularization_losses", regularization_losses),
+                (v1.losses, "get_regularization_loss", regularization_loss),
+                (v1.losses, "get_total_loss", total_loss),
+                (v1.losses, "get_losses", get_losses), (v1.losses, "add_loss", add_loss)]
     for module in _tf_internals.v1_api_modules():  # a program may hold either object
+        patches += [(module, name, functools.partial(get_collection, getattr(module, name)))
+                    for name in ("get_collection", "get_collection_ref")]
         patches += [(module, "trainable_variables", replay.v1_trainable_variables),
                     (module, "get_variable",
                      functools.partial(replay.v1_variables.get, replay)),

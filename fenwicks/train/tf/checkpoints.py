@@ -1,4 +1,8 @@
-"""Checkpoints: what is saved, safe resume, and warm start from another run.
+"""The TensorFlow engine's checkpoints of work_dirs written before the run format
+(``<work_dir>/ckpt-<step>``), and TF2 checkpoints given to warm start: what they hold,
+safe resume from them, and warm start from another run. They are read, never written:
+a run writes the run format (`fenwicks.train.run_format`); `legacy_reader.LegacyReader`
+restores these.
 
 A checkpoint holds every variable the next step depends on:
 
@@ -42,7 +46,6 @@ from fenwicks.train.checkpointing import (  # noqa: F401  (their home: shared)
     CheckpointCoverageError,
     CheckpointMismatchError,
     CheckpointReadError,
-    CheckpointWriteError,
     ProbeWriteError,
     is_storage_error,
     none_readable,
@@ -450,38 +453,6 @@ def fingerprint(prefix: str | None) -> tuple | None:
 def _read_bytes(path: str) -> bytes:
     with tf.io.gfile.GFile(path, "rb") as f:
         return f.read()
-
-
-def save(manager: Any, step: int) -> str:
-    """Writes checkpoint ``ckpt-<step>``; on failure leaves the previous one as latest.
-
-    `manager` (a `checkpoint_manager.CheckpointManager`) writes the data and index files
-    first and names the new checkpoint in the state file last, so a process killed
-    mid-save leaves the previous checkpoint as ``latest``. A failed write (disk full, a
-    storage error after its retries) raises `CheckpointWriteError` naming the path, after
-    removing the partial files.
-    """
-    before = manager.latest_checkpoint  # the new one once the state file names it
-    path = f"{manager.directory}/ckpt-{step}"
-    try:
-        return _deadline.run(manager.save, checkpoint_number=step, what="checkpoint save",
-                             path=path)
-    except (tf.errors.OpError, _deadline.StorageTimeoutError) as err:
-        if manager.latest_checkpoint != path:
-            _deadline.run(_remove_partial, path, what="removing the partial", path=path,
-                          best_effort=True)
-        raise CheckpointWriteError(
-            f"could not write checkpoint {path}: {first_line(err)}. The previous "
-            f"checkpoint ({before or 'none'}) is intact and the "
-            "training state in memory is unchanged: free space or fix the storage, then "
-            "call train() again") from err
-
-
-def _remove_partial(path: str) -> None:
-    """Removes what a failed save of checkpoint `path` wrote: ``ckpt-2.*`` and its
-    ``ckpt-2_temp`` folder, never ``ckpt-20.*`` (a glob of ``ckpt-2*`` took those)."""
-    for partial in tf.io.gfile.glob(path + ".*") + tf.io.gfile.glob(path + "_temp*"):
-        _remove_quietly(partial)
 
 
 def _remove_quietly(path: str) -> None:

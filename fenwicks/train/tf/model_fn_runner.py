@@ -58,6 +58,15 @@ class ModelFnNet(keras.Model):
         # export_saved_model gives the serving signature itself.
         return None
 
+    @property
+    def losses(self) -> list[Any]:
+        # TF1's rule: a model_fn's loss is what it returns. TF1 put layer regularisers
+        # in the REGULARIZATION_LOSSES collection, and only a program that added
+        # tf.losses.get_regularization_loss() (or get_total_loss()) trained with them;
+        # the engine, which adds a Keras model's losses, must add none here
+        # (`Replay.regularization_losses` gives them to the model_fn that asks).
+        return []
+
     def call(self, inputs: Any, training: bool = False) -> Any:
         if tf.inside_function():
             return self._runner.outputs(inputs, bool(training))
@@ -200,7 +209,8 @@ class Runner:
             # Exact evaluation needs each example's loss: a padded last batch's mean
             # would count its padding rows. The graph shows them for tf.compat.v1.losses
             # and reduce_mean(per_example_loss).
-            values = example_losses(loss, record.losses, _static_rows(features))
+            values = example_losses(loss, record.losses, _static_rows(features),
+                                    record.regularization)
             if values is not None:
                 return values
             warn_once("eval_loss", "the model_fn's EVAL loss is a scalar whose "

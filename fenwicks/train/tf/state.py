@@ -3,7 +3,7 @@
 scattered back (`fenwicks.train.run_format`, shared with the JAX engine).
 
 TensorFlow checkpoints (``<work_dir>/ckpt-<step>``, `checkpoints.py` through
-`checkpointer.create`) are only read: a work_dir written before the run format is
+`legacy_reader.LegacyReader`) are only read: a work_dir written before the run format is
 restored from them, and its next checkpoint is in the run format.
 
 Everything else (the checkpointer, the work_dir lock, summary writers, the reload after
@@ -21,11 +21,10 @@ import tensorflow as tf
 
 from fenwicks import accel
 from fenwicks import io as fw_io
-from fenwicks.train import building, cross_engine, run_format
+from fenwicks.train import building, run_format
 from fenwicks.train.options import EstimatorConfig
 from fenwicks.train.run_state import RunState
-from fenwicks.train.tf import checkpointer as checkpointer_lib
-from fenwicks.train.tf import checkpoints, devices
+from fenwicks.train.tf import checkpoints, devices, legacy_reader
 from fenwicks.train.tf import weights as tf_weights
 
 
@@ -92,12 +91,8 @@ class TFRunState(RunState):
         checkpointer = self.make_checkpointer(
             run_format.variable_groups(spec.model, self.optimizer), writes=self.is_chief,
             legacy=self._legacy_reader(spec))
+        # The run format; else this engine's previous format, or the other engine's.
         restored = checkpointer.restore()
-        if restored is None:  # the JAX engine's previous format, for evaluate and predict
-            saved = cross_engine.restore_for_reading(spec.model, self.config.work_dir, "tf")
-            if saved is not None:
-                self.step_counter.assign(saved.step)
-                restored = self.other_engines_checkpoint = saved.checkpoint
         if restored is None and self.config.warm_start_from:
             source = self.config.warm_start_from
             self.warm_start_report = (self.warm_start_any(spec.model, source)
@@ -112,6 +107,19 @@ class TFRunState(RunState):
                         for variable in variables]
                 for group, variables in self._groups.items()}
 
+    def tf1_names(self) -> dict[str, list[str]] | None:
+        """Each model variable's TF1 name (``tf.compat.v1.get_variable``'s, a Keras
+        layer's under ``tf.compat.v1.variable_scope``; else its Keras path, TF1's name
+        for an unscoped layer), if a TPUEstimator model_fn made the model; None for a
+        Keras model_func's, whose variables have Keras paths only."""
+        groups = {group: self._groups.get(group, []) for group in ("trainable",
+                                                                   "non_trainable")}
+        if not any(getattr(v, "fenwicks_v1_name", None) for vs in groups.values()
+                   for v in vs):
+            return None
+        return {group: [getattr(v, "fenwicks_v1_name", None) or v.path for v in vs]
+                for group, vs in groups.items()}
+
     def to_host(self, frozen: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
         return frozen
 
@@ -125,7 +133,7 @@ class TFRunState(RunState):
         self.step_counter.assign(step)
         self.input_steps.assign(input_steps)
 
-    def _legacy_reader(self, spec: Any) -> checkpointer_lib.SyncCheckpointer | None:
+    def _legacy_reader(self, spec: Any) -> legacy_reader.LegacyReader | None:
         """A reader of TensorFlow checkpoints (``ckpt-<step>``) if work_dir holds some
         (written before the run format); they are restored, never written."""
         if tf_weights.latest(self.config.work_dir) is None:  # by name too
@@ -133,8 +141,8 @@ class TFRunState(RunState):
         root = checkpoints.make_checkpoint(spec.model, self.optimizer, self.step_counter,
                                            self.input_steps)
         # A TPU reached over the network cannot write local files: its probe goes to gs://.
-        return checkpointer_lib.SyncCheckpointer(
-            root, self.config.work_dir, keep=self.config.keep_checkpoints,
+        return legacy_reader.LegacyReader(
+            root, self.config.work_dir,
             probe_dir=self.config.work_dir + "/.probe" if self._acc.is_remote else None)
 
     def remove_partial_saves(self, work_dir: str) -> None:

@@ -186,7 +186,10 @@ def _example_means(values: tf.Tensor) -> tf.Tensor | None:
 
 
 def recording_loss(original: Callable[..., Any], record: Any) -> Callable[..., Any]:
-    """A `tf.compat.v1.losses` function that also records its per-example values."""
+    """A `tf.compat.v1.losses` function that also records its per-example values, and
+    its scalar in ``record.v1_losses`` if it goes to TF1's ``LOSSES`` collection (the
+    graph's collection would also hold the other replicas' losses, traced in the same
+    graph)."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -194,6 +197,8 @@ def recording_loss(original: Callable[..., Any], record: Any) -> Callable[..., A
         scalar = original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
+        if bound.arguments.get("loss_collection") == tf.compat.v1.GraphKeys.LOSSES:
+            record.v1_losses.append(scalar)
         weights, reduction = bound.arguments.get("weights"), bound.arguments.get("reduction")
         unweighted = isinstance(weights, (int, float)) and weights == 1
         if unweighted and reduction in MEAN_REDUCTIONS and tf.is_symbolic_tensor(scalar):
@@ -207,10 +212,13 @@ def recording_loss(original: Callable[..., Any], record: Any) -> Callable[..., A
 
 
 def example_losses(loss: tf.Tensor, recorded: dict[Any, tf.Tensor],
-                   rows: int | None) -> tf.Tensor | None:
+                   rows: int | None, constants: set[Any] | frozenset = frozenset()
+                   ) -> tf.Tensor | None:
     """The per-example ``[B]`` values whose mean is the scalar `loss`, if the graph shows
     them: a recorded `tf.compat.v1.losses` value, or ``reduce_mean`` of a ``[B, ...]``
-    tensor (BERT's ``tf.reduce_mean(per_example_loss)``), through identities."""
+    tensor (BERT's ``tf.reduce_mean(per_example_loss)``), through identities; plus a
+    value the same for every example (`constants`: the regularisation loss a model_fn
+    added, ``loss + tf.losses.get_regularization_loss()``)."""
     tensor = loss
     for _ in range(16):
         if not tf.is_symbolic_tensor(tensor):
@@ -218,6 +226,18 @@ def example_losses(loss: tf.Tensor, recorded: dict[Any, tf.Tensor],
         if tensor.ref() in recorded:
             return recorded[tensor.ref()]
         op = tensor.op
+        if op.type in ("AddV2", "Add", "AddN") and tensor.shape.rank == 0:
+            # loss + regularisation (get_total_loss: add_n of the losses and them)
+            inputs = list(op.inputs)
+            varying = [i for i, t in enumerate(inputs)
+                       if not _same_for_every_example(t, constants)]
+            if len(varying) != 1:
+                return None
+            per_example = example_losses(inputs[varying[0]], recorded, rows, constants)
+            if per_example is None:
+                return None
+            return per_example + tf.add_n([tf.cast(t, tf.float32)
+                                           for i, t in enumerate(inputs) if i != varying[0]])
         if op.type == "Identity" or (op.type == "Mean" and op.inputs[0].shape.rank == 0):
             tensor = op.inputs[0]
             continue
@@ -228,6 +248,18 @@ def example_losses(loss: tf.Tensor, recorded: dict[Any, tf.Tensor],
             return _example_means(tf.cast(values, tf.float32))
         return None
     return None
+
+
+def _same_for_every_example(tensor: tf.Tensor, constants: set[Any] | frozenset,
+                            depth: int = 0) -> bool:
+    """Whether a scalar is built only from `constants` and constant ops (the sum of the
+    regularisation values, ``tf.add_n(get_regularization_losses())``)."""
+    if depth > 8 or not tf.is_symbolic_tensor(tensor) or tensor.shape.rank != 0:
+        return False
+    if tensor.ref() in constants or tensor.op.type == "Const":
+        return True
+    return tensor.op.type in ("AddN", "AddV2", "Add", "Mul", "Identity", "Cast") and all(
+        _same_for_every_example(t, constants, depth + 1) for t in tensor.op.inputs)
 
 
 def recording_keras_loss(original: Callable[..., Any], record: Any) -> Callable[..., Any]:

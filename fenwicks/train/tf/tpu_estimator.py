@@ -121,10 +121,12 @@ class TPUEstimator:
         eval_batch_size: global evaluation batch size. Defaults to `train_batch_size`.
         predict_batch_size: global prediction batch size. Defaults to `eval_batch_size`.
         warm_start_from: a checkpoint or directory, or `WarmStartSettings` (by variable
-            name, with renames). A TF1 (name-based) checkpoint warm-starts every trainable
-            variable by its TF1 name, as TF1's did; a variable whose shape differs raises;
-            an object-based one (Fenwicks' own) loads every variable whose checkpoint
-            name and shape match. A path holding no checkpoint is refused at once.
+            name, with renames). A TF1 (name-based) checkpoint, or the model_dir (or one
+            step) of another TPUEstimator run, warm-starts every trainable variable by
+            its TF1 name, as TF1's did: a variable missing from it, or whose shape
+            differs, raises. A Keras model_func's work_dir (`get_tpu_estimator`'s),
+            whose variables have no TF1 names, loads every variable whose Keras path and
+            shape match. A path holding no checkpoint is refused at once.
         labels_key: for inputs whose features dict holds the labels (BERT's
             ``'label_ids'``): the model_fn gets ``features[labels_key]`` as ``labels``
             (the key stays in the features). Defaults to None.
@@ -317,15 +319,13 @@ class TPUEstimator:
                         "instead", restored)
             return
         for source, mapping in sources:
-            part = assignment_map.warm_start(variables, source, mapping)
-            report["loaded"] += part["loaded"]
-            report["not_loaded"] += part["not_loaded"]
+            # Every mapped variable loads, or WarmStartError names the first that cannot
+            # (missing from the checkpoint, another shape), as TF1's raised.
+            report["loaded"] += assignment_map.warm_start(variables, source,
+                                                          mapping)["loaded"]
         if sources:
             self.warm_start_report = report
-            # TF1 raised for a variable missing from the checkpoint: say which were not.
-            log = logger.warning if report["not_loaded"] else logger.info
-            log("fenwicks: warm start loaded %d variable(s), not %s (not in the "
-                "checkpoint)", len(report["loaded"]), report["not_loaded"] or "none")
+            logger.info("fenwicks: warm start loaded %d variable(s)", len(report["loaded"]))
 
     def _wrapped(self, input_fn: Callable[..., Any], mode: str) -> Callable[[dict], Any]:
         return input_fns.engine_input_fn(self, input_fn, mode)
@@ -523,7 +523,9 @@ class TPUEstimator:
         return self._estimator(self._built_for or "train")
 
     def get_variable_names(self) -> list[str]:
-        """Names of the model's variables (Keras paths), for warm-start maps."""
+        """Names of the model's variables for warm-start maps: each one's TF1 name
+        (``bert/encoder/layer_0/attention/self/query/kernel``; an unscoped Keras layer's is
+        its Keras path), as ``tf.compat.v1.trainable_variables()`` names them."""
         if self.runner is None:
             return []
         return [assignment_map.current_name(v) for v in self.runner.replay.variables()]
@@ -559,10 +561,12 @@ _RESERVED_PARAMS = {"global_batch_size": "the mode's global batch size",
 
 def _warm_start_settings(warm: str | WarmStartSettings | None
                          ) -> str | WarmStartSettings | None:
-    """``warm_start_from`` as it is applied. A TF1 (name-based) checkpoint given as a path
+    """``warm_start_from`` as it is applied. A TF1 (name-based) checkpoint given as a path,
+    or a Fenwicks run of a TPUEstimator model_fn (its record holds the TF1 names),
     warm-starts every trainable variable by its TF1 name, as TF1's did (a
-    `WarmStartSettings` of all); an object-based one (Fenwicks' own, TensorFlow 2's) is
-    the engine's warm start of the whole model. A path with no checkpoint is refused."""
+    `WarmStartSettings` of all); a Keras model_func's Fenwicks run, or TensorFlow 2's
+    object-based checkpoint, is the engine's warm start of the whole model (by Keras
+    path). A path with no checkpoint is refused."""
     if warm is None:
         return None
     if isinstance(warm, WarmStartSettings):
@@ -572,8 +576,11 @@ def _warm_start_settings(warm: str | WarmStartSettings | None
     if not isinstance(warm, str):
         raise ValueError(f"warm_start_from={warm!r} must be a checkpoint path or "
                          "fw.train.WarmStartSettings(...)")
-    if run_format.is_step(warm) or _own_checkpoint(warm):
-        return warm  # a Fenwicks run's: the engine's warm start
+    step = assignment_map.fenwicks_step(warm)
+    if step is not None:
+        return WarmStartSettings(warm) if assignment_map.is_name_based(step) else step
+    if _own_checkpoint(warm):
+        return warm  # an older Fenwicks run's TensorFlow checkpoint: the engine's
     return WarmStartSettings(warm) if assignment_map.is_name_based(warm) else warm
 
 
