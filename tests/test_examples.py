@@ -157,7 +157,6 @@ NOT_YET = {
     "fenwicks.train.jax.export.export_saved_model",
     "fenwicks.train.jax.state.JaxRunState",
     "fenwicks.train.jax.trainer.JaxTrainer",
-    "fenwicks.train.jax.warm_start.warm_start",
     "fenwicks.train.lock.WorkDirLock",
     "fenwicks.train.lr_finder.find_lr",
     "fenwicks.train.predictions.ClassProbabilities",
