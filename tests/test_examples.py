@@ -171,7 +171,6 @@ NOT_YET = {
     "fenwicks.train.reference.state.NumpyCheckpointer",
     "fenwicks.train.reference.state.ReferenceRunState",
     "fenwicks.train.reference.trainer.ReferenceTrainer",
-    "fenwicks.train.tf.legacy_reader.LegacyReader",
     "fenwicks.train.tf.model_fn_runner",
     "fenwicks.train.tpu_ready.check_tpu_ready",
 }
