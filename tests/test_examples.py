@@ -7,7 +7,8 @@ network, a running server) is listed in `NEEDS` with what it needs. `NOT_YET` li
 examples that do not run as written yet (most use a trained estimator, arrays or a
 work_dir they do not define): the list may only shrink (one that runs is a failure until
 it is taken off). `FIGURES` are benchmarks printing the machine's own figures. `SLOW`
-examples (they choose the accelerator, train an estimator) run in a process of their own.
+examples (they choose the accelerator, train an estimator) run in a process of their own;
+`SLOW_JAX` ones (the JAX engine's parts) in one on the JAX engine.
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ SLOW = {
     "fenwicks.train.save_policy.SavePolicy", "fenwicks.train.checkpointing.Checkpointer",
     "fenwicks.train.tf.input_fns",  # a TPUEstimator's input_fn (it asks fw.accel)
 }
+# The JAX engine's parts: one process of their own on that engine (Keras's backend is
+# fixed at import), forked from the JAX fork server.
+SLOW_JAX = {
+    "fenwicks.train.jax.state.JaxRunState", "fenwicks.train.jax.trainer.JaxTrainer",
+    "fenwicks.train.jax.evaluation.JaxEvaluator", "fenwicks.train.jax.export.export_saved_model",
+}
 # These set up the devices differently from the defaults the SLOW examples print: each
 # runs in a process of its own.
 ALONE = {"fenwicks.accel.configure"}
@@ -153,10 +160,6 @@ NOT_YET = {
     "fenwicks.train.inputs.discard",
     "fenwicks.train.inputs.unpack",
     "fenwicks.train.jax.checkpoints.LegacyReader",
-    "fenwicks.train.jax.evaluation.JaxEvaluator",
-    "fenwicks.train.jax.export.export_saved_model",
-    "fenwicks.train.jax.state.JaxRunState",
-    "fenwicks.train.jax.trainer.JaxTrainer",
     "fenwicks.train.lock.WorkDirLock",
     "fenwicks.train.lr_finder.find_lr",
     "fenwicks.train.predictions.ClassProbabilities",
@@ -216,7 +219,7 @@ def _run(test: doctest.DocTest, tmp_path, monkeypatch) -> str:
 
 
 FAST = sorted(name for name in EXAMPLES
-              if name not in set(NEEDS) | FIGURES | SLOW | ALONE | NOT_YET)
+              if name not in set(NEEDS) | FIGURES | SLOW | SLOW_JAX | ALONE | NOT_YET)
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -240,18 +243,27 @@ print(json.dumps(failed))
 """
 
 
-def _run_in_a_process(names: list[str], tmp_path) -> dict[str, str]:
+def _run_in_a_process(names: list[str], tmp_path,
+                      env: dict[str, str | None] | None = None) -> dict[str, str]:
     from tests.conftest import run_python
 
     proc = run_python(f"NAMES = {names!r}\n" + SLOW_RUN,
                       env={"FENWICKS_ROOT": str(tmp_path / "root"), "TMPDIR": str(tmp_path),
-                           "FENWICKS_DEVICE": None}, timeout=600)
+                           "FENWICKS_DEVICE": None, **(env or {})}, timeout=600)
     return __import__("json").loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_the_slow_examples_run_as_written_in_a_process_of_their_own(tmp_path):
     failed = _run_in_a_process(sorted(SLOW), tmp_path)
+    assert failed == {}, "\n".join(failed.values())
+
+
+@pytest.mark.slow
+def test_the_jax_engine_examples_run_as_written_on_the_jax_engine(tmp_path):
+    pytest.importorskip("jax")
+    failed = _run_in_a_process(sorted(SLOW_JAX), tmp_path,
+                               env={"KERAS_BACKEND": "jax", "XLA_FLAGS": None})
     assert failed == {}, "\n".join(failed.values())
 
 
