@@ -86,6 +86,7 @@ SLOW = {
     "fenwicks.train.run_format.read_values", "fenwicks.train.cross_engine.read_run_format",
     "fenwicks.train.save_policy.SavePolicy", "fenwicks.train.checkpointing.Checkpointer",
     "fenwicks.train.tf.input_fns",  # a TPUEstimator's input_fn (it asks fw.accel)
+    "fenwicks.train.tf.model_fn_runner",
 }
 # The JAX engine's parts: one process of their own on that engine (Keras's backend is
 # fixed at import), forked from the JAX fork server.
@@ -174,7 +175,6 @@ NOT_YET = {
     "fenwicks.train.reference.state.NumpyCheckpointer",
     "fenwicks.train.reference.state.ReferenceRunState",
     "fenwicks.train.reference.trainer.ReferenceTrainer",
-    "fenwicks.train.tf.model_fn_runner",
     "fenwicks.train.tpu_ready.check_tpu_ready",
 }
 
