@@ -499,7 +499,9 @@ def pytest_collection_modifyitems(config, items):
 # waits on deadlines, runs beside test_flagship's two busy processes. The engine contract,
 # the engine switch and the TPUEstimator's gradient and batch-size tables joined in
 # session 9: left out, they started after 80-90% of the tests (the engine contract's set-up
-# alone took 85-125 s there), the suite's last minutes on one worker.
+# alone took 85-125 s there), the suite's last minutes on one worker; so did the last
+# seven, each a few fresh interpreters or a demo run (test_zygote, alphabetically last,
+# was the last module of CI's runs).
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
     "test_jax_engine", "test_benchmark_scripts", "test_flagship", "test_engine_contract",
     "test_storage_faults", "test_jax_gcs", "test_engine_switch", "test_jax_multihost",
@@ -508,7 +510,9 @@ _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed
     "test_blocks_jax", "test_resume_position", "test_state", "test_work_dir",
     "test_data_service", "test_cross_engine", "test_jax_blocks", "test_jax_snapshot",
     "test_readme", "test_interrupts", "test_multiworker", "test_security",
-    "test_porting", "test_async_checkpoints", "test_input_check", "test_data"]), start=1)}
+    "test_porting", "test_async_checkpoints", "test_input_check", "test_data",
+    "test_cli", "test_zygote", "test_demo", "test_accel", "test_legacy_work_dirs",
+    "test_tpu_estimator_losses", "test_tpu_estimator_warm_start"]), start=1)}
 
 
 def pytest_collection_finish(session):

@@ -22,7 +22,7 @@
 # of the image's TensorFlow, JAX, Keras, numpy, protobuf, ... before and after the cell.
 # On the TPU images it also runs info and the demo with FENWICKS_ENGINE=tf: the TPU
 # diagnosis of the image's TensorFlow, and what that TensorFlow trains on its own (the CPU).
-# It downloads about 2 GB per image (the pip cache keeps them): not part of the test suite.
+# Each venv takes 1.3-3.2 GB, downloaded from PyPI (then pip's cache): not part of the test suite.
 #
 # Usage:  tools/platform_replicas.sh [IMAGE ...]     (default: kaggle-tpu colab-tpu colab-gpu)
 # Environment:
@@ -72,8 +72,8 @@ image_python() {
   ver=$(image_python_version "$1")
   if [ -n "${PLATFORM_REPLICAS_PYTHON:-}" ]; then echo "$PLATFORM_REPLICAS_PYTHON"; return; fi
   if "python$ver" -c "" >/dev/null 2>&1; then command -v "python$ver"; return; fi
-  for candidate in $(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")/versions/$ver".* \
-                     2>/dev/null | sort -V -r); do
+  for candidate in $(find "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")/versions" \
+                       -mindepth 1 -maxdepth 1 -name "$ver.*" 2>/dev/null | sort -V -r); do
     [ -x "$candidate/bin/python$ver" ] && { echo "$candidate/bin/python$ver"; return; }
   done
   return 1
@@ -103,7 +103,7 @@ readme_cell() {
 # The packages whose versions installing Fenwicks must keep, as the table prints them.
 KEY_PACKAGES="tensorflow tensorflow-cpu tf-keras keras jax jaxlib jax-cuda12-plugin libtpu"
 KEY_PACKAGES+=" numpy protobuf ml-dtypes orbax-checkpoint tensorstore flax tensorflow-datasets"
-KEY_PACKAGES+=" tensorboard gcsfs fsspec"
+KEY_PACKAGES+=" tensorboard gcsfs fsspec h5py requests"
 declare -A VERSIONS=()
 # A package's version in a freeze file, names compared as pip does (case, - _ .).
 version_in() {
