@@ -422,9 +422,10 @@ def read_arrays(step_dir: str, record: dict) -> StateTree:
     return {group: [np.asarray(a) for a in restored[group]] for group in GROUPS}
 
 
-@functools.cache
 def read_values(step_dir: str) -> dict[str, np.ndarray]:
-    """Every array of a local step (model and optimizer variables) by its Keras path.
+    """Every array of a local step (model and optimizer variables) by its Keras path,
+    read from disk on each call: a step rewritten in place (a forced save) is read as it
+    is now.
 
     Examples:
         >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
