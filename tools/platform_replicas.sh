@@ -88,7 +88,7 @@ image_skipped() {
   case "$1" in
     kaggle-tpu) echo "the build's --find-links to Google's libtpu index and PyTorch's (not reachable here: torch, torch_xla 2.8, tunix, ... left out; jax and libtpu 0.0.17 come from PyPI); tensorflow-hub and tensorflow-io (tensorflow-hub pulls tf-keras 2.21 and with it a second TensorFlow, tensorflow 2.21.0, over tensorflow-cpu 2.20.0: what Kaggle's resolver makes of it has no public freeze)" ;;
     colab-tpu) echo "the image's other packages (torch, ...); its freeze's versions are used for every package the replica has" ;;
-    colab-gpu) echo "the image's other packages (torch, CUDA and cuDNN libraries, ...): JAX's CUDA plugin finds no CUDA here and JAX uses the CPU" ;;
+    colab-gpu) echo "the image's other packages (torch, CUDA and cuDNN libraries, ...): JAX's CUDA plugin finds no CUDA here (its version check logs 'Unable to load CUDA' when JAX first makes its devices, at the demo's first checkpoint; JAX stays on the CPU: jax_platforms=cpu, backends ['cpu'])" ;;
   esac
 }
 
