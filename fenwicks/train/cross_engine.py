@@ -496,9 +496,42 @@ class OtherEnginesReader(Checkpointer):
         groups: its Keras variables by group (`run_format.variable_groups`).
 
     Examples:
-        >>> reader = OtherEnginesReader('/content/run', 'tf', state, groups)
-        >>> reader.restore()   # the JAX engine's '/content/run/orbax/1000', or None
-        '/content/run/orbax/1000'
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> from fenwicks.train.tf.state import TFRunState
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
+        ...     lambda: keras.optimizers.SGD(0.1))   # its variables: iteration, learning rate
+        >>> state = TFRunState(model_func, config, acc)   # on the TensorFlow engine
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # 'run' holds nothing yet
+
+        Step 100 of a run on the JAX engine, as that engine wrote it before the run
+        format: one pytree saved with orbax in ``run/orbax/100``, the variables' Keras
+        paths in its metadata.
+
+        >>> import os, orbax.checkpoint as ocp
+        >>> old = {'model': [np.ones((3, 2), 'float32'), np.zeros(2, 'float32')],
+        ...        'optimizer': [np.int64(100), np.float32(0.1)],
+        ...        'counters': {'global_step': np.int64(100), 'input_steps': np.int64(100)}}
+        >>> with ocp.CheckpointManager(os.path.abspath('run/orbax')) as manager:
+        ...     manager.save(100, args=ocp.args.StandardSave(old), custom_metadata={
+        ...         'model': ['net/out/kernel', 'net/out/bias'],
+        ...         'optimizer': ['sgd/iteration', 'sgd/learning_rate']})
+        True
+        >>> groups = run_format.variable_groups(state.spec.model, state.optimizer)
+        >>> reader = OtherEnginesReader('run', 'tf', state, groups)
+        >>> reader.restore()   # the JAX engine's newest, into the TensorFlow engine's state
+        'run/orbax/100'
+        >>> state.global_step, int(state.optimizer.iterations), reader.training_refusal
+        (100, 100, None)
+        >>> state.spec.model.layers[0].kernel.numpy()
+        array([[1., 1.],
+               [1., 1.],
+               [1., 1.]], dtype=float32)
+        >>> state.close()
     """
 
     def __init__(self, work_dir: str, engine: str, parts: Any,
