@@ -128,8 +128,11 @@ def configure_tensorflow() -> bool:
     ``gs://`` call says so, once (`warn_if_tensorflow_came_first`).
 
     Examples:
-        >>> configure_tensorflow()   # at `import fenwicks`, before TensorFlow
-        True
+        >>> import os
+        >>> configure_tensorflow()   # True at `import fenwicks` before TensorFlow
+        False
+        >>> os.environ['GCS_RETRY_CONFIG_MAX_RETRIES']   # unless the user had set it
+        '6'
     """
     global _tensorflow_came_first
     settings = tensorflow_settings()
@@ -199,8 +202,10 @@ def run(fn: Callable[..., T], *args: Any, what: str, path: str | None,
         StorageTimeoutError: not finished within `deadline_secs()`.
 
     Examples:
-        >>> run(tf.io.gfile.exists, 'gs://b/x', what='exists', path='gs://b/x')
+        >>> run(tf.io.gfile.exists, 'no-such-file', what='exists', path='no-such-file')
         False
+
+        A local path runs directly; a ``gs://`` one in a thread given `deadline_secs()`.
     """
     if best_effort and in_outage() and not attempt_in_outage:
         logger.warning("fenwicks: skipped %s of %s: storage is not answering", what, path)

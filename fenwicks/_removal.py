@@ -14,9 +14,15 @@ Every removal in the package goes through here (a test greps for ``rmtree``, ``r
   (`WORK_DIR_PATTERNS`: checkpoints, run records, event files, the lock, folders listed
   by a manifest such as exports); anything else is foreign and never removed here.
 
-    >>> own, foreign = classify_work_dir(work_dir)
-    >>> if not foreign:
-    ...     remove_own_work_files(work_dir)
+Examples:
+    >>> import os, tempfile
+    >>> work_dir = tempfile.mkdtemp()
+    >>> for name in ('fenwicks.lock', 'ckpt-1.index', 'notes.txt'):
+    ...     open(os.path.join(work_dir, name), 'w').close()
+    >>> classify_work_dir(work_dir)   # (own, foreign)
+    (['ckpt-1.index', 'fenwicks.lock'], ['notes.txt'])
+    >>> remove_own_work_files(work_dir)   # what is left
+    ['notes.txt']
 """
 
 from __future__ import annotations
@@ -76,9 +82,12 @@ def remove_file(path: str, *, missing_ok: bool = True) -> bool:
     """Removes file (or symlink) `path`, which the caller wrote; whether it existed.
 
     Examples:
-        >>> remove_file('/tmp/run/fenwicks.lock')
+        >>> import os, tempfile
+        >>> lock = os.path.join(tempfile.mkdtemp(), 'fenwicks.lock')
+        >>> open(lock, 'w').close()
+        >>> remove_file(lock)
         True
-        >>> remove_file('gs://bucket/run/shard.tmp')
+        >>> remove_file(lock)   # gone already (the same on gs://)
         False
     """
     if is_gcs(path):
@@ -109,10 +118,13 @@ def remove_tree(path: str, *, missing_ok: bool = True, ignore_errors: bool = Fal
         Whether `path` existed.
 
     Examples:
-        >>> remove_tree('/tmp/.model.fenwicks-new-1a2b')
-        True
-        >>> remove_tree('gs://bucket/run/.worker-1')
-        True
+        >>> import os, tempfile
+        >>> staging = tempfile.mkdtemp(prefix='.model.fenwicks-new-')
+        >>> os.makedirs(os.path.join(staging, 'variables'))
+        >>> remove_tree(staging), os.path.exists(staging)
+        (True, False)
+        >>> remove_tree(staging)   # gone already (the same on gs://)
+        False
     """
     try:
         if is_gcs(path):
@@ -152,8 +164,13 @@ def temporary_dir(prefix: str = "fenwicks-", dir: str | None = None) -> Iterator
     """A new local folder, removed with what is in it when the block ends.
 
     Examples:
+        >>> import os
         >>> with temporary_dir("fenwicks-warm-start-") as scratch:
-        ...     download(remote, scratch)
+        ...     open(os.path.join(scratch, 'ckpt-1.index'), 'w').close()
+        ...     os.listdir(scratch)
+        ['ckpt-1.index']
+        >>> os.path.exists(scratch)
+        False
     """
     with tempfile.TemporaryDirectory(prefix=prefix, dir=dir) as folder:
         yield folder
@@ -236,8 +253,15 @@ def write_manifest(folder: str, extra: Mapping[str, Any] | None = None) -> str:
     """Writes ``fenwicks_manifest.json`` into `folder` listing every file in it; its path.
 
     Examples:
-        >>> write_manifest('/tmp/export/.1700000000.tmp-1a2b')
-        '/tmp/export/.1700000000.tmp-1a2b/fenwicks_manifest.json'
+        >>> import json, os, tempfile
+        >>> export = tempfile.mkdtemp()
+        >>> with open(os.path.join(export, 'saved_model.pb'), 'w') as f:
+        ...     _ = f.write('model')
+        >>> path = write_manifest(export)
+        >>> os.path.basename(path)
+        'fenwicks_manifest.json'
+        >>> json.load(open(path))['files']['saved_model.pb']['size']
+        5
     """
     text = manifest_text(folder, extra)
     path = _join(folder, MANIFEST)
@@ -279,10 +303,15 @@ def manifest_mismatches(folder: str, manifest: Mapping[str, Any] | None = None) 
     missing or changed (size, then SHA-256). Empty: the folder is exactly as written.
 
     Examples:
-        >>> manifest_mismatches('/tmp/export/1700000000')
+        >>> import os, tempfile
+        >>> export = tempfile.mkdtemp()
+        >>> open(os.path.join(export, 'saved_model.pb'), 'w').close()
+        >>> _ = write_manifest(export)
+        >>> manifest_mismatches(export)
         []
-        >>> manifest_mismatches('/tmp/export/1700000001')
-        ['assets/vocab.txt (not written by Fenwicks)']
+        >>> open(os.path.join(export, 'vocab.txt'), 'w').close()   # a user's file
+        >>> manifest_mismatches(export)
+        ['vocab.txt (not written by Fenwicks)']
     """
     manifest = manifest if manifest is not None else read_manifest(folder)
     present = [f for f in _files(folder) if f != MANIFEST]
@@ -312,8 +341,12 @@ def remove_by_manifest(folder: str) -> list[str]:
         What stopped it (see `manifest_mismatches`); empty if the folder was removed.
 
     Examples:
-        >>> remove_by_manifest('/tmp/export/1700000000')
-        []
+        >>> import os, tempfile
+        >>> export = tempfile.mkdtemp()
+        >>> open(os.path.join(export, 'saved_model.pb'), 'w').close()
+        >>> _ = write_manifest(export)
+        >>> remove_by_manifest(export), os.path.exists(export)
+        ([], False)
     """
     problems = manifest_mismatches(folder)
     if not problems:
@@ -374,7 +407,12 @@ def remove_own_work_files(work_dir: str, files: Iterable[str] | None = None) -> 
     from `classify_work_dir`), then the folders left empty; returns what is left.
 
     Examples:
-        >>> remove_own_work_files('/tmp/run')  # held ckpt-*, train/, notes.txt
+        >>> import os, tempfile
+        >>> work_dir = tempfile.mkdtemp()
+        >>> os.makedirs(os.path.join(work_dir, 'train'))
+        >>> for name in ('ckpt-1.index', 'train/events.out.tfevents.1', 'notes.txt'):
+        ...     open(os.path.join(work_dir, name), 'w').close()
+        >>> remove_own_work_files(work_dir)   # what is left (train/ was emptied, removed)
         ['notes.txt']
     """
     own = classify_work_dir(work_dir)[0] if files is None else list(files)

@@ -25,8 +25,19 @@ def scalar_writer(writer: Any) -> Callable[..., None]:
     for `fenwicks.train.progress.TrainSummaries`.
 
     Examples:
-        >>> write = scalar_writer(tf.summary.create_file_writer('/tmp/run/train'))
-        >>> write(steps, values, rate_steps, rates)
+        >>> import glob, tempfile
+        >>> logdir = tempfile.mkdtemp()
+        >>> writer = tf.summary.create_file_writer(logdir)
+        >>> write = scalar_writer(writer)
+        >>> write(tf.constant([10, 20], tf.int64),             # two loops' last steps
+        ...       tf.constant([[0.9, 510.0], [0.7, 530.0]]),   # [loss, examples/s] each
+        ...       tf.constant([10], tf.int64), tf.constant([0.1]))   # a learning rate
+        >>> writer.flush()
+        >>> [(event.step, value.tag) for path in glob.glob(logdir + '/events.*')
+        ...  for event in tf.compat.v1.train.summary_iterator(path)
+        ...  for value in event.summary.value]
+        [(10, 'loss'), (10, 'examples_per_sec'), (20, 'loss'), (20, 'examples_per_sec'),
+         (10, 'learning_rate')]
     """
     if writer in _SCALAR_WRITERS:
         return _SCALAR_WRITERS[writer]

@@ -516,8 +516,12 @@ def state_for_tests(current: Accelerator | None = None,
     Devices TensorFlow or JAX already set up stay set up: only Fenwicks' record changes.
 
     Examples:
+        >>> fake_tpu = fw.accel.Accelerator('tpu', 8, 'bfloat16', is_remote=True)
         >>> with fw.accel.state_for_tests(fake_tpu):
-        ...     assert fw.io.default_root() == 'gs://bucket/fenwicks'
+        ...     print(fw.accel.current().kind, fw.accel.current().num_replicas)
+        tpu 8
+        >>> fw.accel.current() is fake_tpu
+        False
     """
     global _current, _request
     saved = _current, _request

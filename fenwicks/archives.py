@@ -89,8 +89,19 @@ def unzip(fn: str | os.PathLike | list[str | os.PathLike], dest_dir: str = ".",
         OSError: more to unpack than the disk under ``dest_dir`` has free.
 
     Examples:
-        >>> fw.io.unzip(['./train.7z', './test.7z'], './data')
-        >>> fw.io.unzip('./imagenet.tar', './data', max_bytes=200 * 2**30)
+        >>> import os, tempfile, zipfile
+        >>> folder = tempfile.mkdtemp()
+        >>> with zipfile.ZipFile(os.path.join(folder, 'train.zip'), 'w') as archive:
+        ...     archive.writestr('train/cat.txt', 'a cat')
+        >>> written = fw.io.unzip(os.path.join(folder, 'train.zip'), folder + '/data')
+        >>> [os.path.relpath(path, folder) for path in written]
+        ['data/train/cat.txt']
+        >>> fw.io.unzip(os.path.join(folder, 'train.zip'), folder + '/data')  # not empty
+        []
+
+        A list of archives is unpacked together (``fw.io.unzip(['train.7z',
+        'test.7z'], './data')``); a big one needs ``max_bytes`` raised
+        (``max_bytes=200 * 2**30``).
     """
     archives = [fn] if isinstance(fn, (str, os.PathLike)) else list(fn)
     limit = _check_max_bytes(max_bytes)

@@ -100,7 +100,15 @@ def compute_mean_std(fn_data: str, n_data: int | None = None,
         and the size of the last image read.
 
     Examples:
-        >>> mean, std, img_size, _ = fw.image.compute_mean_std(train_fn, n_train)
+        >>> import os
+        >>> for name, value in [('cat', 0), ('dog', 255)]:   # a black and a white image
+        ...     os.makedirs(f'pets/{name}', exist_ok=True)
+        ...     png = tf.io.encode_png(tf.fill([4, 4, 3], tf.constant(value, tf.uint8)))
+        ...     _ = open(f'pets/{name}/1.png', 'wb').write(png.numpy())
+        >>> _ = fw.data.class_folders_tfrecord('pets', 'pets.tfrec')
+        >>> mean, std, h, w = fw.image.compute_mean_std('pets.tfrec')
+        >>> mean.tolist(), std.round(4).tolist(), (h, w)   # std: sqrt(0.25 * 32 / 31)
+        ([0.5, 0.5, 0.5], [0.508, 0.508, 0.508], (4, 4))
         >>> tfms = [fw.transform.tfm_standard_scaler(mean, std)]
     """
     parser = data.get_tfexample_image_parser(has_label=False)

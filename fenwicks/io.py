@@ -99,8 +99,10 @@ def default_root() -> str:
             a FENWICKS_ROOT of ``/`` or the home folder.
 
     Examples:
+        >>> import os
+        >>> os.environ['FENWICKS_ROOT'] = '/data/fenwicks'
         >>> fw.io.default_root()
-        '/root/fenwicks'
+        '/data/fenwicks'
     """
     remote = _accelerator_is_remote(detect=True)
     root = os.environ.get(ROOT_ENV)

@@ -224,8 +224,15 @@ def show_image_files(paths: Sequence[str], n_img: int = 20, h_inch: float = 2.0,
         The figure; one axes per image.
 
     Examples:
-        >>> paths, y, labels = fw.data.data_dir_tfrecord(data_dir, fn, shuffle=True)
-        >>> fw.plt.show_image_files(paths, labels=y, class_names=labels)
+        >>> import os
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> for path in ['pets/cat/1.png', 'pets/dog/1.png', 'pets/dog/2.png']:
+        ...     os.makedirs(os.path.dirname(path), exist_ok=True)
+        ...     _ = open(path, 'wb').write(png)
+        >>> paths, y, labels = fw.data.data_dir_tfrecord('pets', 'pets.tfrec', shuffle=False)
+        >>> fig = fw.plt.show_image_files(paths, labels=y, class_names=labels)
+        >>> [ax.get_title() for ax in fig.axes]
+        ['cat', 'dog', 'dog']
     """
     import tensorflow as tf  # only for decoding (and reading gs://)
 
@@ -391,8 +398,12 @@ def plot_history(history: Any, x: str | None = None):
         ValueError: for an empty history, an unknown `x`, or no loss or metric columns.
 
     Examples:
-        >>> est.train(train_input_func, steps=total_steps)
-        >>> fw.plt.plot_history(est.history)
+        >>> history = fw.train.History(   # est.history after est.train(...)
+        ...     steps=[1, 2, 3], losses=[2.3, 1.9, 1.2],
+        ...     evals=[{'global_step': 3, 'loss': 1.4, 'accuracy': 0.6}])
+        >>> fig = fw.plt.plot_history(history)
+        >>> [[line.get_label() for line in ax.get_lines()] for ax in fig.axes]
+        [['loss', 'val_loss'], ['val_accuracy']]
     """
     x_label, curves = _history_curves(history, x)
     if not curves:
@@ -443,8 +454,11 @@ def plot_lr_find(lrs: Any, losses: Sequence[float] | None = None,
         ValueError: if `lrs` and `losses` differ in length, are empty, or an lr <= 0.
 
     Examples:
-        >>> result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
-        >>> fw.plt.plot_lr_find(result)
+        >>> fig = fw.plt.plot_lr_find([1e-4, 1e-3, 1e-2, 1e-1, 1.0],   # or find_lr's result
+        ...                           [2.3, 2.1, 1.5, 1.8, 9.0], suggested_lr=1e-3)
+        >>> axes = fig.axes[0]
+        >>> axes.get_xscale(), axes.get_lines()[0].get_ydata().tolist()
+        ('log', [2.3, 2.1, 1.5, 1.8, 9.0])
     """
     lrs, curves, suggested_lr = _lr_find_arrays(lrs, losses, suggested_lr)
     if skip_end:

@@ -6,7 +6,7 @@ format (tests/data/legacy_work_dirs, by Fenwicks at main 5de401d) read on this e
                                                        # resume, train STEPS more
     python -m tests._legacy warm SOURCE NEW_DIR        # warm-start NEW_DIR from SOURCE
     python -m tests._legacy refusals WORK_DIR NEWER DAMAGED
-                          # another optimizer, another model, a damaged newest step
+                          # another optimizer, batch size or model, a damaged newest step
                           # (NEWER: fall back to the older) and a damaged only step
 
 Each prints one JSON line. ``train`` also saves the model's and the optimizer's variables
@@ -81,6 +81,12 @@ def refusals(work_dir: str, newer: str, damaged: str, *, train_fn, eval_fn) -> d
                                "train_error": _error(lambda: other.train(train_fn,
                                                                         steps=1))}}
     other.close()
+    halved = fw.train.get_tpu_estimator(_cross_engine.STEPS_PER_EPOCH,
+                                        _cross_engine.model_func(), work_dir,
+                                        trn_bs=_cross_engine.BATCH // 2, val_bs=56,
+                                        seed=_cross_engine.SEED, verbose=False)
+    out["other_batch_size"] = _error(lambda: halved.train(train_fn, steps=1))
+    halved.close()
     out["other_model"] = _error(
         lambda: _cross_engine.estimator(work_dir, width=16).train(train_fn, steps=1))
     fell_back = _cross_engine.estimator(newer)

@@ -3,8 +3,8 @@ its own: ``python -m tests._tf1_gradient_idioms <model_dir>`` under FENWICKS_DEV
 prints, per idiom, the weights after training (or the error it was refused with).
 
 The network is two bias-free Dense layers, ``body`` (3 -> 2) and ``head`` (2 -> 1), from
-fixed initial weights, with TF1's mean squared error (and an L2 regulariser on ``body`` in
-the ``reg_*`` idioms); the NumPy rule the weights are
+fixed initial weights, with TF1's mean squared error; ``body`` has an L2 regulariser, which
+only the ``reg_*`` idioms add to their loss; the NumPy rule the weights are
 checked against is in tests/test_tpu_estimator_gradients.py.
 """
 
@@ -24,7 +24,7 @@ v1 = tf.compat.v1
 W1 = np.array([[0.5, -0.3], [0.2, 0.8], [-0.6, 0.1]], np.float32)
 W2 = np.array([[0.7], [-0.4]], np.float32)
 LR, CLIP, STEPS = 0.1, 1e-3, 2
-REG = 0.05  # body's L2 regulariser in the reg_* idioms: REG * sum(W1 ** 2)
+REG = 0.05  # body's L2 regulariser: REG * sum(W1 ** 2), in the loss of the reg_* idioms
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +58,7 @@ def _optimizer(idiom: str):
 def _train_op(idiom: str, loss, optimizer, step):
     name = idiom.removeprefix("cs_")
     tvars = v1.trainable_variables()
-    if name in ("minimize", "reg_ignored", "reg_added", "reg_total_loss"):
+    if name in ("minimize", "reg_added", "reg_total_loss"):
         return optimizer.minimize(loss, step)
     if name == "var_list_scope":
         return optimizer.minimize(loss, step, var_list=v1.trainable_variables("head"))
@@ -82,10 +82,11 @@ def _train_op(idiom: str, loss, optimizer, step):
 
 def model_fn_of(idiom: str):
     def model_fn(features, labels, mode, params):
-        regularizer = keras.regularizers.l2(REG) if "reg_" in idiom else None
+        # Every idiom's body carries an L2 regulariser: TF1 trained with it only where
+        # the model_fn added it to its loss (the reg_* idioms), never by itself.
         body = keras.layers.Dense(2, use_bias=False, name="body",
                                   kernel_initializer=keras.initializers.Constant(W1),
-                                  kernel_regularizer=regularizer)
+                                  kernel_regularizer=keras.regularizers.l2(REG))
         head = keras.layers.Dense(1, use_bias=False, name="head",
                                   kernel_initializer=keras.initializers.Constant(W2))
         outputs = head(body(features))
@@ -112,9 +113,8 @@ IDIOMS = ("minimize", "cs_minimize", "clip_global", "cs_clip_global", "clip_per_
           "cs_clip_per_tensor", "freeze_body", "tvars_subset", "cs_tvars_subset",
           "var_list_scope", "cs_var_list_scope", "compute_gradients_scaled",
           "cs_compute_gradients_scaled", "subclass_constant", "subclass_scheduled", "ema",
-          # A regularised layer: it trains with the regulariser only where the model_fn
-          # adds it to its loss, as in TF1 (tf.gradients of a loss without it, too).
-          "reg_ignored", "reg_grads", "cs_reg_added", "reg_total_loss")
+          # The model_fn adds the regulariser: get_regularization_loss(), get_total_loss().
+          "cs_reg_added", "reg_total_loss")
 
 
 def run(idiom: str, model_dir: str) -> dict:

@@ -122,6 +122,7 @@ def test_synchronous_checkpoints_are_an_option(tmp_path, data, monkeypatch):
         _estimator(tmp_path / "bad", async_checkpoints="yes")
 
 
+@pytest.mark.slow  # trains an estimator in this process
 def test_the_save_train_waits_for_is_written_in_the_calling_thread(tmp_path, data,
                                                                    monkeypatch):
     """With a callback of the user's, the end of `train` saves after it (the callback may
@@ -172,6 +173,7 @@ def test_a_failed_background_write_is_raised_at_the_next_save_naming_the_last_go
     assert run_format.latest(str(work)) == f"{work}/checkpoints/20"
 
 
+@pytest.mark.slow  # trains an estimator in this process
 def test_a_step_already_saved_is_not_saved_again_unless_forced(tmp_path, data):
     work = tmp_path / "run"
     est = _estimator(work)

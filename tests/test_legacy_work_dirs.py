@@ -233,6 +233,10 @@ def test_an_old_work_dir_that_cannot_continue_is_refused_in_one_sentence(continu
         f"get_tpu_estimator(..., work_dir=<new>, warm_start_from={work!r}) continues "
         "from them in a new work_dir (the step and the optimizer start afresh); nothing "
         "was written")
+    # Another trn_bs: the input position is counted in the run's (fenwicks_input.json).
+    assert got["other_batch_size"].startswith(
+        "BatchSizeChangedError: trn_bs=32 differs from the trn_bs=64 this work_dir's run "
+        "was trained with: its input position (21 steps) is counted in batches of 64")
     # Another model: named, nothing loaded.
     assert got["other_model"].startswith(
         f"CrossEngineMismatchError: work_dir={work!r} holds the {theirs} engine's "

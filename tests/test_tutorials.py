@@ -518,13 +518,17 @@ def test_the_site_page_is_this_notebook_run_at_its_smoke_size(name):
     assert page.cells[1].source.startswith("**What this page shows.** ")
     outputs = [out for cell in page.cells if cell.cell_type == "code" for out in cell.outputs]
     assert outputs and not [out for out in outputs if out.output_type == "error"]
+    # The run's temporary folders are shown as a user's (tools/tutorial_pages.user_paths).
+    texts = [str(out.get("text", "")) + str(out.get("data", {}).get("text/plain", ""))
+             for out in outputs]
+    assert not [text for text in texts if "/tmp/" in text], "a temporary path on the page"
     assert any("image/png" in out.get("data", {}) for out in outputs), "its plots"
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_each_tutorial_states_its_run_time_at_its_top(name):
     top = _read(name).cells[0].source
-    assert re.search(r"^- Default size, on a CPU: ", top, re.M), top[:600]
+    assert re.search(r"^- Default size, on a 2-core CPU: (up to )?about ", top, re.M), top[:600]
     assert re.search(r"^- On a GPU or a TPU: ", top, re.M)
     assert re.search(r"^- The `SMOKE` size .*set `SMOKE = True` in the Parameters cell:\s+"
                      r"\d+ s on a\s+2-core CPU", top, re.M | re.S), top[:600]

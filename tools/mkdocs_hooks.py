@@ -1,4 +1,5 @@
-"""MkDocs hooks (``mkdocs.yml``, ``hooks:``): the benchmark results as tables.
+"""MkDocs hooks (``mkdocs.yml``, ``hooks:``): the benchmark results as tables, and the
+tutorials' links to each other pointed at their pages.
 
 A page line ``<!-- benchmark-results -->`` becomes one table per file in
 ``benchmarks/results/*.json`` (written by ``python benchmarks/<script>.py --results``),
@@ -12,6 +13,7 @@ import glob
 import html
 import json
 import os
+import re
 from typing import Any
 
 MARKER = "<!-- benchmark-results -->"
@@ -56,3 +58,20 @@ def results_markdown(directory: str = RESULTS) -> str:
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     """MkDocs' hook: the marker replaced by the tables."""
     return markdown.replace(MARKER, results_markdown()) if MARKER in markdown else markdown
+
+
+# A tutorial links the next one as the notebook beside it ("02_cifar10_resnet9.ipynb"),
+# which is right in Jupyter and Colab; on the site that notebook is the page ../02_.../.
+_TUTORIAL_LINK = re.compile(r'href="(\d\d_\w+)\.ipynb(#[^"]*)?"')
+
+
+def tutorial_links(html_text: str) -> str:
+    """A tutorial page's links to other tutorial notebooks, as links to their pages."""
+    return _TUTORIAL_LINK.sub(lambda m: f'href="../{m[1]}/{m[2] or ""}"', html_text)
+
+
+def on_post_page(output: str, page: Any, **kwargs: Any) -> str:
+    """MkDocs' hook: on a tutorial's page, links to the other tutorials go to their pages."""
+    src = getattr(page.file, "src_uri", "")
+    tutorial = src.startswith("tutorials/") and src.endswith(".ipynb")
+    return tutorial_links(output) if tutorial else output

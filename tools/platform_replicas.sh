@@ -22,7 +22,7 @@
 # of the image's TensorFlow, JAX, Keras, numpy, protobuf, ... before and after the cell.
 # On the TPU images it also runs info and the demo with FENWICKS_ENGINE=tf: the TPU
 # diagnosis of the image's TensorFlow, and what that TensorFlow trains on its own (the CPU).
-# It downloads about 2 GB per image (the pip cache keeps them): not part of the test suite.
+# Each venv takes 1.3-3.2 GB, downloaded from PyPI (then pip's cache): not part of the test suite.
 #
 # Usage:  tools/platform_replicas.sh [IMAGE ...]     (default: kaggle-tpu colab-tpu colab-gpu)
 # Environment:
@@ -72,8 +72,8 @@ image_python() {
   ver=$(image_python_version "$1")
   if [ -n "${PLATFORM_REPLICAS_PYTHON:-}" ]; then echo "$PLATFORM_REPLICAS_PYTHON"; return; fi
   if "python$ver" -c "" >/dev/null 2>&1; then command -v "python$ver"; return; fi
-  for candidate in $(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")/versions/$ver".* \
-                     2>/dev/null | sort -V -r); do
+  for candidate in $(find "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")/versions" \
+                       -mindepth 1 -maxdepth 1 -name "$ver.*" 2>/dev/null | sort -V -r); do
     [ -x "$candidate/bin/python$ver" ] && { echo "$candidate/bin/python$ver"; return; }
   done
   return 1
@@ -88,7 +88,7 @@ image_skipped() {
   case "$1" in
     kaggle-tpu) echo "the build's --find-links to Google's libtpu index and PyTorch's (not reachable here: torch, torch_xla 2.8, tunix, ... left out; jax and libtpu 0.0.17 come from PyPI); tensorflow-hub and tensorflow-io (tensorflow-hub pulls tf-keras 2.21 and with it a second TensorFlow, tensorflow 2.21.0, over tensorflow-cpu 2.20.0: what Kaggle's resolver makes of it has no public freeze)" ;;
     colab-tpu) echo "the image's other packages (torch, ...); its freeze's versions are used for every package the replica has" ;;
-    colab-gpu) echo "the image's other packages (torch, CUDA and cuDNN libraries, ...): JAX's CUDA plugin finds no CUDA here and JAX uses the CPU" ;;
+    colab-gpu) echo "the image's other packages (torch, CUDA and cuDNN libraries, ...): JAX's CUDA plugin finds no CUDA here (its version check logs 'Unable to load CUDA' when JAX first makes its devices, at the demo's first checkpoint; JAX stays on the CPU: jax_platforms=cpu, backends ['cpu'])" ;;
   esac
 }
 
@@ -103,7 +103,7 @@ readme_cell() {
 # The packages whose versions installing Fenwicks must keep, as the table prints them.
 KEY_PACKAGES="tensorflow tensorflow-cpu tf-keras keras jax jaxlib jax-cuda12-plugin libtpu"
 KEY_PACKAGES+=" numpy protobuf ml-dtypes orbax-checkpoint tensorstore flax tensorflow-datasets"
-KEY_PACKAGES+=" tensorboard gcsfs fsspec"
+KEY_PACKAGES+=" tensorboard gcsfs fsspec h5py requests"
 declare -A VERSIONS=()
 # A package's version in a freeze file, names compared as pip does (case, - _ .).
 version_in() {

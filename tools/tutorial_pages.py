@@ -59,8 +59,37 @@ def _note(cpu: str) -> nbformat.NotebookNode:
         "**What this page shows.** The outputs below are from a run at the `SMOKE` size "
         "(`SMOKE = True`, the cell after the parameters), offline on a CPU "
         f"({cpu}), with small stand-in data: generated, or scikit-learn's digits and random "
-        "images in place of MNIST and CIFAR-10. "
+        "images in place of MNIST and CIFAR-10. Its temporary folders are shown as the "
+        f"default ones, `{USER_ROOT}` and `{USER_TFDS}`. "
         "Run the notebook yourself for the real data and sizes.")
+
+
+# What the run's temporary folders are shown as on the page: the folders a user of a Linux
+# machine gets by default (Fenwicks' root ~/fenwicks, tensorflow-datasets' ~/tensorflow_datasets).
+USER_ROOT = "/home/you/fenwicks"
+USER_TFDS = "/home/you/tensorflow_datasets"
+
+
+def user_paths(nb: nbformat.NotebookNode, folders: dict[str, str]) -> None:
+    """Replaces each temporary folder (key) in the outputs by the user-like one (value)."""
+    pairs = sorted(((os.path.realpath(old), new) for old, new in folders.items()),
+                   key=lambda pair: -len(pair[0]))
+    pairs += [(old, new) for old, new in folders.items() if os.path.realpath(old) != old]
+
+    def fix(text):
+        if isinstance(text, list):
+            return [fix(part) for part in text]
+        for old, new in pairs:
+            text = text.replace(old, new)
+        return text
+
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = fix(out["text"])
+            for mime, value in out.get("data", {}).items():
+                if mime.startswith("text/"):
+                    out["data"][mime] = fix(value)
 
 
 def run(name: str, data_dir: str, cpu: str) -> float:
@@ -81,7 +110,8 @@ def run(name: str, data_dir: str, cpu: str) -> float:
         start = time.perf_counter()
         client.execute(env=env)
         seconds = time.perf_counter() - start
-    for cell in nb.cells:  # no temporary paths or absl start-up lines on the page
+        user_paths(nb, {work: USER_ROOT, data_dir: USER_TFDS})
+    for cell in nb.cells:  # no absl start-up lines on the page
         for out in cell.get("outputs", []):
             if out.get("name") == "stderr":
                 out["text"] = "".join(line for line in out["text"].splitlines(True)

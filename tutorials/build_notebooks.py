@@ -36,14 +36,14 @@ INSTALL = """\
 # Fenwicks you installed with pip install -e '.[cpu]' (or '.[gpu]', or '.').
 # Colab's GPU and CPU runtimes ship TensorFlow (kept as it is). Its TPU runtime ships JAX and
 # no TensorFlow: there the `tpu` extra adds tensorflow-cpu for tf.data, and Keras runs on
-# JAX (the jax engine). keep.txt holds what the runtime has at its versions (README.md).
+# JAX (the jax engine). keep.txt holds every package the runtime has, at its version, so
+# that installing Fenwicks changes none of them (README.md).
 import importlib.util
 import sys
 
 if 'google.colab' in sys.modules:
     extra = '' if importlib.util.find_spec('tensorflow') else '[tpu]'
-    keep = '^(jax|jaxlib|libtpu|numpy|ml.dtypes|protobuf|keras)=='
-    !pip list --format=freeze | grep -iE '{{keep}}' > /tmp/keep.txt
+    !pip list --format=freeze > /tmp/keep.txt
     !pip install -q -e {source}{{extra}} -c /tmp/keep.txt"""
 _MAGIC = re.compile(r"^# (%%?\w+|!)", re.M)
 _MARKER = re.compile(r"^# %%(?P<kind> \[markdown\])?(?: tags=(?P<tags>\[.*\]))?\s*$")

@@ -76,8 +76,11 @@ class CpuInfo:
         """cores x GHz x FLOPs/cycle / 1000 for `dtype`; None where unknown.
 
         Examples:
-            >>> cpu_info().peak_tflops('float32')
-            0.166
+            >>> cpu = fw.bench.CpuInfo('Xeon', cores=2, ghz=2.5, clock_source='cpufreq',
+            ...                        isa='AVX2+FMA', flops_per_cycle=32,
+            ...                        bf16_flops_per_cycle=32)
+            >>> cpu.peak_tflops('float32')   # 2 cores x 2.5 GHz x 32 FLOP/cycle
+            0.16
         """
         per_cycle = {"float32": self.flops_per_cycle,
                      "bfloat16": self.bf16_flops_per_cycle}.get(dtype)
@@ -178,8 +181,13 @@ def cpu_info(cpuinfo_text: str | None = None, allowed: set[int] | None = None) -
         allowed: processor numbers this process may use. Defaults to its affinity.
 
     Examples:
-        >>> fw.bench.cpu_info().describe()
-        'AMD EPYC: 2 cores x 2.60 GHz (...) x 32 FLOP/cycle (AVX-512...) = 0.166 TFLOPS ...'
+        >>> cpuinfo = ('processor : 0\\nvendor_id : GenuineIntel\\ncpu family : 6\\n'
+        ...            'model name : Intel Xeon\\ncpu MHz : 2000.0\\nflags : sse2 avx avx2 fma\\n')
+        >>> cpu = fw.bench.cpu_info(cpuinfo, allowed={0})
+        >>> cpu.name, cpu.cores, cpu.isa, cpu.flops_per_cycle
+        ('Intel Xeon', 1, 'AVX2+FMA', 32)
+        >>> print('This machine:', fw.bench.cpu_info().describe())
+        This machine: ... cores x ... FLOP/cycle (...) = ... float32 peak (estimate)
     """
     if cpuinfo_text is None:
         try:

@@ -164,8 +164,16 @@ def data_dir_label_csv_tfrecord(data_dir: str, csv_fn: str, output_fn: str,
         ValueError: a missing column, an unknown class, or a listed file that is absent.
 
     Examples:
+        >>> import os
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> os.makedirs('train', exist_ok=True)
+        >>> for file_id in ['1', '2', '3']:
+        ...     _ = open(f'train/{file_id}.png', 'wb').write(png)
+        >>> _ = open('trainLabels.csv', 'w').write('id,label\\n1,cat\\n2,dog\\n3,cat\\n')
         >>> paths, y, labels = fw.data.data_dir_label_csv_tfrecord(
-        ...     './data/train', './trainLabels.csv', './data/train.tfrec', file_ext='png')
+        ...     'train', 'trainLabels.csv', 'train.tfrec', file_ext='png')
+        >>> paths, y, labels
+        (['train/1.png', 'train/2.png', 'train/3.png'], [0, 1, 0], ['cat', 'dog'])
     """
     _check_no_extractor(extractor)
     records.check_writable(output_fn, overwrite)
@@ -223,8 +231,14 @@ def data_dir_no_label_tfrecord(data_dir: str, output_fn: str, shuffle: bool = Fa
         The image paths, in record order.
 
     Examples:
-        >>> paths = fw.data.data_dir_no_label_tfrecord('./data/test', fn, file_ext='png')
-        >>> ids = [os.path.basename(p)[:-4] for p in paths]
+        >>> import os
+        >>> png = tf.io.encode_png(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+        >>> os.makedirs('test', exist_ok=True)
+        >>> for file_id in ['b', 'a']:
+        ...     _ = open(f'test/{file_id}.png', 'wb').write(png)
+        >>> paths = fw.data.data_dir_no_label_tfrecord('test', 'test.tfrec', file_ext='png')
+        >>> [os.path.basename(p)[:-4] for p in paths]   # the ids, in prediction order
+        ['a', 'b']
     """
     _check_no_extractor(extractor)
     records.check_writable(output_fn, overwrite)

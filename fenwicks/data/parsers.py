@@ -212,10 +212,19 @@ def get_tfexample_image_parser(tfms: Sequence[Callable[[tf.Tensor], tf.Tensor]] 
         The parser, for `tfrecord_ds`.
 
     Examples:
-        >>> tfms = [fw.transform.tfm_standard_scaler(mean, std),
-        ...         fw.transform.tfm_set_shape(32, 32)]
+        >>> import os
+        >>> for name, value in [('cat', 0), ('dog', 255)]:   # a black and a white image
+        ...     os.makedirs(f'pets/{name}', exist_ok=True)
+        ...     png = tf.io.encode_png(tf.fill([4, 4, 3], tf.constant(value, tf.uint8)))
+        ...     _ = open(f'pets/{name}/1.png', 'wb').write(png.numpy())
+        >>> _ = fw.data.class_folders_tfrecord('pets', 'pets.tfrec', shuffle=False)
+        >>> tfms = [fw.transform.tfm_standard_scaler([0.5] * 3, [0.5] * 3),
+        ...         fw.transform.tfm_set_shape(4, 4)]
         >>> parser = fw.data.get_tfexample_image_parser(tfms)
-        >>> ds = fw.data.tfrecord_ds(fn, parser, 128)
+        >>> images, labels = next(iter(fw.data.tfrecord_ds('pets.tfrec', parser, 2,
+        ...                                                training=False)))
+        >>> images.shape, images[:, 0, 0, 0].numpy(), labels.numpy()
+        (TensorShape([2, 4, 4, 3]), array([-1.,  1.], dtype=float32), array([0, 1], dtype=int32))
     """
     tfms = list(tfms or [])
     for i, tfm in enumerate(tfms):

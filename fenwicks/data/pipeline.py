@@ -63,7 +63,11 @@ def finish(ds: tf.data.Dataset, options: PipelineOptions, *, batched: bool = Fal
     ``first_batch`` of the stream (a resumed run), which seeds ``batch_transform``.
 
     Examples:
-        >>> finish(records.map(parser), PipelineOptions(batch_size=128, training=False))
+        >>> from fenwicks.data.options import PipelineOptions
+        >>> ds = finish(tf.data.Dataset.range(5), PipelineOptions(batch_size=2,
+        ...                                                       training=False))
+        >>> [batch.numpy().tolist() for batch in ds]   # evaluation keeps the last batch
+        [[0, 1], [2, 3], [4]]
     """
     if first_batch and not batched:
         raise ValueError("first_batch is for streams that are batched upstream")

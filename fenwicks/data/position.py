@@ -59,10 +59,20 @@ def resume_at(batches: int) -> Iterator[ResumeRequest]:
     """Training pipelines built inside start at batch ``batches`` of their stream.
 
     Examples:
-        >>> with fw.data.position.resume_at(batches=1000) as request:
-        ...     dataset = input_fn(params)
+        >>> X, y = np.arange(16.0).reshape(8, 2), np.arange(8)
+        >>> stream = fw.data.numpy_ds(X, y, 2, seed=0)
+        >>> with fw.data.position.resume_at(batches=3) as request:
+        ...     resumed = fw.data.numpy_ds(X, y, 2, seed=0)
+        >>> request.started(resumed)   # Fenwicks' pipelines start there themselves
+        True
+        >>> np.array_equal(next(iter(resumed))[1], list(stream.take(4))[3][1])
+        True
+        >>> with fw.data.position.resume_at(batches=3) as request:
+        ...     dataset = tf.data.Dataset.range(10).batch(2)   # a user's own pipeline
         >>> if not request.started(dataset):
-        ...     dataset = input_fn(params).skip(1000)  # a user pipeline: read and drop
+        ...     dataset = dataset.skip(3)   # read and drop
+        >>> next(iter(dataset)).numpy()
+        array([6, 7])
     """
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
         raise ValueError(f"batches={batches!r} must be an integer >= 0")

@@ -62,8 +62,12 @@ def scan_tfrecord(path: str) -> FileScan:
     """Walks one TFRecord file; see `FileScan`. Cached while the file is unchanged.
 
     Examples:
-        >>> fw.data.scan_tfrecord('/tmp/train-00000-of-00004').records
-        12500
+        >>> with tf.io.TFRecordWriter('train.tfrec') as writer:
+        ...     for record in [b'a', b'bc', b'def']:
+        ...         writer.write(record)
+        >>> scan = fw.data.scan_tfrecord('train.tfrec')
+        >>> scan.records, scan.problem, scan.first_records
+        (3, None, (b'a', b'bc'))
     """
     stat = tf.io.gfile.stat(path)
     key = (path, stat.length, stat.mtime_nsec)

@@ -267,8 +267,13 @@ def exposure_warning(bind: str, port: int, role: str = "server") -> str | None:
     """The warning for a server listening beyond this machine; None for loopback.
 
     Examples:
-        >>> fw.data.service.exposure_warning('0.0.0.0', 5050, 'dispatcher')
-        'WARNING: the tf.data service dispatcher listens on 0.0.0.0:5050 (every ...'
+        >>> print(fw.data.service.exposure_warning('0.0.0.0', 5050, 'dispatcher'))
+        WARNING: the tf.data service dispatcher listens on 0.0.0.0:5050 (every network
+        interface). The tf.data service has no authentication: anyone who can reach this
+        port can run dataset code on this machine as user ... never on a public address.
+        Without --bind it listens on localhost only.
+        >>> fw.data.service.exposure_warning('localhost', 5050) is None
+        True
     """
     address = listen_address(bind)
     if _is_loopback(address):

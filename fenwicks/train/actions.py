@@ -18,9 +18,18 @@ keeps epoch logs only, `ProgbarLogger` counts batches of one epoch and `Terminat
 stops quietly where Fenwicks raises `NonFiniteLossError`; the user may still add them.
 
 Examples:
-    >>> losses = EpochLoss()
-    >>> end = ConditionalAction(conditions.AtEpochEnd(100), EndEpoch(100, losses))
-    >>> entries = end.action.actions = ActionList([losses, end])
+    >>> from fenwicks.train import conditions
+    >>> from fenwicks.train.runner import LoopOutput
+    >>> class PrintEpoch(Action):   # a user's part of the list
+    ...     def on_epoch_end(self, epoch, logs):
+    ...         print(epoch, logs)
+    >>> losses = EpochLoss()   # epochs of 4 steps, loops of 2
+    >>> end = ConditionalAction(conditions.AtEpochEnd(4), EndEpoch(4, losses))
+    >>> actions = end.action.actions = ActionList([losses, end], user=[PrintEpoch()])
+    >>> for start in (0, 2, 4):   # three loops' outputs: losses [0, 1], [2, 3], [4, 5]
+    ...     actions(LoopOutput(start, start + 2, np.array([start, start + 1], 'float32'),
+    ...                        learning_rate=0.1, seconds=0.01, examples_per_sec=800.0))
+    0 {'loss': 1.5}
 """
 
 from __future__ import annotations

@@ -94,7 +94,12 @@ class EpochLog(keras.callbacks.Callback):
     Only the chief writes it (the other workers of a multi-worker run write no files).
 
     Examples:
-        >>> EpochLog(work_dir, lambda: est.global_step).on_epoch_end(0, {'val_loss': 0.5})
+        >>> import tempfile
+        >>> work_dir = tempfile.mkdtemp()
+        >>> EpochLog(work_dir, lambda: 100).on_epoch_end(0, {'val_loss': 0.5})
+        >>> EpochLog(work_dir, lambda: 200).on_epoch_end(1, {'loss': 0.4})  # not evaluated
+        >>> print(open(work_dir + '/epochs.jsonl').read())
+        {"epoch": 0, "step": 100, "logs": {"val_loss": 0.5}}
     """
 
     def __init__(self, work_dir: str, global_step: Callable[[], int],
@@ -137,8 +142,20 @@ class EarlyStopping(_Replaying, keras.callbacks.EarlyStopping):
     resumes, add `BestExporter`.
 
     Examples:
-        >>> est.train_and_evaluate(train_fn, eval_fn, epochs=50,
-        ...                        callbacks=[fw.train.EarlyStopping(patience=3)])
+        >>> import tempfile
+        >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> eval_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
+        ...                                           training=False)
+        >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+        ...                                  val_bs=4, verbose=False)
+        >>> stop = fw.train.EarlyStopping(patience=1, min_delta=10)  # no epoch gains 10
+        >>> _ = est.train_and_evaluate(train_fn, eval_fn, epochs=50, callbacks=[stop])
+        >>> est.global_step   # stopped after 2 epochs of 2 steps
+        4
     """
 
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -175,8 +192,21 @@ class BestExporter(_Replaying):
             BestExporter); None keeps all. Defaults to 5.
 
     Examples:
+        >>> import tempfile
+        >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> eval_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
+        ...                                           training=False)
+        >>> work_dir = tempfile.mkdtemp()
+        >>> est = fw.train.get_tpu_estimator(2, model_func, work_dir, trn_bs=4, val_bs=4,
+        ...                                  verbose=False)
         >>> best = fw.train.BestExporter(work_dir + '/best', monitor='val_accuracy')
-        >>> est.train_and_evaluate(train_fn, eval_fn, epochs=30, callbacks=[best])
+        >>> _ = est.train_and_evaluate(train_fn, eval_fn, epochs=1, callbacks=[best])
+        >>> print(open(fw.train.latest_export(work_dir + '/best') + '/best.json').read())
+        {"step": 2, "epoch": 0, "monitor": "val_accuracy", "value": ...}
         >>> served = tf.saved_model.load(fw.train.latest_export(work_dir + '/best'))
     """
 

@@ -162,9 +162,29 @@ class Controller:
         engine: the `fenwicks.train.engines.Engine` whose trainer runs the compiled loop.
 
     Examples:
-        >>> controller = Controller(config, state, est.history, engines.current())
-        >>> with controller.run(iterator, 1000, user_callbacks) as run:
-        ...     run.train(run.target)
+        >>> import tempfile
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> config = EstimatorConfig(steps_per_epoch=4, work_dir=tempfile.mkdtemp(),
+        ...                          train_batch_size=8, eval_batch_size=4,
+        ...                          predict_batch_size=4, steps_per_loop=2,
+        ...                          precision='float32', num_replicas=1, verbose=False)
+        >>> X = np.ones((16, 3), 'float32')
+        >>> y = X.sum(1, keepdims=True)   # 3: a zero model's squared error is 9
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.history import History
+        >>> from fenwicks.train.reference.model import linear_model_func
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> with engines.use('reference') as engine:   # NumPy SGD: the same controller
+        ...     state = engine.RunState(linear_model_func(3, kernel_initializer='zeros'),
+        ...                             config, fw.accel.current())
+        ...     inputs = engine.InputManager(config, fw.accel.current())
+        ...     probe = inputs.probe(train_fn, 'train')
+        ...     state.build(probe.features_spec, probe.params)
+        ...     controller = Controller(config, state, History(), engine)
+        ...     with controller.run(inputs.train_iterator(train_fn, 0), 4, []) as run:
+        ...         run.train(run.target)   # two loops of 2 steps, a checkpoint at the end
+        >>> controller.history.steps, np.round(controller.history.losses, 4).tolist()
+        ([1, 2, 3, 4], [9.0, 0.36, 0.0144, 0.0006])
     """
 
     def __init__(self, config: EstimatorConfig, state: RunState, record: History,

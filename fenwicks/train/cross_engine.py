@@ -523,7 +523,6 @@ class OtherEnginesReader(Checkpointer):
         self._good = checkpoint
         return checkpoint
 
-
     def _read(self, path: str | None) -> SavedWeights | None:
         """`path` read, or the newest of the other engine's checkpoints that can be: a
         damaged one (files cut short, garbled metadata) is skipped with a warning, as
@@ -534,6 +533,7 @@ class OtherEnginesReader(Checkpointer):
             CheckpointCorruptError: checkpoints are there but none can be read.
         """
         if path is not None:
+            self._newest = path
             return read(path)
         newest = self._newest = other_engines_checkpoint(self.work_dir, self._engine)
         if newest is None:

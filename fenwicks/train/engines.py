@@ -47,8 +47,8 @@ Every count the shared code uses comes from the engine: `get_tpu_estimator` asks
 `check_input`, `check_tpu_ready` and the TPUEstimator read; `find_lr` asks the engine too.
 
 Examples:
-    >>> engine = fenwicks.train.engines.current()
-    >>> engine.name
+    >>> engine = fw.train.engines.current()
+    >>> engine.name   # 'jax' under FENWICKS_ENGINE=jax
     'tf'
 """
 
@@ -183,8 +183,18 @@ def use(name: str) -> Iterator[Engine]:
         ValueError: `name` is no engine, or an engine of another Keras backend.
 
     Examples:
-        >>> with fenwicks.train.engines.use("reference"):
-        ...     est = fw.train.get_tpu_estimator(10, model_func, work_dir, trn_bs=8)
+        >>> import tempfile
+        >>> from fenwicks.train.reference.model import linear_model_func
+        >>> X = np.random.rand(32, 3).astype('float32')
+        >>> y = X @ np.array([[1.0], [2.0], [3.0]], 'float32')
+        >>> with fw.train.engines.use("reference") as engine:
+        ...     est = fw.train.get_tpu_estimator(4, linear_model_func(3), tempfile.mkdtemp(),
+        ...                                      trn_bs=8, verbose=False)
+        ...     est.train(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
+        ...               steps=4).global_step
+        4
+        >>> engine.name, fw.train.engines.current().name
+        ('reference', 'tf')
     """
     if name not in REGISTRY:
         raise ValueError(f"engine={name!r} is not an engine Fenwicks has; the engines are "

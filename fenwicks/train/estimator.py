@@ -301,7 +301,15 @@ class Estimator:
         change between releases; models, counters and results have public properties.
 
         Examples:
-            >>> est.parts.state.checkpointer.latest   # the newest complete checkpoint
+            >>> import tempfile
+            >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+            >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+            ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+            ...     fw.train.sgd_optimizer(0.1))
+            >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+            ...                                  val_bs=4, verbose=False)
+            >>> type(est.parts.state).__name__, type(est.parts.evaluator).__name__
+            ('TFRunState', 'TFEvaluator')
         """
         return EstimatorParts(self._state, self._inputs, self._evaluator)
 
@@ -410,9 +418,22 @@ class Estimator:
                 the previous one is intact.
 
         Examples:
+            >>> import tempfile
+            >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+            >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+            ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+            ...     fw.train.sgd_optimizer(0.1))
+            >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+            ...                                  val_bs=4, verbose=False)
             >>> est.train(lambda params: fw.data.numpy_ds(X, y, params['batch_size']),
-            ...           max_steps=1000, callbacks=[keras.callbacks.CSVLogger('log.csv')])
-            >>> est.train(train_fn, steps=300, profile_steps=(200, 220))  # a profile
+            ...           max_steps=4,
+            ...           callbacks=[keras.callbacks.CSVLogger('log.csv')]).global_step
+            4
+            >>> len(open('log.csv').read().splitlines())   # a header, then 2 epochs
+            3
+
+            ``est.train(train_fn, steps=300, profile_steps=(200, 220))`` also writes a
+            profile of global steps 200 to 220 for TensorBoard.
         """
         with self._training(input_fn, steps, max_steps, callbacks, profile_steps) as run:
             if run is not None:
@@ -478,9 +499,18 @@ class Estimator:
             ValueError: bad arguments, or an input that fails `train`'s checks or runs out.
 
         Examples:
-            >>> est.train(train_fn, steps=500)
-            >>> print(est.check_input(train_fn))
-            input delivers 41,200 ex/s, training consumed 3,100 ex/s (13.29x): not input-bound
+            >>> import tempfile
+            >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+            >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+            ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+            ...     fw.train.sgd_optimizer(0.1))
+            >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+            >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+            ...                                  val_bs=4, verbose=False)
+            >>> est.train(train_fn, steps=4).global_step
+            4
+            >>> print(est.check_input(train_fn, num_batches=10))
+            input delivers ... ex/s, training consumed ... ex/s (...x): ...
         """
         return input_check.check_input(
             input_fn, self.config, self._acc,
@@ -515,9 +545,20 @@ class Estimator:
         read-only work_dir is fine (TensorBoard summaries are skipped with a warning).
 
         Examples:
+            >>> import tempfile
+            >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+            >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+            ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+            ...     fw.train.sgd_optimizer(0.1))
+            >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+            ...                                  val_bs=4, verbose=False)
             >>> est.evaluate(lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
             ...                                              training=False))
-            {'loss': 0.31, 'accuracy': 0.912, 'global_step': 1000, 'num_examples': 10000}
+            {'loss': 1.0986..., 'accuracy': 0.4, 'global_step': 0, 'num_examples': 10}
+
+            Untrained, the zero weights give each of the 3 classes 1/3: the loss is
+            ln 3 = 1.0986 and the accuracy that of class 0 (4 of the 10 labels); the 10
+            examples are counted once each, the last batch of 4 holding only 2.
         """
         if steps is not None:
             steps = positive_int("steps", steps)
@@ -552,8 +593,19 @@ class Estimator:
         A work_dir without a checkpoint gives a warning: the model was never trained.
 
         Examples:
+            >>> import tempfile
+            >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+            >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+            ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+            ...     fw.train.sgd_optimizer(0.1))
+            >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+            ...                                  val_bs=4, verbose=False)
             >>> probs = est.predict(lambda params: fw.data.numpy_ds(X, None,
             ...                     params['batch_size'], training=False))
+            >>> probs.shape, np.allclose(probs, 1 / 3)   # untrained: 1/3 each
+            ((10, 3), True)
+            >>> probs['y_pred'][:3]   # the class ids, as the original's dicts had them
+            array([0, 0, 0])
         """
         self._reload_if_stale()
         self._follow_work_dir()
@@ -584,10 +636,23 @@ class Estimator:
             fw.train.ExportError: the disk or storage failed.
 
         Examples:
-            >>> path = est.export_saved_model('/tmp/m')
-            >>> path
-            '/tmp/m/1764340000'
-            >>> tf.saved_model.load(path).serve(X[:5])['predictions']
+            >>> import tempfile
+            >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+            >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+            ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+            ...     fw.train.sgd_optimizer(0.1))
+            >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+            >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+            ...                                  val_bs=4, verbose=False)
+            >>> est.train(train_fn, steps=2).global_step
+            2
+            >>> export_dir_base = tempfile.mkdtemp()
+            >>> path = est.export_saved_model(export_dir_base)
+            >>> path == fw.train.latest_export(export_dir_base)   # <base>/<Unix time>
+            True
+            >>> served = tf.saved_model.load(path)   # keep it: its variables live with it
+            >>> served.serve(X[:2])['predictions'].shape
+            TensorShape([2, 3])
         """
         export_dir_base = path_arg("export_dir_base", export_dir_base)
         export_dirs.check_base(export_dir_base)  # a file in the way: before any work
@@ -621,9 +686,20 @@ class Estimator:
             `History` with per-step losses and one entry per evaluation.
 
         Examples:
-            >>> history = est.train_and_evaluate(train_fn, eval_fn, epochs=10,
+            >>> import tempfile
+            >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+            >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+            ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+            ...     fw.train.sgd_optimizer(0.1))
+            >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+            >>> eval_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
+            ...                                           training=False)
+            >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+            ...                                  val_bs=4, verbose=False)
+            >>> history = est.train_and_evaluate(train_fn, eval_fn, epochs=2,
             ...                                  callbacks=[fw.train.EarlyStopping()])
-            >>> plt.plot(*history.metric('accuracy'))
+            >>> history.metric('accuracy')   # plt.plot(*history.metric('accuracy'))
+            ([2, 4], [...])
         """
         if (epochs is None) == (max_steps is None):
             raise ValueError(f"give epochs= or max_steps=, exactly one (got epochs={epochs}, "
@@ -664,7 +740,19 @@ def train_and_evaluate(estimator: Estimator, train_input_fn: InputFn,
     """Function form of `Estimator.train_and_evaluate`.
 
     Examples:
-        >>> history = fw.train.train_and_evaluate(est, train_fn, eval_fn, epochs=10)
+        >>> import tempfile
+        >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> eval_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
+        ...                                           training=False)
+        >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+        ...                                  val_bs=4, verbose=False)
+        >>> history = fw.train.train_and_evaluate(est, train_fn, eval_fn, epochs=1)
+        >>> history.steps, [result['num_examples'] for result in history.evals]
+        ([1, 2], [10])
     """
     return estimator.train_and_evaluate(train_input_fn, eval_input_fn, epochs=epochs,
                                         max_steps=max_steps,

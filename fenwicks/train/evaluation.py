@@ -29,8 +29,28 @@ class Evaluator(abc.ABC):
     steps (`_eval_totals`, `_predictions`).
 
     Examples:
-        >>> evaluator = engines.current().Evaluator(config, acc, state, input_manager)
-        >>> evaluator.evaluate(eval_input_fn)   # {'loss', 'accuracy', ...}
+        >>> import tempfile
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> config = EstimatorConfig(steps_per_epoch=4, work_dir=tempfile.mkdtemp(),
+        ...                          train_batch_size=8, eval_batch_size=4,
+        ...                          predict_batch_size=4, steps_per_loop=2,
+        ...                          precision='float32', num_replicas=1, verbose=False)
+        >>> X = np.ones((16, 3), 'float32')
+        >>> y = X.sum(1, keepdims=True)   # 3: a zero model's squared error is 9
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.reference.model import linear_model_func
+        >>> eval_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
+        ...                                           training=False)
+        >>> with engines.use('reference') as engine:   # or engines.current()
+        ...     acc = fw.accel.current()
+        ...     state = engine.RunState(linear_model_func(3, kernel_initializer='zeros'),
+        ...                             config, acc)
+        ...     input_manager = engine.InputManager(config, acc)
+        ...     probe = input_manager.probe(eval_fn, 'eval')   # the estimator does this
+        ...     state.build(probe.features_spec, probe.params)   # on first use
+        ...     evaluator = engine.Evaluator(config, acc, state, input_manager)
+        ...     evaluator.evaluate(eval_fn, None)
+        {'loss': 9.0, 'mse': 9.0, 'mae': 3.0, 'global_step': 0, 'num_examples': 16}
     """
 
     def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator, state: RunState,

@@ -106,11 +106,19 @@ def latest_export(export_dir_base: str) -> str:
         FileNotFoundError: it holds no complete export.
 
     Examples:
-        >>> est.export_saved_model('/tmp/model')
-        '/tmp/model/1764340000'
-        >>> fw.train.latest_export('/tmp/model')
-        '/tmp/model/1764340000'
-        >>> served = tf.saved_model.load(fw.train.latest_export('/tmp/model'))
+        >>> import tempfile
+        >>> from fenwicks.train.export_dirs import write
+        >>> module = tf.Module()   # est.export_saved_model(base) writes a version so
+        >>> module.double = tf.function(lambda x: 2 * x,
+        ...                             input_signature=[tf.TensorSpec([None], tf.float32)])
+        >>> base = tempfile.mkdtemp()
+        >>> first = write(base, lambda folder: tf.saved_model.save(module, folder))
+        >>> second = write(base, lambda folder: tf.saved_model.save(module, folder))
+        >>> fw.train.latest_export(base) == second != first
+        True
+        >>> served = tf.saved_model.load(fw.train.latest_export(base))
+        >>> served.double(tf.constant([1.0, 2.0])).numpy()
+        array([2., 4.], dtype=float32)
     """
     base = str(export_dir_base).rstrip("/") or "/"
     found = _deadline.run(_latest, base, what="reading exports", path=base)

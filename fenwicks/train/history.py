@@ -24,8 +24,10 @@ class History:
     """What a run recorded, ready for plots: one entry per step, one per evaluation.
 
     Examples:
-        >>> plt.plot(history.steps, history.losses)
-        >>> plt.plot(*history.metric('accuracy'))
+        >>> history = History(steps=[10, 20], losses=[0.9, 0.5],   # est.history after
+        ...                   evals=[{'global_step': 20, 'accuracy': 0.8}])  # training
+        >>> history.metric('accuracy')   # plt.plot(*history.metric('accuracy'))
+        ([20], [0.8])
     """
 
     steps: list[int] = dataclasses.field(default_factory=list)

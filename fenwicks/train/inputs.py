@@ -75,8 +75,10 @@ def unpack(element: Any) -> tuple[Any, Any, Any]:
     function unpacks element specs. (`keras.utils.unpack_x_y_sample_weight`.)
 
     Examples:
-        >>> unpack((x, y))
-        (x, y, None)
+        >>> unpack(('x', 'y'))
+        ('x', 'y', None)
+        >>> unpack('x'), unpack(('x', 'y', 'w'))
+        (('x', None, None), ('x', 'y', 'w'))
     """
     return keras.utils.unpack_x_y_sample_weight(element)
 
@@ -273,8 +275,20 @@ class InputManager(abc.ABC):
     iterators; `fenwicks.train.jax.inputs.JaxInputManager`: NumPy batches for the mesh).
 
     Examples:
+        >>> import tempfile
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> config = EstimatorConfig(steps_per_epoch=4, work_dir=tempfile.mkdtemp(),
+        ...                          train_batch_size=8, eval_batch_size=4,
+        ...                          predict_batch_size=4, steps_per_loop=2,
+        ...                          precision='float32', num_replicas=1, verbose=False)
+        >>> X = np.ones((16, 3), 'float32')
+        >>> y = X.sum(1, keepdims=True)   # 3: a zero model's squared error is 9
+        >>> from fenwicks.train import engines
+        >>> train_input_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
         >>> manager = engines.current().InputManager(config, fw.accel.current())
         >>> probe = manager.probe(train_input_fn, "train")  # checked before any compile
+        >>> probe.global_batch, probe.features_spec.shape
+        (8, TensorShape([8, 3]))
         >>> iterator = manager.train_iterator(train_input_fn, start_step=0)
     """
 
@@ -403,9 +417,12 @@ def discard(holder: list[Any]) -> None:
     iterators (hence a list).
 
     Examples:
-        >>> holder = [iter(strategy.distribute_datasets_from_function(dataset_fn))]
-        >>> loop(holder[0])
-        >>> discard(holder)          # returns at once; holder == []
+        >>> holder = [iter(tf.data.Dataset.range(3))]   # or a distributed iterator
+        >>> int(next(holder[0]))
+        0
+        >>> discard(holder)          # returns at once
+        >>> holder
+        []
     """
     handles = _tf_internals.iterator_resources(holder)
     holder.clear()

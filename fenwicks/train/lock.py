@@ -86,8 +86,18 @@ class WorkDirLock:
     """The lock of one work_dir; `acquire` before writing checkpoints, `release` after.
 
     Examples:
-        >>> lock = WorkDirLock('/tmp/run')
-        >>> lock.acquire(); ...; lock.release()
+        >>> import os, tempfile
+        >>> work_dir = tempfile.mkdtemp()
+        >>> lock = WorkDirLock(work_dir)
+        >>> lock.acquire()
+        >>> WorkDirLock(work_dir).acquire()   # a second estimator on the same work_dir
+        Traceback (most recent call last):
+        ...
+        fenwicks.train.lock.WorkDirLockedError: work_dir=... is in use by another
+        estimator in this process, ...
+        >>> lock.release()
+        >>> os.path.exists(lock.path)
+        False
     """
 
     def __init__(self, work_dir: str) -> None:

@@ -179,8 +179,18 @@ def find_lr(model_func: Callable[[dict], ModelSpec], input_fn: Callable[[dict], 
             an input_fn whose batches do not match ``params['batch_size']``.
 
     Examples:
-        >>> result = fw.train.find_lr(model_func, train_input_func, batch_size=512)
-        >>> opt_func = fw.train.sgd_optimizer(fw.train.one_cycle_lr(result.suggestion, ...))
+        >>> import tempfile
+        >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> result = fw.train.find_lr(model_func, train_fn, batch_size=4, num_steps=20,
+        ...                           verbose=False)
+        >>> len(result.lrs), float(result.lrs[0])   # 1e-7 to 10, a factor 2.34 a step
+        (20, 1e-07)
+        >>> opt_func = fw.train.sgd_optimizer(fw.train.one_cycle_lr(
+        ...     result.suggestion, total_steps=1000, warmup_steps=100))
     """
     _check_args(start_lr, end_lr, num_steps, smoothing, diverge_factor)
     acc, engine = accel.current(), engines.current()

@@ -21,9 +21,13 @@ class ClassProbabilities(np.ndarray):
     also takes the keys ``'y_pred'`` (the class id, argmax) and ``'y_prob'``.
 
     Examples:
-        >>> preds = est.predict(test_input_func)      # [N, classes]
+        >>> preds = class_probabilities(np.array([[0.9, 0.1], [0.2, 0.8]]))  # est.predict's
         >>> [pred['y_pred'] for pred in preds]         # as the original's dicts
+        [0, 1]
         >>> preds['y_pred']                            # [N] class ids
+        array([0, 1])
+        >>> preds.argmax(1).tolist(), float(preds[1, 1])   # and an array as any other
+        ([0, 1], 0.8)
     """
 
     def __getitem__(self, key: Any) -> Any:

@@ -84,10 +84,23 @@ class Interrupted(KeyboardInterrupt):
             saved (a second Ctrl-C, or saving takes long): they are only in memory.
 
     Examples:
+        >>> import tempfile
+        >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+        ...                                  val_bs=4, verbose=False)
+        >>> import signal
+        >>> class CtrlC(keras.callbacks.Callback):   # presses Ctrl-C after an epoch
+        ...     def on_epoch_end(self, epoch, logs=None):
+        ...         signal.raise_signal(signal.SIGINT)
         >>> try:
-        ...     est.train(train_fn, max_steps=10_000)
+        ...     est.train(train_fn, max_steps=10_000, callbacks=[CtrlC()])
         ... except fw.train.Interrupted as stop:
         ...     print(stop.step, stop.saved)
+        2 True
     """
 
     def __init__(self, step: int, checkpoint: str | None, saved: bool,
@@ -238,7 +251,14 @@ class HostFlag:
     an attribute.
 
     Examples:
-        >>> if watcher.flag.numpy(): ...   # stop after the block in progress
+        >>> import os, signal
+        >>> watcher = PreemptionWatcher()
+        >>> with watcher:
+        ...     print(watcher.flag.numpy())   # read between blocks: stop when True
+        ...     os.kill(os.getpid(), signal.SIGTERM)   # what a preempted VM gets
+        ...     print(watcher.flag.numpy())
+        False
+        True
     """
 
     def __init__(self, watcher: PreemptionWatcher) -> None:
@@ -267,11 +287,14 @@ class PreemptionWatcher:
             which gets every signal byte too; -1 for none.
 
     Examples:
+        >>> import os, signal
+        >>> stop = tf.Variable(False)   # a compiled loop reads it before each step
         >>> watcher = PreemptionWatcher()
-        >>> watcher.follow(stop_variable)   # a variable a compiled loop reads
+        >>> watcher.follow(stop)
         >>> with watcher:
-        ...     losses = loop(iterator, num_steps)   # reads stop_variable before each step
-        ...     if watcher.requested or watcher.interrupted: ...
+        ...     os.kill(os.getpid(), signal.SIGTERM)   # what a preempted VM gets
+        ...     print(watcher.requested, watcher.interrupted, bool(stop.numpy()))
+        True False True
     """
 
     def __init__(self) -> None:
@@ -321,7 +344,11 @@ class PreemptionWatcher:
         compiled loop reads) whenever the flag changes, from now on.
 
         Examples:
+            >>> stop = tf.Variable(True)
+            >>> watcher = PreemptionWatcher()
             >>> watcher.follow(stop)   # stop.assign(True) at SIGTERM or Ctrl-C
+            >>> bool(stop.numpy())   # set to the flag at once: no stop requested
+            False
         """
         variable.assign(self.requested or self.interrupted)
         self._followers.append(variable)

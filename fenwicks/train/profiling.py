@@ -66,9 +66,17 @@ class ProfileWindow:
         profiler: the engine's (`fenwicks.train.engines.Profiler`).
 
     Examples:
-        >>> with ProfileWindow((20, 30), work_dir + '/train', engine.profiler) as window:
-        ...     steps = min(steps_per_loop, window.steps_to_boundary(step))
-        ...     window.update(step)   # before and after each loop
+        >>> class PrintingProfiler:   # an engine's is fw.train.engines.current().profiler
+        ...     errors = (RuntimeError,)
+        ...     def start(self, logdir): print('start', logdir)
+        ...     def stop(self): print('stop')
+        >>> with ProfileWindow((20, 30), 'run/train', PrintingProfiler()) as window:
+        ...     for step in range(0, 40, 10):   # loops of 10 steps
+        ...         _ = window.update(step)     # before and after each loop
+        start run/train
+        stop
+        >>> window.steps_to_boundary(15)   # a loop from step 15 stops at 20
+        5
     """
 
     def __init__(self, profile_steps: tuple[int, int] | None, logdir: str,

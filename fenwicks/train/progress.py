@@ -38,9 +38,18 @@ class TrainSummaries(Action):
             Defaults to `SUMMARY_SECS`.
 
     Examples:
-        >>> summaries = TrainSummaries(tf.summary.create_file_writer(work_dir + '/train'))
-        >>> summaries(trainer.train(iterator, 100))
+        >>> import glob, tempfile
+        >>> from fenwicks.train.runner import LoopOutput
+        >>> logdir = tempfile.mkdtemp()
+        >>> summaries = TrainSummaries(tf.summary.create_file_writer(logdir))
+        >>> summaries(LoopOutput(0, 10, np.full(10, 0.5, 'float32'), learning_rate=0.1,
+        ...                      seconds=0.02, examples_per_sec=800.0))  # a loop's output
         >>> summaries.close()     # written (and flushed) by now
+        >>> [(event.step, value.tag, round(float(tf.make_ndarray(value.tensor)), 4))
+        ...  for path in glob.glob(logdir + '/events.*')
+        ...  for event in tf.compat.v1.train.summary_iterator(path)
+        ...  for value in event.summary.value]
+        [(10, 'loss', 0.5), (10, 'examples_per_sec', 800.0), (10, 'learning_rate', 0.1)]
     """
 
     def __init__(self, writer: Any, path: str | None = None,
@@ -86,8 +95,11 @@ class ProgressBar(Action):
         target: the global step it stops at.
 
     Examples:
-        >>> bar = ProgressBar(0, 1000)
-        >>> bar(trainer.train(iterator, 100))
+        >>> from fenwicks.train.runner import LoopOutput
+        >>> bar = ProgressBar(0, 20)   # on stderr: 10/20 [...] loss=0.5000, ex_per_s=800
+        >>> bar(LoopOutput(0, 10, np.full(10, 0.5, 'float32'), learning_rate=0.1,
+        ...                seconds=0.02, examples_per_sec=800.0))  # a loop's output
+        >>> bar.close()
     """
 
     def __init__(self, start: int, target: int) -> None:

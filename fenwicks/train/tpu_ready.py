@@ -79,9 +79,19 @@ def check_tpu_ready(est: Any, train_input_fn: inputs.InputFn,
         ValueError: for a global batch size not divisible by `replicas`.
 
     Examples:
-        >>> est = fw.train.get_tpu_estimator(100, model_func, work_dir, trn_bs=128)
-        >>> fw.train.check_tpu_ready(est, train_input_fn, eval_input_fn, replicas=8)
-        TPUReadiness(replicas=8, precision='bfloat16', batch_sizes={'train': 16, ...}, ...)
+        >>> import tempfile
+        >>> X, y = np.random.rand(10, 4).astype('float32'), np.arange(10) % 3
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((4,)), keras.layers.Dense(3, kernel_initializer='zeros')]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> eval_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
+        ...                                           training=False)
+        >>> est = fw.train.get_tpu_estimator(2, model_func, tempfile.mkdtemp(), trn_bs=4,
+        ...                                  val_bs=4, verbose=False)
+        >>> fw.train.check_tpu_ready(est, train_fn, eval_fn, replicas=2)
+        TPUReadiness(replicas=2, precision='bfloat16', batch_sizes={'train': 2, 'eval': 2},
+                     shapes={'train': [(2, 4), (2,)], 'eval': [(2, 4), (2,)]})
     """
     config = est.config
     replicas = est.num_replicas if replicas is None else positive_int("replicas", replicas)

@@ -3,9 +3,8 @@
 #
 # **Run time**
 #
-# - Default size, on a CPU: about 21 minutes of training, plus an evaluation after each of
-#   the 6 epochs (measured: 20 steps of the default run took 35 s on a 2-core AMD EPYC
-#   shared with other jobs; the run has 702 steps).
+# - Default size, on a 2-core CPU: about 10 minutes (702 steps), plus MNIST's download
+#   the first time.
 # - On a GPU or a TPU: not measured (none was available where this was written).
 # - The `SMOKE` size (every cell, tiny data): set `SMOKE = True` in the Parameters cell:
 #   54 s on a 2-core CPU shared with other jobs (the run shown on this tutorial's page in

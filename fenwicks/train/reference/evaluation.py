@@ -53,8 +53,27 @@ class ReferenceEvaluator(Evaluator):
     """`Evaluator` of the reference engine's linear model, in NumPy.
 
     Examples:
+        >>> import tempfile
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> config = EstimatorConfig(steps_per_epoch=4, work_dir=tempfile.mkdtemp(),
+        ...                          train_batch_size=8, eval_batch_size=4,
+        ...                          predict_batch_size=4, steps_per_loop=2,
+        ...                          precision='float32', num_replicas=1, verbose=False)
+        >>> X = np.ones((16, 3), 'float32')
+        >>> y = X.sum(1, keepdims=True)   # 3: a zero model's squared error is 9
+        >>> from fenwicks.train.reference.inputs import ReferenceInputManager
+        >>> from fenwicks.train.reference.model import linear_model_func
+        >>> from fenwicks.train.reference.state import ReferenceRunState
+        >>> state = ReferenceRunState(linear_model_func(3, kernel_initializer='zeros'),
+        ...                           config, fw.accel.current())
+        >>> inputs = ReferenceInputManager(config, fw.accel.current())
+        >>> eval_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'],
+        ...                                           training=False)
+        >>> probe = inputs.probe(eval_fn, 'eval')
+        >>> state.build(probe.features_spec, probe.params)
         >>> evaluator = ReferenceEvaluator(config, fw.accel.current(), state, inputs)
-        >>> evaluator.evaluate(eval_input_fn, None)   # {'loss', 'mse', 'mae'}
+        >>> evaluator.evaluate(eval_fn, None)
+        {'loss': 9.0, 'mse': 9.0, 'mae': 3.0, 'global_step': 0, 'num_examples': 16}
     """
 
     def _eval_totals(self, input_fn: InputFn, global_batch: int,

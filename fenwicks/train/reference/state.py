@@ -66,9 +66,14 @@ class NumpyCheckpointer(Checkpointer):
         keep: checkpoints kept (the oldest are removed).
 
     Examples:
-        >>> checkpointer = NumpyCheckpointer(work_dir, state.tree, state.set_tree, 3)
-        >>> checkpointer.save(10); checkpointer.restore()
-        '/tmp/work/reference/ckpt-10'
+        >>> import os, tempfile
+        >>> tree = {'params': {'bias': np.zeros(1)}, 'counters': {'global_step': 10}}
+        >>> checkpointer = NumpyCheckpointer(tempfile.mkdtemp(), lambda: tree,
+        ...                                  lambda restored: print(restored), 3)
+        >>> checkpointer.save(10)
+        >>> os.path.basename(checkpointer.restore())   # applies what it read, then says where
+        {'params': {'bias': array([0.])}, 'counters': {'global_step': array(10)}}
+        'ckpt-10'
     """
 
     def __init__(self, work_dir: str, collect: Callable[[], Tree],
@@ -159,9 +164,23 @@ class ReferenceRunState(HostCountedRunState):
     """`RunState` of a linear model whose state is dicts of NumPy arrays (module doc).
 
     Examples:
-        >>> state = ReferenceRunState(model_func, config, fw.accel.current())
-        >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
-        >>> state.tree()['counters']['global_step']
+        >>> import tempfile
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> config = EstimatorConfig(steps_per_epoch=4, work_dir=tempfile.mkdtemp(),
+        ...                          train_batch_size=8, eval_batch_size=4,
+        ...                          predict_batch_size=4, steps_per_loop=2,
+        ...                          precision='float32', num_replicas=1, verbose=False)
+        >>> X = np.ones((16, 3), 'float32')
+        >>> y = X.sum(1, keepdims=True)   # 3: a zero model's squared error is 9
+        >>> from fenwicks.train.reference.inputs import ReferenceInputManager
+        >>> from fenwicks.train.reference.model import linear_model_func
+        >>> state = ReferenceRunState(linear_model_func(3, kernel_initializer='zeros'),
+        ...                           config, fw.accel.current())
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> probe = ReferenceInputManager(config, fw.accel.current()).probe(train_fn, 'train')
+        >>> state.build(probe.features_spec, probe.params)   # restores work_dir's latest
+        >>> state.tree()['counters']['global_step'], state.tree()['params']['bias']
+        (np.int64(0), array([0.], dtype=float32))
     """
 
     engine = "reference"

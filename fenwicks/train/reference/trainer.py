@@ -28,8 +28,27 @@ class ReferenceTrainer:
         stop: a flag with ``numpy()`` (`PreemptionWatcher.flag`), or None.
 
     Examples:
+        >>> import tempfile
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> config = EstimatorConfig(steps_per_epoch=4, work_dir=tempfile.mkdtemp(),
+        ...                          train_batch_size=8, eval_batch_size=4,
+        ...                          predict_batch_size=4, steps_per_loop=2,
+        ...                          precision='float32', num_replicas=1, verbose=False)
+        >>> X = np.ones((16, 3), 'float32')
+        >>> y = X.sum(1, keepdims=True)   # 3: a zero model's squared error is 9
+        >>> from fenwicks.train.reference.inputs import ReferenceInputManager
+        >>> from fenwicks.train.reference.state import ReferenceRunState
+        >>> from fenwicks.train.reference.model import linear_model_func
+        >>> state = ReferenceRunState(linear_model_func(3, kernel_initializer='zeros'),
+        ...                           config, fw.accel.current())
+        >>> train_fn = lambda params: fw.data.numpy_ds(X, y, params['batch_size'])
+        >>> probe = ReferenceInputManager(config, fw.accel.current()).probe(train_fn, 'train')
+        >>> state.build(probe.features_spec, probe.params)   # restores work_dir's latest
+        >>> batches = ReferenceInputManager(config, fw.accel.current()).train_iterator(
+        ...     train_fn, start_step=0)
         >>> trainer = ReferenceTrainer(state, 8)
-        >>> trainer.train(batches, 10).losses    # 10 per-step losses
+        >>> trainer.train(batches, 3).losses.round(4)   # SGD at 0.1: x 0.04 each step
+        array([9.    , 0.36  , 0.0144], dtype=float32)
     """
 
     def __init__(self, state: ReferenceRunState, global_batch_size: int,
