@@ -28,6 +28,9 @@ Speeds are medians over the compiled loops after the first (which compiles).
 
     python benchmarks/jax_engine.py
     python benchmarks/jax_engine.py --loops 4 --width 8    # quicker, noisier
+
+The JAX children get the caller's ``XLA_FLAGS`` plus the device count: the tests' smoke
+run (tests/test_benchmark_scripts.py) adds ``--xla_backend_optimization_level=0`` there.
 """
 
 from __future__ import annotations
@@ -56,8 +59,11 @@ def _env(engine: str) -> dict[str, str]:
     env.pop("FENWICKS_DEVICE", None)
     if engine == "tf":
         return {**env, "KERAS_BACKEND": "tensorflow", "FENWICKS_DEVICE": "cpu:8"}
+    # The caller's XLA_FLAGS are kept (the suite's smoke run turns LLVM's optimisation
+    # off with them: the same programs, compiled several times faster).
+    flags = os.environ.get("XLA_FLAGS", "").split()
     return {**env, "KERAS_BACKEND": "jax",
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+            "XLA_FLAGS": " ".join([*flags, "--xla_force_host_platform_device_count=8"])}
 
 
 def _data(n: int):

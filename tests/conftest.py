@@ -498,10 +498,10 @@ def pytest_collection_modifyitems(config, items):
 # (one worker, their child processes one after the other) in session 8. storage_faults, which mostly
 # waits on deadlines, runs beside test_flagship's two busy processes. The engine contract,
 # the engine switch and the TPUEstimator's gradient and batch-size tables joined in
-# session 9: left out, they started after 80-90% of the tests (the engine contract's set-up
-# alone took 85-125 s there), the suite's last minutes on one worker; so did the last
-# seven, each a few fresh interpreters or a demo run (test_zygote, alphabetically last,
-# was the last module of CI's runs).
+# session 9: left out, they started late (in CI's run of 2026-11-28, the switch after 58%
+# of the tests, the contract, whose set-up alone took 85-125 s, after 81%, the tables after
+# 90%), the suite's last minutes on one worker; so did the last seven, each a few fresh
+# interpreters or a demo run (test_zygote, alphabetically last, ended CI's runs).
 _LONGEST_FIRST = {f"tests/{name}.py": -rank for rank, name in enumerate(reversed([
     "test_jax_engine", "test_benchmark_scripts", "test_flagship", "test_engine_contract",
     "test_storage_faults", "test_jax_gcs", "test_engine_switch", "test_jax_multihost",

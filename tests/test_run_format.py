@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -54,6 +55,58 @@ def test_a_gs_listing_refused_for_another_reason_is_not_called_an_outage(listing
     with pytest.raises(tf.errors.PermissionDeniedError) as raised:
         run_format.complete_steps("gs://bucket/work/run/checkpoints")
     assert raised.value is denied
+
+
+class _OneVariable:
+    """The run state of one Keras variable: what an engine gives the run format
+    (`run_format.RunParts`), for writing steps without an engine."""
+
+    def __init__(self, value: float) -> None:
+        self.variable = keras.Variable(np.full(3, value, "float32"), name="w")
+        self.groups = {"trainable": [self.variable], "non_trainable": [], "optimizer": []}
+
+    def snapshot(self):
+        return {group: [np.array(v.numpy()) for v in variables]
+                for group, variables in self.groups.items()}
+
+    def to_host(self, frozen):
+        return frozen
+
+    def scatter(self, tree):
+        self.variable.assign(tree["trainable"][0])
+
+    def layout(self):
+        return run_format.layout_of(self.groups)
+
+    def record(self):
+        return run_format.make_record(engine="tf", step=0, input_steps=0,
+                                      train_batch_size=1, layout=self.layout())
+
+    def apply_record(self, record):
+        pass
+
+
+def test_read_values_reads_the_step_as_it_is_now(tmp_path, monkeypatch):
+    """A step rewritten at its path (a forced save), or another work_dir's step at the
+    same relative path, is read as it is now, not as it was first read."""
+    state = _OneVariable(1.0)
+    checkpointer = run_format.RunCheckpointer(str(tmp_path / "run"), state, keep=1,
+                                              asynchronous=False)
+    checkpointer.save(0)
+    step = str(tmp_path / "run" / "checkpoints" / "0")
+    np.testing.assert_array_equal(run_format.read_values(step)["w"], [1.0, 1.0, 1.0])
+    state.variable.assign(np.full(3, 2.0, "float32"))
+    checkpointer.save(0, force=True)  # e.g. restore_best_weights at the end of train
+    checkpointer.close()
+    np.testing.assert_array_equal(run_format.read_values(step)["w"], [2.0, 2.0, 2.0])
+    for folder, value in (("a", 3.0), ("b", 4.0)):  # the same relative path, two folders
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        with run_format.RunCheckpointer("run", _OneVariable(value), keep=1,
+                                        asynchronous=False) as other:
+            other.save(0)
+        np.testing.assert_array_equal(run_format.read_values("run/checkpoints/0")["w"],
+                                      [value] * 3)
 
 
 # A LossScaleOptimizer (float16) against a plain optimizer (bfloat16, float32): the paths

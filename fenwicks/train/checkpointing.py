@@ -27,9 +27,22 @@ class Checkpointer(abc.ABC):
         directory: where the checkpoints are (a local path or a ``gs://`` URL).
 
     Examples:
-        >>> with RunCheckpointer(work_dir, state, keep=3, asynchronous=True) as checkpointer:
-        ...     checkpointer.restore()
-        ...     checkpointer.save(state.global_step)
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> state = engines.current().RunState(fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1)), config, acc)
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # step 0, nothing restored
+        >>> checkpointer = state.checkpointer   # the run's (`run_format.RunCheckpointer`)
+        >>> checkpointer.save(0)   # returns once the state is copied
+        >>> checkpointer.wait()    # the write is durable (or its error is raised here)
+        >>> checkpointer.latest, step_of(checkpointer.latest)
+        ('run/checkpoints/0', 0)
+        >>> state.close()
     """
 
     directory: str

@@ -39,13 +39,24 @@ optimizer variables are not this optimizer's is loaded for `evaluate` and `predi
 only, and ``train()`` is refused in one sentence (`cannot_continue`).
 
 Examples:
-    >>> # a work_dir trained on a Kaggle TPU (JAX engine), on a Colab GPU (TF engine):
-    >>> est = fw.train.get_tpu_estimator(steps_per_epoch, model_func, '/content/run')
-    >>> est.evaluate(eval_fn)            # the JAX engine's weights, by path
-    >>> est.train(train_fn, steps=1000)  # continues the run from its step
-    >>> est2 = fw.train.get_tpu_estimator(steps_per_epoch, model_func, '/content/run2',
-    ...                                   warm_start_from='/content/run')
-    >>> est2.train(train_fn, steps=1000)   # continues from those weights, step 0
+    >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+    ...                             name='net')
+    >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+    >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+    'run/ckpt-100'
+    >>> other_engines_checkpoint('run', 'jax')   # what the JAX engine finds there
+    'run/ckpt-100'
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+    ...                           name='net')
+    >>> warm_start(model, 'run', 'jax')   # by Keras path, as warm_start_from='run' does
+    {'loaded': ['net/out/kernel', 'net/out/bias'], 'not_loaded': []}
+    >>> np.array_equal(model.layers[0].kernel.numpy(), trained.layers[0].kernel.numpy())
+    True
+
+    On the JAX engine, ``fw.train.get_tpu_estimator(..., work_dir='run')`` would restore
+    it for evaluate and predict; this checkpoint holds no optimizer variables, so
+    ``train()`` there is refused (`cannot_continue`), while a TensorFlow engine's
+    ``ckpt-<step>`` written with its optimizer and input position continues whole.
 """
 
 from __future__ import annotations
@@ -142,8 +153,15 @@ def other_engines_checkpoint(work_dir: str, engine: str) -> str | None:
     """Another engine's newest checkpoint in `work_dir`, if it holds none of `engine`'s.
 
     Examples:
-        >>> other_engines_checkpoint('/kaggle/working/run', 'tf')
-        '/kaggle/working/run/orbax/1000'
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> other_engines_checkpoint('run', 'jax')   # the JAX engine finds the TF engine's
+        'run/ckpt-100'
+        >>> other_engines_checkpoint('run', 'tf') is None   # the TF engine's own
+        True
     """
     if run_format.latest(work_dir) is not None:  # the run format is every engine's
         return None
@@ -175,8 +193,17 @@ def read_run_format(step_dir: str) -> SavedWeights:
     """The model variables of a run-format step, in the neutral form.
 
     Examples:
-        >>> read_run_format('/kaggle/working/run/checkpoints/1000').paths[0]
-        'mnist_net/conv_bn/conv2d/kernel'
+        >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
+        >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
+        ...           steps=2).global_step
+        2
+        >>> saved = read_run_format('run/checkpoints/2')
+        >>> saved.engine, saved.step, saved.paths
+        ('tf', 2, ['net/out/kernel', 'net/out/bias'])
     """
     record = run_format.read_record(step_dir)
     arrays = _deadline.run(_local_arrays, step_dir, record, what="checkpoint read",
@@ -229,9 +256,14 @@ def read(checkpoint: str) -> SavedWeights:
         ImportError: an orbax checkpoint and no orbax-checkpoint installed.
 
     Examples:
-        >>> saved = read('/kaggle/working/run/orbax/1000')
-        >>> saved.engine, saved.step, saved.paths[0]
-        ('jax', 1000, 'mnist_net/conv_bn/conv2d/kernel')
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> saved = read('run/ckpt-100')
+        >>> saved.engine, saved.step, saved.paths, saved.optimizer
+        ('tf', 100, ['net/out/kernel', 'net/out/bias'], None)
     """
     return _deadline.run(_owner(checkpoint).read, checkpoint, what="checkpoint read",
                          path=checkpoint)
@@ -269,8 +301,15 @@ def match(variables: Sequence[Any], saved: SavedWeights) -> dict[int, int]:
     model order with the same count and shapes. Only pairs of equal shape are returned.
 
     Examples:
-        >>> match(model.variables, read('/run/ckpt-100'))
-        {0: 3, 1: 0, ...}
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                           name='net')
+        >>> [v.path for v in model.variables]
+        ['net/out/kernel', 'net/out/bias']
+        >>> saved = SavedWeights('run/ckpt-100', 'tf', 100,   # paths of another process
+        ...                      ['net_1/out_1/bias', 'net_1/out_1/kernel'],
+        ...                      [np.zeros(2), np.zeros((3, 2))], in_model_order=False)
+        >>> match(model.variables, saved)   # by path without Keras's _<n>, then shape
+        {0: 1, 1: 0}
     """
     paths = [v.path for v in variables]
     shapes = [tuple(v.shape) for v in variables]
@@ -337,8 +376,17 @@ def restore_for_reading(model: Any, work_dir: str, engine: str) -> SavedWeights 
         ImportError: the checkpoint is orbax's and orbax-checkpoint is not installed.
 
     Examples:
-        >>> restore_for_reading(model, '/kaggle/input/run', 'reference').step
-        1000
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                           name='net')
+        >>> restore_for_reading(model, 'run', 'reference').step   # on the reference engine
+        100
+        >>> np.array_equal(model.layers[0].kernel.numpy(), trained.layers[0].kernel.numpy())
+        True
     """
     checkpoint = other_engines_checkpoint(work_dir, engine)
     if checkpoint is None:
@@ -397,8 +445,12 @@ def cannot_continue(work_dir: str, saved: SavedWeights, engine: str, why: str) -
     checkpoint `saved` was loaded for evaluate and predict only, because of `why`.
 
     Examples:
-        >>> cannot_continue('/run', saved, 'tf', 'it holds no optimizer variables')
-        "work_dir='/run' holds the reference engine's checkpoint ... (step 2), and it ..."
+        >>> saved = SavedWeights('run/ckpt-2', 'tf', 2, ['net/out/kernel'], [np.ones((3, 2))],
+        ...                      in_model_order=False)   # no optimizer variables
+        >>> cannot_continue('run', saved, 'jax', 'it holds no optimizer variables')
+        "work_dir='run' holds the TensorFlow engine's checkpoint run/ckpt-2 (step 2), and it
+        holds no optimizer variables, so train() on the JAX engine cannot continue its run
+        there: ..."
     """
     return (f"work_dir={work_dir!r} holds the {title(saved.engine)}'s checkpoint "
             f"{saved.checkpoint} (step {saved.step}), and {why}, so train() on the "
@@ -451,9 +503,42 @@ class OtherEnginesReader(Checkpointer):
         groups: its Keras variables by group (`run_format.variable_groups`).
 
     Examples:
-        >>> reader = OtherEnginesReader('/content/run', 'tf', state, groups)
-        >>> reader.restore()   # the JAX engine's '/content/run/orbax/1000', or None
-        '/content/run/orbax/1000'
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> from fenwicks.train.tf.state import TFRunState
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
+        ...     lambda: keras.optimizers.SGD(0.1))   # its variables: iteration, learning rate
+        >>> state = TFRunState(model_func, config, acc)   # on the TensorFlow engine
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # 'run' holds nothing yet
+
+        Step 100 of a run on the JAX engine, as that engine wrote it before the run
+        format: one pytree saved with orbax in ``run/orbax/100``, the variables' Keras
+        paths in its metadata.
+
+        >>> import os, orbax.checkpoint as ocp
+        >>> old = {'model': [np.ones((3, 2), 'float32'), np.zeros(2, 'float32')],
+        ...        'optimizer': [np.int64(100), np.float32(0.1)],
+        ...        'counters': {'global_step': np.int64(100), 'input_steps': np.int64(100)}}
+        >>> with ocp.CheckpointManager(os.path.abspath('run/orbax')) as manager:
+        ...     manager.save(100, args=ocp.args.StandardSave(old), custom_metadata={
+        ...         'model': ['net/out/kernel', 'net/out/bias'],
+        ...         'optimizer': ['sgd/iteration', 'sgd/learning_rate']})
+        True
+        >>> groups = run_format.variable_groups(state.spec.model, state.optimizer)
+        >>> reader = OtherEnginesReader('run', 'tf', state, groups)
+        >>> reader.restore()   # the JAX engine's newest, into the TensorFlow engine's state
+        'run/orbax/100'
+        >>> state.global_step, int(state.optimizer.iterations), reader.training_refusal
+        (100, 100, None)
+        >>> state.spec.model.layers[0].kernel.numpy()
+        array([[1., 1.],
+               [1., 1.],
+               [1., 1.]], dtype=float32)
+        >>> state.close()
     """
 
     def __init__(self, work_dir: str, engine: str, parts: Any,
@@ -708,8 +793,15 @@ def warm_start(model: Any, source: str, engine: str) -> dict[str, list[str]] | N
         `source` is neither (the engine's own previous format: its warm start reads it).
 
     Examples:
-        >>> warm_start(model, '/kaggle/input/tpu-run', 'tf')['not_loaded']
-        []
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                             name='net')
+        >>> step = tf.Variable(100, dtype=tf.int64)   # in the TF engine's previous format
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('run/ckpt-100')
+        'run/ckpt-100'
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                           name='net')
+        >>> warm_start(model, 'run', 'jax')   # as the JAX engine warm-starts from it
+        {'loaded': ['net/out/kernel', 'net/out/bias'], 'not_loaded': []}
     """
     step_dir = run_format_step(source)
     if step_dir is not None:

@@ -43,8 +43,10 @@ def check(work_dir: str, batch_size: int, position: int,
         BatchSizeChangedError: the record holds another batch size and `position` > 0.
 
     Examples:
-        >>> check('/content/run', 64, 12, {'train_batch_size': 32, ...})
-        BatchSizeChangedError: trn_bs=64 differs from the trn_bs=32 ...
+        >>> check('runs/mnist', 32, 12, {'train_batch_size': 32})   # the same: passes
+        >>> check('runs/mnist', 64, 12, {'train_batch_size': 32})
+        Traceback (most recent call last):
+        fenwicks.train.input_record.BatchSizeChangedError: trn_bs=64 differs from the trn_bs=32 ...
     """
     if position <= 0:
         return

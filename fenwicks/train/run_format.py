@@ -44,11 +44,21 @@ Orbax imports JAX. On the TensorFlow engine JAX must never take a GPU: `fenwicks
 keeps it on the CPU (``JAX_PLATFORMS=cpu``) before anything imports it.
 
 Examples:
-    >>> checkpointer = RunCheckpointer('/content/run', state, keep=3, asynchronous=True)
-    >>> checkpointer.restore()      # '/content/run/checkpoints/1000', or None for a fresh run
-    >>> checkpointer.save(1100)     # returns once the arrays are copied
-    >>> read_record('/content/run/checkpoints/1100')['engine']
-    'tf'
+    >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
+    >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+    ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
+    ...     fw.train.sgd_optimizer(0.1))
+    >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
+    >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
+    ...           steps=2).global_step
+    2
+    >>> sorted(os.listdir('run/checkpoints/2'))   # the record beside the arrays
+    ['_CHECKPOINT_METADATA', 'commit_success.txt', 'record', 'state']
+    >>> record = read_record('run/checkpoints/2')
+    >>> record['engine'], record['step'], record['input_steps'], record['train_batch_size']
+    ('tf', 2, 2, 8)
+    >>> record['layout']['trainable']
+    [['net/out/kernel', [3, 2], 'float32'], ['net/out/bias', [2], 'float32']]
 """
 
 from __future__ import annotations
@@ -148,8 +158,15 @@ def variable_groups(model: Any, optimizer: Any) -> dict[str, list[Any]]:
     """The Keras variables of a step, by group, in the order Keras lists them.
 
     Examples:
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(),
+        ...                           keras.layers.Dense(2)])
+        >>> optimizer = keras.optimizers.Adam()
+        >>> optimizer.build(model.trainable_variables)
         >>> [len(v) for v in variable_groups(model, optimizer).values()]
-        [10, 4, 21]
+        [4, 2, 10]
+
+        Trainable: gamma, beta, kernel, bias; not: BatchNorm's moving mean and variance;
+        the optimizer's: its iteration count, learning rate, and two slots per weight.
     """
     return {"trainable": list(model.trainable_variables),
             "non_trainable": list(model.non_trainable_variables),
@@ -336,8 +353,10 @@ def latest(work_dir: str) -> str | None:
     """The newest complete run-format step of `work_dir`, found without orbax.
 
     Examples:
-        >>> latest('/kaggle/working/run')
-        '/kaggle/working/run/checkpoints/1000'
+        >>> for step in ('300', '400', '500.orbax-checkpoint-tmp-1'):   # 500: being written
+        ...     os.makedirs(f'run/checkpoints/{step}')
+        >>> latest('run')
+        'run/checkpoints/400'
     """
     steps = complete_steps(directory(work_dir))
     return f"{directory(work_dir)}/{steps[-1]}" if steps else None
@@ -353,7 +372,9 @@ def complete_steps(folder: str) -> list[int]:
             retries (nothing was read or changed).
 
     Examples:
-        >>> complete_steps('gs://my-bucket/work/run/checkpoints')
+        >>> for step in ('300', '400', '500.orbax-checkpoint-tmp-1'):   # 500: being written
+        ...     os.makedirs(f'run/checkpoints/{step}')
+        >>> complete_steps('run/checkpoints')
         [300, 400]
     """
     if fw_io.is_gcs(folder):
@@ -409,14 +430,25 @@ def read_arrays(step_dir: str, record: dict) -> StateTree:
     return {group: [np.asarray(a) for a in restored[group]] for group in GROUPS}
 
 
-@functools.cache
 def read_values(step_dir: str) -> dict[str, np.ndarray]:
-    """Every array of a local step (model and optimizer variables) by its Keras path.
+    """Every array of a local step (model and optimizer variables) by its Keras path,
+    read from disk on each call: a step rewritten in place (a forced save) is read as it
+    is now.
 
     Examples:
-        >>> values = read_values(latest('/content/run'))
-        >>> values['sequential/dense/kernel'].shape
-        (64, 10)
+        >>> x, y = np.ones((8, 3), 'float32'), np.zeros(8, 'int64')
+        >>> model_func = fw.train.get_clf_model_func(lambda: keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(2, name='out')], name='net'),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> est = fw.train.get_tpu_estimator(1, model_func, 'run', trn_bs=8, verbose=False)
+        >>> est.train(lambda params: fw.data.numpy_ds(x, y, params['batch_size']),
+        ...           steps=2).global_step
+        2
+        >>> values = read_values(latest('run'))
+        >>> len(values), values['net/out/kernel'].shape   # the optimizer's too: 2 + 4
+        (6, (3, 2))
+        >>> np.array_equal(values['net/out/kernel'], est.model.layers[-1].kernel.numpy())
+        True
     """
     record = read_record(step_dir)
     arrays = read_arrays(step_dir, record)
@@ -546,10 +578,25 @@ class RunCheckpointer(Checkpointer):
         ValueError: a ``gs://`` work_dir with several JAX processes.
 
     Examples:
-        >>> checkpointer = RunCheckpointer('gs://my-bucket/work/run', state, keep=3,
-        ...                                asynchronous=True)
-        >>> checkpointer.save(100)
-        >>> checkpointer.restore()   # 'gs://my-bucket/work/run/checkpoints/100'
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> state = engines.current().RunState(fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1)), config, acc)
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # step 0, nothing restored
+        >>> checkpointer = RunCheckpointer('copy', state, keep=3, asynchronous=True)
+        >>> checkpointer.restore() is None   # 'copy' holds no step yet: a fresh run
+        True
+        >>> checkpointer.save(0)     # returns once the arrays are copied
+        >>> checkpointer.wait()      # the write is complete (or its error raised here)
+        >>> checkpointer.restore()   # the newest readable step, into the state
+        'copy/checkpoints/0'
+        >>> checkpointer.close(), state.close()
+        (None, None)
     """
 
     def __init__(self, work_dir: str, parts: RunParts, *, keep: int, asynchronous: bool,

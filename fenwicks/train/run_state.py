@@ -69,10 +69,28 @@ class RunState(abc.ABC):
         accelerator: where the variables live (`fw.accel.current()`).
 
     Examples:
-        >>> state = engines.current().RunState(model_func, config, fw.accel.current())
-        >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
-        >>> state.latest_checkpoint
-        '/content/work/ckpt-1000'
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> model_func = fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> state = engines.current().RunState(model_func, config, acc)
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # 'run' holds nothing yet
+        >>> state.global_step, state.latest_checkpoint
+        (0, None)
+        >>> state.checkpointer.save_and_wait(0)   # as the controller's SavePolicy saves
+        >>> state.close()
+        >>> again = engines.current().RunState(model_func, config, acc)
+        >>> again.build(tf.TensorSpec([None, 3], tf.float32), {})   # restores the latest
+        >>> again.latest_checkpoint
+        'run/checkpoints/0'
+        >>> again.close()
+        >>> type(again).__name__   # the engine's subclass
+        'TFRunState'
     """
 
     engine: str  # whose checkpoints it reads and writes (`cross_engine.ENGINES`)

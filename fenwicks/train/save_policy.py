@@ -69,10 +69,26 @@ class SavePolicy:
             refuses when work_dir was deleted meanwhile). Defaults to None.
 
     Examples:
-        >>> saves = SavePolicy(checkpointer, every_loops=None, every_secs=600.0)
-        >>> saves.save(Trigger.EVALUATION, 1000)        # None: ckpt-1000 saved
-        >>> saves.save(Trigger.LOOP, 1100)
+        >>> from fenwicks.train import engines
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> state = engines.current().RunState(fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1)), config, acc)
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # step 0, nothing restored
+        >>> saves = SavePolicy(state.checkpointer, every_loops=2)
+        >>> saves.save(Trigger.LOOP, 0)   # one loop since the last save
         'not due'
+        >>> saves.save(Trigger.LOOP, 0) is None   # two: saved
+        True
+        >>> saves.save(Trigger.INTERRUPTED_TWICE, 0)
+        'interrupted twice'
+        >>> state.latest_checkpoint
+        'run/checkpoints/0'
+        >>> state.close()
     """
 
     def __init__(self, checkpointer: Checkpointer, every_loops: int | None = None,

@@ -66,9 +66,11 @@ def snapshot(tree: Any) -> Any:
     donates the arrays' buffers.
 
     Examples:
-        >>> frozen = snapshot(state.tree())   # returns at once
-        >>> values = block(state.values(), ...)   # donates the buffers snapshotted
-        >>> to_host(frozen)                   # the values at the snapshot
+        >>> import jax
+        >>> tree = {'kernel': jax.numpy.ones(3), 'step': np.int64(7)}
+        >>> frozen = snapshot(tree)   # returns at once; a step may now donate 'kernel'
+        >>> to_host(frozen)           # waits for the copies: the values at the snapshot
+        {'kernel': array([1., 1., 1.], dtype=float32), 'step': np.int64(7)}
     """
     leaves, treedef = jax.tree.flatten(tree)
     arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
@@ -122,10 +124,39 @@ class LegacyReader:
         ValueError: a ``gs://`` work_dir with several JAX processes.
 
     Examples:
-        >>> reader = LegacyReader('/kaggle/working/run', state.tree, state.set_tree,
-        ...                       mesh.replicated())
-        >>> reader.restore()
-        '/kaggle/working/run/orbax/21'
+        >>> from fenwicks.train.jax import mesh
+        >>> from fenwicks.train.jax.state import JaxRunState
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()   # the JAX engine's devices
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> model_func = fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> state = JaxRunState(model_func, config, acc)
+        >>> state.build(tf.TensorSpec([None, 3], tf.float32), {})   # 'run' holds nothing yet
+
+        Step 21 of a run, as the JAX engine wrote it before the run format: the state's
+        tree (`JaxRunState.tree`) as host arrays, saved with orbax in ``run/orbax/21``.
+
+        >>> import os, orbax.checkpoint as ocp
+        >>> old = to_host(snapshot(state.tree()))
+        >>> old['model'][0] = np.ones((3, 2), 'float32')   # the kernel that run trained
+        >>> old['counters'] = {'global_step': np.int64(21), 'input_steps': np.int64(21)}
+        >>> with ocp.CheckpointManager(os.path.abspath(directory('run'))) as manager:
+        ...     manager.save(21, args=ocp.args.StandardSave(old))
+        True
+        >>> reader = LegacyReader('run', state.tree, state.set_tree, mesh.replicated())
+        >>> reader.restore()   # the newest step, into the built state
+        'run/orbax/21'
+        >>> state.global_step, state.input_position
+        (21, 21)
+        >>> np.asarray(state.spec.model.layers[0].kernel)
+        array([[1., 1.],
+               [1., 1.],
+               [1., 1.]], dtype=float32)
+        >>> reader.close(); state.close()
     """
 
     def __init__(self, work_dir: str, collect: Callable[[], Any],
@@ -260,8 +291,13 @@ def local_copy(source: str) -> Iterator[str]:
         ValueError: `source` names a step directory whose upload was not completed.
 
     Examples:
-        >>> with local_copy('gs://my-bucket/work/pretrain') as path:
-        ...     path   # '/tmp/fenwicks-warm-start-xxxx/400'
+        >>> with local_copy('pretrain') as path:   # local: read where it is
+        ...     path
+        'pretrain'
+
+        For ``gs://my-bucket/work/pretrain``, `path` is its newest complete step,
+        downloaded to ``/tmp/fenwicks-warm-start-xxxx/400`` and removed after the
+        ``with``.
     """
     if not fw_io.is_gcs(source):
         yield source

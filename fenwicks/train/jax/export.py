@@ -23,8 +23,25 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         ValueError: the model cannot be converted (jax2tf), naming what to use instead.
 
     Examples:
-        >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))  # .../<version>
-        >>> loaded.serve(x)['predictions']
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()   # the JAX engine's devices
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> model_func = fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> from fenwicks.train.jax.state import JaxRunState
+        >>> state = JaxRunState(model_func, config, acc)
+        >>> state.build(tf.TensorSpec([None, 2], tf.float32), {})
+        >>> state.spec.model.set_weights([np.zeros((2, 2)), np.array([1., 0.])])  # class 0
+        >>> path = export_saved_model(state.spec, tf.TensorSpec([4, 2], tf.float32), 'export/1')
+        >>> loaded = tf.saved_model.load(path)   # keep it: it owns the variables
+        >>> loaded.serve(np.ones((1, 2), 'float32'))['predictions'].numpy().round(4)
+        array([[0.7311, 0.2689]], dtype=float32)
+        >>> state.close()
+
+        The probabilities of logits [1, 0]: e / (e + 1) and 1 / (e + 1).
     """
     signature = tf.nest.map_structure(
         lambda s: tf.TensorSpec([None] + s.shape.as_list()[1:], s.dtype), features_spec)

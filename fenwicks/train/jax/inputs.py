@@ -73,8 +73,14 @@ class TrainBatches:
         max_steps_per_read: most steps one read holds. Defaults to 1.
 
     Examples:
-        >>> batches = TrainBatches(dataset, replicas=8, max_steps_per_read=10)
-        >>> block = batches.take(21)   # up to 21 global batches (fewer if it ran out)
+        >>> dataset = tf.data.Dataset.range(24).batch(2, drop_remainder=True)  # 12 of 2
+        >>> batches = TrainBatches(dataset, replicas=2, max_steps_per_read=3)
+        >>> batches.steps_per_read   # static shapes: one read holds 3 steps
+        3
+        >>> batches.take(2)   # a global batch: 2 per-replica batches of 2
+        [array([0, 1, 2, 3]), array([4, 5, 6, 7])]
+        >>> len(batches.take(5))   # 4: the input ran out
+        4
     """
 
     def __init__(self, dataset: tf.data.Dataset, replicas: int,

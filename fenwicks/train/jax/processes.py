@@ -56,7 +56,13 @@ class AgreedStop:
         flag: the `PreemptionWatcher`'s `flag` (``numpy()`` -> bool).
 
     Examples:
-        >>> trainer = JaxTrainer(state, 512, 100, stop=AgreedStop(watcher.flag))
+        >>> flag = tf.Variable(False)   # as a PreemptionWatcher's flag
+        >>> stop = AgreedStop(flag)      # JaxTrainer(..., stop=stop) reads it
+        >>> stop.numpy()
+        False
+        >>> _ = flag.assign(True)   # SIGTERM here: with one process, stop at once
+        >>> stop.numpy()
+        True
     """
 
     def __init__(self, flag: Any) -> None:

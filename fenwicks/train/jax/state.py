@@ -64,9 +64,25 @@ class JaxRunState(HostCountedRunState):
     """`RunState` with the variables on a JAX mesh.
 
     Examples:
-        >>> state = JaxRunState(model_func, config, fw.accel.current())
-        >>> state.build(features_spec, params)   # restores work_dir's latest checkpoint
-        >>> state.save()
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()   # the JAX engine's devices
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> model_func = fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> state = JaxRunState(model_func, config, acc)
+        >>> state.build(tf.TensorSpec([None, 2], tf.float32), {})   # 'run' holds nothing yet
+        >>> state.global_step, state.latest_checkpoint
+        (0, None)
+        >>> state.checkpointer.save_and_wait(0)   # as the controller's SavePolicy saves
+        >>> state.close()
+        >>> again = JaxRunState(model_func, config, acc)
+        >>> again.build(tf.TensorSpec([None, 2], tf.float32), {})   # restores the latest
+        >>> again.latest_checkpoint
+        'run/checkpoints/0'
+        >>> again.close()
     """
 
     engine = "jax"

@@ -64,8 +64,29 @@ class JaxTrainer:
         block_steps: force the block length (benchmarks). Defaults to None.
 
     Examples:
-        >>> trainer = JaxTrainer(state, 512, 100)
-        >>> trainer.train(batches, 100).losses    # 100 per-step losses
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()   # the JAX engine's devices
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> model_func = fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> from fenwicks.train.jax.inputs import TrainBatches
+        >>> from fenwicks.train.jax.state import JaxRunState
+        >>> state = JaxRunState(model_func, config, acc)
+        >>> state.build(tf.TensorSpec([None, 2], tf.float32), {})
+        >>> state.spec.model.set_weights([np.zeros((2, 2)), np.array([1., 0.])])  # class 0
+        >>> x, y = np.ones((4, 2), 'float32'), np.array([0, 0, 0, 1])
+        >>> batches = TrainBatches(tf.data.Dataset.from_tensors((x, y)).repeat(),
+        ...                        replicas=1)   # one global batch of 4 per step
+        >>> out = JaxTrainer(state, 4, 2).train(batches, 2)   # 2 steps
+        >>> out.losses.round(4), state.global_step
+        (array([0.5633, ...], dtype=float32), 2)
+        >>> state.close()
+
+        The first loss is (3 log(1 + e^-1) + log(1 + e)) / 4: logits [1, 0] for every
+        example, three of class 0 and one of class 1.
     """
 
     def __init__(self, state: JaxRunState, global_batch_size: int, steps_per_loop: int,

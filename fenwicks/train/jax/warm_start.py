@@ -44,7 +44,16 @@ def warm_start(model: Any, source: str) -> dict[str, list[str]]:
         ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths.
 
     Examples:
-        >>> warm_start(model, '/kaggle/working/pretrain')
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out')],
+        ...                            name='net')
+        >>> step = tf.Variable(5, dtype=tf.int64)   # a TensorFlow engine's run, say
+        >>> tf.train.Checkpoint(model=trained, global_step=step).write('pretrain/ckpt-5')
+        'pretrain/ckpt-5'
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name='out'),
+        ...                           keras.layers.Dense(1, name='head')], name='net')
+        >>> warm_start(model, 'pretrain')   # the new head is not in it
+        {'loaded': ['net/out/kernel', 'net/out/bias'],
+         'not_loaded': ['net/head/kernel', 'net/head/bias']}
     """
     import orbax.checkpoint as ocp
 

@@ -52,10 +52,19 @@ The TF1 names' stand-ins live beside this module: `tf1_metrics` (metrics and los
 `tf1_optimizers` (optimizers), `tf1_variables` (variables, the global step).
 
 Examples:
-    >>> replay, record = Replay(), CallRecord()
-    >>> replay.start(ModeKeys.TRAIN)
-    >>> with tf1_scope(replay, record, global_step=lambda: tf.constant(0, tf.int64)):
-    ...     spec = call_user(model_fn, features, labels, ModeKeys.TRAIN, params, config)
+    >>> def model_fn(features, labels, mode, params):
+    ...     return keras.layers.Dense(2, name='logits')(features)   # a new layer each call
+    >>> x, step = np.ones((4, 3), 'float32'), lambda: tf.constant(0, tf.int64)
+    >>> replay = Replay()
+    >>> replay.start('train')   # the first call records the Dense layer it makes
+    >>> with tf1_scope(replay, CallRecord(), global_step=step):
+    ...     first = call_user(model_fn, x, None, 'train', {}, None)
+    >>> replay.recording = False
+    >>> replay.start('eval')    # a later call gets the same layer back: the same weights
+    >>> with tf1_scope(replay, CallRecord(), global_step=step):
+    ...     again = call_user(model_fn, x, None, 'eval', {}, None)
+    >>> np.array_equal(first, again), [v.path for v in replay.variables()]
+    (True, ['logits/kernel', 'logits/bias'])
 """
 
 from __future__ import annotations

@@ -113,7 +113,12 @@ def check_coverage(root: Any, variables: Iterable[Any]) -> None:
     """Raises `CheckpointCoverageError` naming each of `variables` that `root` misses.
 
     Examples:
-        >>> check_coverage(tf.train.Checkpoint(model=model), model.variables)
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> step = tf.Variable(0)
+        >>> check_coverage(tf.train.Checkpoint(model=model, step=step), [*model.variables, step])
+        >>> check_coverage(tf.train.Checkpoint(model=model), [*model.variables, step])
+        Traceback (most recent call last):
+        fenwicks.train.checkpointing.CheckpointCoverageError: 1 variable(s) would not be saved ...
     """
     reached = _reachable(root)
     missing = [getattr(v, "path", v.name) for v in variables
@@ -344,8 +349,10 @@ def diagnose(prefix: str) -> str:
     """Which file of checkpoint `prefix` is missing, empty or cut short, in words.
 
     Examples:
-        >>> diagnose('/run/ckpt-10')
-        '/run/ckpt-10.data-00000-of-00001 is missing'
+        >>> prefix = tf.train.Checkpoint(v=tf.Variable(1.0)).write('run/ckpt-10')
+        >>> os.remove(prefix + '.data-00000-of-00001')
+        >>> diagnose(prefix)
+        'run/ckpt-10.data-00000-of-00001 is missing'
     """
     try:
         return _diagnose(prefix)
@@ -506,7 +513,16 @@ def warm_start(model: keras.Model, source: str) -> dict[str, list[str]]:
         ``{'loaded': [...], 'not_loaded': [...]}`` of Keras variable paths.
 
     Examples:
-        >>> report = warm_start(model, 'gs://bucket/pretrain/work')
+        >>> trained = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> tf.train.Checkpoint(model=trained).write('pretrain/ckpt-5')
+        'pretrain/ckpt-5'
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2),
+        ...                           keras.layers.Dense(1)])   # the same, and a new head
+        >>> report = warm_start(model, 'pretrain/ckpt-5')
+        >>> [len(paths) for paths in report.values()]   # loaded, not_loaded: the head's
+        [2, 2]
+        >>> np.array_equal(model.layers[0].kernel.numpy(), trained.layers[0].kernel.numpy())
+        True
     """
     prefix = resolve(source)
     reader = tf.train.load_checkpoint(prefix)
@@ -541,7 +557,12 @@ def read(root: tf.train.Checkpoint, prefix: str, work_dir: str | None = None,
     does not look like damage.
 
     Examples:
-        >>> read(root, 'gs://bucket/work/ckpt-400', 'gs://bucket/work')
+        >>> step = tf.Variable(4, dtype=tf.int64)
+        >>> prefix = tf.train.Checkpoint(step=step).write('run/ckpt-4')
+        >>> _ = step.assign(0)
+        >>> read(tf.train.Checkpoint(step=step), prefix, 'run')
+        >>> int(step)
+        4
     """
     try:
         _deadline.run(restore, root, prefix, work_dir or os.path.dirname(prefix),

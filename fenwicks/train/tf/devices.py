@@ -53,9 +53,9 @@ def strategy() -> Any:
             was not detected by this engine (a test's `fw.accel.state_for_tests`).
 
     Examples:
-        >>> strategy = fw.train.tf.strategy()
-        >>> strategy.num_replicas_in_sync
-        8
+        >>> strategy = fw.train.tf.strategy()   # here: the CPU, one replica
+        >>> type(strategy).__name__, strategy.num_replicas_in_sync
+        ('OneDeviceStrategy', 1)
     """
     acc = accel.current()
     made = _strategy_of(acc)

@@ -22,8 +22,28 @@ class TFEvaluator(Evaluator):
     """`Evaluator` whose steps are ``tf.function`` loops under the strategy.
 
     Examples:
-        >>> evaluator = TFEvaluator(config, fw.accel.current(), state, input_manager)
-        >>> evaluator.evaluate(eval_input_fn, None)   # {'loss', 'accuracy', ...}
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> from fenwicks.train.tf.inputs import TFInputManager
+        >>> from fenwicks.train.tf.state import TFRunState
+        >>> model_func = fw.train.get_clf_model_func(
+        ...     lambda: keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)]),
+        ...     fw.train.sgd_optimizer(0.1))
+        >>> state, inputs = TFRunState(model_func, config, acc), TFInputManager(config, acc)
+        >>> state.build(tf.TensorSpec([None, 2], tf.float32), {})
+        >>> state.spec.model.set_weights([np.zeros((2, 2)), np.array([1., 0.])])  # class 0
+        >>> evaluator = TFEvaluator(config, acc, state, inputs)
+        >>> x, y = np.ones((5, 2), 'float32'), np.array([0, 0, 0, 1, 1])
+        >>> eval_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+        ...     (x, y)).batch(params['batch_size'])   # 5 examples: batches of 4 and 1
+        >>> evaluator.evaluate(eval_input_fn, None)
+        {'loss': 0.7132..., 'accuracy': 0.6, 'global_step': 0, 'num_examples': 5}
+        >>> state.close()
+
+        Every example counts once: the loss is (3 log(1 + e^-1) + 2 log(1 + e)) / 5.
     """
 
     def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator,

@@ -24,8 +24,15 @@ def export_saved_model(spec: ModelSpec, features_spec: Any, export_dir: str) -> 
         `export_dir`.
 
     Examples:
-        >>> loaded = tf.saved_model.load(est.export_saved_model('/tmp/export'))  # .../<version>
-        >>> loaded.serve(x)['predictions']
+        >>> model = keras.Sequential([keras.Input((2,)),
+        ...                           keras.layers.Dense(1, kernel_initializer='ones')])
+        >>> spec = fw.train.ModelSpec(model, keras.optimizers.SGD(0.1),
+        ...                           loss_fn=fw.train.squared_error)
+        >>> export_saved_model(spec, tf.TensorSpec([4, 2], tf.float32), 'export/1')
+        'export/1'
+        >>> loaded = tf.saved_model.load('export/1')   # keep it: it owns the variables
+        >>> loaded.serve(np.array([[1., 2.]], 'float32'))['predictions'].numpy()  # any batch
+        array([[3.]], dtype=float32)
     """
     features_spec = tf.nest.map_structure(
         lambda s: tf.TensorSpec([None] + s.shape.as_list()[1:], s.dtype), features_spec)

@@ -7,8 +7,19 @@ input_fn that returns ``make_one_shot_iterator(dataset).get_next()`` tensors
 (squeezenet's InputReader) becomes ``dataset.map(<the input_fn on each element>)``.
 
 Examples:
-    >>> engine_fn = engine_input_fn(est, train_input_fn, "train")
-    >>> dataset = engine_fn(fenwicks.train.inputs.make_params(...))
+    >>> from fenwicks.train.inputs import make_params
+    >>> est = fw.train.TPUEstimator(lambda features, labels, mode, params: None,
+    ...                             model_dir='run', train_batch_size=8, verbose=False)
+    >>> def train_input_fn(params):   # a TPUEstimator program's
+    ...     x, y = np.ones((16, 3), 'float32'), np.zeros(16, 'int64')
+    ...     return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+    ...         params['batch_size'], drop_remainder=True)
+    >>> engine_fn = engine_input_fn(est, train_input_fn, 'train')
+    >>> params = make_params('train', 8, 1, seed=None, precision='float32', steps_per_epoch=1)
+    >>> features, labels = engine_fn(params).element_spec   # the labels twice: see above
+    >>> features
+    {'features': TensorSpec(shape=(8, 3), dtype=tf.float32, name=None),
+     'labels': TensorSpec(shape=(8,), dtype=tf.int64, name=None)}
 """
 
 from __future__ import annotations

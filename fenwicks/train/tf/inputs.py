@@ -55,9 +55,21 @@ class TFInputManager(InputManager):
     """`InputManager` whose iterators and datasets are the strategy's distributed ones.
 
     Examples:
-        >>> manager = TFInputManager(config, fw.accel.current())
-        >>> probe = manager.probe(train_input_fn, "train")  # checked before any compile
-        >>> iterator = manager.train_iterator(train_input_fn, start_step=0)
+        >>> from fenwicks.train.options import EstimatorConfig
+        >>> acc = fw.accel.current()
+        >>> config = EstimatorConfig(steps_per_epoch=1, work_dir='run', train_batch_size=4,
+        ...                          eval_batch_size=4, predict_batch_size=4, steps_per_loop=1,
+        ...                          precision='float32', num_replicas=acc.num_replicas)
+        >>> manager = TFInputManager(config, acc)
+        >>> x, y = np.arange(16, dtype='float32').reshape(8, 2), np.zeros(8, 'int64')
+        >>> train_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+        ...     (x, y)).repeat().batch(params['batch_size'], drop_remainder=True)
+        >>> manager.probe(train_input_fn, 'train').features_spec  # checked before any compile
+        TensorSpec(shape=(4, 2), dtype=tf.float32, name=None)
+        >>> iterator = manager.train_iterator(train_input_fn, start_step=1)  # after step 0's
+        >>> features, labels = next(iterator)
+        >>> features.numpy()[:, 0]   # the second batch: examples 4 to 7
+        array([ 8., 10., 12., 14.], dtype=float32)
     """
 
     def __init__(self, config: EstimatorConfig, accelerator: accel.Accelerator) -> None:

@@ -29,10 +29,17 @@ class LegacyReader:
             local files. Defaults to None: a local temp dir.
 
     Examples:
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> optimizer = keras.optimizers.SGD(0.1)
+        >>> optimizer.build(model.trainable_variables)
+        >>> step, position = tf.Variable(21, dtype=tf.int64), tf.Variable(21, dtype=tf.int64)
         >>> root = checkpoints.make_checkpoint(model, optimizer, step, position)
-        >>> reader = LegacyReader(root, '/content/old_run')
-        >>> reader.restore()
-        '/content/old_run/ckpt-21'
+        >>> root.write('old_run/ckpt-21')   # as the TF engine wrote before the run format
+        'old_run/ckpt-21'
+        >>> _ = step.assign(0)
+        >>> reader = LegacyReader(root, 'old_run')
+        >>> reader.restore(), int(step)
+        ('old_run/ckpt-21', 21)
     """
 
     def __init__(self, root: tf.train.Checkpoint, directory: str,

@@ -37,7 +37,16 @@ def train_step_fn(spec: ModelSpec, optimizer: Any, global_batch_size: int,
     alone for TPU.
 
     Examples:
-        >>> loss = tf.function(train_step_fn(spec, optimizer, 128, 8))(batch)
+        >>> model = keras.Sequential([keras.Input((2,)),
+        ...                            keras.layers.Dense(1, kernel_initializer='ones')])
+        >>> spec = fw.train.ModelSpec(model, keras.optimizers.SGD(0.1),
+        ...                           loss_fn=fw.train.squared_error)
+        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros((2, 1), 'float32')
+        >>> step = tf.function(train_step_fn(spec, spec.optimizer, 2, 1))   # batch 2, 1 replica
+        >>> float(step((x, y)))   # outputs 3 and 7: the sum of the squared errors
+        58.0
+        >>> model.layers[-1].bias.numpy()   # d(58 / 2)/d(bias) = (2 x 3 + 2 x 7) / 2 = 10
+        array([-1.], dtype=float32)
     """
     model = spec.model
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
@@ -157,7 +166,16 @@ def eval_step_fn(spec: ModelSpec) -> Callable[[Any], tf.Tensor]:
     `eval_sums` layout (not yet compiled).
 
     Examples:
-        >>> sums = tf.function(eval_step_fn(spec))((element, mask))
+        >>> model = keras.Sequential([keras.Input((2,)),
+        ...                            keras.layers.Dense(1, kernel_initializer='ones')])
+        >>> spec = fw.train.ModelSpec(model, keras.optimizers.SGD(0.1),
+        ...                           loss_fn=fw.train.squared_error)
+        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros((2, 1), 'float32')
+        >>> mask = np.array([True, False])   # the second row pads the batch
+        >>> tf.function(eval_step_fn(spec))(((x, y), mask)).numpy()   # 3 x 3 on the first row only
+        array([9., 1., 1., 0., 0., 0.], dtype=float32)
+
+        The columns are `eval_sums`': loss sum, count, weight sum, then the three checks.
     """
     names = list(spec.metric_fns)
     width = eval_sums.width(len(names))
@@ -230,7 +248,14 @@ def predict_step_fn(spec: ModelSpec) -> Callable[[Any], Any]:
     yet compiled).
 
     Examples:
-        >>> outputs = tf.function(predict_step_fn(spec))((element, mask))
+        >>> model = keras.Sequential([keras.Input((2,)),
+        ...                            keras.layers.Dense(1, kernel_initializer='ones')])
+        >>> spec = fw.train.ModelSpec(model, keras.optimizers.SGD(0.1),
+        ...                           loss_fn=fw.train.squared_error)
+        >>> x, y = np.array([[1., 2.], [3., 4.]], 'float32'), np.zeros((2, 1), 'float32')
+        >>> predictions, mask = tf.function(predict_step_fn(spec))((x, np.array([True, False])))
+        >>> predictions.numpy()[:, 0], mask.numpy()
+        (array([3., 7.], dtype=float32), array([ True, False]))
     """
     def step(batch: Any) -> Any:
         element, mask = batch

@@ -7,9 +7,26 @@ model (`ModelFnNet`) calls the model_fn again in every step: the loss and metric
 come out one value per example, so evaluation is exact.
 
 Examples:
-    >>> runner = Runner(front)          # front: the TPUEstimator
-    >>> spec = runner.build({"mode": "train", ...})
-    >>> spec.model({"features": x, "labels": y}, training=True)["loss"]
+    >>> from fenwicks.train.inputs import make_params
+    >>> from fenwicks.train.tf.input_fns import engine_input_fn
+    >>> def model_fn(features, labels, mode, params):
+    ...     logits = keras.layers.Dense(2, kernel_initializer='zeros')(features)
+    ...     if mode == fw.train.ModeKeys.PREDICT:
+    ...         return fw.train.TPUEstimatorSpec(mode, predictions=tf.argmax(logits, -1))
+    ...     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    ...     return fw.train.TPUEstimatorSpec(mode, loss=loss,
+    ...                                      optimizer=keras.optimizers.SGD(0.1))
+    >>> front = fw.train.TPUEstimator(model_fn, model_dir='run', train_batch_size=4,
+    ...                               verbose=False)
+    >>> front.runner = runner = Runner(front)   # as the front makes it
+    >>> x, y = np.ones((4, 3), 'float32'), np.array([0, 1, 0, 1])
+    >>> train_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+    ...     (x, y)).repeat().batch(params['batch_size'], drop_remainder=True)
+    >>> params = make_params('train', 4, 1, seed=None, precision='float32', steps_per_epoch=1)
+    >>> _ = engine_input_fn(front, train_input_fn, 'train')(params)   # the element spec
+    >>> spec = runner.build(params)   # the estimator's model_func
+    >>> spec.model({'features': x, 'labels': y}, training=True)['loss'].numpy()  # ln 2 each
+    array([0.6931472, 0.6931472, 0.6931472, 0.6931472], dtype=float32)
 """
 
 from __future__ import annotations

@@ -91,7 +91,11 @@ class TPUConfig:
         input_partition_dims, experimental_host_call_every_n_steps: the same.
 
     Examples:
-        >>> fw.train.TPUConfig(iterations_per_loop=100, num_shards=8)
+        >>> fw.train.TPUConfig(iterations_per_loop=100).per_host_input_for_training
+        True
+        >>> fw.train.TPUConfig(iterations_per_loop=0)
+        Traceback (most recent call last):
+        ValueError: iterations_per_loop=0 must be an integer >= 1, e.g. 100
     """
 
     iterations_per_loop: int = 2
@@ -149,8 +153,10 @@ class RunConfig:
             the TPU; summaries are written every loop).
 
     Examples:
-        >>> fw.train.RunConfig(model_dir=work_dir, save_checkpoints_steps=1000,
-        ...                    tpu_config=fw.train.TPUConfig(iterations_per_loop=100))
+        >>> config = fw.train.RunConfig(model_dir='runs/mnist', save_checkpoints_steps=1000,
+        ...                             tpu_config=fw.train.TPUConfig(iterations_per_loop=100))
+        >>> config.tpu_config.iterations_per_loop, config.keep_checkpoint_max
+        (100, 5)
     """
 
     tpu_config: TPUConfig | None = None
@@ -222,7 +228,11 @@ class WarmStartSettings:
 
     Examples:
         >>> ws = fw.train.WarmStartSettings('gs://b/pretrained', vars_to_warm_start='enc.*')
-        >>> est = fw.train.TPUEstimator(model_fn, model_dir=d, warm_start_from=ws)
+        >>> ws.vars_to_warm_start, ws.var_name_to_prev_var_name
+        ('enc.*', None)
+
+        ``fw.train.TPUEstimator(model_fn, model_dir=d, warm_start_from=ws)`` then starts
+        a new ``d`` from the encoder's variables of ``gs://b/pretrained``.
     """
 
     ckpt_to_initialize_from: str
@@ -269,8 +279,18 @@ class TPUEstimatorSpec:
             SessionRunHooks; see the module docstring).
 
     Examples:
-        >>> return fw.train.TPUEstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1),
-        ...                                  eval_metrics=(metric_fn, [labels, logits]))
+        >>> def model_fn(features, labels, mode, params):
+        ...     logits = keras.layers.Dense(3)(features)
+        ...     loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+        ...         labels, logits, from_logits=True))
+        ...     metric_fn = lambda labels, logits: {'accuracy': tf.compat.v1.metrics.accuracy(
+        ...         labels, tf.argmax(logits, -1))}
+        ...     return fw.train.TPUEstimatorSpec(mode, loss=loss,
+        ...                                      optimizer=keras.optimizers.SGD(0.1),
+        ...                                      eval_metrics=(metric_fn, [labels, logits]))
+        >>> spec = model_fn(np.zeros((4, 2), 'float32'), np.array([0, 1, 2, 0]), 'train', {})
+        >>> round(float(spec.loss), 4)   # zero inputs: logits 0, loss ln 3
+        1.0986
     """
 
     mode: str

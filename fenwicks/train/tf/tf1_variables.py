@@ -3,8 +3,14 @@
 name), and `patched`, which swaps a TF1 name for the length of a ``with``.
 
 Examples:
+    >>> step = tf.constant(7, tf.int64)
     >>> with patched(tf.compat.v1.train, "get_global_step", lambda: GlobalStep(step)):
-    ...     spec = model_fn(features, labels, mode, params)
+    ...     int(tf.compat.v1.train.get_global_step() + 1)   # as a model_fn reads it
+    8
+    >>> tf.compat.v1.train.get_global_step.__name__   # TF1's own again after the with
+    'get_global_step'
+    >>> V1View(keras.Variable(np.zeros((2, 3)), name='kernel'), 'dense/kernel').name
+    'dense/kernel:0'
 """
 
 from __future__ import annotations

@@ -2,14 +2,38 @@
 handful of edits (tutorials/PORTING.md, 'TPUEstimator programs').
 
 Examples:
-    >>> config = fw.train.RunConfig(model_dir=work_dir, save_checkpoints_steps=1000,
-    ...                             tpu_config=fw.train.TPUConfig(iterations_per_loop=100))
-    >>> est = fw.train.TPUEstimator(model_fn=model_fn, config=config, params={'data_dir': d},
-    ...                             train_batch_size=1024, eval_batch_size=1000)
-    >>> est.train(train_input_fn, max_steps=10000)
-    >>> est.evaluate(eval_input_fn)                  # every example once, no steps needed
-    >>> for pred in est.predict(predict_input_fn):   # one dict per example
-    ...     print(pred['class_ids'])
+    >>> def model_fn(features, labels, mode, params):   # a linear classifier, as in TF1
+    ...     logits = keras.layers.Dense(2)(features)
+    ...     probabilities = tf.nn.softmax(logits)
+    ...     if mode == fw.train.ModeKeys.PREDICT:
+    ...         return fw.train.TPUEstimatorSpec(mode, predictions={
+    ...             'class_ids': tf.argmax(logits, -1), 'probabilities': probabilities})
+    ...     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    ...     accuracy = lambda labels, logits: {
+    ...         'accuracy': tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, -1))}
+    ...     return fw.train.TPUEstimatorSpec(
+    ...         mode, loss=loss, optimizer=keras.optimizers.SGD(0.5),
+    ...         eval_metrics=(accuracy, [labels, logits]))
+    >>> x, y = np.eye(2, dtype='float32').repeat(5, 0), np.arange(10) // 5   # y = argmax(x)
+    >>> train_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+    ...     (x, y)).repeat().batch(params['batch_size'], drop_remainder=True)
+    >>> eval_input_fn = lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+    ...     params['batch_size'])
+    >>> config = fw.train.RunConfig(model_dir='run', save_checkpoints_steps=10,
+    ...                             tpu_config=fw.train.TPUConfig(iterations_per_loop=10))
+    >>> est = fw.train.TPUEstimator(model_fn=model_fn, config=config, train_batch_size=8,
+    ...                             eval_batch_size=4, verbose=False)
+    >>> est.train(train_input_fn, max_steps=20).estimator.global_step
+    20
+    >>> result = est.evaluate(eval_input_fn)   # every example once, no steps needed
+    >>> result['accuracy'], result['num_examples']   # 10: the last batch of 4 was half full
+    (1.0, 10)
+    >>> for pred in est.predict(lambda params: eval_input_fn(params).map(lambda x, y: x).take(1)):
+    ...     print(pred['class_ids'])   # one dict per example
+    0
+    0
+    0
+    0
 
 ``model_fn(features, labels, mode, params)`` returns a `TPUEstimatorSpec`. It runs inside
 a `tf.function`, as a TF1 graph function ran, and builds its network from Keras layers;
@@ -112,10 +136,19 @@ class TPUEstimator:
         verbose: show a progress bar. Defaults to True.
 
     Examples:
+        >>> def model_fn(features, labels, mode, params):   # a linear classifier, as in TF1
+        ...     logits = keras.layers.Dense(2)(features)
+        ...     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        ...     return fw.train.TPUEstimatorSpec(mode, loss=loss,
+        ...                                      optimizer=keras.optimizers.SGD(0.5))
         >>> est = fw.train.TPUEstimator(model_fn=model_fn, config=fw.train.RunConfig(
-        ...     model_dir=d, tpu_config=fw.train.TPUConfig(100)), train_batch_size=1024,
-        ...     params={'data_dir': data_dir})
-        >>> est.train(train_input_fn, max_steps=1000)
+        ...     model_dir='run', tpu_config=fw.train.TPUConfig(10)), train_batch_size=8,
+        ...     params={'data_dir': 'data'}, verbose=False)
+        >>> params = est.model_fn_params(fw.train.ModeKeys.TRAIN)   # what model_fn gets
+        >>> params['data_dir'], params['batch_size'] * params['num_shards']   # global batch
+        ('data', 8)
+
+        ``est.train(train_input_fn, max_steps=1000)`` then trains it (`train`).
     """
 
     def __init__(self, model_fn: Callable[..., TPUEstimatorSpec], model_dir: str | None = None,
@@ -306,7 +339,20 @@ class TPUEstimator:
         model_dir. ``hooks``/``saving_listeners`` have no counterpart: use ``callbacks``.
 
         Examples:
-            >>> est.train(train_input_fn, max_steps=1000)
+            >>> def model_fn(features, labels, mode, params):   # a linear classifier, as in TF1
+            ...     logits = keras.layers.Dense(2)(features)
+            ...     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+            ...     return fw.train.TPUEstimatorSpec(mode, loss=loss,
+            ...                                      optimizer=keras.optimizers.SGD(0.5))
+            >>> x, y = np.eye(2, dtype='float32').repeat(5, 0), np.arange(10) // 5   # y = argmax(x)
+            >>> train_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+            ...     (x, y)).repeat().batch(params['batch_size'], drop_remainder=True)
+            >>> est = fw.train.TPUEstimator(model_fn, model_dir='run', train_batch_size=8,
+            ...                             verbose=False)
+            >>> est.train(train_input_fn, max_steps=20).estimator.global_step
+            20
+            >>> est.train(train_input_fn, steps=5).estimator.global_step   # 5 more
+            25
         """
         _no_hooks(hooks, saving_listeners)
         est = self._estimator("train")
@@ -325,7 +371,29 @@ class TPUEstimator:
             batch left out.
 
         Examples:
-            >>> est.evaluate(eval_input_fn)['accuracy']
+            >>> def model_fn(features, labels, mode, params):   # a linear classifier, as in TF1
+            ...     logits = keras.layers.Dense(2)(features)
+            ...     probabilities = tf.nn.softmax(logits)
+            ...     if mode == fw.train.ModeKeys.PREDICT:
+            ...         return fw.train.TPUEstimatorSpec(mode, predictions={
+            ...             'class_ids': tf.argmax(logits, -1), 'probabilities': probabilities})
+            ...     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+            ...     accuracy = lambda labels, logits: {
+            ...         'accuracy': tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, -1))}
+            ...     return fw.train.TPUEstimatorSpec(
+            ...         mode, loss=loss, optimizer=keras.optimizers.SGD(0.5),
+            ...         eval_metrics=(accuracy, [labels, logits]))
+            >>> x, y = np.eye(2, dtype='float32').repeat(5, 0), np.arange(10) // 5   # y = argmax(x)
+            >>> train_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+            ...     (x, y)).repeat().batch(params['batch_size'], drop_remainder=True)
+            >>> eval_input_fn = lambda params: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+            ...     params['batch_size'])
+            >>> est = fw.train.TPUEstimator(model_fn, model_dir='run', train_batch_size=8,
+            ...                             eval_batch_size=4, verbose=False)
+            >>> est.train(train_input_fn, max_steps=20).estimator.global_step
+            20
+            >>> est.evaluate(eval_input_fn)   # 10 examples: the last batch of 4 half full
+            {'loss': ..., 'global_step': 20, 'num_examples': 10, 'accuracy': 1.0}
         """
         _no_hooks(hooks, None)
         _no_checkpoint_path(checkpoint_path)
@@ -344,8 +412,31 @@ class TPUEstimator:
         ``predict_batch_size``.
 
         Examples:
+            >>> def model_fn(features, labels, mode, params):   # a linear classifier, as in TF1
+            ...     logits = keras.layers.Dense(2)(features)
+            ...     probabilities = tf.nn.softmax(logits)
+            ...     if mode == fw.train.ModeKeys.PREDICT:
+            ...         return fw.train.TPUEstimatorSpec(mode, predictions={
+            ...             'class_ids': tf.argmax(logits, -1), 'probabilities': probabilities})
+            ...     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+            ...     accuracy = lambda labels, logits: {
+            ...         'accuracy': tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, -1))}
+            ...     return fw.train.TPUEstimatorSpec(
+            ...         mode, loss=loss, optimizer=keras.optimizers.SGD(0.5),
+            ...         eval_metrics=(accuracy, [labels, logits]))
+            >>> x, y = np.eye(2, dtype='float32').repeat(5, 0), np.arange(10) // 5   # y = argmax(x)
+            >>> train_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+            ...     (x, y)).repeat().batch(params['batch_size'], drop_remainder=True)
+            >>> est = fw.train.TPUEstimator(model_fn, model_dir='run', train_batch_size=8,
+            ...                             eval_batch_size=4, verbose=False)
+            >>> est.train(train_input_fn, max_steps=20).estimator.global_step
+            20
+            >>> predict_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+            ...     x[4:6]).batch(params['batch_size'])
             >>> for pred in est.predict(predict_input_fn):
-            ...     print(pred['class_ids'], pred['probabilities'])
+            ...     print(pred['class_ids'], pred['probabilities'].sum())
+            0 1.0
+            1 1.0
         """
         _no_hooks(hooks, None)
         _no_checkpoint_path(checkpoint_path)
@@ -384,7 +475,29 @@ class TPUEstimator:
         with a warning, once, that they have no effect.
 
         Examples:
-            >>> tf.saved_model.load(est.export_saved_model('/tmp/m')).serve(images)
+            >>> def model_fn(features, labels, mode, params):   # a linear classifier, as in TF1
+            ...     logits = keras.layers.Dense(2)(features)
+            ...     probabilities = tf.nn.softmax(logits)
+            ...     if mode == fw.train.ModeKeys.PREDICT:
+            ...         return fw.train.TPUEstimatorSpec(mode, predictions={
+            ...             'class_ids': tf.argmax(logits, -1), 'probabilities': probabilities})
+            ...     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+            ...     accuracy = lambda labels, logits: {
+            ...         'accuracy': tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, -1))}
+            ...     return fw.train.TPUEstimatorSpec(
+            ...         mode, loss=loss, optimizer=keras.optimizers.SGD(0.5),
+            ...         eval_metrics=(accuracy, [labels, logits]))
+            >>> x, y = np.eye(2, dtype='float32').repeat(5, 0), np.arange(10) // 5   # y = argmax(x)
+            >>> train_input_fn = lambda params: tf.data.Dataset.from_tensor_slices(
+            ...     (x, y)).repeat().batch(params['batch_size'], drop_remainder=True)
+            >>> est = fw.train.TPUEstimator(model_fn, model_dir='run', train_batch_size=8,
+            ...                             eval_batch_size=4, verbose=False)
+            >>> est.train(train_input_fn, max_steps=20).estimator.global_step
+            20
+            >>> path = est.export_saved_model('export')   # export/<version>
+            >>> loaded = tf.saved_model.load(path)   # keep it: it owns the variables
+            >>> loaded.serve(x[4:6])['class_ids'].numpy()
+            array([0, 1])
         """
         from fenwicks.train import export_dirs
         from fenwicks.train.tf import export
