@@ -941,8 +941,6 @@ def _describe(layout: list[list]) -> str:
 # changes precision, on one engine or at a switch, finds the checkpoint's optimizer
 # variables with or without the wrapper's own. They are paired by what they are.
 
-_LOSS_SCALE_OWN = ("step_counter", "dynamic_scale")  # the wrapper's state (Keras 3)
-
 
 def loss_scale_prefix(paths: Sequence[str]) -> str | None:
     """The path prefix of a `keras.optimizers.LossScaleOptimizer`'s own variables among
