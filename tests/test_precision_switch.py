@@ -24,7 +24,7 @@ sit between.
 
 Checkpoints of the format before the run format (float32) continue at float16 too, on
 the other engine (`cross_engine.OtherEnginesReader`) and on their own
-(`cross_engine._AtAnotherPrecision`), with the same pairing; and a model with
+(`cross_engine.AtAnotherPrecision`), with the same pairing; and a model with
 bfloat16 variables (a layer's own dtype) is checkpointed and continued on the other
 engine.
 """
@@ -185,7 +185,7 @@ def test_the_previous_format_continues_at_float16(tmp_path, written, engine):
     """A float32 checkpoint of the format before the run format
     (tests/data/legacy_work_dirs: Adam, 21 steps) continues in a float16 run, whose
     optimizer is a LossScaleOptimizer: on the other engine (`cross_engine.
-    OtherEnginesReader`) and on its own (`cross_engine._AtAnotherPrecision`, where the
+    OtherEnginesReader`) and on its own (`cross_engine.AtAnotherPrecision`, where the
     engine's own reader refused it). The inner ``iterations`` and slots are restored
     exactly, the loss scale starts at its initial value, training continues from 21."""
     work = tmp_path / written

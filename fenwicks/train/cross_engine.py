@@ -25,7 +25,7 @@ by position (both formats saved them as the optimizer lists them), their shapes 
 across a loss scale's wrapper (a float16 run's `LossScaleOptimizer` against a checkpoint
 of another precision, or the reverse) as the run format pairs them
 (`run_format.optimizer_pairs`). The same pairing continues an engine's own checkpoint of
-the previous format that its reader refuses only for that wrapper (`_AtAnotherPrecision`).
+the previous format that its reader refuses only for that wrapper (`AtAnotherPrecision`).
 
 **A run continues** (`OtherEnginesReader`): a work_dir that holds only the other engine's
 checkpoints of the previous format is restored whole, as a run-format step is: model
@@ -682,7 +682,7 @@ def _restore_whole(parts: Any, groups: dict[str, list[Any]], saved: SavedWeights
                         **({"not_restored": notes} if notes else {})})
 
 
-class _AtAnotherPrecision(Checkpointer):
+class AtAnotherPrecision(Checkpointer):
     """An engine's reader of its own previous format (`run_format.PreviousFormatReader`)
     that also continues a checkpoint it refuses only because the run's precision changed:
     float16 wraps the optimizer in a ``LossScaleOptimizer``, bfloat16 and float32 do not,

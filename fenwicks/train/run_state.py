@@ -256,7 +256,7 @@ class RunState(abc.ABC):
             legacy = cross_engine.OtherEnginesReader(self.config.work_dir, self.engine,
                                                      self, groups)
         else:  # and its checkpoints written at another precision
-            legacy = cross_engine._AtAnotherPrecision(legacy, self.config.work_dir,
+            legacy = cross_engine.AtAnotherPrecision(legacy, self.config.work_dir,
                                                      self.engine, self, groups)
         return run_format.RunCheckpointer(
             self.config.work_dir, self, keep=self.config.keep_checkpoints,
