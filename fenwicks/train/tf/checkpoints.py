@@ -350,7 +350,7 @@ def diagnose(prefix: str) -> str:
 
     Examples:
         >>> prefix = tf.train.Checkpoint(v=tf.Variable(1.0)).write('run/ckpt-10')
-        >>> os.remove(prefix + '.data-00000-of-00001')
+        >>> os.rename(prefix + '.data-00000-of-00001', 'moved-away')
         >>> diagnose(prefix)
         'run/ckpt-10.data-00000-of-00001 is missing'
     """
