@@ -327,7 +327,7 @@ class TPUEstimator:
             self.warm_start_report = report
             # The engine's state learns of it too: evaluate and predict then do not warn
             # that the model was never trained.
-            self.estimator.parts().state.warm_start_report = report
+            self.estimator.parts.state.warm_start_report = report
             logger.info("fenwicks: warm start loaded %d variable(s)", len(report["loaded"]))
 
     def _wrapped(self, input_fn: Callable[..., Any], mode: str) -> Callable[[dict], Any]:
