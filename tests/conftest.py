@@ -466,7 +466,7 @@ def _uses(item: pytest.Function, pattern: re.Pattern) -> bool:
         for name, defs in item._fixtureinfo.name2fixturedefs.items())
 
 
-# Under pytest-xdist (``-n 4 --dist loadgroup``, .ci/run) a module's tests
+# Under pytest-xdist (``-n 3 --dist loadgroup``, .ci/run) a module's tests
 # stay on one worker, so its module-scoped fixtures (a trained estimator, a dispatcher
 # and its workers, the flagship runs) are built once; the tests reading `shared_snippet`
 # processes form one group, so each device's shared process starts once.
