@@ -483,7 +483,23 @@ def _why_not_trainable(saved: SavedWeights, optimizer: Sequence[Any],
     return None
 
 
-class OtherEnginesReader(Checkpointer):
+class _ReadOnly(Checkpointer):
+    """A reader of a previous format in the run's `Checkpointer` seat: it restores, and
+    never writes (the run's checkpoints are written in the run format)."""
+
+    @property
+    def last_save_secs(self) -> float | None:
+        return None
+
+    def save(self, step: int, *, force: bool = False) -> None:
+        raise NotImplementedError("a previous format is only read; the run's checkpoints "
+                                  "are written in the run format")
+
+    def wait(self) -> None:
+        """Nothing is ever written."""
+
+
+class OtherEnginesReader(_ReadOnly):
     """Restores the other engine's newest checkpoint of the previous format in `work_dir`
     (TensorFlow's ``ckpt-<step>``, the JAX engine's ``orbax/<step>``) into this engine's
     run state, whole, as a run-format step is restored; never writes (the run's
@@ -556,17 +572,6 @@ class OtherEnginesReader(Checkpointer):
     @property
     def last_good(self) -> str | None:
         return self._good
-
-    @property
-    def last_save_secs(self) -> float | None:
-        return None
-
-    def save(self, step: int, *, force: bool = False) -> None:
-        raise NotImplementedError("the other engine's previous format is only read; the "
-                                  "run's checkpoints are written in the run format")
-
-    def wait(self) -> None:
-        """Nothing is ever written."""
 
     def change_on_disk(self) -> str | None:
         """None if the other engine's newest checkpoint is the one restored; ``'removed'``
@@ -682,7 +687,7 @@ def _restore_whole(parts: Any, groups: dict[str, list[Any]], saved: SavedWeights
                         **({"not_restored": notes} if notes else {})})
 
 
-class AtAnotherPrecision(Checkpointer):
+class AtAnotherPrecision(_ReadOnly):
     """An engine's reader of its own previous format (`run_format.PreviousFormatReader`)
     that also continues a checkpoint it refuses only because the run's precision changed:
     float16 wraps the optimizer in a ``LossScaleOptimizer``, bfloat16 and float32 do not,
@@ -716,17 +721,6 @@ class AtAnotherPrecision(Checkpointer):
     @property
     def last_good(self) -> str | None:
         return self._good or getattr(self._own, "last_good", None)
-
-    @property
-    def last_save_secs(self) -> float | None:
-        return None
-
-    def save(self, step: int, *, force: bool = False) -> None:
-        raise NotImplementedError("an engine's previous format is only read; the run's "
-                                  "checkpoints are written in the run format")
-
-    def wait(self) -> None:
-        """Nothing is ever written."""
 
     def change_on_disk(self) -> str | None:
         """As the engine's reader's, for a checkpoint restored across the wrapper."""
